@@ -1,0 +1,40 @@
+// JobSpec helpers shared by client, server and worker: defaults, validation and data-root
+// confinement. Every error names the field it is about ("train.batch_size: ...").
+#ifndef STOKER_COMMON_JOB_SPEC_H_
+#define STOKER_COMMON_JOB_SPEC_H_
+
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "stoker.pb.h"
+
+namespace stoker {
+
+// The spec a job file starts from: every key a job file leaves out takes its value from here.
+v1::JobSpec DefaultJobSpec();
+
+// Checks ranges and names. Returns INVALID_ARGUMENT whose message starts with the dotted field
+// path, e.g. "train.batch_size: must be between 1 and 65536 (got -5)".
+absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+// Resolves `relative` (a job-file dataset path) under `data_root`. Refuses empty paths, '..'
+// components, absolute paths outside the root, and paths whose real location (after following
+// symlinks) leaves the root; the file must exist. `field` names the spec field for the message.
+// Returns the canonical absolute path.
+absl::StatusOr<std::string> ResolveUnderDataRoot(const std::string& data_root,
+                                                 const std::string& relative,
+                                                 absl::string_view field);
+
+// Resolves every dataset path of `spec` in place (see ResolveUnderDataRoot).
+absl::Status ResolveDatasetPaths(const std::string& data_root, v1::JobSpec* spec);
+
+// "queued", "running", "succeeded", "failed", "cancelled".
+std::string JobStateName(v1::JobState state);
+// True for SUCCEEDED, FAILED and CANCELLED.
+bool IsFinal(v1::JobState state);
+
+}  // namespace stoker
+
+#endif  // STOKER_COMMON_JOB_SPEC_H_

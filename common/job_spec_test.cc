@@ -1,0 +1,92 @@
+#include "common/job_spec.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "gtest/gtest.h"
+
+namespace stoker {
+namespace {
+
+v1::JobSpec ValidSpec() {
+  v1::JobSpec spec = DefaultJobSpec();
+  spec.mutable_dataset()->set_train_images("a/train-images");
+  spec.mutable_dataset()->set_train_labels("a/train-labels");
+  spec.mutable_dataset()->set_test_images("a/test-images");
+  spec.mutable_dataset()->set_test_labels("a/test-labels");
+  spec.mutable_model()->add_hidden(32);
+  return spec;
+}
+
+TEST(JobSpecTest, DefaultsPlusPathsAreValid) { EXPECT_TRUE(ValidateJobSpec(ValidSpec()).ok()); }
+
+TEST(JobSpecTest, EachBadFieldIsNamed) {
+  struct Case {
+    std::function<void(v1::JobSpec*)> mutate;
+    std::string expected_prefix;
+  };
+  std::vector<Case> cases = {
+      {[](v1::JobSpec* s) { s->mutable_train()->set_batch_size(-5); }, "train.batch_size:"},
+      {[](v1::JobSpec* s) { s->mutable_train()->set_epochs(0); }, "train.epochs:"},
+      {[](v1::JobSpec* s) { s->mutable_train()->mutable_optimizer()->set_lr(-1); },
+       "train.optimizer.lr:"},
+      {[](v1::JobSpec* s) { s->mutable_model()->set_hidden(0, 0); }, "model.hidden[0]:"},
+      {[](v1::JobSpec* s) { s->mutable_model()->set_type("transformer"); }, "model.type:"},
+      {[](v1::JobSpec* s) { s->set_name("bad name!"); }, "name:"},
+      {[](v1::JobSpec* s) { s->mutable_dataset()->clear_test_labels(); }, "dataset.test_labels:"},
+      {[](v1::JobSpec* s) { s->mutable_loader()->set_ring_slots(1); }, "loader.ring_slots:"},
+      {[](v1::JobSpec* s) { s->mutable_train()->set_precision(v1::PRECISION_FP16); },
+       "train.precision:"},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec spec = ValidSpec();
+    c.mutate(&spec);
+    absl::Status status = ValidateJobSpec(spec);
+    ASSERT_FALSE(status.ok()) << c.expected_prefix;
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(status.message().substr(0, c.expected_prefix.size()), c.expected_prefix) << status;
+  }
+}
+
+class DataRootTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = std::filesystem::temp_directory_path() / ("stoker-root-" + std::to_string(getpid()));
+    std::filesystem::create_directories(base_ / "root" / "sub");
+    std::ofstream(base_ / "root" / "sub" / "data.bin") << "x";
+    std::ofstream(base_ / "secret") << "s";
+    std::filesystem::create_symlink(base_ / "secret", base_ / "root" / "escape");
+    root_ = (base_ / "root").string();
+  }
+  void TearDown() override { std::filesystem::remove_all(base_); }
+  std::filesystem::path base_;
+  std::string root_;
+};
+
+TEST_F(DataRootTest, ResolvesFilesInside) {
+  absl::StatusOr<std::string> path = ResolveUnderDataRoot(root_, "sub/data.bin", "f");
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*path, std::filesystem::canonical(base_ / "root/sub/data.bin").string());
+  // An absolute path inside the root is fine too.
+  EXPECT_TRUE(ResolveUnderDataRoot(root_, *path, "f").ok());
+}
+
+TEST_F(DataRootTest, RefusesEscapes) {
+  for (const std::string& bad : {std::string("../secret"), std::string("sub/../../secret"),
+                                 (base_ / "secret").string(), std::string("/etc/passwd"),
+                                 std::string("escape")}) {
+    absl::StatusOr<std::string> path = ResolveUnderDataRoot(root_, bad, "dataset.train_images");
+    ASSERT_FALSE(path.ok()) << bad;
+    EXPECT_EQ(path.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(path.status().message().find("dataset.train_images"), std::string::npos);
+  }
+  absl::StatusOr<std::string> missing = ResolveUnderDataRoot(root_, "sub/none.bin", "f");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("not found"), std::string::npos);
+  EXPECT_FALSE(ResolveUnderDataRoot(root_, "sub", "f").ok());  // a directory
+}
+
+}  // namespace
+}  // namespace stoker

@@ -1,0 +1,124 @@
+// One shared-memory region per job: a header, a control block, a stats block and a ring of batch
+// slots. It is a memfd (no /dev/shm name to leak, no /dev/shm size limit in containers); processes
+// share it by inheriting the file descriptor.
+//
+// Ordering contract: batch `b` (numbered over the whole job, across epochs) always goes to slot
+// `b % slot_count`. A producer waits until that slot is free for `b`, fills it, publishes it; the
+// consumer waits until slot holds `b`, reads it, releases it (which frees it for `b + slot_count`).
+// Waits use futexes (no busy spin) and wake every 100 ms to check the stop flag and that the peer
+// is alive, so no wait can hang on a dead process.
+#ifndef STOKER_WORKER_DATA_RING_BUFFER_H_
+#define STOKER_WORKER_DATA_RING_BUFFER_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace stoker {
+
+// Shape of the ring and of the job's batch stream.
+struct RingGeometry {
+  uint32_t slot_count = 8;
+  uint32_t batch_size = 128;    // samples per full batch
+  uint32_t sample_bytes = 784;  // uint8 features per sample
+  uint32_t loader_count = 1;    // K: batch b is made by loader b % K
+  uint64_t total_batches = 0;   // batches in the whole job (all epochs)
+};
+
+// Counters the trainer and loaders publish and the agent exports. Lives in shared memory, so every
+// field is a lock-free atomic; doubles are stored as their bit pattern (use the helpers below).
+struct JobStats {
+  std::atomic<uint64_t> samples_total{0};
+  std::atomic<uint64_t> steps_total{0};
+  std::atomic<uint64_t> skipped_steps_total{0};
+  std::atomic<uint64_t> data_stall_ns_total{0};   // consumer waited for a batch
+  std::atomic<uint64_t> device_busy_ns_total{0};  // consumer computed
+  std::atomic<uint64_t> loader_batches_total{0};
+  std::atomic<uint64_t> loader_busy_ns_total{0};  // time loaders spent making batches
+  std::atomic<uint64_t> loader_restarts_total{0};
+  std::atomic<uint64_t> consumer_next_batch{0};  // first batch the consumer has not yet released
+  std::atomic<uint64_t> epoch{0};
+  std::atomic<uint64_t> loss_bits{0};
+  std::atomic<uint64_t> loss_scale_bits{0};
+  std::atomic<uint64_t> eval_accuracy_bits{0};
+};
+
+void StoreDouble(std::atomic<uint64_t>& cell, double value);
+double LoadDouble(const std::atomic<uint64_t>& cell);
+
+// A filled slot, as the consumer sees it. Valid until Release(batch).
+struct ReadableBatch {
+  uint64_t batch = 0;
+  const uint8_t* samples = nullptr;  // count * sample_bytes
+  const uint8_t* labels = nullptr;   // count
+  uint32_t count = 0;
+};
+
+// A free slot, as a producer sees it. Fill it, then Publish(batch, count).
+struct WritableBatch {
+  uint64_t batch = 0;
+  uint8_t* samples = nullptr;  // room for batch_size * sample_bytes
+  uint8_t* labels = nullptr;   // room for batch_size
+};
+
+// Clears FD_CLOEXEC on `fd`, so a child that exec()s inherits it. When it succeeds it only calls
+// fcntl(), so a child may call it between fork() and exec().
+absl::Status ClearCloexec(int fd);
+
+class JobRegion {
+ public:
+  // Creates and initialises a region (memfd, sized and mapped). The fd is close-on-exec; the caller
+  // clears that for the child it hands the fd to (or uses posix_spawn file actions).
+  static absl::StatusOr<std::unique_ptr<JobRegion>> Create(const RingGeometry& geometry);
+  // Maps an existing region and validates magic, version and size. The error says what mismatched
+  // and what to do (e.g. rebuild: agent and trainer from different builds). Does not take
+  // ownership of `fd`: the caller may close it after Attach (the mapping stays valid).
+  static absl::StatusOr<std::unique_ptr<JobRegion>> Attach(int fd);
+
+  ~JobRegion();  // unmaps; closes the fd if this object owns it
+  JobRegion(const JobRegion&) = delete;
+  JobRegion& operator=(const JobRegion&) = delete;
+
+  int fd() const;
+  const RingGeometry& geometry() const;
+  JobStats& stats();
+
+  // Control block. Stop is sticky and wakes every waiter.
+  void RequestStop();
+  bool StopRequested() const;
+  void SetConsumerPid(pid_t pid);
+  pid_t ConsumerPid() const;
+
+  // Producer side. Waits until the slot is free for `batch`. Returns CANCELLED when stop was
+  // requested, ABORTED when the consumer process died, DEADLINE_EXCEEDED after `timeout`,
+  // FAILED_PRECONDITION when `batch` is already published (its slot has moved past it).
+  // absl::InfiniteDuration() waits for ever (still waking every 100 ms for stop and the consumer).
+  absl::StatusOr<WritableBatch> WaitWritable(uint64_t batch, absl::Duration timeout);
+  // True if `batch` is already published (a restarted loader skips it).
+  bool IsPublished(uint64_t batch) const;
+  void Publish(uint64_t batch, uint32_t count);
+
+  // Consumer side. Returns CANCELLED on stop, DEADLINE_EXCEEDED after `timeout`,
+  // FAILED_PRECONDITION when `batch` was already released.
+  absl::StatusOr<ReadableBatch> WaitReadable(uint64_t batch, absl::Duration timeout);
+  // Frees the slot for `batch + slot_count` and raises stats().consumer_next_batch to `batch + 1`.
+  void Release(uint64_t batch);
+
+  // Slots currently holding a published, unreleased batch.
+  uint32_t FilledSlots() const;
+
+ private:
+  JobRegion() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace stoker
+
+#endif  // STOKER_WORKER_DATA_RING_BUFFER_H_
