@@ -1,0 +1,438 @@
+#include "server/coordinator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "server/scheduler.h"
+
+namespace stoker {
+namespace {
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+absl::Status RequireId(const std::string& value, const char* field) {
+  if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": is required"));
+  if (value.size() > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": longer than 256 characters"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+v1::JobEvent MakeEvent(v1::EventType type, const std::string& message, int attempt) {
+  v1::JobEvent event;
+  event.set_type(type);
+  event.set_message(message);
+  event.set_attempt(attempt);
+  event.set_time_unix_ms(NowMs());
+  return event;
+}
+
+Coordinator::Coordinator(std::unique_ptr<JobStore> store, CoordinatorOptions options)
+    : options_(std::move(options)), store_(std::move(store)) {}
+
+absl::Status Coordinator::Recover() {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::vector<v1::Job>> running = store_->InState(v1::JOB_STATE_RUNNING);
+  if (!running.ok()) return running.status();
+  for (const v1::Job& job : *running) {
+    WorkerEntry& worker = workers_[job.worker_id()];
+    worker.info.set_worker_id(job.worker_id());
+    worker.last_heartbeat = absl::Now();
+    worker.restored = true;
+    worker.running.insert(job.id());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::SaveAndNotify(const v1::Job& job, std::vector<v1::JobEvent> events) {
+  absl::Status status = store_->Save(job, std::move(events));
+  events_changed_.SignalAll();
+  return status;
+}
+
+absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(const v1::SubmitJobRequest& request) {
+  if (request.request_id().size() > 256) {
+    return absl::InvalidArgumentError("request_id: longer than 256 characters");
+  }
+  if (absl::Status s = ValidateJobSpec(request.spec()); !s.ok()) return s;
+  // The paths must exist under the server's data root (which deploy/ shares with the workers).
+  v1::JobSpec resolved = request.spec();
+  if (absl::Status s = ResolveDatasetPaths(options_.data_root, &resolved); !s.ok()) return s;
+
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<JobStore::Inserted> inserted =
+      store_->Insert(request.spec(), request.request_id(), NowMs(),
+                     MakeEvent(v1::EVENT_TYPE_LOG, "submitted"));
+  events_changed_.SignalAll();
+  if (!inserted.ok()) return inserted.status();
+  v1::SubmitJobResponse response;
+  *response.mutable_job() = std::move(inserted->job);
+  response.set_deduplicated(inserted->deduplicated);
+  FillQueueInfo(response.mutable_job());
+  return response;
+}
+
+void Coordinator::FillQueueInfo(v1::Job* job) {
+  if (job->state() != v1::JOB_STATE_QUEUED) return;
+  absl::StatusOr<std::vector<v1::Job>> queue = store_->QueuedInOrder();
+  if (!queue.ok()) return;
+  int position = 0;
+  for (const v1::Job& queued : *queue) {
+    if (queued.id() == job->id()) break;
+    ++position;
+  }
+  int alive = 0;
+  int max_gpus = 0;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.lost) continue;
+    ++alive;
+    int gpus = 0;
+    for (const v1::Device& device : worker.info.devices()) gpus += device.kind() == "cuda";
+    max_gpus = std::max(max_gpus, gpus);
+  }
+  job->set_queue_position(position);
+  job->set_waiting_reason(WaitingReason(*job, position, alive, max_gpus));
+}
+
+absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
+  if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<v1::Job> job = store_->Get(job_id);
+  if (job.ok()) FillQueueInfo(&*job);
+  return job;
+}
+
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
+  if (request.limit() < 0 || request.limit() > 10000) {
+    return absl::InvalidArgumentError("limit: must be between 0 and 10000");
+  }
+  std::vector<v1::JobState> states;
+  for (int state : request.states()) states.push_back(static_cast<v1::JobState>(state));
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::vector<v1::Job>> jobs =
+      store_->List(states, request.limit() == 0 ? 100 : request.limit());
+  if (!jobs.ok()) return jobs.status();
+  v1::ListJobsResponse response;
+  for (v1::Job& job : *jobs) *response.add_jobs() = std::move(job);
+  return response;
+}
+
+absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
+  if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<v1::Job> job = store_->Get(job_id);
+  if (!job.ok()) return job.status();
+  if (IsFinal(job->state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " already ", JobStateName(job->state())));
+  }
+  // The worker learns of it from its next heartbeat or progress report and stops the trainer.
+  job->set_state(v1::JOB_STATE_CANCELLED);
+  job->set_end_time_unix_ms(NowMs());
+  job->set_error("cancelled by user");
+  if (absl::Status s = SaveAndNotify(
+          *job, {MakeEvent(v1::EVENT_TYPE_FINISHED, "cancelled by user", job->attempt())});
+      !s.ok()) {
+    return s;
+  }
+  return *job;
+}
+
+v1::ListWorkersResponse Coordinator::ListWorkers() {
+  absl::MutexLock lock(&mu_);
+  v1::ListWorkersResponse response;
+  const absl::Time now = absl::Now();
+  for (const auto& [id, worker] : workers_) {
+    v1::WorkerStatus* status = response.add_workers();
+    status->set_worker_id(id);
+    status->set_state(worker.lost ? "lost" : (worker.restored ? "reconnecting" : "alive"));
+    *status->mutable_devices() = worker.info.devices();
+    for (const std::string& job_id : worker.running) status->add_job_ids(job_id);
+    status->set_heartbeat_age_ms(absl::ToInt64Milliseconds(now - worker.last_heartbeat));
+    status->set_hostname(worker.info.hostname());
+    status->set_metrics_url(worker.info.metrics_url());
+  }
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::WaitForEvents(const std::string& job_id,
+                                                                     int64_t after_seq,
+                                                                     absl::Duration wait,
+                                                                     bool* job_finished) {
+  if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
+  *job_finished = false;
+  const absl::Time deadline = absl::Now() + wait;
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    // Read the state before the events, so a job that finishes in between is not reported as
+    // finished with its last events unsent.
+    absl::StatusOr<v1::Job> job = store_->Get(job_id);
+    if (!job.ok()) return job.status();
+    absl::StatusOr<std::vector<v1::JobEvent>> events = store_->Events(job_id, after_seq, 1000);
+    if (!events.ok()) return events.status();
+    if (!events->empty()) return events;
+    if (IsFinal(job->state()) || shutting_down_) {
+      *job_finished = true;
+      return events;
+    }
+    if (events_changed_.WaitWithDeadline(&mu_, deadline)) return events;  // timed out
+  }
+}
+
+void Coordinator::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutting_down_ = true;
+  events_changed_.SignalAll();
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
+    const v1::RegisterWorkerRequest& request) {
+  if (absl::Status s = RequireId(request.worker_id(), "worker_id"); !s.ok()) return s;
+  if (request.devices_size() == 0 || request.devices_size() > 64) {
+    return absl::InvalidArgumentError("devices: a worker registers 1 to 64 devices");
+  }
+  absl::MutexLock lock(&mu_);
+  WorkerEntry& worker = workers_[request.worker_id()];
+  worker.info = request;
+  worker.last_heartbeat = absl::Now();
+  worker.lost = false;
+  worker.restored = false;
+  // Jobs the server believes run there but the worker does not have are lost: requeue them.
+  std::set<std::string> reported;
+  for (const v1::RunningAttempt& attempt : request.running()) reported.insert(attempt.job_id());
+  std::set<std::string> still_running;
+  for (const std::string& job_id : worker.running) {
+    if (reported.contains(job_id)) {
+      still_running.insert(job_id);
+      continue;
+    }
+    absl::StatusOr<v1::Job> job = store_->Get(job_id);
+    if (job.ok() && job->state() == v1::JOB_STATE_RUNNING && job->worker_id() == request.worker_id()) {
+      if (absl::Status s = Requeue(*job, absl::StrCat("worker ", request.worker_id(),
+                                                      " restarted without the job"));
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  worker.running = std::move(still_running);
+  v1::RegisterWorkerResponse response;
+  response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
+  response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  return response;
+}
+
+absl::Status Coordinator::Requeue(v1::Job job, const std::string& reason) {
+  const int attempts_allowed = 1 + job.spec().max_retries();
+  std::vector<v1::JobEvent> events;
+  if (job.attempt() >= attempts_allowed) {
+    job.set_state(v1::JOB_STATE_FAILED);
+    job.set_end_time_unix_ms(NowMs());
+    job.set_error(absl::StrCat(reason, " (attempt ", job.attempt(), " of ", attempts_allowed, ")"));
+    events.push_back(MakeEvent(v1::EVENT_TYPE_FINISHED, absl::StrCat("failed: ", job.error()),
+                               job.attempt()));
+  } else {
+    job.set_state(v1::JOB_STATE_QUEUED);
+    job.set_error(reason);
+    events.push_back(MakeEvent(v1::EVENT_TYPE_LOG,
+                               absl::StrCat("attempt ", job.attempt(), " ended: ", reason,
+                                            "; requeued"),
+                               job.attempt()));
+  }
+  if (auto it = workers_.find(job.worker_id()); it != workers_.end()) {
+    it->second.running.erase(job.id());
+  }
+  return SaveAndNotify(job, std::move(events));
+}
+
+absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::string& worker_id,
+                                                                int free_slots, int free_gpus) {
+  std::vector<v1::Assignment> assignments;
+  absl::StatusOr<std::vector<v1::Job>> queue = store_->QueuedInOrder();
+  if (!queue.ok()) return queue.status();
+  WorkerCapacity capacity{free_slots, free_gpus};
+  while (true) {
+    const int index = PickJob(*queue, capacity);
+    if (index < 0) break;
+    v1::Job job = (*queue)[index];
+    queue->erase(queue->begin() + index);
+    job.set_state(v1::JOB_STATE_RUNNING);
+    job.set_attempt(job.attempt() + 1);
+    job.set_worker_id(worker_id);
+    if (job.start_time_unix_ms() == 0) job.set_start_time_unix_ms(NowMs());
+    job.clear_queue_position();
+    job.clear_waiting_reason();
+    if (absl::Status s = SaveAndNotify(
+            job, {MakeEvent(v1::EVENT_TYPE_LOG,
+                            absl::StrCat("attempt ", job.attempt(), " started on worker ", worker_id),
+                            job.attempt())});
+        !s.ok()) {
+      return s;
+    }
+    workers_[worker_id].running.insert(job.id());
+    v1::Assignment& assignment = assignments.emplace_back();
+    assignment.set_job_id(job.id());
+    assignment.set_attempt(job.attempt());
+    *assignment.mutable_spec() = job.spec();
+    capacity.free_slots -= 1;
+    capacity.free_gpus -= job.spec().resources().gpus();
+  }
+  return assignments;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
+  if (absl::Status s = RequireId(request.worker_id(), "worker_id"); !s.ok()) return s;
+  if (request.free_slots() < 0 || request.free_gpus() < 0) {
+    return absl::InvalidArgumentError("free_slots, free_gpus: must not be negative");
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(request.worker_id());
+  if (it == workers_.end() || it->second.lost || it->second.restored) {
+    return absl::NotFoundError(absl::StrCat("worker ", request.worker_id(),
+                                            " is not registered (server restarted or lease "
+                                            "expired); register again"));
+  }
+  WorkerEntry& worker = it->second;
+  worker.last_heartbeat = absl::Now();
+  v1::HeartbeatResponse response;
+  std::set<std::string> reported;
+  for (const v1::RunningAttempt& attempt : request.running()) {
+    reported.insert(attempt.job_id());
+    absl::StatusOr<v1::Job> job = FencedJob(request.worker_id(), attempt.job_id(), attempt.attempt());
+    if (!job.ok()) *response.add_stop() = attempt;
+  }
+  // A job placed on this worker that it no longer reports was lost there (e.g. it restarted).
+  for (const std::string& job_id : std::set<std::string>(worker.running)) {
+    if (reported.contains(job_id)) continue;
+    absl::StatusOr<v1::Job> job = store_->Get(job_id);
+    if (job.ok() && job->state() == v1::JOB_STATE_RUNNING && job->worker_id() == request.worker_id()) {
+      if (absl::Status s = Requeue(*job, absl::StrCat("worker ", request.worker_id(),
+                                                      " no longer runs the job"));
+          !s.ok()) {
+        return s;
+      }
+    } else {
+      worker.running.erase(job_id);
+    }
+  }
+  absl::StatusOr<std::vector<v1::Assignment>> assignments =
+      Assign(request.worker_id(), request.free_slots(), request.free_gpus());
+  if (!assignments.ok()) return assignments.status();
+  for (v1::Assignment& assignment : *assignments) {
+    *response.add_assignments() = std::move(assignment);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::Job> Coordinator::FencedJob(const std::string& worker_id,
+                                               const std::string& job_id, int attempt) {
+  absl::StatusOr<v1::Job> job = store_->Get(job_id);
+  if (!job.ok()) return job.status();
+  if (job->worker_id() != worker_id || job->attempt() != attempt) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stale report for job ", job_id, " attempt ", attempt, " from worker ",
+                     worker_id, ": the current attempt is ", job->attempt(), " on worker ",
+                     job->worker_id()));
+  }
+  if (job->state() != v1::JOB_STATE_RUNNING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is ", JobStateName(job->state()), ", not running"));
+  }
+  return job;
+}
+
+absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(
+    const v1::ReportProgressRequest& request) {
+  if (absl::Status s = RequireId(request.job_id(), "job_id"); !s.ok()) return s;
+  if (request.events_size() > 1000) {
+    return absl::InvalidArgumentError("events: at most 1000 per report");
+  }
+  absl::MutexLock lock(&mu_);
+  if (auto it = workers_.find(request.worker_id()); it != workers_.end() && !it->second.lost) {
+    it->second.last_heartbeat = absl::Now();
+  }
+  absl::StatusOr<v1::Job> job = FencedJob(request.worker_id(), request.job_id(), request.attempt());
+  v1::ReportProgressResponse response;
+  if (!job.ok()) {
+    // A cancelled job's own attempt is told to stop rather than refused.
+    absl::StatusOr<v1::Job> current = store_->Get(request.job_id());
+    if (current.ok() && current->state() == v1::JOB_STATE_CANCELLED &&
+        current->attempt() == request.attempt() && current->worker_id() == request.worker_id()) {
+      response.set_cancel_requested(true);
+      return response;
+    }
+    return job.status();
+  }
+  std::vector<v1::JobEvent> events;
+  for (const v1::JobEvent& reported : request.events()) {
+    if (reported.type() == v1::EVENT_TYPE_FINISHED) {
+      return absl::InvalidArgumentError("events: FINISHED is reported through CompleteJob");
+    }
+    v1::JobEvent& event = events.emplace_back(reported);
+    event.set_time_unix_ms(NowMs());
+    event.set_attempt(request.attempt());
+    if (event.has_progress()) *job->mutable_progress() = event.progress();
+  }
+  if (absl::Status s = SaveAndNotify(*job, std::move(events)); !s.ok()) return s;
+  return response;
+}
+
+absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
+  if (absl::Status s = RequireId(request.job_id(), "job_id"); !s.ok()) return s;
+  if (!IsFinal(request.state())) {
+    return absl::InvalidArgumentError("state: must be SUCCEEDED, FAILED or CANCELLED");
+  }
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<v1::Job> job = FencedJob(request.worker_id(), request.job_id(), request.attempt());
+  if (!job.ok()) {
+    absl::StatusOr<v1::Job> current = store_->Get(request.job_id());
+    if (current.ok() && current->state() == v1::JOB_STATE_CANCELLED &&
+        current->attempt() == request.attempt()) {
+      if (auto it = workers_.find(request.worker_id()); it != workers_.end()) {
+        it->second.running.erase(request.job_id());
+      }
+      return absl::OkStatus();  // the cancel already finished it
+    }
+    return job.status();
+  }
+  if (request.has_progress()) *job->mutable_progress() = request.progress();
+  if (request.state() == v1::JOB_STATE_FAILED && !request.permanent()) {
+    return Requeue(*job, request.error());
+  }
+  job->set_state(request.state());
+  job->set_end_time_unix_ms(NowMs());
+  job->set_error(request.error());
+  std::string message;
+  if (request.state() == v1::JOB_STATE_SUCCEEDED) {
+    message = absl::StrCat("succeeded: test accuracy ", job->progress().test_accuracy());
+  } else {
+    message = absl::StrCat(JobStateName(request.state()), ": ", request.error());
+  }
+  if (auto it = workers_.find(request.worker_id()); it != workers_.end()) {
+    it->second.running.erase(request.job_id());
+  }
+  return SaveAndNotify(*job, {MakeEvent(v1::EVENT_TYPE_FINISHED, message, request.attempt())});
+}
+
+void Coordinator::ExpireLeases() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  for (auto& [worker_id, worker] : workers_) {
+    if (worker.lost || now - worker.last_heartbeat <= options_.lease) continue;
+    worker.lost = true;
+    for (const std::string& job_id : std::set<std::string>(worker.running)) {
+      absl::StatusOr<v1::Job> job = store_->Get(job_id);
+      if (!job.ok() || job->state() != v1::JOB_STATE_RUNNING || job->worker_id() != worker_id) {
+        continue;
+      }
+      // On a store error the job stays RUNNING and the next sweep tries again.
+      (void)Requeue(*job, absl::StrCat("worker ", worker_id, " lost (no heartbeat for ",
+                                       absl::FormatDuration(now - worker.last_heartbeat), ")"));
+    }
+  }
+}
+
+}  // namespace stoker

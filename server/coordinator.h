@@ -1,0 +1,99 @@
+// The server's logic, free of gRPC types: job lifecycle, worker leases, assignment and fencing.
+// One mutex guards the store and the worker table; every state change is committed to the store
+// before the call returns.
+#ifndef STOKER_SERVER_COORDINATOR_H_
+#define STOKER_SERVER_COORDINATOR_H_
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/job_store.h"
+#include "stoker.pb.h"
+
+namespace stoker {
+
+struct CoordinatorOptions {
+  // Dataset paths of submitted jobs must resolve under this directory.
+  std::string data_root = "/usr/share/datasets";
+  // A worker that has not sent a heartbeat for this long loses its jobs back to the queue.
+  absl::Duration lease = absl::Seconds(10);
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+};
+
+class Coordinator {
+ public:
+  Coordinator(std::unique_ptr<JobStore> store, CoordinatorOptions options);
+
+  // Call once at start: jobs that were RUNNING when the server stopped keep their worker for one
+  // lease; if that worker does not come back in time they are requeued.
+  absl::Status Recover();
+
+  // --- JobService
+  absl::StatusOr<v1::SubmitJobResponse> Submit(const v1::SubmitJobRequest& request);
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
+  v1::ListWorkersResponse ListWorkers();
+
+  // Events of `job_id` after `after_seq`. If there are none yet, waits up to `wait` for some.
+  // Sets *job_finished when the job is in a final state and every event has been returned.
+  absl::StatusOr<std::vector<v1::JobEvent>> WaitForEvents(const std::string& job_id,
+                                                          int64_t after_seq, absl::Duration wait,
+                                                          bool* job_finished);
+
+  // --- WorkerService
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& request);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+  absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
+      const v1::ReportProgressRequest& request);
+  absl::Status CompleteJob(const v1::CompleteJobRequest& request);
+
+  // Requeues the jobs of workers whose lease ran out. Called periodically.
+  void ExpireLeases();
+  // Wakes every WaitForEvents caller (server shutdown).
+  void Shutdown();
+
+ private:
+  struct WorkerEntry {
+    v1::RegisterWorkerRequest info;
+    absl::Time last_heartbeat;
+    bool lost = false;
+    // Restored from the store after a restart; must register again before heartbeats count.
+    bool restored = false;
+    std::set<std::string> running;  // job ids the server placed there
+  };
+
+  // Reads a RUNNING job and checks that `worker_id` runs its current attempt.
+  absl::StatusOr<v1::Job> FencedJob(const std::string& worker_id, const std::string& job_id,
+                                    int attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts a job back in the queue, or fails it when its retries are used up.
+  absl::Status Requeue(v1::Job job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SaveAndNotify(const v1::Job& job, std::vector<v1::JobEvent> events)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<v1::Assignment>> Assign(const std::string& worker_id, int free_slots,
+                                                     int free_gpus)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillQueueInfo(v1::Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const CoordinatorOptions options_;
+  absl::Mutex mu_;
+  absl::CondVar events_changed_;
+  std::unique_ptr<JobStore> store_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A job event stamped with the current time.
+v1::JobEvent MakeEvent(v1::EventType type, const std::string& message, int attempt = 0);
+
+}  // namespace stoker
+
+#endif  // STOKER_SERVER_COORDINATOR_H_

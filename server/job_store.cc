@@ -1,0 +1,270 @@
+#include "server/job_store.h"
+
+#include <sqlite3.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace stoker {
+namespace {
+
+// Finalizes a prepared statement when it goes out of scope.
+class Statement {
+ public:
+  Statement(sqlite3* db, const std::string& sql) {
+    rc_ = sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt_, nullptr);
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+  bool ok() const { return rc_ == SQLITE_OK; }
+  sqlite3_stmt* get() { return stmt_; }
+  void BindText(int index, const std::string& text) {
+    sqlite3_bind_text(stmt_, index, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
+  }
+  void BindBlob(int index, const std::string& bytes) {
+    sqlite3_bind_blob(stmt_, index, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
+  }
+  void BindInt(int index, int64_t value) { sqlite3_bind_int64(stmt_, index, value); }
+  std::string ColumnBlob(int column) {
+    const void* data = sqlite3_column_blob(stmt_, column);
+    return std::string(static_cast<const char*>(data), sqlite3_column_bytes(stmt_, column));
+  }
+
+ private:
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_;
+};
+
+// Rolls back unless Commit() succeeded.
+class Transaction {
+ public:
+  explicit Transaction(sqlite3* db) : db_(db) {
+    began_ = sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) == SQLITE_OK;
+  }
+  ~Transaction() {
+    if (began_ && !committed_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+  bool began() const { return began_; }
+  bool Commit() {
+    committed_ = sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) == SQLITE_OK;
+    return committed_;
+  }
+
+ private:
+  sqlite3* db_;
+  bool began_ = false;
+  bool committed_ = false;
+};
+
+constexpr char kSchema[] = R"sql(
+CREATE TABLE IF NOT EXISTS jobs (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,   -- submit order
+  id TEXT NOT NULL UNIQUE,
+  request_id TEXT UNIQUE,                  -- NULL when the client sent none
+  state INTEGER NOT NULL,
+  priority INTEGER NOT NULL,
+  job BLOB NOT NULL                        -- serialized stoker.v1.Job
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority DESC, seq);
+CREATE TABLE IF NOT EXISTS events (
+  job_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  event BLOB NOT NULL,                     -- serialized stoker.v1.JobEvent
+  PRIMARY KEY (job_id, seq)
+) WITHOUT ROWID;
+)sql";
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
+      SQLITE_OK) {
+    std::string message = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat("cannot open job store '", path, "': ", message));
+  }
+  std::unique_ptr<JobStore> store(new JobStore(db));
+  sqlite3_busy_timeout(db, 5000);
+  // WAL with synchronous=FULL: a commit is on disk (the WAL is fsynced) when it returns.
+  for (const char* pragma : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
+                             "PRAGMA foreign_keys=ON"}) {
+    if (absl::Status s = store->Exec(pragma); !s.ok()) return s;
+  }
+  if (absl::Status s = store->Exec(kSchema); !s.ok()) return s;
+  return store;
+}
+
+JobStore::~JobStore() { sqlite3_close(db_); }
+
+absl::Status JobStore::Error(const char* what) const {
+  return absl::InternalError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db_)));
+}
+
+absl::Status JobStore::Exec(const char* sql) {
+  char* message = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &message) != SQLITE_OK) {
+    std::string text = message ? message : "unknown error";
+    sqlite3_free(message);
+    return absl::InternalError(absl::StrCat("job store: ", text));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobStore::Inserted> JobStore::Insert(const v1::JobSpec& spec,
+                                                    const std::string& request_id,
+                                                    int64_t now_unix_ms,
+                                                    v1::JobEvent first_event) {
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  if (!request_id.empty()) {
+    Statement find(db_, "SELECT job FROM jobs WHERE request_id = ?");
+    find.BindText(1, request_id);
+    if (!find.ok()) return Error("prepare");
+    if (sqlite3_step(find.get()) == SQLITE_ROW) {
+      Inserted existing;
+      if (!existing.job.ParseFromString(find.ColumnBlob(0))) return Error("corrupt job row");
+      existing.deduplicated = true;
+      return existing;
+    }
+  }
+  Statement insert(db_,
+                   "INSERT INTO jobs (id, request_id, state, priority, job) "
+                   "VALUES ('pending-' || hex(randomblob(8)), ?, ?, ?, x'')");
+  if (!insert.ok()) return Error("prepare insert");
+  if (request_id.empty()) {
+    sqlite3_bind_null(insert.get(), 1);
+  } else {
+    insert.BindText(1, request_id);
+  }
+  insert.BindInt(2, v1::JOB_STATE_QUEUED);
+  insert.BindInt(3, spec.priority());
+  if (sqlite3_step(insert.get()) != SQLITE_DONE) return Error("insert job");
+  const int64_t seq = sqlite3_last_insert_rowid(db_);
+
+  Inserted result;
+  v1::Job& job = result.job;
+  job.set_id(absl::StrFormat("j-%06d", seq));
+  *job.mutable_spec() = spec;
+  job.set_state(v1::JOB_STATE_QUEUED);
+  job.set_submit_time_unix_ms(now_unix_ms);
+  job.mutable_progress()->set_test_accuracy(-1);
+  job.mutable_progress()->set_test_loss(-1);
+  Statement update(db_, "UPDATE jobs SET id = ?, job = ? WHERE seq = ?");
+  update.BindText(1, job.id());
+  update.BindBlob(2, job.SerializeAsString());
+  update.BindInt(3, seq);
+  if (sqlite3_step(update.get()) != SQLITE_DONE) return Error("name job");
+  std::vector<v1::JobEvent> events = {std::move(first_event)};
+  if (absl::Status s = AppendEvents(job, events); !s.ok()) return s;
+  if (!transaction.Commit()) return Error("commit");
+  return result;
+}
+
+absl::StatusOr<v1::Job> JobStore::Get(const std::string& job_id) {
+  Statement get(db_, "SELECT job FROM jobs WHERE id = ?");
+  if (!get.ok()) return Error("prepare");
+  get.BindText(1, job_id);
+  if (sqlite3_step(get.get()) != SQLITE_ROW) {
+    return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  }
+  v1::Job job;
+  if (!job.ParseFromString(get.ColumnBlob(0))) return Error("corrupt job row");
+  return job;
+}
+
+absl::Status JobStore::AppendEvents(const v1::Job& job, std::vector<v1::JobEvent>& events) {
+  if (events.empty()) return absl::OkStatus();
+  Statement last(db_, "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id = ?");
+  last.BindText(1, job.id());
+  if (!last.ok() || sqlite3_step(last.get()) != SQLITE_ROW) return Error("read event seq");
+  int64_t seq = sqlite3_column_int64(last.get(), 0);
+  Statement insert(db_, "INSERT INTO events (job_id, seq, event) VALUES (?, ?, ?)");
+  if (!insert.ok()) return Error("prepare event insert");
+  for (v1::JobEvent& event : events) {
+    event.set_seq(++seq);
+    event.set_state(job.state());
+    sqlite3_reset(insert.get());
+    insert.BindText(1, job.id());
+    insert.BindInt(2, seq);
+    insert.BindBlob(3, event.SerializeAsString());
+    if (sqlite3_step(insert.get()) != SQLITE_DONE) return Error("insert event");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Save(const v1::Job& job, std::vector<v1::JobEvent> events) {
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  Statement update(db_, "UPDATE jobs SET state = ?, priority = ?, job = ? WHERE id = ?");
+  if (!update.ok()) return Error("prepare update");
+  update.BindInt(1, job.state());
+  update.BindInt(2, job.spec().priority());
+  update.BindBlob(3, job.SerializeAsString());
+  update.BindText(4, job.id());
+  if (sqlite3_step(update.get()) != SQLITE_DONE) return Error("update job");
+  if (sqlite3_changes(db_) != 1) return absl::NotFoundError(absl::StrCat("no job '", job.id(), "'"));
+  if (absl::Status s = AppendEvents(job, events); !s.ok()) return s;
+  if (!transaction.Commit()) return Error("commit");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobStore::QueryJobs(const std::string& sql,
+                                                         const std::vector<int64_t>& int_params) {
+  Statement query(db_, sql);
+  if (!query.ok()) return Error("prepare query");
+  for (size_t i = 0; i < int_params.size(); ++i) query.BindInt(static_cast<int>(i) + 1, int_params[i]);
+  std::vector<v1::Job> jobs;
+  int rc;
+  while ((rc = sqlite3_step(query.get())) == SQLITE_ROW) {
+    if (!jobs.emplace_back().ParseFromString(query.ColumnBlob(0))) return Error("corrupt job row");
+  }
+  if (rc != SQLITE_DONE) return Error("query jobs");
+  return jobs;
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<v1::JobState>& states,
+                                                    int limit) {
+  std::string sql = "SELECT job FROM jobs";
+  std::vector<int64_t> params;
+  if (!states.empty()) {
+    sql += absl::StrCat(" WHERE state IN (",
+                        absl::StrJoin(std::vector<std::string>(states.size(), "?"), ","), ")");
+    for (v1::JobState state : states) params.push_back(state);
+  }
+  sql += " ORDER BY seq DESC";
+  if (limit > 0) {
+    sql += " LIMIT ?";
+    params.push_back(limit);
+  }
+  return QueryJobs(sql, params);
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobStore::QueuedInOrder() {
+  return QueryJobs("SELECT job FROM jobs WHERE state = ? ORDER BY priority DESC, seq ASC",
+                   {v1::JOB_STATE_QUEUED});
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobStore::InState(v1::JobState state) {
+  return QueryJobs("SELECT job FROM jobs WHERE state = ?", {state});
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& job_id,
+                                                           int64_t after_seq, int limit) {
+  Statement query(db_, "SELECT event FROM events WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?");
+  if (!query.ok()) return Error("prepare events");
+  query.BindText(1, job_id);
+  query.BindInt(2, after_seq);
+  query.BindInt(3, limit);
+  std::vector<v1::JobEvent> events;
+  int rc;
+  while ((rc = sqlite3_step(query.get())) == SQLITE_ROW) {
+    if (!events.emplace_back().ParseFromString(query.ColumnBlob(0))) return Error("corrupt event");
+  }
+  if (rc != SQLITE_DONE) return Error("query events");
+  return events;
+}
+
+}  // namespace stoker

@@ -1,0 +1,65 @@
+// Durable job store on SQLite (WAL). Each job is one row (the whole v1::Job as a protobuf blob plus
+// the columns the queue is ordered by) and an append-only list of events. Every write is a single
+// transaction, committed (fsynced) before the call returns.
+#ifndef STOKER_SERVER_JOB_STORE_H_
+#define STOKER_SERVER_JOB_STORE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "stoker.pb.h"
+
+struct sqlite3;
+
+namespace stoker {
+
+class JobStore {
+ public:
+  // Opens (creating if needed) the database at `path`. Not thread-safe: the caller serialises.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  ~JobStore();
+
+  struct Inserted {
+    v1::Job job;
+    bool deduplicated = false;  // request_id matched an earlier job, which is returned
+  };
+  // Stores a new QUEUED job with `first_event` as its first event. A non-empty `request_id` seen
+  // before returns that job instead of creating one.
+  absl::StatusOr<Inserted> Insert(const v1::JobSpec& spec, const std::string& request_id,
+                                  int64_t now_unix_ms, v1::JobEvent first_event);
+
+  // NOT_FOUND if no such job.
+  absl::StatusOr<v1::Job> Get(const std::string& job_id);
+
+  // Replaces the stored job (matched by id) and appends `events` in one transaction. Sets each
+  // event's seq (and its state from the job).
+  absl::Status Save(const v1::Job& job, std::vector<v1::JobEvent> events);
+
+  // Newest first; empty `states` means all states; limit <= 0 means no limit.
+  absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states, int limit);
+  // Queued jobs in scheduling order: priority (high first), then submit order.
+  absl::StatusOr<std::vector<v1::Job>> QueuedInOrder();
+  // Jobs in one state (any order).
+  absl::StatusOr<std::vector<v1::Job>> InState(v1::JobState state);
+
+  // Events with seq > after_seq, in order, at most `limit`.
+  absl::StatusOr<std::vector<v1::JobEvent>> Events(const std::string& job_id, int64_t after_seq,
+                                                   int limit);
+
+ private:
+  explicit JobStore(sqlite3* db) : db_(db) {}
+  absl::Status Exec(const char* sql);
+  absl::StatusOr<std::vector<v1::Job>> QueryJobs(const std::string& sql,
+                                                 const std::vector<int64_t>& int_params);
+  absl::Status AppendEvents(const v1::Job& job, std::vector<v1::JobEvent>& events);
+  absl::Status Error(const char* what) const;
+
+  sqlite3* db_;
+};
+
+}  // namespace stoker
+
+#endif  // STOKER_SERVER_JOB_STORE_H_

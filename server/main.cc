@@ -1,0 +1,102 @@
+// stoker-server: the job service. Parses flags, opens the store, serves gRPC until SIGINT/SIGTERM.
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "server/coordinator.h"
+#include "server/grpc_services.h"
+#include "server/job_store.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"stoker-server: accepts training jobs and schedules them onto workers"};
+  std::string listen = "127.0.0.1:50051";
+  std::string state_dir = ".stoker/server";
+  std::string data_root = "/usr/share/datasets";
+  std::string port_file;
+  double lease_seconds = 10;
+  app.add_option("--listen", listen, "address:port to serve gRPC on (port 0 picks a free one)")
+      ->capture_default_str();
+  app.add_option("--state-dir", state_dir, "directory of the job store (jobs.db)")
+      ->capture_default_str();
+  app.add_option("--data-root", data_root, "dataset paths of jobs must resolve under this directory")
+      ->capture_default_str();
+  app.add_option("--lease-seconds", lease_seconds,
+                 "a worker silent this long loses its jobs back to the queue")
+      ->check(CLI::Range(1.0, 3600.0))
+      ->capture_default_str();
+  app.add_option("--port-file", port_file, "write the bound port to this file once serving");
+  CLI11_PARSE(app, argc, argv);
+
+  // Signals are taken by a dedicated thread (sigwait), so block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::error_code error;
+  std::filesystem::create_directories(state_dir, error);
+  if (error) {
+    std::cerr << "stoker-server: cannot create state directory '" << state_dir
+              << "': " << error.message() << "\n";
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<stoker::JobStore>> store =
+      stoker::JobStore::Open(state_dir + "/jobs.db");
+  if (!store.ok()) {
+    std::cerr << "stoker-server: " << store.status().message() << "\n";
+    return 1;
+  }
+  stoker::CoordinatorOptions options;
+  options.data_root = data_root;
+  options.lease = absl::Seconds(lease_seconds);
+  stoker::Coordinator coordinator(std::move(*store), options);
+  if (absl::Status s = coordinator.Recover(); !s.ok()) {
+    std::cerr << "stoker-server: recovering jobs: " << s.message() << "\n";
+    return 1;
+  }
+
+  stoker::JobServiceImpl job_service(&coordinator);
+  stoker::WorkerServiceImpl worker_service(&coordinator);
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  // Plaintext and unauthenticated: meant for loopback. TLS and tokens come with the security work.
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.RegisterService(&job_service);
+  builder.RegisterService(&worker_service);
+  builder.SetMaxReceiveMessageSize(4 << 20);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    std::cerr << "stoker-server: cannot listen on " << listen << "\n";
+    return 1;
+  }
+  std::cerr << "stoker-server: serving on port " << bound_port << " (plaintext), store "
+            << state_dir << "/jobs.db, data root " << data_root << "\n";
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    std::ofstream(tmp) << bound_port << "\n";
+    std::filesystem::rename(tmp, port_file, error);
+  }
+
+  std::atomic<bool> stopping{false};
+  std::thread lease_sweeper([&] {
+    while (!stopping.load()) {
+      coordinator.ExpireLeases();
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  });
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  std::cerr << "stoker-server: " << strsignal(signal_number) << ", shutting down\n";
+  stopping = true;
+  coordinator.Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  lease_sweeper.join();
+  return 0;
+}
