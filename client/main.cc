@@ -1,0 +1,310 @@
+// stoker: the command-line client. Human-readable tables by default, --output json for scripts.
+//
+// Exit codes: 0 success; 1 the job failed or was cancelled, or the server refused the request;
+// 2 bad input (job file, arguments); 3 the server cannot be reached.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/render.h"
+#include "common/grpc_status.h"
+#include "common/job_file.h"
+#include "common/job_spec.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
+#include "stoker.grpc.pb.h"
+
+namespace stoker {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitBadInput = 2;
+constexpr int kExitUnreachable = 3;
+
+struct Options {
+  std::string server = "127.0.0.1:50051";
+  std::string output = "table";
+  bool json() const { return output == "json"; }
+};
+
+std::string ToJson(const google::protobuf::Message& message, bool multiline) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = multiline;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (multiline && !json.empty() && json.back() == '\n') json.pop_back();
+  return json;
+}
+
+// Prints an RPC error for people and maps it to an exit code.
+int ReportRpcError(const Options& options, const grpc::Status& status, const std::string& what) {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    std::cerr << "stoker: cannot reach stoker-server at " << options.server << " ("
+              << status.error_message()
+              << "). Is it running? Set the address with --server or STOKER_SERVER.\n";
+    return kExitUnreachable;
+  }
+  std::cerr << "stoker: " << what << ": " << status.error_message() << "\n";
+  return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? kExitBadInput : kExitFailed;
+}
+
+class Client {
+ public:
+  explicit Client(const Options& options)
+      : options_(options),
+        channel_(grpc::CreateChannel(options.server, grpc::InsecureChannelCredentials())),
+        jobs_(v1::JobService::NewStub(channel_)) {}
+
+  std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(10)) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(std::chrono::system_clock::now() + absl::ToChronoSeconds(timeout));
+    return context;
+  }
+
+  int Submit(const std::string& path, bool follow, const std::string& request_id) {
+    absl::StatusOr<JobFile> file = ReadJobFile(path);
+    if (!file.ok()) {
+      std::cerr << "stoker: " << file.status().message() << "\n";
+      return kExitBadInput;
+    }
+    if (absl::Status s = ValidateJobSpec(file->spec); !s.ok()) {
+      std::cerr << "stoker: " << WithFileLocation(*file, s).message() << "\n";
+      return kExitBadInput;
+    }
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = file->spec;
+    request.set_request_id(request_id);
+    v1::SubmitJobResponse response;
+    grpc::Status status = jobs_->SubmitJob(Context().get(), request, &response);
+    if (!status.ok()) {
+      if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+        // The server names the field; point at its line in the file too.
+        std::cerr << "stoker: submit refused: "
+                  << WithFileLocation(*file, FromGrpcStatus(status)).message() << "\n";
+        return kExitBadInput;
+      }
+      return ReportRpcError(options_, status, "submit");
+    }
+    const v1::Job& job = response.job();
+    if (options_.json() && !follow) {
+      std::cout << ToJson(response, true) << "\n";
+      return kExitOk;
+    }
+    if (!options_.json()) {
+      std::cout << (response.deduplicated() ? "already submitted as " : "submitted ") << job.id()
+                << " (" << job.spec().name() << ")\n";
+    }
+    return follow ? Follow(job.id(), 0) : kExitOk;
+  }
+
+  // Streams a job's events; with follow, until it finishes. Reconnects if the server restarts.
+  int Watch(const std::string& job_id, bool follow) {
+    if (!follow) {
+      int64_t after = 0;
+      v1::WatchJobRequest request;
+      request.set_job_id(job_id);
+      auto context = Context(absl::Seconds(60));
+      auto reader = jobs_->WatchJob(context.get(), request);
+      v1::JobEvent event;
+      while (reader->Read(&event)) {
+        after = event.seq();
+        PrintEvent(event, /*live=*/false);
+      }
+      grpc::Status status = reader->Finish();
+      if (!status.ok()) return ReportRpcError(options_, status, "logs");
+      (void)after;
+      return kExitOk;
+    }
+    return Follow(job_id, 0);
+  }
+
+  int Follow(const std::string& job_id, int64_t after_seq) {
+    ProgressLine line(isatty(STDOUT_FILENO) && !options_.json());
+    absl::Time reconnect_deadline = absl::InfinitePast();
+    std::optional<v1::JobEvent> finished;
+    while (!finished) {
+      grpc::ClientContext context;
+      v1::WatchJobRequest request;
+      request.set_job_id(job_id);
+      request.set_after_seq(after_seq);
+      request.set_follow(true);
+      auto reader = jobs_->WatchJob(&context, request);
+      v1::JobEvent event;
+      while (reader->Read(&event)) {
+        reconnect_deadline = absl::InfinitePast();
+        after_seq = event.seq();
+        if (options_.json()) {
+          std::cout << ToJson(event, false) << std::endl;
+        } else if (event.type() == v1::EVENT_TYPE_PROGRESS) {
+          line.Update(event.progress());
+        } else {
+          line.Clear();
+          PrintEvent(event, /*live=*/true);
+        }
+        if (event.type() == v1::EVENT_TYPE_FINISHED) finished = event;
+      }
+      grpc::Status status = reader->Finish();
+      if (finished) break;
+      if (status.ok()) {
+        // The stream ended without a FINISHED event: the job was already final.
+        break;
+      }
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE) {
+        line.Clear();
+        return ReportRpcError(options_, status, "watch");
+      }
+      // The server went away: keep trying for a while, it may be restarting.
+      if (reconnect_deadline == absl::InfinitePast()) {
+        reconnect_deadline = absl::Now() + absl::Seconds(120);
+        line.Clear();
+        std::cerr << "stoker: lost the server (" << status.error_message()
+                  << "); reconnecting for up to 120 s\n";
+      } else if (absl::Now() > reconnect_deadline) {
+        return ReportRpcError(options_, status, "watch");
+      }
+      absl::SleepFor(absl::Seconds(1));
+    }
+    line.Clear();
+    v1::Job job;
+    grpc::Status status = jobs_->GetJob(Context().get(), MakeGetRequest(job_id), &job);
+    if (!status.ok()) return ReportRpcError(options_, status, "status");
+    if (!options_.json()) std::cout << FinalSummary(job) << "\n";
+    return job.state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitFailed;
+  }
+
+  int List(const std::vector<std::string>& states, int limit) {
+    v1::ListJobsRequest request;
+    request.set_limit(limit);
+    for (const std::string& name : states) {
+      v1::JobState state;
+      if (!v1::JobState_Parse("JOB_STATE_" + absl::AsciiStrToUpper(name), &state) ||
+          state == v1::JOB_STATE_UNSPECIFIED) {
+        std::cerr << "stoker: unknown state '" << name
+                  << "' (expected queued, running, succeeded, failed or cancelled)\n";
+        return kExitBadInput;
+      }
+      request.add_states(state);
+    }
+    v1::ListJobsResponse response;
+    grpc::Status status = jobs_->ListJobs(Context().get(), request, &response);
+    if (!status.ok()) return ReportRpcError(options_, status, "list");
+    std::cout << (options_.json() ? ToJson(response, true) : JobTable(response)) << "\n";
+    return kExitOk;
+  }
+
+  int Status(const std::string& job_id) {
+    v1::Job job;
+    grpc::Status status = jobs_->GetJob(Context().get(), MakeGetRequest(job_id), &job);
+    if (!status.ok()) return ReportRpcError(options_, status, "status");
+    std::cout << (options_.json() ? ToJson(job, true) : JobDetails(job)) << "\n";
+    return kExitOk;
+  }
+
+  int Cancel(const std::string& job_id) {
+    v1::CancelJobRequest request;
+    request.set_job_id(job_id);
+    v1::Job job;
+    grpc::Status status = jobs_->CancelJob(Context().get(), request, &job);
+    if (!status.ok()) return ReportRpcError(options_, status, "cancel");
+    std::cout << (options_.json() ? ToJson(job, true) : absl::StrCat("cancelled ", job.id()))
+              << "\n";
+    return kExitOk;
+  }
+
+  int Workers() {
+    v1::ListWorkersResponse response;
+    grpc::Status status = jobs_->ListWorkers(Context().get(), {}, &response);
+    if (!status.ok()) return ReportRpcError(options_, status, "workers");
+    std::cout << (options_.json() ? ToJson(response, true) : WorkerTable(response)) << "\n";
+    return kExitOk;
+  }
+
+ private:
+  static v1::GetJobRequest MakeGetRequest(const std::string& job_id) {
+    v1::GetJobRequest request;
+    request.set_job_id(job_id);
+    return request;
+  }
+
+  void PrintEvent(const v1::JobEvent& event, bool live) {
+    if (options_.json()) {
+      std::cout << ToJson(event, false) << std::endl;
+      return;
+    }
+    (void)live;
+    std::cout << EventLine(event) << std::endl;
+  }
+
+  Options options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+};
+
+int Main(int argc, char** argv) {
+  CLI::App app{"stoker: submit and watch training jobs on a Stoker server"};
+  app.require_subcommand(1);
+  Options options;
+  if (const char* env = std::getenv("STOKER_SERVER"); env != nullptr && *env != '\0') {
+    options.server = env;
+  }
+  app.add_option("--server", options.server, "server address (env STOKER_SERVER)")
+      ->capture_default_str();
+  app.add_option("-o,--output", options.output, "output format")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+
+  std::string job_file, job_id, request_id;
+  bool follow = false;
+  std::vector<std::string> states;
+  int limit = 50;
+
+  CLI::App* submit = app.add_subcommand("submit", "validate a job file and queue the job");
+  submit->add_option("job_file", job_file, "YAML job file")->required();
+  submit->add_flag("-f,--follow", follow, "stream progress until the job finishes");
+  submit->add_option("--request-id", request_id,
+                     "idempotency key: a retried submit with the same id returns the same job");
+  CLI::App* list = app.add_subcommand("list", "list jobs, newest first");
+  list->add_option("--state", states, "only jobs in these states (repeatable)");
+  list->add_option("--limit", limit, "at most this many")->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  CLI::App* status = app.add_subcommand("status", "show one job");
+  status->add_option("job_id", job_id, "job id, e.g. j-000001")->required();
+  CLI::App* logs = app.add_subcommand("logs", "print a job's event history");
+  logs->add_option("job_id", job_id, "job id")->required();
+  logs->add_flag("-f,--follow", follow, "keep streaming until the job finishes");
+  CLI::App* cancel = app.add_subcommand("cancel", "cancel a queued or running job");
+  cancel->add_option("job_id", job_id, "job id")->required();
+  app.add_subcommand("workers", "list registered workers");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitBadInput;
+  }
+
+  Client client(options);
+  if (submit->parsed()) return client.Submit(job_file, follow, request_id);
+  if (list->parsed()) return client.List(states, limit);
+  if (status->parsed()) return client.Status(job_id);
+  if (logs->parsed()) return client.Watch(job_id, follow);
+  if (cancel->parsed()) return client.Cancel(job_id);
+  return client.Workers();
+}
+
+}  // namespace
+}  // namespace stoker
+
+int main(int argc, char** argv) { return stoker::Main(argc, argv); }

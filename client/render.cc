@@ -1,0 +1,183 @@
+#include "client/render.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/job_spec.h"
+
+namespace stoker {
+namespace {
+
+std::string Clock(int64_t unix_ms) {
+  if (unix_ms == 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms), absl::LocalTimeZone());
+}
+
+std::string Accuracy(double accuracy) {
+  return accuracy < 0 ? "-" : absl::StrFormat("%.4f", accuracy);
+}
+
+// Left-aligned columns separated by two spaces.
+std::string Table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    widths.resize(std::max(widths.size(), row.size()));
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  std::string out;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::string line;
+    for (size_t i = 0; i < rows[r].size(); ++i) {
+      absl::StrAppend(&line, rows[r][i]);
+      if (i + 1 < rows[r].size()) line.append(widths[i] - rows[r][i].size() + 2, ' ');
+    }
+    absl::StrAppend(&out, line, r + 1 < rows.size() ? "\n" : "");
+  }
+  return out;
+}
+
+std::string Rate(double samples_per_second) {
+  if (samples_per_second >= 1e6) return absl::StrFormat("%.2fM", samples_per_second / 1e6);
+  if (samples_per_second >= 1e3) return absl::StrFormat("%.1fk", samples_per_second / 1e3);
+  return absl::StrFormat("%.0f", samples_per_second);
+}
+
+}  // namespace
+
+std::string FormatSeconds(double seconds) {
+  if (!(seconds >= 0) || std::isinf(seconds)) return "-";
+  int64_t total = static_cast<int64_t>(std::llround(seconds));
+  if (total >= 3600) {
+    return absl::StrFormat("%d:%02d:%02d", total / 3600, (total / 60) % 60, total % 60);
+  }
+  return absl::StrFormat("%d:%02d", total / 60, total % 60);
+}
+
+std::string JobTable(const v1::ListJobsResponse& jobs) {
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "NAME", "STATE", "ATTEMPT", "EPOCH", "TEST ACC", "WORKER", "SUBMITTED"}};
+  for (const v1::Job& job : jobs.jobs()) {
+    rows.push_back({job.id(), job.spec().name(), JobStateName(job.state()),
+                    absl::StrCat(job.attempt()),
+                    absl::StrCat(job.progress().epoch(), "/", job.spec().train().epochs()),
+                    Accuracy(job.progress().test_accuracy()),
+                    job.worker_id().empty() ? "-" : job.worker_id(),
+                    Clock(job.submit_time_unix_ms())});
+  }
+  if (jobs.jobs().empty()) return "no jobs";
+  return Table(rows);
+}
+
+std::string JobDetails(const v1::Job& job) {
+  const v1::TrainingProgress& p = job.progress();
+  std::vector<std::vector<std::string>> rows = {
+      {"id:", job.id()},
+      {"name:", job.spec().name()},
+      {"state:", JobStateName(job.state())},
+  };
+  if (job.state() == v1::JOB_STATE_QUEUED) {
+    rows.push_back({"queue position:", absl::StrCat(job.queue_position())});
+    rows.push_back({"waiting:", job.waiting_reason()});
+  }
+  rows.push_back({"attempt:", absl::StrCat(job.attempt())});
+  rows.push_back({"worker:", job.worker_id().empty() ? "-" : job.worker_id()});
+  rows.push_back({"priority:", absl::StrCat(job.spec().priority())});
+  rows.push_back({"submitted:", Clock(job.submit_time_unix_ms())});
+  rows.push_back({"started:", Clock(job.start_time_unix_ms())});
+  rows.push_back({"ended:", Clock(job.end_time_unix_ms())});
+  rows.push_back({"progress:", absl::StrCat("epoch ", p.epoch(), "/", job.spec().train().epochs(),
+                                            ", step ", p.step(), "/", p.total_steps())});
+  rows.push_back({"loss:", absl::StrFormat("%.4f", p.loss())});
+  rows.push_back({"test accuracy:", Accuracy(p.test_accuracy())});
+  if (!job.error().empty()) rows.push_back({"error:", job.error()});
+  return Table(rows);
+}
+
+std::string WorkerTable(const v1::ListWorkersResponse& workers) {
+  if (workers.workers().empty()) return "no workers";
+  std::vector<std::vector<std::string>> rows = {
+      {"WORKER", "STATE", "DEVICES", "JOBS", "HEARTBEAT AGE", "HOST"}};
+  for (const v1::WorkerStatus& worker : workers.workers()) {
+    std::vector<std::string> devices;
+    for (const v1::Device& device : worker.devices()) {
+      devices.push_back(absl::StrCat(device.kind(), ":", device.index(), " ", device.name()));
+    }
+    rows.push_back({worker.worker_id(), worker.state(), absl::StrJoin(devices, ", "),
+                    worker.job_ids().empty() ? "-" : absl::StrJoin(worker.job_ids(), ","),
+                    absl::StrFormat("%.1fs", worker.heartbeat_age_ms() / 1000.0),
+                    worker.hostname()});
+  }
+  return Table(rows);
+}
+
+std::string EventLine(const v1::JobEvent& event) {
+  std::string prefix = absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(event.time_unix_ms()),
+                                        absl::LocalTimeZone());
+  if (event.attempt() > 0) absl::StrAppend(&prefix, " [attempt ", event.attempt(), "]");
+  const v1::TrainingProgress& p = event.progress();
+  switch (event.type()) {
+    case v1::EVENT_TYPE_PROGRESS:
+      return absl::StrCat(prefix, " ", ProgressText(p, 0));
+    case v1::EVENT_TYPE_EPOCH:
+      return absl::StrFormat("%s epoch %d/%d: train loss %.4f, test loss %.4f, test accuracy %.4f, "
+                             "%s samples/s, input stall %.0f%%",
+                             prefix, p.epoch(), p.epochs(), p.loss(), p.test_loss(),
+                             p.test_accuracy(), Rate(p.samples_per_second()),
+                             100 * p.data_stall_ratio());
+    default:
+      return absl::StrCat(prefix, " ", event.message());
+  }
+}
+
+std::string ProgressText(const v1::TrainingProgress& p, int bar_width) {
+  const double fraction =
+      p.total_steps() > 0 ? std::clamp(double(p.step()) / p.total_steps(), 0.0, 1.0) : 0.0;
+  std::string bar;
+  if (bar_width > 0) {
+    const int filled = static_cast<int>(fraction * bar_width);
+    bar = absl::StrCat("[", std::string(filled, '#'), std::string(bar_width - filled, '.'), "] ");
+  }
+  return absl::StrFormat("epoch %d/%d %s%3.0f%% step %d/%d loss %.4f %s samples/s ETA %s",
+                         p.epoch(), p.epochs(), bar, 100 * fraction, p.step(), p.total_steps(),
+                         p.loss(), Rate(p.samples_per_second()), FormatSeconds(p.eta_seconds()));
+}
+
+std::string FinalSummary(const v1::Job& job) {
+  const double seconds =
+      job.end_time_unix_ms() > job.start_time_unix_ms() && job.start_time_unix_ms() > 0
+          ? (job.end_time_unix_ms() - job.start_time_unix_ms()) / 1000.0
+          : 0;
+  if (job.state() == v1::JOB_STATE_SUCCEEDED) {
+    return absl::StrFormat("%s succeeded: test accuracy %.4f (%d epochs, %.1f s)", job.id(),
+                           job.progress().test_accuracy(), job.progress().epoch(), seconds);
+  }
+  return absl::StrCat(job.id(), " ", JobStateName(job.state()),
+                      job.error().empty() ? "" : absl::StrCat(": ", job.error()));
+}
+
+void ProgressLine::Update(const v1::TrainingProgress& progress) {
+  if (tty_) {
+    std::cout << "\r\033[K" << ProgressText(progress, 24) << std::flush;
+    shown_ = true;
+    return;
+  }
+  // Not a terminal (a log file, CI): a line every 5 seconds is plenty.
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  if (now - last_print_ms_ >= 5000) {
+    std::cout << ProgressText(progress, 0) << std::endl;
+    last_print_ms_ = now;
+  }
+}
+
+void ProgressLine::Clear() {
+  if (tty_ && shown_) std::cout << "\r\033[K" << std::flush;
+  shown_ = false;
+}
+
+}  // namespace stoker
