@@ -57,6 +57,7 @@ v1::JobSpec DefaultJobSpec() {
   train->mutable_optimizer()->set_type("sgd");
   train->mutable_optimizer()->set_lr(0.05);
   train->mutable_optimizer()->set_momentum(0.9);
+  train->mutable_optimizer()->set_lr_schedule("cosine");
   spec.mutable_loader()->set_processes(0);
   spec.mutable_loader()->set_ring_slots(8);
   spec.set_max_retries(2);
@@ -127,6 +128,16 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (!(opt.weight_decay() >= 0 && opt.weight_decay() < 1)) {
     return FieldError("train.optimizer.weight_decay",
                       absl::StrCat("must be in [0, 1) (got ", opt.weight_decay(), ")"));
+  }
+
+  if (absl::Status s = CheckOneOf("train.optimizer.lr_schedule", opt.lr_schedule(),
+                                  {"constant", "cosine"});
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRange("train.optimizer.warmup_steps", opt.warmup_steps(), 0, 1000000);
+      !s.ok()) {
+    return s;
   }
 
   const v1::LoaderSpec& loader = spec.loader();

@@ -1,0 +1,249 @@
+#include "worker/agent.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+
+namespace stoker {
+namespace {
+
+void Log(const std::string& message) {
+  std::cerr << absl::FormatTime("%H:%M:%S ", absl::Now(), absl::LocalTimeZone())
+            << "stoker-worker: " << message << std::endl;
+}
+
+bool IsUnreachable(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+}  // namespace
+
+v1::Device DescribeCpu() {
+  v1::Device device;
+  device.set_kind("cpu");
+  device.set_index(0);
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (absl::StartsWith(line, "model name")) {
+      device.set_name(std::string(absl::StripAsciiWhitespace(line.substr(line.find(':') + 1))));
+      break;
+    }
+  }
+  if (device.name().empty()) device.set_name("cpu");
+  device.set_name(absl::StrCat(device.name(), " (", sysconf(_SC_NPROCESSORS_ONLN), " cores)"));
+  device.set_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE));
+  return device;
+}
+
+Agent::Agent(AgentOptions options)
+    : options_(std::move(options)),
+      channel_(grpc::CreateChannel(options_.server_address, grpc::InsecureChannelCredentials())),
+      stub_(v1::WorkerService::NewStub(channel_)) {}
+
+Agent::~Agent() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, job] : jobs_) {
+    job->runner->Cancel();
+    if (job->thread.joinable()) job->thread.join();
+  }
+}
+
+std::unique_ptr<grpc::ClientContext> Agent::Context(absl::Duration timeout) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout));
+  return context;
+}
+
+bool Agent::Register(const std::atomic<bool>& stop) {
+  int tries = 0;
+  while (!stop.load()) {
+    v1::RegisterWorkerRequest request;
+    request.set_worker_id(options_.worker_id);
+    char hostname[256] = {0};
+    gethostname(hostname, sizeof(hostname) - 1);
+    request.set_hostname(hostname);
+    *request.add_devices() = DescribeCpu();
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, job] : jobs_) {
+        v1::RunningAttempt* running = request.add_running();
+        running->set_job_id(id);
+        running->set_attempt(job->assignment.attempt());
+      }
+    }
+    v1::RegisterWorkerResponse response;
+    grpc::Status status = stub_->RegisterWorker(Context(absl::Seconds(5)).get(), request, &response);
+    if (status.ok()) {
+      heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(100, response.heartbeat_interval_ms()));
+      Log(absl::StrCat("registered as ", options_.worker_id, " with ", options_.server_address,
+                       " (lease ", response.lease_ms(), " ms)"));
+      return true;
+    }
+    if (!IsUnreachable(status)) {
+      Log(absl::StrCat("registration refused: ", status.error_message()));
+      return false;
+    }
+    if (tries++ % 10 == 0) {
+      Log(absl::StrCat("waiting for the server at ", options_.server_address, ": ",
+                       status.error_message()));
+    }
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  return false;
+}
+
+void Agent::Run(const std::atomic<bool>& stop) {
+  if (!Register(stop)) return;
+  absl::Time last_unreachable_log = absl::InfinitePast();
+  while (!stop.load()) {
+    ReapFinishedJobs();
+    v1::HeartbeatRequest request;
+    request.set_worker_id(options_.worker_id);
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, job] : jobs_) {
+        v1::RunningAttempt* running = request.add_running();
+        running->set_job_id(id);
+        running->set_attempt(job->assignment.attempt());
+      }
+      const int free = std::max(0, options_.job_slots - static_cast<int>(jobs_.size()));
+      request.set_free_slots(free);
+      request.set_free_gpus(0);
+    }
+    v1::HeartbeatResponse response;
+    grpc::Status status = stub_->Heartbeat(Context(absl::Seconds(5)).get(), request, &response);
+    if (status.ok()) {
+      for (const v1::RunningAttempt& stop_attempt : response.stop()) {
+        absl::MutexLock lock(&mu_);
+        auto it = jobs_.find(stop_attempt.job_id());
+        if (it != jobs_.end() && it->second->assignment.attempt() == stop_attempt.attempt()) {
+          Log(absl::StrCat("server asks to stop ", stop_attempt.job_id(), " attempt ",
+                           stop_attempt.attempt()));
+          it->second->runner->Cancel();
+        }
+      }
+      for (const v1::Assignment& assignment : response.assignments()) StartJob(assignment);
+    } else if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+      Log(absl::StrCat("server does not know this worker (", status.error_message(),
+                       "); registering again"));
+      if (!Register(stop)) return;
+    } else if (absl::Now() - last_unreachable_log > absl::Seconds(10)) {
+      Log(absl::StrCat("heartbeat failed: ", status.error_message()));
+      last_unreachable_log = absl::Now();
+    }
+    const absl::Time next = absl::Now() + heartbeat_interval_;
+    while (!stop.load() && absl::Now() < next) absl::SleepFor(absl::Milliseconds(20));
+  }
+  // Shutting down: stop every attempt; the server requeues them (reported as retryable failures).
+  shutting_down_.store(true);
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, job] : jobs_) job->runner->Cancel();
+}
+
+void Agent::ReapFinishedJobs() {
+  absl::MutexLock lock(&mu_);
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    if (it->second->done.load()) {
+      it->second->thread.join();
+      it = jobs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Agent::StartJob(const v1::Assignment& assignment) {
+  absl::MutexLock lock(&mu_);
+  if (jobs_.contains(assignment.job_id())) return;
+  Log(absl::StrCat("starting ", assignment.job_id(), " attempt ", assignment.attempt(), " (",
+                   assignment.spec().name(), ")"));
+  auto job = std::make_unique<RunningJob>();
+  job->assignment = assignment;
+  RunningJob* raw = job.get();
+  job->runner = std::make_unique<JobRunner>(options_.runner, assignment,
+                                            [this, raw](const v1::JobEvent& event) {
+                                              // Events arrive on the runner's reader thread.
+                                              raw->pending.push_back(event);
+                                              if (!SendEvents(raw->assignment, raw->pending)) {
+                                                raw->runner->Cancel();
+                                              }
+                                            });
+  job->thread = std::thread([this, raw] { RunJob(raw); });
+  jobs_[assignment.job_id()] = std::move(job);
+}
+
+bool Agent::SendEvents(const v1::Assignment& assignment, std::vector<v1::JobEvent>& pending) {
+  v1::ReportProgressRequest request;
+  request.set_worker_id(options_.worker_id);
+  request.set_job_id(assignment.job_id());
+  request.set_attempt(assignment.attempt());
+  for (const v1::JobEvent& event : pending) *request.add_events() = event;
+  v1::ReportProgressResponse response;
+  grpc::Status status = stub_->ReportProgress(Context(absl::Seconds(5)).get(), request, &response);
+  if (status.ok()) {
+    pending.clear();
+    return !response.cancel_requested();
+  }
+  if (IsUnreachable(status)) {
+    // Keep epoch and log events for the next try; progress samples are only worth the latest.
+    std::vector<v1::JobEvent> kept;
+    for (v1::JobEvent& event : pending) {
+      if (event.type() != v1::EVENT_TYPE_PROGRESS) kept.push_back(std::move(event));
+    }
+    if (kept.size() > 1000) kept.erase(kept.begin(), kept.end() - 1000);
+    pending = std::move(kept);
+    return true;
+  }
+  Log(absl::StrCat("progress for ", assignment.job_id(), " refused: ", status.error_message(),
+                   "; stopping the attempt"));
+  pending.clear();
+  return false;
+}
+
+void Agent::RunJob(RunningJob* job) {
+  AttemptOutcome outcome = job->runner->Run();
+  if (!job->pending.empty()) SendEvents(job->assignment, job->pending);
+  if (outcome.state == v1::JOB_STATE_CANCELLED && shutting_down_.load()) {
+    // Not the user's cancel: the worker is going away, so the job should run elsewhere.
+    outcome.state = v1::JOB_STATE_FAILED;
+    outcome.error = absl::StrCat("worker ", options_.worker_id, " shut down");
+    outcome.permanent = false;
+  }
+  v1::CompleteJobRequest request;
+  request.set_worker_id(options_.worker_id);
+  request.set_job_id(job->assignment.job_id());
+  request.set_attempt(job->assignment.attempt());
+  request.set_state(outcome.state);
+  request.set_error(outcome.error);
+  request.set_permanent(outcome.permanent);
+  *request.mutable_progress() = outcome.progress;
+  Log(absl::StrCat(job->assignment.job_id(), " attempt ", job->assignment.attempt(), " ended: ",
+                   v1::JobState_Name(outcome.state),
+                   outcome.error.empty() ? "" : absl::StrCat(" (", outcome.error, ")")));
+  // The outcome must reach the server; keep trying while it is unreachable (for up to an hour).
+  const absl::Time give_up =
+      absl::Now() + (shutting_down_.load() ? absl::Seconds(3) : absl::Hours(1));
+  while (absl::Now() < give_up) {
+    v1::CompleteJobResponse response;
+    grpc::Status status = stub_->CompleteJob(Context(absl::Seconds(5)).get(), request, &response);
+    if (status.ok()) break;
+    if (!IsUnreachable(status)) {
+      Log(absl::StrCat("completion of ", job->assignment.job_id(), " refused: ",
+                       status.error_message()));
+      break;
+    }
+    absl::SleepFor(absl::Seconds(1));
+  }
+  job->done.store(true);
+}
+
+}  // namespace stoker

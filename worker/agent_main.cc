@@ -1,0 +1,89 @@
+// stoker-worker: the worker agent process. Parses flags and runs the Agent until SIGINT/SIGTERM.
+#include <limits.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "worker/agent.h"
+
+namespace {
+
+// Directory of this executable, where stoker-trainer and stoker-loader are installed beside it.
+std::string SelfDirectory() {
+  char path[PATH_MAX] = {0};
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return ".";
+  return std::filesystem::path(std::string(path, n)).parent_path().string();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"stoker-worker: runs training jobs from a stoker-server on this machine"};
+  stoker::AgentOptions options;
+  char hostname[256] = {0};
+  gethostname(hostname, sizeof(hostname) - 1);
+  options.worker_id = absl::StrCat(hostname, "-", getpid());
+  options.runner.work_dir = ".stoker/worker";
+  options.runner.data_root = "/usr/share/datasets";
+  const std::string self_dir = SelfDirectory();
+  options.runner.trainer_path = self_dir + "/stoker-trainer";
+  options.runner.loader_path = self_dir + "/stoker-loader";
+  options.runner.cpu_count = static_cast<int>(std::thread::hardware_concurrency());
+
+  app.add_option("--server", options.server_address, "stoker-server address")->capture_default_str();
+  app.add_option("--worker-id", options.worker_id,
+                 "stable name of this worker; reuse it after a restart to re-attach")
+      ->capture_default_str();
+  app.add_option("--data-root", options.runner.data_root,
+                 "dataset paths of jobs resolve under this directory")
+      ->capture_default_str();
+  app.add_option("--work-dir", options.runner.work_dir,
+                 "per-attempt files and logs go under this directory")
+      ->capture_default_str();
+  app.add_option("--trainer", options.runner.trainer_path, "stoker-trainer executable")
+      ->capture_default_str();
+  app.add_option("--loader", options.runner.loader_path, "stoker-loader executable")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  for (const std::string& path : {options.runner.trainer_path, options.runner.loader_path}) {
+    if (access(path.c_str(), X_OK) != 0) {
+      std::cerr << "stoker-worker: cannot execute " << path << " (use --trainer / --loader)\n";
+      return 1;
+    }
+  }
+  std::error_code error;
+  std::filesystem::create_directories(options.runner.work_dir, error);
+  if (error) {
+    std::cerr << "stoker-worker: cannot create work directory " << options.runner.work_dir << ": "
+              << error.message() << "\n";
+    return 1;
+  }
+  options.runner.work_dir = std::filesystem::absolute(options.runner.work_dir).string();
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::atomic<bool> stop{false};
+  std::thread signal_thread([&] {
+    int signal_number = 0;
+    sigwait(&signals, &signal_number);
+    std::cerr << "stoker-worker: " << strsignal(signal_number) << ", shutting down\n";
+    stop.store(true);
+  });
+  signal_thread.detach();
+
+  stoker::Agent agent(options);
+  agent.Run(stop);
+  return 0;
+}

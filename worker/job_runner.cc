@@ -1,0 +1,250 @@
+#include "worker/job_runner.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/job_spec.h"
+#include "google/protobuf/io/zero_copy_stream_impl.h"
+#include "google/protobuf/util/delimited_message_util.h"
+#include "worker/data/dataset.h"
+#include "worker/dataset_probe.h"
+#include "worker/exit_codes.h"
+#include "worker/process.h"
+
+namespace stoker {
+namespace {
+
+v1::JobEvent LogEvent(const std::string& message) {
+  v1::JobEvent event;
+  event.set_type(v1::EVENT_TYPE_LOG);
+  event.set_message(message);
+  return event;
+}
+
+AttemptOutcome Failed(std::string error, bool permanent) {
+  AttemptOutcome outcome;
+  outcome.state = v1::JOB_STATE_FAILED;
+  outcome.error = std::move(error);
+  outcome.permanent = permanent;
+  return outcome;
+}
+
+}  // namespace
+
+int ChooseLoaderCount(int requested, int cpu_count) {
+  if (requested > 0) return requested;
+  // The trainer's compute threads need the cores; one loader keeps up with an in-memory dataset
+  // on a small machine. Larger machines get one loader per four cores, at most eight.
+  return std::clamp(cpu_count / 4, 1, 8);
+}
+
+JobRunner::JobRunner(RunnerOptions options, v1::Assignment assignment, EventCallback on_event)
+    : options_(std::move(options)),
+      assignment_(std::move(assignment)),
+      on_event_(std::move(on_event)) {}
+
+JobRunner::StatsSnapshot JobRunner::Snapshot() {
+  absl::MutexLock lock(&region_mu_);
+  StatsSnapshot snapshot;
+  if (region_ == nullptr) return snapshot;
+  JobStats& stats = region_->stats();
+  snapshot.samples_total = stats.samples_total.load();
+  snapshot.steps_total = stats.steps_total.load();
+  snapshot.data_stall_ns = stats.data_stall_ns_total.load();
+  snapshot.device_busy_ns = stats.device_busy_ns_total.load();
+  snapshot.loader_batches_total = stats.loader_batches_total.load();
+  snapshot.loader_restarts_total = stats.loader_restarts_total.load();
+  snapshot.filled_slots = region_->FilledSlots();
+  return snapshot;
+}
+
+AttemptOutcome JobRunner::Run() {
+  const std::string dir = absl::StrCat(options_.work_dir, "/", assignment_.job_id(), "-a",
+                                       assignment_.attempt());
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) return Failed(absl::StrCat("cannot create ", dir, ": ", error.message()), false);
+
+  v1::JobSpec spec = assignment_.spec();
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return Failed(std::string(s.message()), true);
+  if (absl::Status s = ResolveDatasetPaths(options_.data_root, &spec); !s.ok()) {
+    return Failed(absl::StrCat("on this worker: ", s.message()), true);
+  }
+  absl::StatusOr<DatasetShape> shape = ProbeDataset(spec);
+  if (!shape.ok()) return Failed(std::string(shape.status().message()), true);
+
+  const int loader_count = ChooseLoaderCount(spec.loader().processes(), options_.cpu_count);
+  RingGeometry geometry;
+  geometry.slot_count = spec.loader().ring_slots();
+  geometry.batch_size = spec.train().batch_size();
+  geometry.sample_bytes = shape->sample_bytes;
+  geometry.loader_count = loader_count;
+  geometry.total_batches =
+      static_cast<uint64_t>(BatchesPerEpoch(shape->train_count, spec.train().batch_size())) *
+      spec.train().epochs();
+  absl::StatusOr<std::unique_ptr<JobRegion>> region = JobRegion::Create(geometry);
+  if (!region.ok()) return Failed(absl::StrCat("ring buffer: ", region.status().message()), false);
+
+  // The trainer and loaders read the spec, with absolute paths, from this file.
+  const std::string job_file = dir + "/job.pb";
+  {
+    std::ofstream out(job_file, std::ios::binary | std::ios::trunc);
+    if (!spec.SerializeToOstream(&out)) return Failed("cannot write " + job_file, false);
+  }
+  on_event_(LogEvent(absl::StrCat("dataset: ", shape->train_count, " training samples of ",
+                                  shape->sample_bytes, " bytes, ", shape->classes, " classes; ",
+                                  loader_count, " loader process(es), ", geometry.slot_count,
+                                  " ring slots")));
+  {
+    absl::MutexLock lock(&region_mu_);
+    region_ = region->get();
+  }
+  AttemptOutcome outcome = Supervise(**region, dir, job_file, loader_count);
+  {
+    absl::MutexLock lock(&region_mu_);
+    region_ = nullptr;
+  }
+  return outcome;
+}
+
+AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& dir,
+                                    const std::string& job_file, int loader_count) {
+  const std::string region_fd = absl::StrCat(region.fd());
+  int event_pipe[2];
+  if (pipe2(event_pipe, O_CLOEXEC) != 0) return Failed("cannot create the event pipe", false);
+
+  const std::string trainer_log = dir + "/trainer.log";
+  absl::StatusOr<pid_t> trainer = Spawn(
+      {{options_.trainer_path, "--region-fd", region_fd, "--events-fd",
+        absl::StrCat(event_pipe[1]), "--job", job_file, "--parent-pid", absl::StrCat(getpid())},
+       {region.fd(), event_pipe[1]},
+       trainer_log});
+  close(event_pipe[1]);
+  if (!trainer.ok()) {
+    close(event_pipe[0]);
+    return Failed(std::string(trainer.status().message()), false);
+  }
+  // Loaders check that their consumer lives; it must be known before the first loader starts.
+  region.SetConsumerPid(*trainer);
+
+  // Events from the trainer: length-delimited JobEvent messages until the pipe closes.
+  AttemptOutcome outcome;
+  absl::Mutex progress_mu;
+  v1::TrainingProgress last_epoch_progress;
+  std::thread reader([&] {
+    google::protobuf::io::FileInputStream input(event_pipe[0]);
+    input.SetCloseOnDelete(true);
+    v1::JobEvent event;
+    bool clean_eof = false;
+    while (google::protobuf::util::ParseDelimitedFromZeroCopyStream(&event, &input, &clean_eof)) {
+      if (event.type() == v1::EVENT_TYPE_EPOCH) {
+        absl::MutexLock lock(&progress_mu);
+        last_epoch_progress = event.progress();
+      }
+      on_event_(event);
+    }
+  });
+
+  auto spawn_loader = [&](int index) {
+    return Spawn({{options_.loader_path, "--region-fd", region_fd, "--index", absl::StrCat(index),
+                   "--job", job_file, "--parent-pid", absl::StrCat(getpid())},
+                  {region.fd()},
+                  absl::StrCat(dir, "/loader-", index, ".log")});
+  };
+  std::vector<std::optional<pid_t>> loaders(loader_count);
+  std::optional<std::string> fatal;  // set when the attempt must end early
+  bool fatal_permanent = false;
+  for (int k = 0; k < loader_count && !fatal; ++k) {
+    absl::StatusOr<pid_t> pid = spawn_loader(k);
+    if (pid.ok()) {
+      loaders[k] = *pid;
+    } else {
+      fatal = std::string(pid.status().message());
+    }
+  }
+
+  int restarts = 0;
+  std::optional<ExitInfo> trainer_exit;
+  bool cancelled = false;
+  while (!trainer_exit && !fatal) {
+    if (cancel_requested_.load()) {
+      cancelled = true;
+      break;
+    }
+    trainer_exit = TryReap(*trainer);
+    if (trainer_exit) break;
+    for (int k = 0; k < loader_count && !fatal; ++k) {
+      if (!loaders[k]) continue;
+      std::optional<ExitInfo> loader_exit = TryReap(*loaders[k]);
+      if (!loader_exit) continue;
+      loaders[k].reset();
+      if (!loader_exit->signaled && loader_exit->code == kExitSuccess) continue;  // all its batches
+      const std::string log_path = absl::StrCat(dir, "/loader-", k, ".log");
+      if (!loader_exit->signaled && loader_exit->code == kExitBadInput) {
+        fatal = absl::StrCat("loader ", k, ": ", TailOfFile(log_path, 2000));
+        fatal_permanent = true;
+        break;
+      }
+      if (++restarts > options_.max_loader_restarts) {
+        fatal = absl::StrCat("loader ", k, " ", loader_exit->Describe(), "; gave up after ",
+                             options_.max_loader_restarts, " restarts. Last output: ",
+                             TailOfFile(log_path, 1000));
+        break;
+      }
+      region.stats().loader_restarts_total.fetch_add(1);
+      on_event_(LogEvent(absl::StrCat("loader ", k, " ", loader_exit->Describe(),
+                                      "; respawned (restart ", restarts, ")")));
+      absl::StatusOr<pid_t> pid = spawn_loader(k);
+      if (pid.ok()) {
+        loaders[k] = *pid;
+      } else {
+        fatal = std::string(pid.status().message());
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+
+  // Wind down: wake every waiter, then make sure no child outlives the attempt.
+  region.RequestStop();
+  if (!trainer_exit) trainer_exit = Terminate(*trainer, absl::Seconds(2));
+  for (std::optional<pid_t>& loader : loaders) {
+    if (loader) Terminate(*loader, absl::Seconds(1));
+  }
+  reader.join();
+
+  {
+    absl::MutexLock lock(&progress_mu);
+    outcome.progress = last_epoch_progress;
+  }
+  if (cancelled) {
+    outcome.state = v1::JOB_STATE_CANCELLED;
+    outcome.error = "cancelled";
+    return outcome;
+  }
+  if (fatal) {
+    outcome.state = v1::JOB_STATE_FAILED;
+    outcome.error = *fatal;
+    outcome.permanent = fatal_permanent;
+    return outcome;
+  }
+  if (!trainer_exit->signaled && trainer_exit->code == kExitSuccess) {
+    outcome.state = v1::JOB_STATE_SUCCEEDED;
+    return outcome;
+  }
+  outcome.state = v1::JOB_STATE_FAILED;
+  outcome.permanent = !trainer_exit->signaled && trainer_exit->code == kExitBadInput;
+  const std::string tail = TailOfFile(trainer_log, 2000);
+  outcome.error = absl::StrCat("trainer ", trainer_exit->Describe(),
+                               tail.empty() ? "" : absl::StrCat(": ", tail));
+  return outcome;
+}
+
+}  // namespace stoker

@@ -1,0 +1,70 @@
+// Runs one attempt of a job on this worker: one memfd region (ring + stats + control), one
+// stoker-trainer and K stoker-loader processes, supervised until the trainer ends. A loader that
+// dies is respawned and resumes with the batch it owed; a trainer that dies fails the attempt.
+#ifndef STOKER_WORKER_JOB_RUNNER_H_
+#define STOKER_WORKER_JOB_RUNNER_H_
+
+#include <atomic>
+#include <functional>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "stoker.pb.h"
+#include "worker/data/ring_buffer.h"
+
+namespace stoker {
+
+struct RunnerOptions {
+  std::string trainer_path;
+  std::string loader_path;
+  std::string work_dir;   // each attempt gets <work_dir>/<job>-a<attempt>/ for its files and logs
+  std::string data_root;  // dataset paths resolve under it
+  int cpu_count = 1;      // bounds loader.processes: auto
+  int max_loader_restarts = 20;
+};
+
+struct AttemptOutcome {
+  v1::JobState state = v1::JOB_STATE_FAILED;
+  std::string error;
+  bool permanent = false;  // retrying cannot help (bad data or spec)
+  v1::TrainingProgress progress;
+};
+
+// Loader processes for `loader.processes` (0 = auto) on a machine with `cpu_count` cores.
+int ChooseLoaderCount(int requested, int cpu_count);
+
+class JobRunner {
+ public:
+  using EventCallback = std::function<void(const v1::JobEvent&)>;
+
+  // `on_event` is called from a runner thread for every event the trainer or supervisor emits.
+  JobRunner(RunnerOptions options, v1::Assignment assignment, EventCallback on_event);
+
+  // Blocks until the attempt ends.
+  AttemptOutcome Run();
+  // Asks a running attempt to stop (thread-safe); Run() then returns CANCELLED within ~2 s.
+  void Cancel() { cancel_requested_.store(true); }
+
+  // Counters of the running attempt, for export; zero before the region exists.
+  struct StatsSnapshot {
+    uint64_t samples_total = 0, steps_total = 0, data_stall_ns = 0, device_busy_ns = 0,
+             loader_batches_total = 0, loader_restarts_total = 0;
+    uint32_t filled_slots = 0;
+  };
+  StatsSnapshot Snapshot();
+
+ private:
+  AttemptOutcome Supervise(JobRegion& region, const std::string& dir, const std::string& job_file,
+                           int loader_count);
+
+  const RunnerOptions options_;
+  const v1::Assignment assignment_;
+  EventCallback on_event_;
+  std::atomic<bool> cancel_requested_{false};
+  absl::Mutex region_mu_;
+  JobRegion* region_ ABSL_GUARDED_BY(region_mu_) = nullptr;
+};
+
+}  // namespace stoker
+
+#endif  // STOKER_WORKER_JOB_RUNNER_H_

@@ -1,0 +1,273 @@
+// stoker-trainer: the per-job training process. Attaches to the job's region, consumes batches
+// in order from the ring, trains on the selected backend, evaluates on the test set after every
+// epoch and reports events to the agent over a pipe (length-delimited stoker.v1.JobEvent).
+//
+// Exit codes (worker/exit_codes.h): 0 done, 2 bad data or spec, 3 stopped, other = crash.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "google/protobuf/util/delimited_message_util.h"
+#include "stoker.pb.h"
+#include "worker/data/dataset.h"
+#include "worker/data/ring_buffer.h"
+#include "worker/engine/backend.h"
+#include "worker/exit_codes.h"
+
+namespace stoker {
+namespace {
+
+// Writes events to the agent. A write error (the agent died) is ignored: the run goes on and
+// the stop flag or parent death ends it.
+class EventWriter {
+ public:
+  explicit EventWriter(int fd) : fd_(fd) {}
+  void Write(const v1::JobEvent& event) {
+    if (fd_ >= 0) google::protobuf::util::SerializeDelimitedToFileDescriptor(event, fd_);
+  }
+  void Log(const std::string& message) {
+    v1::JobEvent event;
+    event.set_type(v1::EVENT_TYPE_LOG);
+    event.set_message(message);
+    Write(event);
+  }
+
+ private:
+  int fd_;
+};
+
+Precision ToPrecision(v1::Precision precision) {
+  switch (precision) {
+    case v1::PRECISION_BF16:
+      return Precision::kBf16;
+    case v1::PRECISION_FP16:
+      return Precision::kFp16;
+    default:
+      return Precision::kFp32;
+  }
+}
+
+// Learning rate for step `step` (0-based) of `total_steps`: linear warm-up, then the schedule.
+double LearningRateAt(const v1::OptimizerSpec& optimizer, uint64_t step, uint64_t total_steps) {
+  const double base = optimizer.lr();
+  const uint64_t warmup = static_cast<uint64_t>(optimizer.warmup_steps());
+  if (step < warmup) return base * double(step + 1) / double(warmup);
+  if (optimizer.lr_schedule() != "cosine" || total_steps <= warmup) return base;
+  const double progress = double(step - warmup) / double(total_steps - warmup);
+  return base * 0.5 * (1.0 + std::cos(M_PI * progress));
+}
+
+struct EvalSummary {
+  double accuracy = 0;
+  double loss = 0;
+};
+
+absl::StatusOr<EvalSummary> EvaluateTestSet(Model& model, const LabeledSamples& test,
+                                            int batch_size) {
+  EvalResult total;
+  for (int64_t start = 0; start < test.count; start += batch_size) {
+    BatchView batch;
+    batch.count = static_cast<int>(std::min<int64_t>(batch_size, test.count - start));
+    batch.samples = test.samples.data() + start * test.sample_bytes;
+    batch.labels = test.labels.data() + start;
+    absl::StatusOr<EvalResult> result = model.Evaluate(batch);
+    if (!result.ok()) return result.status();
+    total.loss_sum += result->loss_sum;
+    total.correct += result->correct;
+    total.count += result->count;
+  }
+  if (total.count == 0) return EvalSummary{};
+  return EvalSummary{double(total.correct) / total.count, total.loss_sum / total.count};
+}
+
+int Train(int region_fd, int events_fd, const std::string& job_path) {
+  EventWriter events(events_fd);
+  v1::JobSpec spec;
+  {
+    std::ifstream in(job_path, std::ios::binary);
+    if (!in || !spec.ParseFromIstream(&in)) {
+      std::cerr << "stoker-trainer: cannot read job spec " << job_path << "\n";
+      return kExitUsage;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<JobRegion>> attached = JobRegion::Attach(region_fd);
+  if (!attached.ok()) {
+    std::cerr << "stoker-trainer: " << attached.status().message() << "\n";
+    return kExitUsage;
+  }
+  JobRegion& region = **attached;
+  region.SetConsumerPid(getpid());
+  const RingGeometry& geometry = region.geometry();
+
+  // The test set is read once, up front; training batches come from the loaders.
+  const v1::DatasetSpec& data = spec.dataset();
+  absl::StatusOr<LabeledSamples> test =
+      LoadIdxDataset(data.test_images(), data.test_labels(), data.test_limit());
+  if (!test.ok()) {
+    std::cerr << "stoker-trainer: test set: " << test.status().message() << "\n";
+    return kExitBadInput;
+  }
+  if (test->sample_bytes != static_cast<int>(geometry.sample_bytes)) {
+    std::cerr << "stoker-trainer: " << data.test_images() << ": samples of " << test->sample_bytes
+              << " bytes, but the training samples have " << geometry.sample_bytes << "\n";
+    return kExitBadInput;
+  }
+
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
+  if (!backend.ok()) {
+    std::cerr << "stoker-trainer: backend: " << backend.status().message() << "\n";
+    return kExitBadInput;
+  }
+  MlpConfig config;
+  config.input_features = static_cast<int>(geometry.sample_bytes);
+  config.hidden.assign(spec.model().hidden().begin(), spec.model().hidden().end());
+  config.classes = std::max(10, test->classes);
+  config.max_batch = spec.train().batch_size();
+  config.precision = ToPrecision(spec.train().precision());
+  config.seed = static_cast<uint64_t>(spec.train().seed());
+  config.optimizer.learning_rate = spec.train().optimizer().lr();
+  config.optimizer.momentum = spec.train().optimizer().momentum();
+  config.optimizer.weight_decay = spec.train().optimizer().weight_decay();
+  absl::StatusOr<std::unique_ptr<Model>> model = (*backend)->CreateMlp(config);
+  if (!model.ok()) {
+    std::cerr << "stoker-trainer: model: " << model.status().message() << "\n";
+    return kExitBadInput;
+  }
+  events.Log(absl::StrCat("training on ", (*backend)->Name(), " in ",
+                          PrecisionName(config.precision), ": mlp ", config.input_features, "-",
+                          absl::StrJoin(config.hidden, "-"), "-", config.classes));
+
+  const int epochs = spec.train().epochs();
+  const uint64_t total_batches = geometry.total_batches;
+  const uint64_t batches_per_epoch = total_batches / epochs;
+  JobStats& stats = region.stats();
+
+  // Progress is reported once a second: loss and rate over the steps since the last report.
+  absl::Time window_start = absl::Now();
+  double window_loss = 0;
+  int64_t window_steps = 0, window_samples = 0;
+  uint64_t window_stall_ns = 0;
+  double last_accuracy = -1, last_test_loss = -1;
+  const absl::Time run_start = absl::Now();
+
+  auto progress_now = [&](uint64_t step, int epoch) {
+    v1::TrainingProgress p;
+    p.set_epoch(epoch);
+    p.set_epochs(epochs);
+    p.set_step(static_cast<int64_t>(step));
+    p.set_total_steps(static_cast<int64_t>(total_batches));
+    p.set_test_accuracy(last_accuracy);
+    p.set_test_loss(last_test_loss);
+    const double elapsed = absl::ToDoubleSeconds(absl::Now() - run_start);
+    if (step > 0) p.set_eta_seconds(elapsed / step * (total_batches - step));
+    return p;
+  };
+
+  for (uint64_t b = 0; b < total_batches; ++b) {
+    const int epoch = static_cast<int>(b / batches_per_epoch) + 1;
+    const absl::Time wait_start = absl::Now();
+    absl::StatusOr<ReadableBatch> batch = region.WaitReadable(b, absl::Minutes(5));
+    const absl::Time got_batch = absl::Now();
+    if (!batch.ok()) {
+      if (absl::IsCancelled(batch.status())) return kExitStopped;
+      std::cerr << "stoker-trainer: waiting for batch " << b << " (loader "
+                << b % geometry.loader_count << "): " << batch.status().message() << "\n";
+      return 1;
+    }
+    BatchView view;
+    view.samples = batch->samples;
+    view.labels = batch->labels;
+    view.count = static_cast<int>(batch->count);
+    absl::StatusOr<StepResult> step = (*model)->TrainStep(
+        view, LearningRateAt(spec.train().optimizer(), b, total_batches));
+    region.Release(b);
+    const absl::Time step_done = absl::Now();
+    if (!step.ok()) {
+      std::cerr << "stoker-trainer: batch " << b << ": " << step.status().message() << "\n";
+      return kExitBadInput;
+    }
+    if (!std::isfinite(step->loss)) {
+      std::cerr << "stoker-trainer: the loss diverged (" << step->loss << ") at step " << b + 1
+                << "; lower train.optimizer.lr\n";
+      return kExitBadInput;
+    }
+    const uint64_t stall_ns = absl::ToInt64Nanoseconds(got_batch - wait_start);
+    stats.data_stall_ns_total.fetch_add(stall_ns);
+    stats.device_busy_ns_total.fetch_add(absl::ToInt64Nanoseconds(step_done - got_batch));
+    stats.samples_total.fetch_add(batch->count);
+    stats.steps_total.fetch_add(1);
+    stats.skipped_steps_total.fetch_add(step->skipped ? 1 : 0);
+    stats.epoch.store(epoch);
+    StoreDouble(stats.loss_bits, step->loss);
+    StoreDouble(stats.loss_scale_bits, step->loss_scale);
+    window_loss += step->loss;
+    window_steps += 1;
+    window_samples += batch->count;
+    window_stall_ns += stall_ns;
+
+    const bool epoch_end = (b + 1) % batches_per_epoch == 0;
+    const double window_seconds = absl::ToDoubleSeconds(step_done - window_start);
+    if (epoch_end || window_seconds >= 1.0) {
+      v1::TrainingProgress p = progress_now(b + 1, epoch);
+      p.set_loss(window_loss / window_steps);
+      p.set_samples_per_second(window_samples / std::max(window_seconds, 1e-9));
+      p.set_data_stall_ratio(std::min(1.0, window_stall_ns / 1e9 / std::max(window_seconds, 1e-9)));
+      if (epoch_end) {
+        absl::StatusOr<EvalSummary> eval = EvaluateTestSet(**model, *test, config.max_batch);
+        if (!eval.ok()) {
+          std::cerr << "stoker-trainer: evaluation: " << eval.status().message() << "\n";
+          return kExitBadInput;
+        }
+        last_accuracy = eval->accuracy;
+        last_test_loss = eval->loss;
+        StoreDouble(stats.eval_accuracy_bits, eval->accuracy);
+        p.set_test_accuracy(last_accuracy);
+        p.set_test_loss(last_test_loss);
+      }
+      v1::JobEvent event;
+      event.set_type(epoch_end ? v1::EVENT_TYPE_EPOCH : v1::EVENT_TYPE_PROGRESS);
+      *event.mutable_progress() = p;
+      events.Write(event);
+      window_start = absl::Now();
+      window_loss = 0;
+      window_steps = window_samples = 0;
+      window_stall_ns = 0;
+    }
+  }
+  return kExitSuccess;
+}
+
+}  // namespace
+}  // namespace stoker
+
+int main(int argc, char** argv) {
+  CLI::App app{"stoker-trainer: trains one job attempt; started by stoker-worker"};
+  int region_fd = -1, events_fd = -1;
+  std::string job_path;
+  pid_t parent_pid = 0;
+  app.add_option("--parent-pid", parent_pid, "the agent's pid; exit if it is gone");
+  app.add_option("--region-fd", region_fd, "inherited memfd of the job's region")->required();
+  app.add_option("--events-fd", events_fd, "inherited pipe for events to the agent")->required();
+  app.add_option("--job", job_path, "binary stoker.v1.JobSpec with absolute dataset paths")
+      ->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return stoker::kExitUsage;
+  }
+  // A write to a closed event pipe must not kill the trainer mid-step.
+  signal(SIGPIPE, SIG_IGN);
+  // The agent supervises us; if it dies, so do we (the loaders notice our death in turn).
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (parent_pid > 0 && getppid() != parent_pid) return stoker::kExitStopped;
+  return stoker::Train(region_fd, events_fd, job_path);
+}
