@@ -1,0 +1,265 @@
+// End to end on loopback: real stoker-server, stoker-worker (with its trainer and loader
+// processes) and the stoker CLI, training on the real Fashion-MNIST files.
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/test_cluster.h"
+
+namespace stoker::testing {
+namespace {
+
+constexpr char kFashionMnist[] = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
+
+class EndToEndTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(std::filesystem::exists(kFashionMnist))
+        << "Fashion-MNIST is missing: install the Debian package dataset-fashion-mnist "
+           "(scripts/setup.sh does)";
+    cluster_.StartServer();
+  }
+
+  std::vector<v1::JobEvent> History(const std::string& job_id) {
+    grpc::ClientContext context;
+    v1::WatchJobRequest request;
+    request.set_job_id(job_id);
+    auto reader = cluster_.jobs().WatchJob(&context, request);
+    std::vector<v1::JobEvent> events;
+    v1::JobEvent event;
+    while (reader->Read(&event)) events.push_back(event);
+    EXPECT_TRUE(reader->Finish().ok());
+    return events;
+  }
+
+  std::string WriteFile(const std::string& name, const std::string& text) {
+    const std::string path = cluster_.dir() + "/" + name;
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  TestCluster cluster_;
+};
+
+TEST_F(EndToEndTest, TrainsFashionMnistSubsetToUsefulAccuracy) {
+  cluster_.StartWorker("w1");
+  absl::StatusOr<v1::Job> submitted = cluster_.Submit(SmallFashionMnistJob(3, 12000, 2000));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  absl::StatusOr<v1::Job> job = cluster_.WaitForFinal(submitted->id(), absl::Minutes(3));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->error();
+  // 12k samples, 3 epochs: a linear model reaches ~0.80; the MLP must do better than chance by far.
+  EXPECT_GT(job->progress().test_accuracy(), 0.80);
+  EXPECT_EQ(job->progress().epoch(), 3);
+  EXPECT_EQ(job->attempt(), 1);
+  EXPECT_EQ(job->worker_id(), "w1");
+
+  // The stored history replays: three evaluated epochs, then the end.
+  std::vector<v1::JobEvent> events = History(job->id());
+  int epochs = 0;
+  for (const v1::JobEvent& event : events) epochs += event.type() == v1::EVENT_TYPE_EPOCH;
+  EXPECT_EQ(epochs, 3);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().type(), v1::EVENT_TYPE_FINISHED);
+  for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(events[i].seq(), int64_t(i) + 1);
+}
+
+TEST_F(EndToEndTest, CliSubmitFollowPrintsAccuracy) {
+  cluster_.StartWorker("w1");
+  const std::string job_file = WriteFile("job.yaml", R"(name: cli-follow
+dataset:
+  train_images: fashion-mnist/train-images-idx3-ubyte.gz
+  train_labels: fashion-mnist/train-labels-idx1-ubyte.gz
+  test_images: fashion-mnist/t10k-images-idx3-ubyte.gz
+  test_labels: fashion-mnist/t10k-labels-idx1-ubyte.gz
+  train_limit: 6000
+  test_limit: 1000
+model: {type: mlp, hidden: [64]}
+train: {epochs: 2, batch_size: 64, precision: fp32}
+)");
+  CommandResult result = cluster_.Cli("submit --follow " + job_file);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("epoch 2/2"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("succeeded: test accuracy 0."), std::string::npos) << result.output;
+
+  CommandResult list = cluster_.Cli("list");
+  EXPECT_EQ(list.exit_code, 0);
+  EXPECT_NE(list.output.find("cli-follow"), std::string::npos) << list.output;
+  EXPECT_NE(list.output.find("succeeded"), std::string::npos) << list.output;
+
+  CommandResult json = cluster_.Cli("--output json status j-000001");
+  EXPECT_EQ(json.exit_code, 0) << json.output;
+  EXPECT_NE(json.output.find("\"state\": \"JOB_STATE_SUCCEEDED\""), std::string::npos)
+      << json.output;
+
+  CommandResult logs = cluster_.Cli("logs j-000001");
+  EXPECT_EQ(logs.exit_code, 0);
+  EXPECT_NE(logs.output.find("epoch 1/2: train loss"), std::string::npos) << logs.output;
+
+  CommandResult workers = cluster_.Cli("workers");
+  EXPECT_NE(workers.output.find("w1"), std::string::npos) << workers.output;
+  EXPECT_NE(workers.output.find("alive"), std::string::npos) << workers.output;
+}
+
+TEST_F(EndToEndTest, BadJobFilesAreRefusedAndTheServerKeepsServing) {
+  const std::string example = STOKER_SOURCE_DIR "/examples/fashion-mnist-mlp.yaml";
+  std::ifstream in(example);
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return text.replace(at, from.size(), to);
+  };
+  struct Case {
+    std::string name, text, expected;
+  };
+  const std::vector<Case> cases = {
+      {"unknown.yaml", replaced("  batch_size: 128", "  batch_size: 128\n  bach: 1"),
+       "unknown field 'bach' in train"},
+      {"negative.yaml", replaced("batch_size: 128", "batch_size: -5"),
+       "train.batch_size: must be between 1 and 65536 (got -5)"},
+      {"escape.yaml",
+       replaced("fashion-mnist/train-images-idx3-ubyte.gz", "../../etc/passwd"),
+       "dataset.train_images: path '../../etc/passwd' contains '..'"},
+      {"absolute.yaml", replaced("fashion-mnist/t10k-labels-idx1-ubyte.gz", "/etc/passwd"),
+       "dataset.test_labels: path '/etc/passwd' is outside the data root"},
+      {"missing.yaml", replaced("fashion-mnist/t10k-labels-idx1-ubyte.gz", "nothing/here.gz"),
+       "dataset.test_labels: file 'nothing/here.gz' not found"},
+      {"type.yaml", replaced("epochs: 10", "epochs: many"), "train.epochs: expected an integer"},
+      {"syntax.yaml", good + "\nextra: {unclosed\n", "YAML syntax error"},
+  };
+  for (const Case& c : cases) {
+    CommandResult result = cluster_.Cli("submit " + WriteFile(c.name, c.text));
+    EXPECT_EQ(result.exit_code, 2) << c.name << ": " << result.output;
+    EXPECT_NE(result.output.find(c.expected), std::string::npos) << c.name << ": " << result.output;
+    // Every message points into the file.
+    EXPECT_NE(result.output.find(c.name), std::string::npos) << c.name << ": " << result.output;
+  }
+  CommandResult missing_file = cluster_.Cli("submit /nonexistent/job.yaml");
+  EXPECT_EQ(missing_file.exit_code, 2);
+  EXPECT_NE(missing_file.output.find("cannot read job file"), std::string::npos);
+
+  // Nothing was stored, and the server still answers.
+  CommandResult list = cluster_.Cli("list");
+  EXPECT_EQ(list.exit_code, 0) << list.output;
+  EXPECT_NE(list.output.find("no jobs"), std::string::npos) << list.output;
+  CommandResult good_submit = cluster_.Cli("submit " + WriteFile("good.yaml", good));
+  EXPECT_EQ(good_submit.exit_code, 0) << good_submit.output;
+}
+
+TEST_F(EndToEndTest, BadRequestsGetClearStatuses) {
+  // An empty spec straight over gRPC (no client-side validation).
+  absl::StatusOr<v1::Job> empty = cluster_.Submit(v1::JobSpec());
+  ASSERT_FALSE(empty.ok());
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(empty.status().message().find("name:"), std::string::npos) << empty.status();
+
+  grpc::ClientContext get_context;
+  v1::GetJobRequest get;
+  get.set_job_id("j-424242");
+  v1::Job job;
+  EXPECT_EQ(cluster_.jobs().GetJob(&get_context, get, &job).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+
+  // A worker that never registered.
+  grpc::ClientContext heartbeat_context;
+  v1::HeartbeatRequest heartbeat;
+  heartbeat.set_worker_id("ghost");
+  v1::HeartbeatResponse heartbeat_response;
+  EXPECT_EQ(cluster_.workers().Heartbeat(&heartbeat_context, heartbeat, &heartbeat_response)
+                .error_code(),
+            grpc::StatusCode::NOT_FOUND);
+
+  // Reports for an attempt the worker does not hold are refused (fencing).
+  absl::StatusOr<v1::Job> queued = cluster_.Submit(SmallFashionMnistJob(1, 1000, 100));
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  grpc::ClientContext report_context;
+  v1::ReportProgressRequest report;
+  report.set_worker_id("ghost");
+  report.set_job_id(queued->id());
+  report.set_attempt(7);
+  v1::ReportProgressResponse report_response;
+  grpc::Status refused = cluster_.workers().ReportProgress(&report_context, report, &report_response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
+
+  CommandResult cancel = cluster_.Cli("cancel " + queued->id());
+  EXPECT_EQ(cancel.exit_code, 0) << cancel.output;
+  CommandResult again = cluster_.Cli("cancel " + queued->id());
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_NE(again.output.find("already cancelled"), std::string::npos) << again.output;
+  CommandResult bad_state = cluster_.Cli("list --state sleeping");
+  EXPECT_EQ(bad_state.exit_code, 2);
+  EXPECT_NE(bad_state.output.find("unknown state 'sleeping'"), std::string::npos);
+}
+
+TEST_F(EndToEndTest, CancelStopsARunningJobAndTheWorkerTakesTheNext) {
+  cluster_.StartWorker("w1");
+  v1::JobSpec slow = SmallFashionMnistJob(50, 6000, 500);
+  slow.mutable_loader()->set_delay_ms(20);  // keeps it running long enough to cancel
+  absl::StatusOr<v1::Job> running = cluster_.Submit(slow);
+  ASSERT_TRUE(running.ok()) << running.status();
+  absl::StatusOr<v1::Job> started = cluster_.WaitFor(
+      running->id(), [](const v1::Job& j) { return j.progress().step() > 0; }, absl::Seconds(60));
+  ASSERT_TRUE(started.ok()) << started.status();
+
+  absl::StatusOr<v1::Job> next = cluster_.Submit(SmallFashionMnistJob(1, 2000, 500));
+  ASSERT_TRUE(next.ok());
+  CommandResult cancel = cluster_.Cli("cancel " + running->id());
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.output;
+  absl::StatusOr<v1::Job> cancelled = cluster_.WaitForFinal(running->id(), absl::Seconds(5));
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
+  absl::StatusOr<v1::Job> done = cluster_.WaitForFinal(next->id(), absl::Seconds(60));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+}
+
+TEST_F(EndToEndTest, CorruptDataFailsTheJobAndTheWorkerSurvives) {
+  // A data root of our own holding a truncated copy of the training images.
+  const std::string root = cluster_.dir() + "/data";
+  std::filesystem::create_directories(root + "/fashion-mnist");
+  for (const char* name : {"train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+                           "t10k-labels-idx1-ubyte.gz"}) {
+    std::filesystem::copy_file(std::string("/usr/share/datasets/fashion-mnist/") + name,
+                               root + "/fashion-mnist/" + name);
+  }
+  {
+    std::ifstream in(kFashionMnist, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(root + "/fashion-mnist/train-images-idx3-ubyte.gz", std::ios::binary)
+        << bytes.substr(0, bytes.size() / 2);
+  }
+  cluster_.KillServer(SIGTERM);
+  cluster_.StartServer({"--data-root", root});
+  cluster_.StartWorker("w1", {"--data-root", root});
+
+  absl::StatusOr<v1::Job> broken = cluster_.Submit(SmallFashionMnistJob(1, 0, 500));
+  ASSERT_TRUE(broken.ok()) << broken.status();
+  absl::StatusOr<v1::Job> failed = cluster_.WaitForFinal(broken->id(), absl::Seconds(60));
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed->attempt(), 1) << "bad data is not retried";
+  EXPECT_NE(failed->error().find("train-images-idx3-ubyte.gz"), std::string::npos)
+      << failed->error();
+  EXPECT_NE(failed->error().find("offset"), std::string::npos) << failed->error();
+
+  // The same worker runs the next job (trained on the intact test files).
+  v1::JobSpec good = SmallFashionMnistJob(1, 0, 500);
+  good.mutable_dataset()->set_train_images("fashion-mnist/t10k-images-idx3-ubyte.gz");
+  good.mutable_dataset()->set_train_labels("fashion-mnist/t10k-labels-idx1-ubyte.gz");
+  absl::StatusOr<v1::Job> next = cluster_.Submit(good);
+  ASSERT_TRUE(next.ok()) << next.status();
+  absl::StatusOr<v1::Job> done = cluster_.WaitForFinal(next->id(), absl::Seconds(60));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->worker_id(), "w1");
+}
+
+}  // namespace
+}  // namespace stoker::testing
