@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <thread>
@@ -223,6 +225,38 @@ class Client {
     return kExitOk;
   }
 
+  int Artifact(const std::string& job_id, const std::string& output) {
+    const std::string tmp = output + ".part";
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) {
+      std::cerr << "stoker: cannot write " << tmp << "\n";
+      return kExitBadInput;
+    }
+    grpc::ClientContext context;
+    v1::GetArtifactRequest request;
+    request.set_job_id(job_id);
+    auto reader = jobs_->GetArtifact(&context, request);
+    v1::CheckpointChunk chunk;
+    int64_t expected = -1, received = 0;
+    while (reader->Read(&chunk)) {
+      if (expected < 0) expected = chunk.total_bytes();
+      out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
+      received += static_cast<int64_t>(chunk.data().size());
+    }
+    grpc::Status status = reader->Finish();
+    out.close();
+    if (!status.ok() || !out || received != expected) {
+      std::filesystem::remove(tmp);
+      if (!status.ok()) return ReportRpcError(options_, status, "artifact");
+      std::cerr << "stoker: artifact: incomplete download (" << received << " of " << expected
+                << " bytes)\n";
+      return kExitFailed;
+    }
+    std::filesystem::rename(tmp, output);
+    if (!options_.json()) std::cout << "wrote " << output << " (" << received << " bytes)\n";
+    return kExitOk;
+  }
+
   int Workers() {
     v1::ListWorkersResponse response;
     grpc::Status status = jobs_->ListWorkers(Context().get(), {}, &response);
@@ -287,6 +321,11 @@ int Main(int argc, char** argv) {
   CLI::App* cancel = app.add_subcommand("cancel", "cancel a queued or running job");
   cancel->add_option("job_id", job_id, "job id")->required();
   app.add_subcommand("workers", "list registered workers");
+  std::string artifact_output;
+  CLI::App* artifact =
+      app.add_subcommand("artifact", "download a job's latest checkpoint (safetensors)");
+  artifact->add_option("job_id", job_id, "job id")->required();
+  artifact->add_option("-o,--output", artifact_output, "file to write")->required();
 
   try {
     app.parse(argc, argv);
@@ -301,6 +340,7 @@ int Main(int argc, char** argv) {
   if (status->parsed()) return client.Status(job_id);
   if (logs->parsed()) return client.Watch(job_id, follow);
   if (cancel->parsed()) return client.Cancel(job_id);
+  if (artifact->parsed()) return client.Artifact(job_id, artifact_output);
   return client.Workers();
 }
 

@@ -1,8 +1,13 @@
 #include "server/coordinator.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/checkpoint.h"
 #include "common/job_spec.h"
 #include "server/scheduler.h"
 
@@ -277,6 +282,7 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
     assignment.set_job_id(job.id());
     assignment.set_attempt(job.attempt());
     *assignment.mutable_spec() = job.spec();
+    assignment.set_resume_step(job.checkpoint_step());
     capacity.free_slots -= 1;
     capacity.free_gpus -= job.spec().resources().gpus();
   }
@@ -415,6 +421,103 @@ absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
     it->second.running.erase(request.job_id());
   }
   return SaveAndNotify(*job, {MakeEvent(v1::EVENT_TYPE_FINISHED, message, request.attempt())});
+}
+
+static std::string CheckpointFile(const std::string& dir, const std::string& job_id) {
+  return absl::StrCat(dir, "/", job_id, ".safetensors");
+}
+
+absl::StatusOr<std::string> Coordinator::StartCheckpointUpload(const std::string& worker_id,
+                                                               const std::string& job_id,
+                                                               int attempt) {
+  if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<v1::Job> job = FencedJob(worker_id, job_id, attempt);
+  if (!job.ok()) return job.status();
+  std::error_code error;
+  std::filesystem::create_directories(options_.checkpoint_dir, error);
+  if (error) {
+    return absl::InternalError(absl::StrCat("cannot create ", options_.checkpoint_dir, ": ",
+                                            error.message()));
+  }
+  return absl::StrCat(options_.checkpoint_dir, "/", job_id, ".upload-a", attempt, "-",
+                      absl::ToUnixNanos(absl::Now()));
+}
+
+absl::Status Coordinator::CommitCheckpoint(const v1::CheckpointChunk& first_chunk,
+                                           const std::string& upload_path, int64_t bytes) {
+  // Validate outside the lock: the header must parse and name the step the worker claims.
+  absl::StatusOr<std::map<std::string, std::string>> metadata = ReadCheckpointMetadata(upload_path);
+  if (!metadata.ok()) {
+    std::filesystem::remove(upload_path);
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint upload: ", metadata.status().message()));
+  }
+  auto step = metadata->find("step");
+  if (step == metadata->end() || step->second != absl::StrCat(first_chunk.step())) {
+    std::filesystem::remove(upload_path);
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint upload: its metadata step does not match ", first_chunk.step()));
+  }
+  const int fd = open(upload_path.c_str(), O_RDONLY | O_CLOEXEC);
+  const bool synced = fd >= 0 && fsync(fd) == 0;
+  if (fd >= 0) close(fd);
+  if (!synced) {
+    std::filesystem::remove(upload_path);
+    return absl::InternalError(absl::StrCat("cannot fsync ", upload_path));
+  }
+
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<v1::Job> job =
+      FencedJob(first_chunk.worker_id(), first_chunk.job_id(), first_chunk.attempt());
+  if (!job.ok()) {
+    std::filesystem::remove(upload_path);
+    return job.status();
+  }
+  const std::string path = CheckpointFile(options_.checkpoint_dir, job->id());
+  std::error_code error;
+  std::filesystem::rename(upload_path, path, error);
+  if (error) {
+    std::filesystem::remove(upload_path);
+    return absl::InternalError(absl::StrCat("storing checkpoint: ", error.message()));
+  }
+  const int dir_fd = open(options_.checkpoint_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    fsync(dir_fd);
+    close(dir_fd);
+  }
+  job->set_checkpoint_step(first_chunk.step());
+  job->set_checkpoint_epoch(first_chunk.epoch());
+  job->set_checkpoint_bytes(bytes);
+  return SaveAndNotify(*job, {MakeEvent(v1::EVENT_TYPE_LOG,
+                                        absl::StrCat("checkpoint stored: step ", first_chunk.step(),
+                                                     ", epoch ", first_chunk.epoch(), ", ", bytes,
+                                                     " bytes"),
+                                        first_chunk.attempt())});
+}
+
+absl::StatusOr<std::string> Coordinator::CheckpointForAttempt(const std::string& worker_id,
+                                                              const std::string& job_id,
+                                                              int attempt) {
+  if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<v1::Job> job = FencedJob(worker_id, job_id, attempt);
+  if (!job.ok()) return job.status();
+  if (job->checkpoint_step() == 0) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no checkpoint"));
+  }
+  return CheckpointFile(options_.checkpoint_dir, job_id);
+}
+
+absl::StatusOr<std::string> Coordinator::ArtifactPath(const std::string& job_id) {
+  if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<v1::Job> job = store_->Get(job_id);
+  if (!job.ok()) return job.status();
+  if (job->checkpoint_step() == 0) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no checkpoint yet (state ",
+                                            JobStateName(job->state()), ")"));
+  }
+  return CheckpointFile(options_.checkpoint_dir, job_id);
 }
 
 void Coordinator::ExpireLeases() {

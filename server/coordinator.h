@@ -26,6 +26,8 @@ struct CoordinatorOptions {
   // A worker that has not sent a heartbeat for this long loses its jobs back to the queue.
   absl::Duration lease = absl::Seconds(10);
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Checkpoints of jobs are kept here, one file per job (<job>.safetensors).
+  std::string checkpoint_dir = ".stoker/server/checkpoints";
 };
 
 class Coordinator {
@@ -55,6 +57,18 @@ class Coordinator {
   absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
       const v1::ReportProgressRequest& request);
   absl::Status CompleteJob(const v1::CompleteJobRequest& request);
+
+  // --- Checkpoints. An upload is written to the path StartCheckpointUpload returns, then
+  // committed: validated, moved into place atomically and recorded in the job.
+  absl::StatusOr<std::string> StartCheckpointUpload(const std::string& worker_id,
+                                                    const std::string& job_id, int attempt);
+  absl::Status CommitCheckpoint(const v1::CheckpointChunk& first_chunk,
+                                const std::string& upload_path, int64_t bytes);
+  // The checkpoint a worker resumes the attempt from (fenced).
+  absl::StatusOr<std::string> CheckpointForAttempt(const std::string& worker_id,
+                                                   const std::string& job_id, int attempt);
+  // The job's latest checkpoint, for users; NOT_FOUND if it has none.
+  absl::StatusOr<std::string> ArtifactPath(const std::string& job_id);
 
   // Requeues the jobs of workers whose lease ran out. Called periodically.
   void ExpireLeases();

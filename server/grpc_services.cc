@@ -1,5 +1,9 @@
 #include "server/grpc_services.h"
 
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 
 namespace stoker {
@@ -12,6 +16,29 @@ grpc::Status Answer(absl::StatusOr<T> result, T* response) {
   *response = std::move(*result);
   return grpc::Status::OK;
 }
+
+// Streams a file in 1 MiB chunks; the first chunk carries the total size.
+grpc::Status StreamFile(const std::string& path, grpc::ServerWriter<v1::CheckpointChunk>* writer) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return grpc::Status(grpc::StatusCode::NOT_FOUND, "checkpoint file is missing");
+  std::error_code error;
+  const int64_t total = static_cast<int64_t>(std::filesystem::file_size(path, error));
+  std::string buffer(1 << 20, '\0');
+  bool first = true;
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const std::streamsize n = in.gcount();
+    if (n <= 0 && !first) break;
+    v1::CheckpointChunk chunk;
+    if (first) chunk.set_total_bytes(total);
+    chunk.set_data(buffer.data(), static_cast<size_t>(n));
+    if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+    first = false;
+  }
+  return grpc::Status::OK;
+}
+
+constexpr int64_t kMaxCheckpointBytes = int64_t{16} << 30;
 
 }  // namespace
 
@@ -57,6 +84,60 @@ grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext*, const v1::ListWor
                                          v1::ListWorkersResponse* response) {
   *response = coordinator_->ListWorkers();
   return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetArtifact(grpc::ServerContext*, const v1::GetArtifactRequest* request,
+                                         grpc::ServerWriter<v1::CheckpointChunk>* writer) {
+  absl::StatusOr<std::string> path = coordinator_->ArtifactPath(request->job_id());
+  if (!path.ok()) return ToGrpcStatus(path.status());
+  return StreamFile(*path, writer);
+}
+
+grpc::Status WorkerServiceImpl::UploadCheckpoint(grpc::ServerContext*,
+                                                 grpc::ServerReader<v1::CheckpointChunk>* reader,
+                                                 v1::UploadCheckpointResponse* response) {
+  v1::CheckpointChunk first;
+  if (!reader->Read(&first)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty checkpoint upload");
+  }
+  if (first.step() <= 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "step: must be positive");
+  }
+  absl::StatusOr<std::string> upload_path =
+      coordinator_->StartCheckpointUpload(first.worker_id(), first.job_id(), first.attempt());
+  if (!upload_path.ok()) return ToGrpcStatus(upload_path.status());
+  int64_t bytes = 0;
+  {
+    std::ofstream out(*upload_path, std::ios::binary | std::ios::trunc);
+    v1::CheckpointChunk chunk = first;
+    do {
+      bytes += static_cast<int64_t>(chunk.data().size());
+      if (bytes > kMaxCheckpointBytes) {
+        out.close();
+        std::filesystem::remove(*upload_path);
+        return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            absl::StrCat("checkpoint larger than ", kMaxCheckpointBytes, " bytes"));
+      }
+      out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
+    } while (reader->Read(&chunk));
+    out.flush();
+    if (!out) {
+      out.close();
+      std::filesystem::remove(*upload_path);
+      return grpc::Status(grpc::StatusCode::INTERNAL, "cannot write the checkpoint");
+    }
+  }
+  response->set_bytes(bytes);
+  return ToGrpcStatus(coordinator_->CommitCheckpoint(first, *upload_path, bytes));
+}
+
+grpc::Status WorkerServiceImpl::DownloadCheckpoint(grpc::ServerContext*,
+                                                   const v1::DownloadCheckpointRequest* request,
+                                                   grpc::ServerWriter<v1::CheckpointChunk>* writer) {
+  absl::StatusOr<std::string> path = coordinator_->CheckpointForAttempt(
+      request->worker_id(), request->job_id(), request->attempt());
+  if (!path.ok()) return ToGrpcStatus(path.status());
+  return StreamFile(*path, writer);
 }
 
 grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext*,

@@ -24,6 +24,8 @@ class JobServiceImpl final : public v1::JobService::Service {
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
   grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
                            v1::ListWorkersResponse* response) override;
+  grpc::Status GetArtifact(grpc::ServerContext* context, const v1::GetArtifactRequest* request,
+                           grpc::ServerWriter<v1::CheckpointChunk>* writer) override;
 
  private:
   Coordinator* coordinator_;
@@ -41,6 +43,12 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
                               v1::ReportProgressResponse* response) override;
   grpc::Status CompleteJob(grpc::ServerContext* context, const v1::CompleteJobRequest* request,
                            v1::CompleteJobResponse* response) override;
+  grpc::Status UploadCheckpoint(grpc::ServerContext* context,
+                                grpc::ServerReader<v1::CheckpointChunk>* reader,
+                                v1::UploadCheckpointResponse* response) override;
+  grpc::Status DownloadCheckpoint(grpc::ServerContext* context,
+                                  const v1::DownloadCheckpointRequest* request,
+                                  grpc::ServerWriter<v1::CheckpointChunk>* writer) override;
 
  private:
   Coordinator* coordinator_;

@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   stoker::CoordinatorOptions options;
   options.data_root = data_root;
   options.lease = absl::Seconds(lease_seconds);
+  options.checkpoint_dir = state_dir + "/checkpoints";
   stoker::Coordinator coordinator(std::move(*store), options);
   if (absl::Status s = coordinator.Recover(); !s.ok()) {
     std::cerr << "stoker-server: recovering jobs: " << s.message() << "\n";
@@ -70,6 +71,7 @@ int main(int argc, char** argv) {
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
   builder.RegisterService(&job_service);
   builder.RegisterService(&worker_service);
+  // Checkpoint chunks are 1 MiB; job specs are far smaller.
   builder.SetMaxReceiveMessageSize(4 << 20);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {

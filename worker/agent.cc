@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 
 namespace stoker {
@@ -172,6 +174,12 @@ void Agent::StartJob(const v1::Assignment& assignment) {
   job->runner = std::make_unique<JobRunner>(options_.runner, assignment,
                                             [this, raw](const v1::JobEvent& event) {
                                               // Events arrive on the runner's reader thread.
+                                              if (event.type() == v1::EVENT_TYPE_CHECKPOINT) {
+                                                if (!UploadCheckpoint(*raw, event.progress())) {
+                                                  raw->runner->Cancel();
+                                                }
+                                                return;
+                                              }
                                               raw->pending.push_back(event);
                                               if (!SendEvents(raw->assignment, raw->pending)) {
                                                 raw->runner->Cancel();
@@ -209,8 +217,85 @@ bool Agent::SendEvents(const v1::Assignment& assignment, std::vector<v1::JobEven
   return false;
 }
 
+bool Agent::UploadCheckpoint(const RunningJob& job, const v1::TrainingProgress& at) {
+  const std::string path = job.runner->checkpoint_path();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    Log(absl::StrCat("checkpoint ", path, " is missing; not uploaded"));
+    return true;
+  }
+  auto context = Context(absl::Minutes(10));
+  v1::UploadCheckpointResponse response;
+  auto writer = stub_->UploadCheckpoint(context.get(), &response);
+  v1::CheckpointChunk chunk;
+  chunk.set_worker_id(options_.worker_id);
+  chunk.set_job_id(job.assignment.job_id());
+  chunk.set_attempt(job.assignment.attempt());
+  chunk.set_step(at.step());
+  chunk.set_epoch(at.epoch());
+  std::string buffer(1 << 20, '\0');
+  bool sent = true;
+  do {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    chunk.set_data(buffer.data(), static_cast<size_t>(in.gcount()));
+    sent = writer->Write(chunk);
+    chunk.Clear();
+  } while (sent && in);
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (status.ok()) return true;
+  Log(absl::StrCat("checkpoint upload for ", job.assignment.job_id(), " at step ", at.step(),
+                   " failed: ", status.error_message()));
+  // Unreachable server: keep training, the next checkpoint will be uploaded. A refusal because
+  // the attempt is no longer ours stops it.
+  return status.error_code() != grpc::StatusCode::FAILED_PRECONDITION;
+}
+
+absl::Status Agent::DownloadCheckpoint(const v1::Assignment& assignment, const std::string& path) {
+  std::error_code error;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), error);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  v1::DownloadCheckpointRequest request;
+  request.set_worker_id(options_.worker_id);
+  request.set_job_id(assignment.job_id());
+  request.set_attempt(assignment.attempt());
+  auto context = Context(absl::Minutes(10));
+  auto reader = stub_->DownloadCheckpoint(context.get(), request);
+  v1::CheckpointChunk chunk;
+  int64_t expected = -1, received = 0;
+  while (reader->Read(&chunk)) {
+    if (expected < 0) expected = chunk.total_bytes();
+    out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
+    received += static_cast<int64_t>(chunk.data().size());
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  out.close();
+  if (!out || received != expected) {
+    return absl::DataLossError(absl::StrCat("checkpoint download incomplete: ", received, " of ",
+                                            expected, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
 void Agent::RunJob(RunningJob* job) {
-  AttemptOutcome outcome = job->runner->Run();
+  AttemptOutcome outcome;
+  std::string resume_path;
+  if (job->assignment.resume_step() > 0) {
+    resume_path = job->runner->dir() + "/resume.safetensors";
+    if (absl::Status s = DownloadCheckpoint(job->assignment, resume_path); !s.ok()) {
+      // Never restart from scratch silently: fail the attempt so it is retried.
+      outcome.state = v1::JOB_STATE_FAILED;
+      outcome.error = absl::StrCat("cannot fetch the checkpoint at step ",
+                                   job->assignment.resume_step(), ": ", s.message());
+      resume_path.clear();
+    } else {
+      Log(absl::StrCat(job->assignment.job_id(), ": resuming from the checkpoint at step ",
+                       job->assignment.resume_step()));
+    }
+  }
+  if (outcome.error.empty()) outcome = job->runner->Run(resume_path);
   if (!job->pending.empty()) SendEvents(job->assignment, job->pending);
   if (outcome.state == v1::JOB_STATE_CANCELLED && shutting_down_.load()) {
     // Not the user's cancel: the worker is going away, so the job should run elsewhere.

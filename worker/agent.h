@@ -49,6 +49,10 @@ class Agent {
   void ReapFinishedJobs();
   // Sends queued events for one attempt; returns false if the server says to stop it.
   bool SendEvents(const v1::Assignment& assignment, std::vector<v1::JobEvent>& pending);
+  // Uploads the attempt's latest checkpoint; false if the server refused it for good.
+  bool UploadCheckpoint(const RunningJob& job, const v1::TrainingProgress& at);
+  // Fetches the checkpoint the assignment resumes from into `path`.
+  absl::Status DownloadCheckpoint(const v1::Assignment& assignment, const std::string& path);
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout);
 
   AgentOptions options_;

@@ -9,8 +9,10 @@
 #include <optional>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/checkpoint.h"
 #include "common/job_spec.h"
 #include "google/protobuf/io/zero_copy_stream_impl.h"
 #include "google/protobuf/util/delimited_message_util.h"
@@ -49,6 +51,7 @@ int ChooseLoaderCount(int requested, int cpu_count) {
 JobRunner::JobRunner(RunnerOptions options, v1::Assignment assignment, EventCallback on_event)
     : options_(std::move(options)),
       assignment_(std::move(assignment)),
+      dir_(absl::StrCat(options_.work_dir, "/", assignment_.job_id(), "-a", assignment_.attempt())),
       on_event_(std::move(on_event)) {}
 
 JobRunner::StatsSnapshot JobRunner::Snapshot() {
@@ -66,9 +69,8 @@ JobRunner::StatsSnapshot JobRunner::Snapshot() {
   return snapshot;
 }
 
-AttemptOutcome JobRunner::Run() {
-  const std::string dir = absl::StrCat(options_.work_dir, "/", assignment_.job_id(), "-a",
-                                       assignment_.attempt());
+AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
+  const std::string& dir = dir_;
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) return Failed(absl::StrCat("cannot create ", dir, ": ", error.message()), false);
@@ -92,6 +94,19 @@ AttemptOutcome JobRunner::Run() {
       spec.train().epochs();
   absl::StatusOr<std::unique_ptr<JobRegion>> region = JobRegion::Create(geometry);
   if (!region.ok()) return Failed(absl::StrCat("ring buffer: ", region.status().message()), false);
+  if (!resume_checkpoint.empty()) {
+    // Resume: the batch stream starts at the step the checkpoint holds.
+    absl::StatusOr<std::map<std::string, std::string>> metadata =
+        ReadCheckpointMetadata(resume_checkpoint);
+    uint64_t step = 0;
+    if (!metadata.ok() || !metadata->contains("step") ||
+        !absl::SimpleAtoi(metadata->at("step"), &step) || step >= geometry.total_batches) {
+      return Failed(absl::StrCat("cannot resume from ", resume_checkpoint, ": ",
+                                 metadata.ok() ? "bad or missing step" : metadata.status().message()),
+                    false);
+    }
+    (*region)->StartAt(step);
+  }
 
   // The trainer and loaders read the spec, with absolute paths, from this file.
   const std::string job_file = dir + "/job.pb";
@@ -107,7 +122,7 @@ AttemptOutcome JobRunner::Run() {
     absl::MutexLock lock(&region_mu_);
     region_ = region->get();
   }
-  AttemptOutcome outcome = Supervise(**region, dir, job_file, loader_count);
+  AttemptOutcome outcome = Supervise(**region, job_file, resume_checkpoint, loader_count);
   {
     absl::MutexLock lock(&region_mu_);
     region_ = nullptr;
@@ -115,18 +130,23 @@ AttemptOutcome JobRunner::Run() {
   return outcome;
 }
 
-AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& dir,
-                                    const std::string& job_file, int loader_count) {
+AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_file,
+                                    const std::string& resume_checkpoint, int loader_count) {
+  const std::string& dir = dir_;
   const std::string region_fd = absl::StrCat(region.fd());
   int event_pipe[2];
   if (pipe2(event_pipe, O_CLOEXEC) != 0) return Failed("cannot create the event pipe", false);
 
   const std::string trainer_log = dir + "/trainer.log";
-  absl::StatusOr<pid_t> trainer = Spawn(
-      {{options_.trainer_path, "--region-fd", region_fd, "--events-fd",
-        absl::StrCat(event_pipe[1]), "--job", job_file, "--parent-pid", absl::StrCat(getpid())},
-       {region.fd(), event_pipe[1]},
-       trainer_log});
+  std::vector<std::string> trainer_argv = {
+      options_.trainer_path, "--region-fd", region_fd,  "--events-fd", absl::StrCat(event_pipe[1]),
+      "--job",               job_file,      "--checkpoint", checkpoint_path(), "--parent-pid",
+      absl::StrCat(getpid())};
+  if (!resume_checkpoint.empty()) {
+    trainer_argv.push_back("--resume");
+    trainer_argv.push_back(resume_checkpoint);
+  }
+  absl::StatusOr<pid_t> trainer = Spawn({trainer_argv, {region.fd(), event_pipe[1]}, trainer_log});
   close(event_pipe[1]);
   if (!trainer.ok()) {
     close(event_pipe[0]);

@@ -40,8 +40,9 @@ class JobRunner {
   // `on_event` is called from a runner thread for every event the trainer or supervisor emits.
   JobRunner(RunnerOptions options, v1::Assignment assignment, EventCallback on_event);
 
-  // Blocks until the attempt ends.
-  AttemptOutcome Run();
+  // Blocks until the attempt ends. With `resume_checkpoint`, the trainer loads it and the batch
+  // stream starts at the step it holds.
+  AttemptOutcome Run(const std::string& resume_checkpoint = "");
   // Asks a running attempt to stop (thread-safe); Run() then returns CANCELLED within ~2 s.
   void Cancel() { cancel_requested_.store(true); }
 
@@ -53,12 +54,18 @@ class JobRunner {
   };
   StatsSnapshot Snapshot();
 
+  // The attempt's directory (job file, logs, checkpoints).
+  const std::string& dir() const { return dir_; }
+  // Where the trainer writes its checkpoints (replaced atomically each time).
+  std::string checkpoint_path() const { return dir_ + "/checkpoint.safetensors"; }
+
  private:
-  AttemptOutcome Supervise(JobRegion& region, const std::string& dir, const std::string& job_file,
-                           int loader_count);
+  AttemptOutcome Supervise(JobRegion& region, const std::string& job_file,
+                           const std::string& resume_checkpoint, int loader_count);
 
   const RunnerOptions options_;
   const v1::Assignment assignment_;
+  const std::string dir_;
   EventCallback on_event_;
   std::atomic<bool> cancel_requested_{false};
   absl::Mutex region_mu_;

@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "absl/strings/numbers.h"
+#include "common/checkpoint.h"
 #include "google/protobuf/util/delimited_message_util.h"
 #include "stoker.pb.h"
 #include "worker/data/dataset.h"
@@ -65,6 +67,63 @@ double LearningRateAt(const v1::OptimizerSpec& optimizer, uint64_t step, uint64_
   return base * 0.5 * (1.0 + std::cos(M_PI * progress));
 }
 
+constexpr char kOptimizerPrefix[] = "optimizer.";
+
+// Weights and optimizer state as one safetensors file; the training position in its metadata.
+absl::Status SaveCheckpoint(const std::string& path, const Model& model, uint64_t step, int epoch,
+                            double test_accuracy, const v1::JobSpec& spec) {
+  Checkpoint checkpoint;
+  for (NamedTensor& tensor : model.Parameters()) {
+    checkpoint.tensors.push_back({tensor.name, tensor.shape, std::move(tensor.values)});
+  }
+  for (NamedTensor& tensor : model.OptimizerState()) {
+    checkpoint.tensors.push_back(
+        {absl::StrCat(kOptimizerPrefix, tensor.name), tensor.shape, std::move(tensor.values)});
+  }
+  checkpoint.metadata = {{"format", "stoker-checkpoint-1"},
+                         {"step", absl::StrCat(step)},
+                         {"epoch", absl::StrCat(epoch)},
+                         {"test_accuracy", absl::StrCat(test_accuracy)},
+                         {"seed", absl::StrCat(spec.train().seed())},
+                         {"precision", v1::Precision_Name(spec.train().precision())},
+                         {"job_name", spec.name()}};
+  return WriteCheckpoint(path, checkpoint);
+}
+
+struct ResumePoint {
+  uint64_t step = 0;
+  double test_accuracy = -1;
+};
+
+absl::StatusOr<ResumePoint> LoadCheckpoint(const std::string& path, Model& model) {
+  absl::StatusOr<Checkpoint> checkpoint = ReadCheckpoint(path);
+  if (!checkpoint.ok()) return checkpoint.status();
+  std::vector<NamedTensor> parameters, optimizer;
+  const std::string prefix = kOptimizerPrefix;
+  for (CheckpointTensor& tensor : checkpoint->tensors) {
+    const bool is_optimizer = tensor.name.rfind(prefix, 0) == 0;
+    NamedTensor named{is_optimizer ? tensor.name.substr(prefix.size()) : tensor.name, tensor.shape,
+                      std::move(tensor.values)};
+    (is_optimizer ? optimizer : parameters).push_back(std::move(named));
+  }
+  if (absl::Status s = model.SetParameters(parameters); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+  }
+  if (absl::Status s = model.SetOptimizerState(optimizer); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+  }
+  ResumePoint point;
+  auto step = checkpoint->metadata.find("step");
+  if (step == checkpoint->metadata.end() || !absl::SimpleAtoi(step->second, &point.step)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no step in its metadata"));
+  }
+  auto accuracy = checkpoint->metadata.find("test_accuracy");
+  if (accuracy != checkpoint->metadata.end()) {
+    (void)absl::SimpleAtod(accuracy->second, &point.test_accuracy);
+  }
+  return point;
+}
+
 struct EvalSummary {
   double accuracy = 0;
   double loss = 0;
@@ -88,7 +147,8 @@ absl::StatusOr<EvalSummary> EvaluateTestSet(Model& model, const LabeledSamples& 
   return EvalSummary{double(total.correct) / total.count, total.loss_sum / total.count};
 }
 
-int Train(int region_fd, int events_fd, const std::string& job_path) {
+int Train(int region_fd, int events_fd, const std::string& job_path,
+          const std::string& checkpoint_path, const std::string& resume_path) {
   EventWriter events(events_fd);
   v1::JobSpec spec;
   {
@@ -150,12 +210,40 @@ int Train(int region_fd, int events_fd, const std::string& job_path) {
   const uint64_t batches_per_epoch = total_batches / epochs;
   JobStats& stats = region.stats();
 
+  uint64_t first_batch = 0;
+  double last_accuracy = -1, last_test_loss = -1;
+  if (!resume_path.empty()) {
+    absl::StatusOr<ResumePoint> resumed = LoadCheckpoint(resume_path, **model);
+    if (!resumed.ok()) {
+      std::cerr << "stoker-trainer: resume: " << resumed.status().message() << "\n";
+      return kExitBadInput;
+    }
+    first_batch = resumed->step;
+    last_accuracy = resumed->test_accuracy;
+    events.Log(absl::StrCat("resumed from the checkpoint at step ", first_batch, " (epoch ",
+                            first_batch / batches_per_epoch + 1, ")"));
+  }
+  auto checkpoint = [&](uint64_t step, int epoch) -> bool {
+    if (checkpoint_path.empty()) return true;
+    if (absl::Status s = SaveCheckpoint(checkpoint_path, **model, step, epoch, last_accuracy, spec);
+        !s.ok()) {
+      std::cerr << "stoker-trainer: checkpoint: " << s.message() << "\n";
+      return false;
+    }
+    v1::JobEvent event;
+    event.set_type(v1::EVENT_TYPE_CHECKPOINT);
+    event.mutable_progress()->set_step(static_cast<int64_t>(step));
+    event.mutable_progress()->set_epoch(epoch);
+    events.Write(event);
+    return true;
+  };
+  const uint64_t every_steps = static_cast<uint64_t>(spec.checkpoint().every_steps());
+
   // Progress is reported once a second: loss and rate over the steps since the last report.
   absl::Time window_start = absl::Now();
   double window_loss = 0;
   int64_t window_steps = 0, window_samples = 0;
   uint64_t window_stall_ns = 0;
-  double last_accuracy = -1, last_test_loss = -1;
   const absl::Time run_start = absl::Now();
 
   auto progress_now = [&](uint64_t step, int epoch) {
@@ -167,11 +255,13 @@ int Train(int region_fd, int events_fd, const std::string& job_path) {
     p.set_test_accuracy(last_accuracy);
     p.set_test_loss(last_test_loss);
     const double elapsed = absl::ToDoubleSeconds(absl::Now() - run_start);
-    if (step > 0) p.set_eta_seconds(elapsed / step * (total_batches - step));
+    if (step > first_batch) {
+      p.set_eta_seconds(elapsed / (step - first_batch) * (total_batches - step));
+    }
     return p;
   };
 
-  for (uint64_t b = 0; b < total_batches; ++b) {
+  for (uint64_t b = first_batch; b < total_batches; ++b) {
     const int epoch = static_cast<int>(b / batches_per_epoch) + 1;
     const absl::Time wait_start = absl::Now();
     absl::StatusOr<ReadableBatch> batch = region.WaitReadable(b, absl::Minutes(5));
@@ -214,6 +304,9 @@ int Train(int region_fd, int events_fd, const std::string& job_path) {
     window_stall_ns += stall_ns;
 
     const bool epoch_end = (b + 1) % batches_per_epoch == 0;
+    if (!epoch_end && every_steps > 0 && (b + 1) % every_steps == 0 && !checkpoint(b + 1, epoch)) {
+      return 1;
+    }
     const double window_seconds = absl::ToDoubleSeconds(step_done - window_start);
     if (epoch_end || window_seconds >= 1.0) {
       v1::TrainingProgress p = progress_now(b + 1, epoch);
@@ -236,6 +329,7 @@ int Train(int region_fd, int events_fd, const std::string& job_path) {
       event.set_type(epoch_end ? v1::EVENT_TYPE_EPOCH : v1::EVENT_TYPE_PROGRESS);
       *event.mutable_progress() = p;
       events.Write(event);
+      if (epoch_end && !checkpoint(b + 1, epoch)) return 1;
       window_start = absl::Now();
       window_loss = 0;
       window_steps = window_samples = 0;
@@ -251,8 +345,11 @@ int Train(int region_fd, int events_fd, const std::string& job_path) {
 int main(int argc, char** argv) {
   CLI::App app{"stoker-trainer: trains one job attempt; started by stoker-worker"};
   int region_fd = -1, events_fd = -1;
-  std::string job_path;
+  std::string job_path, checkpoint_path, resume_path;
   pid_t parent_pid = 0;
+  app.add_option("--checkpoint", checkpoint_path,
+                 "write checkpoints here (safetensors, replaced atomically)");
+  app.add_option("--resume", resume_path, "resume from this checkpoint");
   app.add_option("--parent-pid", parent_pid, "the agent's pid; exit if it is gone");
   app.add_option("--region-fd", region_fd, "inherited memfd of the job's region")->required();
   app.add_option("--events-fd", events_fd, "inherited pipe for events to the agent")->required();
@@ -269,5 +366,5 @@ int main(int argc, char** argv) {
   // The agent supervises us; if it dies, so do we (the loaders notice our death in turn).
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (parent_pid > 0 && getppid() != parent_pid) return stoker::kExitStopped;
-  return stoker::Train(region_fd, events_fd, job_path);
+  return stoker::Train(region_fd, events_fd, job_path, checkpoint_path, resume_path);
 }

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "worker/data/sample_type.h"
 
 namespace stoker {
 
@@ -26,9 +27,10 @@ namespace stoker {
 struct RingGeometry {
   uint32_t slot_count = 8;
   uint32_t batch_size = 128;    // samples per full batch
-  uint32_t sample_bytes = 784;  // uint8 features per sample
+  uint32_t sample_bytes = 784;  // bytes per sample: features * SampleTypeBytes(sample_type)
   uint32_t loader_count = 1;    // K: batch b is made by loader b % K
   uint64_t total_batches = 0;   // batches in the whole job (all epochs)
+  SampleType sample_type = SampleType::kUint8;  // element type of the samples in a slot
 };
 
 // Counters the trainer and loaders publish and the agent exports. Lives in shared memory, so every
@@ -109,6 +111,11 @@ class JobRegion {
   absl::StatusOr<ReadableBatch> WaitReadable(uint64_t batch, absl::Duration timeout);
   // Frees the slot for `batch + slot_count` and raises stats().consumer_next_batch to `batch + 1`.
   void Release(uint64_t batch);
+
+  // Call right after Create, before any other process attaches: makes `first_batch` the first
+  // batch of the stream (a job resumed from a checkpoint), as if every earlier one had been
+  // consumed. Loaders then start there on their own.
+  void StartAt(uint64_t first_batch);
 
   // Slots currently holding a published, unreleased batch.
   uint32_t FilledSlots() const;

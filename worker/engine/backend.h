@@ -90,6 +90,15 @@ class Model {
   virtual std::vector<NamedTensor> Parameters() const = 0;
   // Replaces the master weights; names and shapes must match Parameters().
   virtual absl::Status SetParameters(const std::vector<NamedTensor>& parameters) = 0;
+
+  // Optimizer state (e.g. SGD momentum buffers, named "<parameter>.momentum"), for checkpoints:
+  // together with Parameters() it makes a resumed run continue exactly.
+  virtual std::vector<NamedTensor> OptimizerState() const { return {}; }
+  // Replaces the optimizer state; names and shapes must match OptimizerState().
+  virtual absl::Status SetOptimizerState(const std::vector<NamedTensor>& state) {
+    return state.empty() ? absl::OkStatus()
+                         : absl::UnimplementedError("this model keeps no optimizer state");
+  }
 };
 
 class Backend {
@@ -107,8 +116,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend();
 // ---- Helpers shared by backends (mlp_common.cc) ----
 
 // INVALID_ARGUMENT, naming the field, unless: input_features > 0, 1 <= classes <= 256 (labels are
-// uint8), every hidden width > 0, max_batch > 0, finite input_scale/input_shift, learning_rate >= 0,
-// 0 <= momentum <= 1, weight_decay >= 0.
+// uint8), every hidden width > 0, max_batch > 0, finite input_scale and input_shift,
+// learning_rate >= 0, 0 <= momentum <= 1, weight_decay >= 0.
 absl::Status ValidateMlpConfig(const MlpConfig& config);
 
 // INVALID_ARGUMENT unless samples/labels are set, 1 <= count <= config.max_batch and every label is

@@ -1,0 +1,247 @@
+// Fault tolerance with real processes on loopback: workers and the server killed with SIGKILL
+// mid-job, repeated failures, retried submits, artifacts, and exact resume from a checkpoint.
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/checkpoint.h"
+#include "common/job_spec.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/test_cluster.h"
+
+namespace stoker::testing {
+namespace {
+
+std::vector<v1::JobEvent> History(TestCluster& cluster, const std::string& job_id) {
+  grpc::ClientContext context;
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  auto reader = cluster.jobs().WatchJob(&context, request);
+  std::vector<v1::JobEvent> events;
+  v1::JobEvent event;
+  while (reader->Read(&event)) events.push_back(event);
+  EXPECT_TRUE(reader->Finish().ok());
+  return events;
+}
+
+// Processes whose command line mentions `needle` (e.g. a worker's work directory).
+std::vector<std::string> ProcessesMentioning(const std::string& needle) {
+  std::vector<std::string> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(needle) != std::string::npos) found.push_back(name + ": " + cmdline);
+  }
+  return found;
+}
+
+// Waits until no process mentions `needle` (children die with their parent, not instantly).
+bool WaitUntilNoProcessMentions(const std::string& needle, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!ProcessesMentioning(needle).empty()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return true;
+}
+
+// A job slow enough (delayed loader) to be interrupted between checkpoints.
+v1::JobSpec SlowJob(int epochs) {
+  v1::JobSpec spec = SmallFashionMnistJob(epochs, 6000, 1000);
+  spec.mutable_train()->set_precision(v1::PRECISION_FP32);
+  spec.mutable_loader()->set_processes(1);
+  spec.mutable_loader()->set_delay_ms(15);  // ~0.7 s per epoch of 47 batches
+  return spec;
+}
+
+TEST(FaultsTest, KilledWorkerJobResumesFromItsCheckpointOnAnotherWorker) {
+  TestCluster cluster;
+  cluster.StartServer({"--lease-seconds", "2"});
+  const pid_t first = cluster.StartWorker("w1");
+  absl::StatusOr<v1::Job> job = cluster.Submit(SlowJob(4));
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<v1::Job> checkpointed = cluster.WaitFor(
+      job->id(), [](const v1::Job& j) { return j.checkpoint_epoch() >= 2; }, absl::Seconds(60));
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.status();
+  ASSERT_EQ(checkpointed->state(), v1::JOB_STATE_RUNNING);
+
+  cluster.KillWorker(first, SIGKILL);
+  // The agent's trainer and loaders die with it; nothing of w1 is left running.
+  EXPECT_TRUE(WaitUntilNoProcessMentions(cluster.dir() + "/w1/", absl::Seconds(5)))
+      << absl::StrJoin(ProcessesMentioning(cluster.dir() + "/w1/"), "\n");
+  cluster.StartWorker("w2");
+
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(90));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->worker_id(), "w2");
+  EXPECT_EQ(done->attempt(), 2);
+  EXPECT_GT(done->progress().test_accuracy(), 0.7);
+
+  // The second attempt started where the checkpoint was, not at epoch 1.
+  const int64_t resumed_step = checkpointed->checkpoint_step();
+  bool saw_resume = false;
+  int first_epoch_of_attempt2 = 0;
+  for (const v1::JobEvent& event : History(cluster, job->id())) {
+    if (event.attempt() != 2) continue;
+    if (absl::StrContains(event.message(), "resumed from the checkpoint at step")) saw_resume = true;
+    if ((event.type() == v1::EVENT_TYPE_PROGRESS || event.type() == v1::EVENT_TYPE_EPOCH) &&
+        first_epoch_of_attempt2 == 0) {
+      first_epoch_of_attempt2 = event.progress().epoch();
+      EXPECT_GT(event.progress().step(), resumed_step);
+    }
+  }
+  EXPECT_TRUE(saw_resume);
+  EXPECT_GE(first_epoch_of_attempt2, checkpointed->checkpoint_epoch() + 1);
+}
+
+TEST(FaultsTest, KilledServerRestartsWithEveryJobAndTheRunningJobFinishes) {
+  TestCluster cluster;
+  cluster.StartServer();
+  cluster.StartWorker("w1");
+  absl::StatusOr<v1::Job> running = cluster.Submit(SlowJob(3));
+  ASSERT_TRUE(running.ok());
+  std::vector<std::string> queued;
+  for (int i = 0; i < 3; ++i) {
+    v1::JobSpec spec = SmallFashionMnistJob(1, 1000, 200);
+    spec.set_name(absl::StrCat("queued-", i));
+    absl::StatusOr<v1::Job> job = cluster.Submit(spec);
+    ASSERT_TRUE(job.ok());
+    queued.push_back(job->id());
+  }
+  ASSERT_TRUE(cluster
+                  .WaitFor(running->id(), [](const v1::Job& j) { return j.progress().step() > 0; },
+                           absl::Seconds(30))
+                  .ok());
+  cluster.KillServer(SIGKILL);
+  absl::SleepFor(absl::Milliseconds(500));
+  cluster.StartServer();  // same port, same state directory
+
+  // Every job is still there, and the history of the running one replays.
+  absl::StatusOr<v1::Job> after = cluster.WaitFor(running->id(), [](const v1::Job&) { return true; },
+                                                  absl::Seconds(5));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->state(), v1::JOB_STATE_RUNNING);
+  for (const std::string& id : queued) {
+    absl::StatusOr<v1::Job> job = cluster.WaitFor(id, [](const v1::Job&) { return true; },
+                                                  absl::Seconds(5));
+    ASSERT_TRUE(job.ok()) << id;
+  }
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(running->id(), absl::Seconds(90));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->attempt(), 1) << "the worker re-attached; the job was not restarted";
+  for (const std::string& id : queued) {
+    absl::StatusOr<v1::Job> job = cluster.WaitForFinal(id, absl::Seconds(60));
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->error();
+  }
+  CommandResult logs = cluster.Cli("logs " + running->id());
+  EXPECT_NE(logs.output.find("epoch 3/3"), std::string::npos) << logs.output;
+  EXPECT_NE(logs.output.find("submitted"), std::string::npos) << logs.output;
+}
+
+TEST(FaultsTest, AJobThatKeepsFailingStopsAfterMaxRetries) {
+  TestCluster cluster;
+  cluster.StartServer();
+  // A trainer that always fails the way a crash does (exit code 1).
+  cluster.StartWorker("w1", {"--trainer", "/bin/false"});
+  v1::JobSpec spec = SmallFashionMnistJob(1, 1000, 200);
+  spec.set_max_retries(2);
+  absl::StatusOr<v1::Job> job = cluster.Submit(spec);
+  ASSERT_TRUE(job.ok());
+  absl::StatusOr<v1::Job> failed = cluster.WaitForFinal(job->id(), absl::Seconds(30));
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed->attempt(), 3);
+  EXPECT_NE(failed->error().find("trainer exit code 1"), std::string::npos) << failed->error();
+  EXPECT_NE(failed->error().find("attempt 3 of 3"), std::string::npos) << failed->error();
+}
+
+TEST(FaultsTest, RetriedSubmitWithTheSameRequestIdIsStoredOnce) {
+  TestCluster cluster;
+  cluster.StartServer();
+  v1::JobSpec spec = SmallFashionMnistJob(1, 1000, 200);
+  absl::StatusOr<v1::Job> first = cluster.Submit(spec, "req-42");
+  absl::StatusOr<v1::Job> second = cluster.Submit(spec, "req-42");
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(first->id(), second->id());
+  const std::string job_file = cluster.dir() + "/job.yaml";
+  std::filesystem::copy_file(STOKER_SOURCE_DIR "/examples/fashion-mnist-mlp.yaml", job_file);
+  CommandResult cli1 = cluster.Cli("submit --request-id cli-1 " + job_file);
+  CommandResult cli2 = cluster.Cli("submit --request-id cli-1 " + job_file);
+  EXPECT_EQ(cli1.exit_code, 0) << cli1.output;
+  EXPECT_NE(cli2.output.find("already submitted as"), std::string::npos) << cli2.output;
+  CommandResult list = cluster.Cli("--output json list");
+  size_t count = 0;
+  for (size_t at = list.output.find("\"id\""); at != std::string::npos;
+       at = list.output.find("\"id\"", at + 1)) {
+    ++count;
+  }
+  EXPECT_EQ(count, 2u) << list.output;
+}
+
+TEST(FaultsTest, ArtifactIsTheFinalCheckpointAndResumeIsExact) {
+  TestCluster cluster;
+  cluster.StartServer({"--lease-seconds", "2"});
+  const pid_t first = cluster.StartWorker("w1");
+
+  // Straight run: 2 epochs.
+  absl::StatusOr<v1::Job> straight = cluster.Submit(SlowJob(2));
+  ASSERT_TRUE(straight.ok());
+  absl::StatusOr<v1::Job> straight_done = cluster.WaitForFinal(straight->id(), absl::Seconds(60));
+  ASSERT_TRUE(straight_done.ok());
+  ASSERT_EQ(straight_done->state(), v1::JOB_STATE_SUCCEEDED) << straight_done->error();
+  const std::string straight_file = cluster.dir() + "/straight.safetensors";
+  CommandResult artifact = cluster.Cli("artifact " + straight->id() + " -o " + straight_file);
+  ASSERT_EQ(artifact.exit_code, 0) << artifact.output;
+
+  // Interrupted run: the same job, its worker killed after the first epoch's checkpoint.
+  absl::StatusOr<v1::Job> interrupted = cluster.Submit(SlowJob(2));
+  ASSERT_TRUE(interrupted.ok());
+  absl::StatusOr<v1::Job> at_epoch1 = cluster.WaitFor(
+      interrupted->id(), [](const v1::Job& j) { return j.checkpoint_epoch() >= 1; },
+      absl::Seconds(60));
+  ASSERT_TRUE(at_epoch1.ok());
+  ASSERT_EQ(at_epoch1->state(), v1::JOB_STATE_RUNNING) << "finished before it could be killed";
+  cluster.KillWorker(first, SIGKILL);
+  cluster.StartWorker("w2");
+  absl::StatusOr<v1::Job> resumed_done = cluster.WaitForFinal(interrupted->id(), absl::Seconds(90));
+  ASSERT_TRUE(resumed_done.ok());
+  ASSERT_EQ(resumed_done->state(), v1::JOB_STATE_SUCCEEDED) << resumed_done->error();
+  EXPECT_EQ(resumed_done->attempt(), 2);
+  const std::string resumed_file = cluster.dir() + "/resumed.safetensors";
+  artifact = cluster.Cli("artifact " + interrupted->id() + " -o " + resumed_file);
+  ASSERT_EQ(artifact.exit_code, 0) << artifact.output;
+
+  absl::StatusOr<Checkpoint> a = ReadCheckpoint(straight_file);
+  absl::StatusOr<Checkpoint> b = ReadCheckpoint(resumed_file);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_FALSE(a->tensors.empty());
+  EXPECT_EQ(a->tensors[0].name, "layers.0.weight");
+  EXPECT_EQ(a->tensors[0].shape, (std::vector<int64_t>{128, 784}));
+  ASSERT_EQ(a->tensors.size(), b->tensors.size());
+  for (size_t i = 0; i < a->tensors.size(); ++i) {
+    EXPECT_EQ(a->tensors[i].name, b->tensors[i].name);
+    EXPECT_TRUE(a->tensors[i].values == b->tensors[i].values)
+        << a->tensors[i].name << " differs after resume";
+  }
+  EXPECT_EQ(a->metadata.at("step"), b->metadata.at("step"));
+
+  CommandResult missing = cluster.Cli("artifact j-999999 -o " + cluster.dir() + "/x");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.output.find("no job"), std::string::npos) << missing.output;
+}
+
+}  // namespace
+}  // namespace stoker::testing
