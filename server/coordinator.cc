@@ -67,12 +67,44 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(const v1::SubmitJobReq
   v1::JobSpec resolved = request.spec();
   if (absl::Status s = ResolveDatasetPaths(options_.data_root, &resolved); !s.ok()) return s;
 
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<JobStore::Inserted> inserted =
-      store_->Insert(request.spec(), request.request_id(), NowMs(),
-                     MakeEvent(v1::EVENT_TYPE_LOG, "submitted"));
-  events_changed_.SignalAll();
+  PendingSubmit me{&request};
+  submit_mu_.Lock();
+  submit_queue_.push_back(&me);
+  struct Turn {
+    PendingSubmit* me;
+    std::deque<PendingSubmit*>* queue;
+    static bool Ready(Turn* t) { return t->me->done || t->queue->front() == t->me; }
+  } turn{&me, &submit_queue_};
+  submit_mu_.Await(absl::Condition(&Turn::Ready, &turn));
+  if (!me.done) {
+    // This submit leads: commit it and every one queued behind it in one transaction.
+    std::vector<PendingSubmit*> group(submit_queue_.begin(),
+                                      submit_queue_.begin() +
+                                          std::min<size_t>(submit_queue_.size(), 512));
+    submit_mu_.Unlock();
+    std::vector<JobStore::NewJob> new_jobs;
+    for (PendingSubmit* pending : group) {
+      new_jobs.push_back({&pending->request->spec(), pending->request->request_id(), NowMs(),
+                          MakeEvent(v1::EVENT_TYPE_LOG, "submitted")});
+    }
+    absl::StatusOr<std::vector<JobStore::Inserted>> inserted;
+    {
+      absl::MutexLock lock(&mu_);
+      inserted = store_->InsertMany(std::move(new_jobs));
+      events_changed_.SignalAll();
+    }
+    submit_mu_.Lock();
+    for (size_t i = 0; i < group.size(); ++i) {
+      group[i]->result = inserted.ok() ? absl::StatusOr<JobStore::Inserted>((*inserted)[i])
+                                       : absl::StatusOr<JobStore::Inserted>(inserted.status());
+      group[i]->done = true;
+      submit_queue_.pop_front();
+    }
+  }
+  submit_mu_.Unlock();
+  absl::StatusOr<JobStore::Inserted>& inserted = me.result;
   if (!inserted.ok()) return inserted.status();
+  absl::MutexLock lock(&mu_);
   v1::SubmitJobResponse response;
   *response.mutable_job() = std::move(inserted->job);
   response.set_deduplicated(inserted->deduplicated);
@@ -82,13 +114,8 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(const v1::SubmitJobReq
 
 void Coordinator::FillQueueInfo(v1::Job* job) {
   if (job->state() != v1::JOB_STATE_QUEUED) return;
-  absl::StatusOr<std::vector<v1::Job>> queue = store_->QueuedInOrder();
-  if (!queue.ok()) return;
-  int position = 0;
-  for (const v1::Job& queued : *queue) {
-    if (queued.id() == job->id()) break;
-    ++position;
-  }
+  absl::StatusOr<int> position = store_->QueuePosition(job->id());
+  if (!position.ok()) return;
   int alive = 0;
   int max_gpus = 0;
   for (const auto& [id, worker] : workers_) {
@@ -98,8 +125,8 @@ void Coordinator::FillQueueInfo(v1::Job* job) {
     for (const v1::Device& device : worker.info.devices()) gpus += device.kind() == "cuda";
     max_gpus = std::max(max_gpus, gpus);
   }
-  job->set_queue_position(position);
-  job->set_waiting_reason(WaitingReason(*job, position, alive, max_gpus));
+  job->set_queue_position(*position);
+  job->set_waiting_reason(WaitingReason(*job, *position, alive, max_gpus));
 }
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {

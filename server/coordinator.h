@@ -4,6 +4,7 @@
 #ifndef STOKER_SERVER_COORDINATOR_H_
 #define STOKER_SERVER_COORDINATOR_H_
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -96,6 +97,16 @@ class Coordinator {
                                                      int free_gpus)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillQueueInfo(v1::Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Concurrent submits are committed together (one transaction, one fsync), LevelDB-style: the
+  // submit at the front of the queue writes everything queued behind it.
+  struct PendingSubmit {
+    const v1::SubmitJobRequest* request;
+    absl::StatusOr<JobStore::Inserted> result = absl::UnknownError("not committed");
+    bool done = false;
+  };
+  absl::Mutex submit_mu_;
+  std::deque<PendingSubmit*> submit_queue_ ABSL_GUARDED_BY(submit_mu_);
 
   const CoordinatorOptions options_;
   absl::Mutex mu_;

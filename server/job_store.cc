@@ -117,8 +117,29 @@ absl::StatusOr<JobStore::Inserted> JobStore::Insert(const v1::JobSpec& spec,
                                                     const std::string& request_id,
                                                     int64_t now_unix_ms,
                                                     v1::JobEvent first_event) {
+  std::vector<NewJob> jobs;
+  jobs.push_back({&spec, request_id, now_unix_ms, std::move(first_event)});
+  absl::StatusOr<std::vector<Inserted>> inserted = InsertMany(std::move(jobs));
+  if (!inserted.ok()) return inserted.status();
+  return std::move(inserted->front());
+}
+
+absl::StatusOr<std::vector<JobStore::Inserted>> JobStore::InsertMany(std::vector<NewJob> jobs) {
   Transaction transaction(db_);
   if (!transaction.began()) return Error("begin");
+  std::vector<Inserted> results;
+  for (NewJob& job : jobs) {
+    absl::StatusOr<Inserted> inserted = InsertInTransaction(job);
+    if (!inserted.ok()) return inserted.status();
+    results.push_back(std::move(*inserted));
+  }
+  if (!transaction.Commit()) return Error("commit");
+  return results;
+}
+
+absl::StatusOr<JobStore::Inserted> JobStore::InsertInTransaction(NewJob& new_job) {
+  const v1::JobSpec& spec = *new_job.spec;
+  const std::string& request_id = new_job.request_id;
   if (!request_id.empty()) {
     Statement find(db_, "SELECT job FROM jobs WHERE request_id = ?");
     find.BindText(1, request_id);
@@ -149,7 +170,7 @@ absl::StatusOr<JobStore::Inserted> JobStore::Insert(const v1::JobSpec& spec,
   job.set_id(absl::StrFormat("j-%06d", seq));
   *job.mutable_spec() = spec;
   job.set_state(v1::JOB_STATE_QUEUED);
-  job.set_submit_time_unix_ms(now_unix_ms);
+  job.set_submit_time_unix_ms(new_job.now_unix_ms);
   job.mutable_progress()->set_test_accuracy(-1);
   job.mutable_progress()->set_test_loss(-1);
   Statement update(db_, "UPDATE jobs SET id = ?, job = ? WHERE seq = ?");
@@ -157,9 +178,8 @@ absl::StatusOr<JobStore::Inserted> JobStore::Insert(const v1::JobSpec& spec,
   update.BindBlob(2, job.SerializeAsString());
   update.BindInt(3, seq);
   if (sqlite3_step(update.get()) != SQLITE_DONE) return Error("name job");
-  std::vector<v1::JobEvent> events = {std::move(first_event)};
+  std::vector<v1::JobEvent> events = {new_job.first_event};
   if (absl::Status s = AppendEvents(job, events); !s.ok()) return s;
-  if (!transaction.Commit()) return Error("commit");
   return result;
 }
 
@@ -245,6 +265,18 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<v1::JobSta
 absl::StatusOr<std::vector<v1::Job>> JobStore::QueuedInOrder() {
   return QueryJobs("SELECT job FROM jobs WHERE state = ? ORDER BY priority DESC, seq ASC",
                    {v1::JOB_STATE_QUEUED});
+}
+
+absl::StatusOr<int> JobStore::QueuePosition(const std::string& job_id) {
+  Statement query(db_,
+                  "SELECT COUNT(*) FROM jobs AS other, jobs AS me WHERE me.id = ?1 AND me.state = ?2 "
+                  "AND other.state = ?2 AND (other.priority > me.priority OR "
+                  "(other.priority = me.priority AND other.seq < me.seq))");
+  if (!query.ok()) return Error("prepare queue position");
+  query.BindText(1, job_id);
+  query.BindInt(2, v1::JOB_STATE_QUEUED);
+  if (sqlite3_step(query.get()) != SQLITE_ROW) return Error("queue position");
+  return static_cast<int>(sqlite3_column_int64(query.get(), 0));
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::InState(v1::JobState state) {

@@ -31,6 +31,16 @@ class JobStore {
   absl::StatusOr<Inserted> Insert(const v1::JobSpec& spec, const std::string& request_id,
                                   int64_t now_unix_ms, v1::JobEvent first_event);
 
+  // Many inserts in one transaction (one fsync): group commit for concurrent submits. Either all
+  // are stored (results in order) or none (the error).
+  struct NewJob {
+    const v1::JobSpec* spec;
+    std::string request_id;
+    int64_t now_unix_ms;
+    v1::JobEvent first_event;
+  };
+  absl::StatusOr<std::vector<Inserted>> InsertMany(std::vector<NewJob> jobs);
+
   // NOT_FOUND if no such job.
   absl::StatusOr<v1::Job> Get(const std::string& job_id);
 
@@ -42,6 +52,8 @@ class JobStore {
   absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states, int limit);
   // Queued jobs in scheduling order: priority (high first), then submit order.
   absl::StatusOr<std::vector<v1::Job>> QueuedInOrder();
+  // Queued jobs ahead of `job_id` in scheduling order (0 = next); NOT_FOUND if not queued.
+  absl::StatusOr<int> QueuePosition(const std::string& job_id);
   // Jobs in one state (any order).
   absl::StatusOr<std::vector<v1::Job>> InState(v1::JobState state);
 
@@ -55,6 +67,8 @@ class JobStore {
   absl::StatusOr<std::vector<v1::Job>> QueryJobs(const std::string& sql,
                                                  const std::vector<int64_t>& int_params);
   absl::Status AppendEvents(const v1::Job& job, std::vector<v1::JobEvent>& events);
+  // The body of Insert, inside a transaction the caller holds.
+  absl::StatusOr<Inserted> InsertInTransaction(NewJob& job);
   absl::Status Error(const char* what) const;
 
   sqlite3* db_;

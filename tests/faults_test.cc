@@ -6,6 +6,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -189,6 +193,53 @@ TEST(FaultsTest, RetriedSubmitWithTheSameRequestIdIsStoredOnce) {
     ++count;
   }
   EXPECT_EQ(count, 2u) << list.output;
+}
+
+TEST(FaultsTest, ConcurrentSubmitsWithRetriesAreStoredExactlyOnce) {
+  TestCluster cluster;
+  cluster.StartServer();
+  constexpr int kClients = 8, kJobsPerClient = 25;
+  std::vector<std::thread> clients;
+  std::atomic<int> failures{0};
+  std::mutex ids_mu;
+  std::map<std::string, std::string> id_by_request;  // request id -> job id
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      auto stub = v1::JobService::NewStub(
+          grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
+      for (int i = 0; i < kJobsPerClient; ++i) {
+        const std::string request_id = absl::StrCat("c", c, "-", i);
+        // Every submit is sent twice, as a client retrying after a lost answer would.
+        for (int attempt = 0; attempt < 2; ++attempt) {
+          grpc::ClientContext context;
+          v1::SubmitJobRequest request;
+          *request.mutable_spec() = SmallFashionMnistJob(1, 1000, 100);
+          request.mutable_spec()->set_name(request_id);
+          request.set_request_id(request_id);
+          v1::SubmitJobResponse response;
+          if (!stub->SubmitJob(&context, request, &response).ok()) {
+            ++failures;
+            continue;
+          }
+          std::lock_guard<std::mutex> lock(ids_mu);
+          auto [it, inserted] = id_by_request.emplace(request_id, response.job().id());
+          if (!inserted && it->second != response.job().id()) ++failures;
+          if (attempt == 1 && !response.deduplicated()) ++failures;
+        }
+      }
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  EXPECT_EQ(failures.load(), 0);
+  grpc::ClientContext context;
+  v1::ListJobsRequest request;
+  request.set_limit(10000);
+  v1::ListJobsResponse response;
+  ASSERT_TRUE(cluster.jobs().ListJobs(&context, request, &response).ok());
+  EXPECT_EQ(response.jobs_size(), kClients * kJobsPerClient);
+  std::set<std::string> names;
+  for (const v1::Job& job : response.jobs()) names.insert(job.spec().name());
+  EXPECT_EQ(names.size(), size_t{kClients * kJobsPerClient});
 }
 
 TEST(FaultsTest, ArtifactIsTheFinalCheckpointAndResumeIsExact) {

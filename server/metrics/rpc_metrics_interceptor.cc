@@ -13,7 +13,8 @@ class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
  public:
   // gRPC creates one interceptor per call, when the call starts.
   RpcMetricsInterceptor(ServerMetrics* metrics, const char* method)
-      : metrics_(metrics), method_(method != nullptr ? method : "unknown"),
+      : metrics_(metrics),
+        method_(method != nullptr ? method : "unknown"),
         start_(std::chrono::steady_clock::now()) {}
 
   ~RpcMetricsInterceptor() override {

@@ -30,9 +30,8 @@ constexpr const char* kJobStates[] = {"queued", "running", "succeeded", "failed"
 constexpr size_t kMaxRpcMethods = 64;
 
 // Seconds: an idle cluster assigns within a heartbeat (~1 s); a busy one queues for hours.
-const Histogram::BucketBoundaries kQueueWaitBounds = {0.1,  0.5,  1,    2.5,  5,     15,   30,
-                                                      60,   120,  300,  600,  1800,  3600, 7200,
-                                                      21600, 86400};
+const Histogram::BucketBoundaries kQueueWaitBounds = {
+    0.1, 0.5, 1, 2.5, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400};
 // Unary RPCs take ~1 ms; WatchJob streams for a job's whole run.
 const Histogram::BucketBoundaries kRpcBounds = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                                 0.05,   0.1,   0.25,   0.5,   1,    2.5,

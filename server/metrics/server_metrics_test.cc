@@ -106,14 +106,16 @@ TEST(ServerMetricsTest, RpcCountsAndDurations) {
   EXPECT_EQ(Value(text, "stoker_rpc_requests_total{code=\"OK\",method=\"JobService/SubmitJob\"}"),
             1)
       << text;
-  EXPECT_EQ(Value(text, "stoker_rpc_requests_total{code=\"INVALID_ARGUMENT\","
-                        "method=\"JobService/SubmitJob\"}"),
+  EXPECT_EQ(Value(text,
+                  "stoker_rpc_requests_total{code=\"INVALID_ARGUMENT\","
+                  "method=\"JobService/SubmitJob\"}"),
             1);
-  EXPECT_EQ(Value(text, "stoker_rpc_requests_total{code=\"NOT_FOUND\",method=\"JobService/GetJob\"}"),
-            1);
+  EXPECT_EQ(
+      Value(text, "stoker_rpc_requests_total{code=\"NOT_FOUND\",method=\"JobService/GetJob\"}"), 1);
   EXPECT_EQ(Value(text, "stoker_rpc_duration_seconds_count{method=\"JobService/SubmitJob\"}"), 2);
-  EXPECT_EQ(Value(text, "stoker_rpc_duration_seconds_bucket{le=\"0.0025\","
-                        "method=\"JobService/SubmitJob\"}"),
+  EXPECT_EQ(Value(text,
+                  "stoker_rpc_duration_seconds_bucket{le=\"0.0025\","
+                  "method=\"JobService/SubmitJob\"}"),
             2);
 }
 
@@ -193,11 +195,12 @@ TEST(ServerMetricsTest, InterceptorCountsRealRpcs) {
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(Value(*text, "stoker_rpc_requests_total{code=\"OK\",method=\"JobService/GetJob\"}"), 3)
       << *text;
+  EXPECT_EQ(
+      Value(*text, "stoker_rpc_requests_total{code=\"NOT_FOUND\",method=\"JobService/CancelJob\"}"),
+      1);
   EXPECT_EQ(Value(*text,
-                  "stoker_rpc_requests_total{code=\"NOT_FOUND\",method=\"JobService/CancelJob\"}"),
-            1);
-  EXPECT_EQ(Value(*text, "stoker_rpc_requests_total{code=\"UNIMPLEMENTED\","
-                         "method=\"JobService/ListJobs\"}"),
+                  "stoker_rpc_requests_total{code=\"UNIMPLEMENTED\","
+                  "method=\"JobService/ListJobs\"}"),
             1);
   EXPECT_EQ(Value(*text, "stoker_rpc_duration_seconds_count{method=\"JobService/GetJob\"}"), 3);
 }
