@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/render.h"
+#include "common/auth.h"
 #include "common/grpc_status.h"
 #include "common/job_file.h"
 #include "common/job_spec.h"
@@ -36,6 +37,8 @@ constexpr int kExitUnreachable = 3;
 struct Options {
   std::string server = "127.0.0.1:50051";
   std::string output = "table";
+  std::string token_file;
+  std::string tls_ca;
   bool json() const { return output == "json"; }
 };
 
@@ -64,14 +67,17 @@ int ReportRpcError(const Options& options, const grpc::Status& status, const std
 
 class Client {
  public:
-  explicit Client(const Options& options)
+  Client(const Options& options, std::shared_ptr<grpc::ChannelCredentials> credentials,
+         std::string token)
       : options_(options),
-        channel_(grpc::CreateChannel(options.server, grpc::InsecureChannelCredentials())),
+        token_(std::move(token)),
+        channel_(grpc::CreateChannel(options.server, std::move(credentials))),
         jobs_(v1::JobService::NewStub(channel_)) {}
 
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(10)) {
     auto context = std::make_unique<grpc::ClientContext>();
     context->set_deadline(std::chrono::system_clock::now() + absl::ToChronoSeconds(timeout));
+    AddToken(*context, token_);
     return context;
   }
 
@@ -138,6 +144,7 @@ class Client {
     std::optional<v1::JobEvent> finished;
     while (!finished) {
       grpc::ClientContext context;
+      AddToken(context, token_);
       v1::WatchJobRequest request;
       request.set_job_id(job_id);
       request.set_after_seq(after_seq);
@@ -233,6 +240,7 @@ class Client {
       return kExitBadInput;
     }
     grpc::ClientContext context;
+    AddToken(context, token_);
     v1::GetArtifactRequest request;
     request.set_job_id(job_id);
     auto reader = jobs_->GetArtifact(&context, request);
@@ -282,6 +290,7 @@ class Client {
   }
 
   Options options_;
+  std::string token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
 };
@@ -295,6 +304,12 @@ int Main(int argc, char** argv) {
   }
   app.add_option("--server", options.server, "server address (env STOKER_SERVER)")
       ->capture_default_str();
+  if (const char* env = std::getenv("STOKER_TOKEN_FILE"); env != nullptr) options.token_file = env;
+  if (const char* env = std::getenv("STOKER_TLS_CA"); env != nullptr) options.tls_ca = env;
+  app.add_option("--token-file", options.token_file,
+                 "file holding the server's bearer token (env STOKER_TOKEN_FILE)");
+  app.add_option("--tls-ca", options.tls_ca,
+                 "connect with TLS, trusting this CA certificate (env STOKER_TLS_CA)");
   app.add_option("-o,--output", options.output, "output format")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
@@ -334,7 +349,22 @@ int Main(int argc, char** argv) {
     return code == 0 ? kExitOk : kExitBadInput;
   }
 
-  Client client(options);
+  std::string token;
+  if (!options.token_file.empty()) {
+    absl::StatusOr<std::string> read = ReadTokenFile(options.token_file);
+    if (!read.ok()) {
+      std::cerr << "stoker: " << read.status().message() << "\n";
+      return kExitBadInput;
+    }
+    token = *read;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials({.ca = options.tls_ca});
+  if (!credentials.ok()) {
+    std::cerr << "stoker: " << credentials.status().message() << "\n";
+    return kExitBadInput;
+  }
+  Client client(options, *credentials, token);
   if (submit->parsed()) return client.Submit(job_file, follow, request_id);
   if (list->parsed()) return client.List(states, limit);
   if (status->parsed()) return client.Status(job_id);

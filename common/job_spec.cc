@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -76,12 +77,32 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     }
   }
   const v1::DatasetSpec& data = spec.dataset();
-  if (absl::Status s = CheckOneOf("dataset.format", data.format(), {"idx"}); !s.ok()) return s;
+  if (absl::Status s = CheckOneOf("dataset.format", data.format(), {"idx", "npy", "csv"});
+      !s.ok()) {
+    return s;
+  }
+  const bool csv = data.format() == "csv";
   for (auto [field, path] : {std::pair{"dataset.train_images", &data.train_images()},
                              std::pair{"dataset.train_labels", &data.train_labels()},
                              std::pair{"dataset.test_images", &data.test_images()},
                              std::pair{"dataset.test_labels", &data.test_labels()}}) {
+    // CSV files hold their labels; the *_labels paths stay empty.
+    if (csv && absl::EndsWith(field, "_labels")) {
+      if (!path->empty()) {
+        return FieldError(field, "must be empty for csv (the label is a column of the file)");
+      }
+      continue;
+    }
     if (absl::Status s = CheckPathText(field, *path); !s.ok()) return s;
+  }
+  if (absl::Status s = CheckOneOf("dataset.csv_header", data.csv_header().empty() ? "auto" : data.csv_header(),
+                                  {"auto", "yes", "no"});
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRange("dataset.label_column", data.label_column(), -4096, 4096);
+      !s.ok()) {
+    return s;
   }
   if (absl::Status s = CheckRange("dataset.train_limit", data.train_limit(), 0, INT32_MAX);
       !s.ok()) {
@@ -148,6 +169,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (absl::Status s = CheckRange("loader.delay_ms", loader.delay_ms(), 0, 60000); !s.ok()) {
     return s;
   }
+  if (absl::Status s =
+          CheckRange("loader.augment.crop_padding", loader.augment().crop_padding(), 0, 64);
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = CheckRange("resources.gpus", spec.resources().gpus(), 0, 16); !s.ok()) {
     return s;
   }
@@ -209,6 +235,7 @@ absl::Status ResolveDatasetPaths(const std::string& data_root, v1::JobSpec* spec
                              std::pair{"dataset.train_labels", data->mutable_train_labels()},
                              std::pair{"dataset.test_images", data->mutable_test_images()},
                              std::pair{"dataset.test_labels", data->mutable_test_labels()}}) {
+    if (data->format() == "csv" && path->empty()) continue;
     absl::StatusOr<std::string> resolved = ResolveUnderDataRoot(data_root, *path, field);
     if (!resolved.ok()) return resolved.status();
     *path = *resolved;

@@ -42,29 +42,34 @@ constexpr int64_t kMaxCheckpointBytes = int64_t{16} << 30;
 
 }  // namespace
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
+  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   return Answer(coordinator_->Submit(*request), response);
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                     v1::Job* response) {
+  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   return Answer(coordinator_->GetJob(request->job_id()), response);
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
+  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   return Answer(coordinator_->ListJobs(*request), response);
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                                        v1::Job* response) {
+  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   return Answer(coordinator_->Cancel(request->job_id()), response);
 }
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
+  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   int64_t after_seq = request->after_seq();
   while (!context->IsCancelled()) {
     bool finished = false;
@@ -80,22 +85,25 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
   return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
 }
 
-grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest*,
                                          v1::ListWorkersResponse* response) {
+  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   *response = coordinator_->ListWorkers();
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::GetArtifact(grpc::ServerContext*, const v1::GetArtifactRequest* request,
+grpc::Status JobServiceImpl::GetArtifact(grpc::ServerContext* context, const v1::GetArtifactRequest* request,
                                          grpc::ServerWriter<v1::CheckpointChunk>* writer) {
+  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   absl::StatusOr<std::string> path = coordinator_->ArtifactPath(request->job_id());
   if (!path.ok()) return ToGrpcStatus(path.status());
   return StreamFile(*path, writer);
 }
 
-grpc::Status WorkerServiceImpl::UploadCheckpoint(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::UploadCheckpoint(grpc::ServerContext* context,
                                                  grpc::ServerReader<v1::CheckpointChunk>* reader,
                                                  v1::UploadCheckpointResponse* response) {
+  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   v1::CheckpointChunk first;
   if (!reader->Read(&first)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty checkpoint upload");
@@ -131,35 +139,40 @@ grpc::Status WorkerServiceImpl::UploadCheckpoint(grpc::ServerContext*,
   return ToGrpcStatus(coordinator_->CommitCheckpoint(first, *upload_path, bytes));
 }
 
-grpc::Status WorkerServiceImpl::DownloadCheckpoint(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::DownloadCheckpoint(grpc::ServerContext* context,
                                                    const v1::DownloadCheckpointRequest* request,
                                                    grpc::ServerWriter<v1::CheckpointChunk>* writer) {
+  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   absl::StatusOr<std::string> path = coordinator_->CheckpointForAttempt(
       request->worker_id(), request->job_id(), request->attempt());
   if (!path.ok()) return ToGrpcStatus(path.status());
   return StreamFile(*path, writer);
 }
 
-grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext* context,
                                                const v1::RegisterWorkerRequest* request,
                                                v1::RegisterWorkerResponse* response) {
+  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   return Answer(coordinator_->RegisterWorker(*request), response);
 }
 
-grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                                           v1::HeartbeatResponse* response) {
+  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   return Answer(coordinator_->Heartbeat(*request), response);
 }
 
-grpc::Status WorkerServiceImpl::ReportProgress(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::ReportProgress(grpc::ServerContext* context,
                                                const v1::ReportProgressRequest* request,
                                                v1::ReportProgressResponse* response) {
+  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   return Answer(coordinator_->ReportProgress(*request), response);
 }
 
-grpc::Status WorkerServiceImpl::CompleteJob(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::CompleteJob(grpc::ServerContext* context,
                                             const v1::CompleteJobRequest* request,
                                             v1::CompleteJobResponse*) {
+  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   return ToGrpcStatus(coordinator_->CompleteJob(*request));
 }
 

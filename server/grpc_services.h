@@ -3,6 +3,7 @@
 #ifndef STOKER_SERVER_GRPC_SERVICES_H_
 #define STOKER_SERVER_GRPC_SERVICES_H_
 
+#include "common/auth.h"
 #include "server/coordinator.h"
 #include "stoker.grpc.pb.h"
 
@@ -10,7 +11,8 @@ namespace stoker {
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  explicit JobServiceImpl(Coordinator* coordinator) : coordinator_(coordinator) {}
+  JobServiceImpl(Coordinator* coordinator, const ServerAuth* auth)
+      : coordinator_(coordinator), auth_(auth) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::SubmitJobResponse* response) override;
@@ -29,11 +31,13 @@ class JobServiceImpl final : public v1::JobService::Service {
 
  private:
   Coordinator* coordinator_;
+  const ServerAuth* auth_;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
  public:
-  explicit WorkerServiceImpl(Coordinator* coordinator) : coordinator_(coordinator) {}
+  WorkerServiceImpl(Coordinator* coordinator, const ServerAuth* auth)
+      : coordinator_(coordinator), auth_(auth) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* context, const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override;
@@ -52,6 +56,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 
  private:
   Coordinator* coordinator_;
+  const ServerAuth* auth_;
 };
 
 }  // namespace stoker

@@ -9,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "common/auth.h"
 #include "server/coordinator.h"
 #include "server/grpc_services.h"
 #include "server/job_store.h"
@@ -31,7 +32,38 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1.0, 3600.0))
       ->capture_default_str();
   app.add_option("--port-file", port_file, "write the bound port to this file once serving");
+  std::string token_file;
+  stoker::TlsFiles tls;
+  bool insecure = false;
+  app.add_option("--token-file", token_file,
+                 "require this shared bearer token from users and workers");
+  app.add_option("--tls-cert", tls.cert, "serve TLS with this certificate chain (PEM)");
+  app.add_option("--tls-key", tls.key, "private key of --tls-cert (PEM)");
+  app.add_flag("--insecure", insecure,
+               "allow plaintext and/or no token on a non-loopback address (trusted networks only)");
   CLI11_PARSE(app, argc, argv);
+
+  std::string token;
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> read = stoker::ReadTokenFile(token_file);
+    if (!read.ok()) {
+      std::cerr << "stoker-server: " << read.status().message() << "\n";
+      return 2;
+    }
+    token = *read;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      stoker::MakeServerCredentials(tls);
+  if (!credentials.ok()) {
+    std::cerr << "stoker-server: " << credentials.status().message() << "\n";
+    return 2;
+  }
+  if (!stoker::IsLoopbackAddress(listen) && (tls.cert.empty() || token.empty()) && !insecure) {
+    std::cerr << "stoker-server: refusing to serve " << listen << " without "
+              << (tls.cert.empty() ? "TLS (--tls-cert/--tls-key)" : "a token (--token-file)")
+              << "; pass --insecure to allow it on a trusted network\n";
+    return 2;
+  }
 
   // Signals are taken by a dedicated thread (sigwait), so block them before any thread starts.
   sigset_t signals;
@@ -63,12 +95,12 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  stoker::JobServiceImpl job_service(&coordinator);
-  stoker::WorkerServiceImpl worker_service(&coordinator);
+  const stoker::ServerAuth auth(token);
+  stoker::JobServiceImpl job_service(&coordinator, &auth);
+  stoker::WorkerServiceImpl worker_service(&coordinator, &auth);
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  // Plaintext and unauthenticated: meant for loopback. TLS and tokens come with the security work.
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(listen, *credentials, &bound_port);
   builder.RegisterService(&job_service);
   builder.RegisterService(&worker_service);
   // Checkpoint chunks are 1 MiB; job specs are far smaller.
@@ -78,7 +110,9 @@ int main(int argc, char** argv) {
     std::cerr << "stoker-server: cannot listen on " << listen << "\n";
     return 1;
   }
-  std::cerr << "stoker-server: serving on port " << bound_port << " (plaintext), store "
+  std::cerr << "stoker-server: serving on port " << bound_port
+            << (tls.cert.empty() ? " (plaintext" : " (TLS")
+            << (auth.enabled() ? ", token required)" : ", no token)") << ", store "
             << state_dir << "/jobs.db, data root " << data_root << "\n";
   if (!port_file.empty()) {
     const std::string tmp = port_file + ".tmp";

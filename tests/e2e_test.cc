@@ -4,6 +4,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
@@ -259,6 +261,93 @@ TEST_F(EndToEndTest, CorruptDataFailsTheJobAndTheWorkerSurvives) {
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
   EXPECT_EQ(done->worker_id(), "w1");
+}
+
+// Three well-separated classes of 8 float features: any working pipeline learns them.
+struct Blobs {
+  std::vector<float> features;
+  std::vector<uint8_t> labels;
+};
+Blobs MakeBlobs(int count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> noise(0.0f, 0.3f);
+  Blobs blobs;
+  for (int i = 0; i < count; ++i) {
+    const int label = static_cast<int>(rng() % 3);
+    blobs.labels.push_back(static_cast<uint8_t>(label));
+    for (int f = 0; f < 8; ++f) blobs.features.push_back((f % 3 == label ? 2.0f : -1.0f) + noise(rng));
+  }
+  return blobs;
+}
+
+void WriteNpy(const std::string& path, const std::string& descr, const std::string& shape,
+              const void* data, size_t bytes) {
+  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
+  header += '\n';
+  std::ofstream out(path, std::ios::binary);
+  out << "\x93NUMPY" << '\x01' << '\x00';
+  const uint16_t length = static_cast<uint16_t>(header.size());
+  out.write(reinterpret_cast<const char*>(&length), 2);
+  out << header;
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+}
+
+TEST_F(EndToEndTest, TrainsOnCsvAndNpyFloatFeatures) {
+  const std::string root = cluster_.dir() + "/data";
+  std::filesystem::create_directories(root);
+  for (auto [name, count, seed] : {std::tuple{"train", 600, 1u}, std::tuple{"test", 200, 2u}}) {
+    const Blobs blobs = MakeBlobs(count, seed);
+    std::ofstream csv(root + "/" + name + ".csv");
+    csv << "label,f0,f1,f2,f3,f4,f5,f6,f7\n";
+    for (int i = 0; i < count; ++i) {
+      csv << int(blobs.labels[i]);
+      for (int f = 0; f < 8; ++f) csv << "," << blobs.features[i * 8 + f];
+      csv << "\n";
+    }
+    WriteNpy(root + "/" + name + "-x.npy", "<f4", "(" + std::to_string(count) + ", 8)",
+             blobs.features.data(), blobs.features.size() * sizeof(float));
+    WriteNpy(root + "/" + name + "-y.npy", "|u1", "(" + std::to_string(count) + ",)",
+             blobs.labels.data(), blobs.labels.size());
+  }
+  cluster_.KillServer(SIGTERM);
+  cluster_.StartServer({"--data-root", root});
+  cluster_.StartWorker("w1", {"--data-root", root});
+
+  v1::JobSpec csv = SmallFashionMnistJob(5, 0, 0);
+  csv.set_name("blobs-csv");
+  csv.mutable_dataset()->set_format("csv");
+  csv.mutable_dataset()->set_train_images("train.csv");
+  csv.mutable_dataset()->clear_train_labels();
+  csv.mutable_dataset()->set_test_images("test.csv");
+  csv.mutable_dataset()->clear_test_labels();
+  csv.mutable_train()->set_batch_size(32);
+  v1::JobSpec npy = csv;
+  npy.set_name("blobs-npy");
+  npy.mutable_dataset()->set_format("npy");
+  npy.mutable_dataset()->set_train_images("train-x.npy");
+  npy.mutable_dataset()->set_train_labels("train-y.npy");
+  npy.mutable_dataset()->set_test_images("test-x.npy");
+  npy.mutable_dataset()->set_test_labels("test-y.npy");
+  for (const v1::JobSpec& spec : {csv, npy}) {
+    absl::StatusOr<v1::Job> submitted = cluster_.Submit(spec);
+    ASSERT_TRUE(submitted.ok()) << spec.name() << ": " << submitted.status();
+    absl::StatusOr<v1::Job> done = cluster_.WaitForFinal(submitted->id(), absl::Seconds(60));
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << spec.name() << ": " << done->error();
+    EXPECT_GT(done->progress().test_accuracy(), 0.95) << spec.name();
+  }
+
+  // A ragged CSV row fails the job, naming the file and line; the worker carries on.
+  std::ofstream(root + "/ragged.csv") << "label,a,b\n0,1,2\n1,3\n";
+  v1::JobSpec ragged = csv;
+  ragged.mutable_dataset()->set_train_images("ragged.csv");
+  absl::StatusOr<v1::Job> bad = cluster_.Submit(ragged);
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  absl::StatusOr<v1::Job> failed = cluster_.WaitForFinal(bad->id(), absl::Seconds(30));
+  ASSERT_TRUE(failed.ok());
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(failed->error().find("ragged.csv:3"), std::string::npos) << failed->error();
 }
 
 }  // namespace

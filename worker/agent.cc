@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/auth.h"
 #include "common/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 
@@ -46,9 +47,12 @@ v1::Device DescribeCpu() {
   return device;
 }
 
-Agent::Agent(AgentOptions options)
+Agent::Agent(AgentOptions options, WorkerMetrics* metrics)
     : options_(std::move(options)),
-      channel_(grpc::CreateChannel(options_.server_address, grpc::InsecureChannelCredentials())),
+      metrics_(metrics),
+      channel_(grpc::CreateChannel(options_.server_address,
+                                   options_.credentials ? options_.credentials
+                                                        : grpc::InsecureChannelCredentials())),
       stub_(v1::WorkerService::NewStub(channel_)) {}
 
 Agent::~Agent() {
@@ -62,6 +66,7 @@ Agent::~Agent() {
 std::unique_ptr<grpc::ClientContext> Agent::Context(absl::Duration timeout) {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout));
+  AddToken(*context, options_.token);
   return context;
 }
 
@@ -74,6 +79,7 @@ bool Agent::Register(const std::atomic<bool>& stop) {
     gethostname(hostname, sizeof(hostname) - 1);
     request.set_hostname(hostname);
     *request.add_devices() = DescribeCpu();
+    request.set_metrics_url(options_.metrics_url);
     {
       absl::MutexLock lock(&mu_);
       for (const auto& [id, job] : jobs_) {
@@ -108,6 +114,7 @@ void Agent::Run(const std::atomic<bool>& stop) {
   absl::Time last_unreachable_log = absl::InfinitePast();
   while (!stop.load()) {
     ReapFinishedJobs();
+    ExportMetrics();
     v1::HeartbeatRequest request;
     request.set_worker_id(options_.worker_id);
     {
@@ -151,10 +158,38 @@ void Agent::Run(const std::atomic<bool>& stop) {
   for (auto& [id, job] : jobs_) job->runner->Cancel();
 }
 
+void Agent::ExportMetrics() {
+  if (metrics_ == nullptr) return;
+  std::vector<JobCounters> counters;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, job] : jobs_) {
+    const JobRunner::StatsSnapshot snapshot = job->runner->Snapshot();
+    if (!snapshot.running) continue;
+    JobCounters& c = counters.emplace_back();
+    c.job_id = id;
+    c.attempt = static_cast<uint32_t>(job->assignment.attempt());
+    c.device = "cpu";
+    c.samples_total = snapshot.samples_total;
+    c.steps_total = snapshot.steps_total;
+    c.skipped_steps_total = snapshot.skipped_steps_total;
+    c.data_stall_seconds = snapshot.data_stall_ns / 1e9;
+    c.device_busy_seconds = snapshot.device_busy_ns / 1e9;
+    c.loader_batches_total = snapshot.loader_batches_total;
+    c.loader_busy_seconds = snapshot.loader_busy_ns / 1e9;
+    c.loader_restarts_total = snapshot.loader_restarts_total;
+    c.ring_filled_slots = snapshot.filled_slots;
+    c.epoch = snapshot.epoch;
+    if (snapshot.steps_total > 0) c.loss = snapshot.loss;
+    if (snapshot.eval_accuracy > 0) c.eval_accuracy = snapshot.eval_accuracy;
+  }
+  metrics_->Update(counters);
+}
+
 void Agent::ReapFinishedJobs() {
   absl::MutexLock lock(&mu_);
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     if (it->second->done.load()) {
+      if (metrics_ != nullptr) metrics_->JobEnded(it->first);
       it->second->thread.join();
       it = jobs_.erase(it);
     } else {
@@ -175,7 +210,12 @@ void Agent::StartJob(const v1::Assignment& assignment) {
                                             [this, raw](const v1::JobEvent& event) {
                                               // Events arrive on the runner's reader thread.
                                               if (event.type() == v1::EVENT_TYPE_CHECKPOINT) {
-                                                if (!UploadCheckpoint(*raw, event.progress())) {
+                                                absl::Status s =
+                                                    UploadCheckpoint(*raw, event.progress());
+                                                raw->unsent_checkpoint.reset();
+                                                if (absl::IsUnavailable(s)) {
+                                                  raw->unsent_checkpoint = event.progress();
+                                                } else if (absl::IsFailedPrecondition(s)) {
                                                   raw->runner->Cancel();
                                                 }
                                                 return;
@@ -217,12 +257,12 @@ bool Agent::SendEvents(const v1::Assignment& assignment, std::vector<v1::JobEven
   return false;
 }
 
-bool Agent::UploadCheckpoint(const RunningJob& job, const v1::TrainingProgress& at) {
+absl::Status Agent::UploadCheckpoint(const RunningJob& job, const v1::TrainingProgress& at) {
   const std::string path = job.runner->checkpoint_path();
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     Log(absl::StrCat("checkpoint ", path, " is missing; not uploaded"));
-    return true;
+    return absl::NotFoundError(path);
   }
   auto context = Context(absl::Minutes(10));
   v1::UploadCheckpointResponse response;
@@ -243,12 +283,11 @@ bool Agent::UploadCheckpoint(const RunningJob& job, const v1::TrainingProgress& 
   } while (sent && in);
   writer->WritesDone();
   grpc::Status status = writer->Finish();
-  if (status.ok()) return true;
+  if (status.ok()) return absl::OkStatus();
   Log(absl::StrCat("checkpoint upload for ", job.assignment.job_id(), " at step ", at.step(),
                    " failed: ", status.error_message()));
-  // Unreachable server: keep training, the next checkpoint will be uploaded. A refusal because
-  // the attempt is no longer ours stops it.
-  return status.error_code() != grpc::StatusCode::FAILED_PRECONDITION;
+  if (IsUnreachable(status)) return absl::UnavailableError(status.error_message());
+  return FromGrpcStatus(status);
 }
 
 absl::Status Agent::DownloadCheckpoint(const v1::Assignment& assignment, const std::string& path) {
@@ -296,7 +335,6 @@ void Agent::RunJob(RunningJob* job) {
     }
   }
   if (outcome.error.empty()) outcome = job->runner->Run(resume_path);
-  if (!job->pending.empty()) SendEvents(job->assignment, job->pending);
   if (outcome.state == v1::JOB_STATE_CANCELLED && shutting_down_.load()) {
     // Not the user's cancel: the worker is going away, so the job should run elsewhere.
     outcome.state = v1::JOB_STATE_FAILED;
@@ -314,10 +352,24 @@ void Agent::RunJob(RunningJob* job) {
   Log(absl::StrCat(job->assignment.job_id(), " attempt ", job->assignment.attempt(), " ended: ",
                    v1::JobState_Name(outcome.state),
                    outcome.error.empty() ? "" : absl::StrCat(" (", outcome.error, ")")));
-  // The outcome must reach the server; keep trying while it is unreachable (for up to an hour).
+  // Events, the last checkpoint and the outcome must reach the server, in that order; keep trying
+  // while it is unreachable (for up to an hour, or a few seconds when this worker shuts down).
   const absl::Time give_up =
       absl::Now() + (shutting_down_.load() ? absl::Seconds(3) : absl::Hours(1));
   while (absl::Now() < give_up) {
+    if (!job->pending.empty() && SendEvents(job->assignment, job->pending) &&
+        !job->pending.empty()) {
+      absl::SleepFor(absl::Seconds(1));
+      continue;
+    }
+    if (job->unsent_checkpoint) {
+      absl::Status uploaded = UploadCheckpoint(*job, *job->unsent_checkpoint);
+      if (absl::IsUnavailable(uploaded)) {
+        absl::SleepFor(absl::Seconds(1));
+        continue;
+      }
+      job->unsent_checkpoint.reset();
+    }
     v1::CompleteJobResponse response;
     grpc::Status status = stub_->CompleteJob(Context(absl::Seconds(5)).get(), request, &response);
     if (status.ok()) break;

@@ -6,13 +6,16 @@
 
 #include <atomic>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "grpcpp/security/credentials.h"
 #include "stoker.grpc.pb.h"
 #include "worker/job_runner.h"
+#include "worker/metrics/worker_metrics.h"
 
 namespace stoker {
 
@@ -21,11 +24,15 @@ struct AgentOptions {
   std::string worker_id;  // default: hostname-pid
   RunnerOptions runner;
   int job_slots = 1;  // jobs run at once (one per device)
+  std::string token;  // bearer token for the server ("" = none)
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: plaintext
+  std::string metrics_url;  // advertised to the server
 };
 
 class Agent {
  public:
-  explicit Agent(AgentOptions options);
+  // `metrics` may be null (no /metrics served).
+  Agent(AgentOptions options, WorkerMetrics* metrics);
   ~Agent();
 
   // Runs until `stop` becomes true; then cancels running attempts and returns.
@@ -40,6 +47,8 @@ class Agent {
     // Events not yet accepted by the server (touched by the runner's reader thread, then by
     // RunJob after the runner returned).
     std::vector<v1::JobEvent> pending;
+    // The latest checkpoint, when its upload failed because the server was unreachable.
+    std::optional<v1::TrainingProgress> unsent_checkpoint;
   };
 
   bool Register(const std::atomic<bool>& stop);
@@ -47,15 +56,19 @@ class Agent {
   void StartJob(const v1::Assignment& assignment);
   void RunJob(RunningJob* job);
   void ReapFinishedJobs();
+  // Publishes the running jobs' shared-memory counters to /metrics.
+  void ExportMetrics();
   // Sends queued events for one attempt; returns false if the server says to stop it.
   bool SendEvents(const v1::Assignment& assignment, std::vector<v1::JobEvent>& pending);
-  // Uploads the attempt's latest checkpoint; false if the server refused it for good.
-  bool UploadCheckpoint(const RunningJob& job, const v1::TrainingProgress& at);
+  // Uploads the attempt's latest checkpoint. UNAVAILABLE when the server cannot be reached,
+  // FAILED_PRECONDITION when the attempt is no longer this worker's.
+  absl::Status UploadCheckpoint(const RunningJob& job, const v1::TrainingProgress& at);
   // Fetches the checkpoint the assignment resumes from into `path`.
   absl::Status DownloadCheckpoint(const v1::Assignment& assignment, const std::string& path);
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout);
 
   AgentOptions options_;
+  WorkerMetrics* metrics_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   absl::Duration heartbeat_interval_ = absl::Seconds(1);

@@ -9,7 +9,9 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "worker/agent.h"
+#include "worker/metrics/worker_metrics.h"
 
 namespace {
 
@@ -50,7 +52,29 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--loader", options.runner.loader_path, "stoker-loader executable")
       ->capture_default_str();
+  std::string token_file, tls_ca, metrics_listen;
+  app.add_option("--token-file", token_file, "file holding the server's bearer token");
+  app.add_option("--tls-ca", tls_ca, "connect with TLS, trusting this CA certificate (PEM)");
+  app.add_option("--metrics-listen", metrics_listen,
+                 "serve Prometheus /metrics on HOST:PORT (port 0 picks one; empty = off)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = stoker::ReadTokenFile(token_file);
+    if (!token.ok()) {
+      std::cerr << "stoker-worker: " << token.status().message() << "\n";
+      return 2;
+    }
+    options.token = *token;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      stoker::MakeChannelCredentials({.ca = tls_ca});
+  if (!credentials.ok()) {
+    std::cerr << "stoker-worker: " << credentials.status().message() << "\n";
+    return 2;
+  }
+  options.credentials = *credentials;
 
   for (const std::string& path : {options.runner.trainer_path, options.runner.loader_path}) {
     if (access(path.c_str(), X_OK) != 0) {
@@ -83,7 +107,21 @@ int main(int argc, char** argv) {
   });
   signal_thread.detach();
 
-  stoker::Agent agent(options);
+  std::unique_ptr<stoker::WorkerMetrics> metrics;
+  if (!metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<stoker::WorkerMetrics>> created =
+        stoker::WorkerMetrics::Create({.worker_id = options.worker_id, .listen_address = metrics_listen});
+    if (!created.ok()) {
+      std::cerr << "stoker-worker: metrics: " << created.status().message() << "\n";
+      return 1;
+    }
+    metrics = std::move(*created);
+    const std::string host = metrics_listen.substr(0, metrics_listen.rfind(':'));
+    options.metrics_url = absl::StrCat("http://", host, ":", metrics->Port(), "/metrics");
+    std::cerr << "stoker-worker: serving " << options.metrics_url << "; " << metrics->NvmlStatus()
+              << "\n";
+  }
+  stoker::Agent agent(options, metrics.get());
   agent.Run(stop);
   return 0;
 }

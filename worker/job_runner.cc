@@ -17,7 +17,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl.h"
 #include "google/protobuf/util/delimited_message_util.h"
 #include "worker/data/dataset.h"
-#include "worker/dataset_probe.h"
+#include "worker/data/job_options.h"
 #include "worker/exit_codes.h"
 #include "worker/process.h"
 
@@ -59,6 +59,13 @@ JobRunner::StatsSnapshot JobRunner::Snapshot() {
   StatsSnapshot snapshot;
   if (region_ == nullptr) return snapshot;
   JobStats& stats = region_->stats();
+  snapshot.running = true;
+  snapshot.skipped_steps_total = stats.skipped_steps_total.load();
+  snapshot.loader_busy_ns = stats.loader_busy_ns_total.load();
+  snapshot.epoch = stats.epoch.load();
+  snapshot.loss = LoadDouble(stats.loss_bits);
+  snapshot.loss_scale = LoadDouble(stats.loss_scale_bits);
+  snapshot.eval_accuracy = LoadDouble(stats.eval_accuracy_bits);
   snapshot.samples_total = stats.samples_total.load();
   snapshot.steps_total = stats.steps_total.load();
   snapshot.data_stall_ns = stats.data_stall_ns_total.load();
@@ -80,7 +87,8 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   if (absl::Status s = ResolveDatasetPaths(options_.data_root, &spec); !s.ok()) {
     return Failed(absl::StrCat("on this worker: ", s.message()), true);
   }
-  absl::StatusOr<DatasetShape> shape = ProbeDataset(spec);
+  absl::StatusOr<DatasetSummary> shape =
+      ProbeDatasetFiles(TrainDatasetFiles(spec), spec.dataset().train_limit());
   if (!shape.ok()) return Failed(std::string(shape.status().message()), true);
 
   const int loader_count = ChooseLoaderCount(spec.loader().processes(), options_.cpu_count);
@@ -88,9 +96,10 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   geometry.slot_count = spec.loader().ring_slots();
   geometry.batch_size = spec.train().batch_size();
   geometry.sample_bytes = shape->sample_bytes;
+  geometry.sample_type = shape->sample_type;
   geometry.loader_count = loader_count;
   geometry.total_batches =
-      static_cast<uint64_t>(BatchesPerEpoch(shape->train_count, spec.train().batch_size())) *
+      static_cast<uint64_t>(BatchesPerEpoch(shape->count, spec.train().batch_size())) *
       spec.train().epochs();
   absl::StatusOr<std::unique_ptr<JobRegion>> region = JobRegion::Create(geometry);
   if (!region.ok()) return Failed(absl::StrCat("ring buffer: ", region.status().message()), false);
@@ -114,15 +123,17 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
     std::ofstream out(job_file, std::ios::binary | std::ios::trunc);
     if (!spec.SerializeToOstream(&out)) return Failed("cannot write " + job_file, false);
   }
-  on_event_(LogEvent(absl::StrCat("dataset: ", shape->train_count, " training samples of ",
-                                  shape->sample_bytes, " bytes, ", shape->classes, " classes; ",
+  on_event_(LogEvent(absl::StrCat("dataset: ", shape->count, " training samples of ",
+                                  shape->features, " ", SampleTypeName(shape->sample_type),
+                                  " features, ", shape->classes, " classes; ",
                                   loader_count, " loader process(es), ", geometry.slot_count,
                                   " ring slots")));
   {
     absl::MutexLock lock(&region_mu_);
     region_ = region->get();
   }
-  AttemptOutcome outcome = Supervise(**region, job_file, resume_checkpoint, loader_count);
+  AttemptOutcome outcome =
+      Supervise(**region, job_file, resume_checkpoint, loader_count, shape->classes);
   {
     absl::MutexLock lock(&region_mu_);
     region_ = nullptr;
@@ -131,7 +142,8 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
 }
 
 AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_file,
-                                    const std::string& resume_checkpoint, int loader_count) {
+                                    const std::string& resume_checkpoint, int loader_count,
+                                    int classes) {
   const std::string& dir = dir_;
   const std::string region_fd = absl::StrCat(region.fd());
   int event_pipe[2];
@@ -141,7 +153,7 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   std::vector<std::string> trainer_argv = {
       options_.trainer_path, "--region-fd", region_fd,  "--events-fd", absl::StrCat(event_pipe[1]),
       "--job",               job_file,      "--checkpoint", checkpoint_path(), "--parent-pid",
-      absl::StrCat(getpid())};
+      absl::StrCat(getpid()), "--classes", absl::StrCat(classes)};
   if (!resume_checkpoint.empty()) {
     trainer_argv.push_back("--resume");
     trainer_argv.push_back(resume_checkpoint);

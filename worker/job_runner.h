@@ -48,8 +48,11 @@ class JobRunner {
 
   // Counters of the running attempt, for export; zero before the region exists.
   struct StatsSnapshot {
-    uint64_t samples_total = 0, steps_total = 0, data_stall_ns = 0, device_busy_ns = 0,
-             loader_batches_total = 0, loader_restarts_total = 0;
+    bool running = false;  // false before the region exists and after the attempt ended
+    uint64_t samples_total = 0, steps_total = 0, skipped_steps_total = 0, data_stall_ns = 0,
+             device_busy_ns = 0, loader_batches_total = 0, loader_busy_ns = 0,
+             loader_restarts_total = 0, epoch = 0;
+    double loss = 0, loss_scale = 1, eval_accuracy = 0;
     uint32_t filled_slots = 0;
   };
   StatsSnapshot Snapshot();
@@ -61,7 +64,7 @@ class JobRunner {
 
  private:
   AttemptOutcome Supervise(JobRegion& region, const std::string& job_file,
-                           const std::string& resume_checkpoint, int loader_count);
+                           const std::string& resume_checkpoint, int loader_count, int classes);
 
   const RunnerOptions options_;
   const v1::Assignment assignment_;

@@ -20,6 +20,7 @@
 #include "google/protobuf/util/delimited_message_util.h"
 #include "stoker.pb.h"
 #include "worker/data/dataset.h"
+#include "worker/data/job_options.h"
 #include "worker/data/ring_buffer.h"
 #include "worker/engine/backend.h"
 #include "worker/exit_codes.h"
@@ -129,14 +130,28 @@ struct EvalSummary {
   double loss = 0;
 };
 
+// A batch of `count` samples at `samples` for the model: uint8 pixels, or float32 features.
+BatchView MakeBatchView(const uint8_t* samples, const uint8_t* labels, int count,
+                        SampleType sample_type) {
+  BatchView view;
+  view.count = count;
+  view.labels = labels;
+  if (sample_type == SampleType::kFloat32) {
+    view.features = reinterpret_cast<const float*>(samples);
+  } else {
+    view.samples = samples;
+  }
+  return view;
+}
+
 absl::StatusOr<EvalSummary> EvaluateTestSet(Model& model, const LabeledSamples& test,
                                             int batch_size) {
   EvalResult total;
   for (int64_t start = 0; start < test.count; start += batch_size) {
-    BatchView batch;
-    batch.count = static_cast<int>(std::min<int64_t>(batch_size, test.count - start));
-    batch.samples = test.samples.data() + start * test.sample_bytes;
-    batch.labels = test.labels.data() + start;
+    const BatchView batch =
+        MakeBatchView(test.samples.data() + start * test.sample_bytes, test.labels.data() + start,
+                      static_cast<int>(std::min<int64_t>(batch_size, test.count - start)),
+                      test.sample_type);
     absl::StatusOr<EvalResult> result = model.Evaluate(batch);
     if (!result.ok()) return result.status();
     total.loss_sum += result->loss_sum;
@@ -148,7 +163,7 @@ absl::StatusOr<EvalSummary> EvaluateTestSet(Model& model, const LabeledSamples& 
 }
 
 int Train(int region_fd, int events_fd, const std::string& job_path,
-          const std::string& checkpoint_path, const std::string& resume_path) {
+          const std::string& checkpoint_path, const std::string& resume_path, int train_classes) {
   EventWriter events(events_fd);
   v1::JobSpec spec;
   {
@@ -169,15 +184,17 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
 
   // The test set is read once, up front; training batches come from the loaders.
   const v1::DatasetSpec& data = spec.dataset();
-  absl::StatusOr<LabeledSamples> test =
-      LoadIdxDataset(data.test_images(), data.test_labels(), data.test_limit());
+  absl::StatusOr<LabeledSamples> test = LoadDataset(TestDatasetFiles(spec), data.test_limit());
   if (!test.ok()) {
     std::cerr << "stoker-trainer: test set: " << test.status().message() << "\n";
     return kExitBadInput;
   }
-  if (test->sample_bytes != static_cast<int>(geometry.sample_bytes)) {
-    std::cerr << "stoker-trainer: " << data.test_images() << ": samples of " << test->sample_bytes
-              << " bytes, but the training samples have " << geometry.sample_bytes << "\n";
+  if (test->sample_bytes != static_cast<int>(geometry.sample_bytes) ||
+      test->sample_type != geometry.sample_type) {
+    std::cerr << "stoker-trainer: " << data.test_images() << ": samples of " << test->features
+              << " " << SampleTypeName(test->sample_type) << " values, but the training samples have "
+              << geometry.sample_bytes / SampleTypeBytes(geometry.sample_type) << " "
+              << SampleTypeName(geometry.sample_type) << " values\n";
     return kExitBadInput;
   }
 
@@ -187,9 +204,10 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
     return kExitBadInput;
   }
   MlpConfig config;
-  config.input_features = static_cast<int>(geometry.sample_bytes);
+  config.input_features =
+      static_cast<int>(geometry.sample_bytes / SampleTypeBytes(geometry.sample_type));
   config.hidden.assign(spec.model().hidden().begin(), spec.model().hidden().end());
-  config.classes = std::max(10, test->classes);
+  config.classes = std::max({2, train_classes, test->classes});
   config.max_batch = spec.train().batch_size();
   config.precision = ToPrecision(spec.train().precision());
   config.seed = static_cast<uint64_t>(spec.train().seed());
@@ -272,10 +290,8 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
                 << b % geometry.loader_count << "): " << batch.status().message() << "\n";
       return 1;
     }
-    BatchView view;
-    view.samples = batch->samples;
-    view.labels = batch->labels;
-    view.count = static_cast<int>(batch->count);
+    const BatchView view = MakeBatchView(batch->samples, batch->labels,
+                                         static_cast<int>(batch->count), geometry.sample_type);
     absl::StatusOr<StepResult> step = (*model)->TrainStep(
         view, LearningRateAt(spec.train().optimizer(), b, total_batches));
     region.Release(b);
@@ -347,6 +363,8 @@ int main(int argc, char** argv) {
   int region_fd = -1, events_fd = -1;
   std::string job_path, checkpoint_path, resume_path;
   pid_t parent_pid = 0;
+  int classes = 0;
+  app.add_option("--classes", classes, "classes in the training labels (max label + 1)");
   app.add_option("--checkpoint", checkpoint_path,
                  "write checkpoints here (safetensors, replaced atomically)");
   app.add_option("--resume", resume_path, "resume from this checkpoint");
@@ -366,5 +384,5 @@ int main(int argc, char** argv) {
   // The agent supervises us; if it dies, so do we (the loaders notice our death in turn).
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (parent_pid > 0 && getppid() != parent_pid) return stoker::kExitStopped;
-  return stoker::Train(region_fd, events_fd, job_path, checkpoint_path, resume_path);
+  return stoker::Train(region_fd, events_fd, job_path, checkpoint_path, resume_path, classes);
 }

@@ -94,9 +94,9 @@ absl::StatusOr<RegionHeader> ComputeLayout(const RingGeometry& geometry) {
         "bad ring geometry: unknown sample type %u (0 = uint8, 1 = float32)", type));
   }
   if (geometry.sample_bytes % SampleTypeBytes(geometry.sample_type) != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "bad ring geometry: %u-byte samples are not whole %s values", geometry.sample_bytes,
-        SampleTypeName(geometry.sample_type)));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("bad ring geometry: %u-byte samples are not whole %s values",
+                        geometry.sample_bytes, SampleTypeName(geometry.sample_type)));
   }
   RegionHeader h{};
   h.magic = kRegionMagic;

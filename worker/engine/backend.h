@@ -51,6 +51,9 @@ struct BatchView {
   const uint8_t* samples = nullptr;
   const uint8_t* labels = nullptr;
   int count = 0;
+  // Float32 features (NPY/CSV data), used instead of `samples` when set: taken as they are,
+  // without the uint8 normalisation.
+  const float* features = nullptr;
 };
 
 struct StepResult {

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Input-pipeline benchmark, one run: Stoker's loader processes -> ring -> consumer against
+# PyTorch's DataLoader on Fashion-MNIST; raw ring bandwidth against memcpy; the loader/consumer
+# overlap experiment. Prints the raw lines, then tables with ratios and targets.
+#
+# Usage: bench/run_pipeline.sh [path/to/pipeline_bench]
+#   Builds nothing: pass pipeline_bench's path, or it is looked up in build/ and build-*/ (it finds
+#   stoker-loader by the path it was built with; override with PIPELINE_FLAGS=--loader=PATH).
+#   EPOCHS (default 30) sets Stoker's epochs per loader count, TORCH_EPOCHS (default 2) PyTorch's.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(dirname "$here")"
+bench="${1:-}"
+if [[ -z "$bench" ]]; then
+  for candidate in "$root"/build/bench/pipeline_bench "$root"/build-*/bench/pipeline_bench; do
+    if [[ -x "$candidate" ]]; then bench="$candidate"; break; fi
+  done
+fi
+if [[ -z "$bench" || ! -x "$bench" ]]; then
+  echo "pipeline_bench not found: build it (cmake --build build --target pipeline_bench) or pass its path" >&2
+  exit 1
+fi
+export OPENBLAS_NUM_THREADS=1
+
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+echo "pipeline_bench: $bench"
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+# shellcheck disable=SC2086
+"$bench" --epochs="${EPOCHS:-30}" ${PIPELINE_FLAGS:-} | tee -a "$log"
+/usr/bin/python3 "$here/pipeline_pytorch.py" --epochs "${TORCH_EPOCHS:-2}" | tee -a "$log"
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+
+/usr/bin/python3 - "$log" <<'PY'
+import sys
+
+rows = []
+for line in open(sys.argv[1]):
+    kind, *pairs = line.split()
+    rows.append((kind, dict(p.split("=", 1) for p in pairs if "=" in p)))
+
+tp = {(f["system"], f["workers"]): f for k, f in rows if k == "throughput"}
+print("Fashion-MNIST, batch 256, consumer normalises to float32; samples/s after the first batch "
+      "(start-up = spawn to first batch, apart)")
+print()
+print("| workers (K) | Stoker samples/s | Stoker start-up s | PyTorch DataLoader samples/s "
+      "| PyTorch start-up s | Stoker/PyTorch | target |")
+print("|---|---|---|---|---|---|---|")
+for workers in ("1", "2"):
+    s, p = tp.get(("stoker", workers)), tp.get(("pytorch", workers))
+    if s and p:
+        sr, pr = float(s["samples_per_s"]), float(p["samples_per_s"])
+        print(f"| {workers} | {sr:,.0f} | {float(s['startup_s']):.2f} | {pr:,.0f} "
+              f"| {float(p['startup_s']):.2f} | {sr / pr:.0f}x | >= 20x |")
+print()
+
+ring = [f for k, f in rows if k == "ring"]
+if ring:
+    print("1 MiB slots; producer thread copies into a slot, consumer copies out; best of repeats")
+    print()
+    print("| slots | ring GB/s | memcpy 1 MiB cache-hot GB/s | ring / hot memcpy | "
+          "memcpy over the same working set GB/s | ring / that | target (vs hot) |")
+    print("|---|---|---|---|---|---|---|")
+    for f in ring:
+        r, hot, same = (float(f[k]) for k in
+                        ("gb_per_s", "memcpy_hot_gb_per_s", "memcpy_same_ws_gb_per_s"))
+        print(f"| {f['slots']} | {r:.1f} | {hot:.1f} | {100 * r / hot:.0f}% | {same:.1f} "
+              f"| {100 * r / same:.0f}% | >= 50% |")
+    print()
+
+ov = [f for k, f in rows if k == "overlap"]
+if ov:
+    print("| L ms | C ms | K | serial s | pipelined s | ideal s | pipelined/ideal | stall | "
+          "expected stall | ok |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for f in ov:
+        ratio = float(f["ratio"])
+        stall, expected = float(f["stall"]), float(f["expected_stall"])
+        ok = ratio <= 1.05 and abs(stall - expected) <= 0.05
+        print(f"| {f['L_ms']} | {f['C_ms']} | {f['K']} | {float(f['serial_s']):.3f} "
+              f"| {float(f['pipelined_s']):.3f} | {float(f['ideal_s']):.3f} | {ratio:.3f} "
+              f"| {stall:.3f} | {expected:.3f} | {'yes' if ok else 'NO'} |")
+PY

@@ -1,0 +1,50 @@
+// Shared-secret bearer tokens and TLS settings for the three programs. gRPC does not run an
+// AuthMetadataProcessor on plaintext connections, so the server checks the "authorization"
+// header itself (ServerAuth) and clients attach it to every call (AddToken).
+#ifndef STOKER_COMMON_AUTH_H_
+#define STOKER_COMMON_AUTH_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+
+namespace stoker {
+
+// Reads a token file: the token is its content with surrounding whitespace removed. Refuses a
+// missing or empty file, and a token shorter than 16 characters.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+// Checks the bearer token of incoming calls. With no token configured every call passes.
+class ServerAuth {
+ public:
+  explicit ServerAuth(std::string token) : token_(std::move(token)) {}
+  // OK, or UNAUTHENTICATED (missing or wrong token). Compares in constant time.
+  grpc::Status Check(const grpc::ServerContext& context) const;
+  bool enabled() const { return !token_.empty(); }
+
+ private:
+  std::string token_;
+};
+
+// Adds "authorization: Bearer <token>" to a call (nothing when the token is empty).
+void AddToken(grpc::ClientContext& context, const std::string& token);
+
+struct TlsFiles {
+  std::string cert;  // server certificate chain (PEM)
+  std::string key;   // server private key (PEM)
+  std::string ca;    // client side: CA that signed the server's certificate (PEM)
+};
+
+// Server credentials: TLS when cert and key are given, else plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const TlsFiles& tls);
+// Channel credentials: TLS verified against `tls.ca` when given, else plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const TlsFiles& tls);
+
+// True for 127.0.0.0/8, [::1] and localhost addresses ("host:port").
+bool IsLoopbackAddress(const std::string& address);
+
+}  // namespace stoker
+
+#endif  // STOKER_COMMON_AUTH_H_

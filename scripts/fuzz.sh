@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Fuzzes the dataset readers (IDX, NPY, CSV) with libFuzzer under AddressSanitizer and
+# UndefinedBehaviorSanitizer, SECONDS per target (default 30).
+#
+# Usage: scripts/fuzz.sh [SECONDS]
+#   Installs clang and its runtime if missing (apt, as scripts/setup.sh does), builds the targets
+#   in build-fuzz/ (no CMake needed), seeds each run with fuzz/corpus/TARGET (read only) and keeps
+#   what it finds in build-fuzz/corpus/TARGET. A crash, leak, timeout (> 10 s per input) or
+#   out-of-memory (> 2 GiB) leaves its input in build-fuzz/artifacts/TARGET/ and makes the script
+#   exit 1. Reproduce one with: build-fuzz/TARGET_fuzz build-fuzz/artifacts/TARGET/crash-...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-30}"
+if ! [[ "$seconds" =~ ^[0-9]+$ ]] || ((seconds < 1)); then
+  echo "usage: scripts/fuzz.sh [SECONDS]" >&2
+  exit 64
+fi
+
+packages=(clang libclang-rt-14-dev libabsl-dev zlib1g-dev pkg-config)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "fuzz: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+cxx="${FUZZ_CXX:-clang++}"
+out=build-fuzz
+mkdir -p "$out/obj"
+sanitize=(-fsanitize=address,undefined -fno-sanitize-recover=undefined)
+cxxflags=(-std=c++20 -g -O1 -I. -Wall -Wextra "${sanitize[@]}")
+read -r -a libs <<<"$(pkg-config --libs absl_status absl_statusor absl_strings absl_str_format) -lz"
+
+# The readers are compiled once, instrumented for coverage, and linked into every target.
+readers=(file_bytes idx_reader npy_reader csv_reader dataset)
+start=$(date +%s)
+pids=()
+for r in "${readers[@]}"; do
+  "$cxx" "${cxxflags[@]}" -fsanitize=fuzzer-no-link -c "worker/data/$r.cc" -o "$out/obj/$r.o" &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+objects=()
+for r in "${readers[@]}"; do objects+=("$out/obj/$r.o"); done
+targets=(idx npy csv)
+for t in "${targets[@]}"; do
+  "$cxx" "${cxxflags[@]}" -fsanitize=fuzzer "fuzz/${t}_fuzz.cc" "${objects[@]}" "${libs[@]}" \
+    -o "$out/${t}_fuzz"
+done
+echo "fuzz: built ${targets[*]} in $(($(date +%s) - start)) s with $("$cxx" --version | head -1)"
+
+failed=()
+for t in "${targets[@]}"; do
+  mkdir -p "$out/corpus/$t" "$out/artifacts/$t"
+  dict=()
+  [[ -f "fuzz/$t.dict" ]] && dict=(-dict="fuzz/$t.dict")
+  log="$out/$t.log"
+  status=0
+  "$out/${t}_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=16384 \
+    -print_final_stats=1 -artifact_prefix="$out/artifacts/$t/" "${dict[@]}" \
+    "$out/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1 || status=$?
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*' || echo "?")
+  corpus=$(find "$out/corpus/$t" -type f | wc -l)
+  if ((status == 0)); then
+    echo "fuzz: $t ok: $runs inputs in ${seconds} s, coverage $cov edges, corpus $corpus files"
+  else
+    echo "fuzz: $t FAILED (exit $status), see $log; inputs in $out/artifacts/$t/:"
+    grep -E '^==[0-9]+==ERROR|SUMMARY|runtime error|ALARM|out-of-memory' "$log" | head -5 || true
+    ls "$out/artifacts/$t/" || true
+    failed+=("$t")
+  fi
+done
+if ((${#failed[@]})); then
+  echo "fuzz: failures in ${failed[*]}"
+  exit 1
+fi
+echo "fuzz: no crashes, leaks, timeouts or out-of-memory in ${targets[*]}"

@@ -1,0 +1,26 @@
+// The one place where the data pipeline reads a JobSpec: which files make the train and test
+// sets, and what a loader does besides reading them. The trainer, the agent and the loader call
+// these, so a new dataset or loader field in the proto is wired here only.
+#ifndef STOKER_WORKER_DATA_JOB_OPTIONS_H_
+#define STOKER_WORKER_DATA_JOB_OPTIONS_H_
+
+#include <cstdint>
+
+#include "stoker.pb.h"
+#include "worker/data/dataset.h"
+#include "worker/data/loader.h"
+
+namespace stoker {
+
+// dataset.format and train_images/train_labels (csv: train_images only). Paths as in the spec.
+DatasetFiles TrainDatasetFiles(const v1::JobSpec& spec);
+// The same for test_images/test_labels.
+DatasetFiles TestDatasetFiles(const v1::JobSpec& spec);
+
+// Loader `index`'s options: train.seed, loader.delay_ms, and augmentation (off until the proto
+// carries it).
+LoaderOptions LoaderOptionsFromSpec(const v1::JobSpec& spec, uint32_t index);
+
+}  // namespace stoker
+
+#endif  // STOKER_WORKER_DATA_JOB_OPTIONS_H_

@@ -1,0 +1,21 @@
+#include "worker/engine/backend.h"
+#include "worker/engine/cpu_mlp.h"
+
+namespace stoker {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string Name() const override { return "cpu"; }
+  absl::StatusOr<std::unique_ptr<Model>> CreateMlp(const MlpConfig& config) override {
+    return CreateCpuMlp(config);
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend() {
+  return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
+}
+
+}  // namespace stoker

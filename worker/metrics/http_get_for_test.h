@@ -1,0 +1,17 @@
+// A minimal HTTP/1.0 GET over loopback, for tests that scrape a real /metrics endpoint.
+#ifndef STOKER_WORKER_METRICS_HTTP_GET_FOR_TEST_H_
+#define STOKER_WORKER_METRICS_HTTP_GET_FOR_TEST_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace stoker {
+
+// GETs http://127.0.0.1:`port``path` and returns the body of a 200 response; any other status,
+// or a connection failure, is an error that names it.
+absl::StatusOr<std::string> HttpGetForTest(int port, const std::string& path = "/metrics");
+
+}  // namespace stoker
+
+#endif  // STOKER_WORKER_METRICS_HTTP_GET_FOR_TEST_H_
