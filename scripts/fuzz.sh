@@ -16,7 +16,8 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || ((seconds < 1)); then
   exit 64
 fi
 
-packages=(clang libclang-rt-14-dev libabsl-dev zlib1g-dev pkg-config)
+packages=(clang libclang-rt-14-dev libabsl-dev zlib1g-dev pkg-config libprotobuf-dev
+  protobuf-compiler libyaml-cpp-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -53,6 +54,14 @@ for t in "${targets[@]}"; do
   "$cxx" "${cxxflags[@]}" -fsanitize=fuzzer "fuzz/${t}_fuzz.cc" "${objects[@]}" "${libs[@]}" \
     -o "$out/${t}_fuzz"
 done
+# The job-file parser and JobSpec validation (with the generated protobuf code).
+mkdir -p "$out/gen"
+protoc --proto_path=proto --cpp_out="$out/gen" proto/stoker.proto
+jobfile_sources=("$out/gen/stoker.pb.cc" common/job_file.cc common/job_spec.cc)
+read -r -a jobfile_libs <<<"$(pkg-config --libs protobuf yaml-cpp absl_status absl_statusor absl_strings absl_str_format)"
+"$cxx" "${cxxflags[@]}" -I"$out/gen" -fsanitize=fuzzer fuzz/jobfile_fuzz.cc "${jobfile_sources[@]}" \
+  "${jobfile_libs[@]}" -o "$out/jobfile_fuzz"
+targets+=(jobfile)
 echo "fuzz: built ${targets[*]} in $(($(date +%s) - start)) s with $("$cxx" --version | head -1)"
 
 failed=()

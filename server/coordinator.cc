@@ -269,6 +269,7 @@ absl::Status Coordinator::Requeue(v1::Job job, const std::string& reason) {
   } else {
     job.set_state(v1::JOB_STATE_QUEUED);
     job.set_error(reason);
+    if (observer_ != nullptr) observer_->JobRequeued();
     events.push_back(MakeEvent(v1::EVENT_TYPE_LOG,
                                absl::StrCat("attempt ", job.attempt(), " ended: ", reason,
                                             "; requeued"),
@@ -291,6 +292,9 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
     if (index < 0) break;
     v1::Job job = (*queue)[index];
     queue->erase(queue->begin() + index);
+    if (observer_ != nullptr) {
+      observer_->JobAssigned(std::max<int64_t>(0, NowMs() - job.submit_time_unix_ms()) / 1000.0);
+    }
     job.set_state(v1::JOB_STATE_RUNNING);
     job.set_attempt(job.attempt() + 1);
     job.set_worker_id(worker_id);
@@ -545,6 +549,25 @@ absl::StatusOr<std::string> Coordinator::ArtifactPath(const std::string& job_id)
                                             JobStateName(job->state()), ")"));
   }
   return CheckpointFile(options_.checkpoint_dir, job_id);
+}
+
+CoordinatorSnapshot Coordinator::Snapshot() {
+  CoordinatorSnapshot snapshot;
+  absl::MutexLock lock(&mu_);
+  if (absl::StatusOr<std::map<v1::JobState, int64_t>> counts = store_->CountByState(); counts.ok()) {
+    for (const auto& [state, count] : *counts) snapshot.jobs_by_state[JobStateName(state)] = count;
+  }
+  if (absl::StatusOr<int64_t> oldest = store_->OldestQueuedSubmitMs(); oldest.ok() && *oldest > 0) {
+    snapshot.oldest_queued_job_age_seconds = std::max<int64_t>(0, NowMs() - *oldest) / 1000.0;
+  }
+  const absl::Time now = absl::Now();
+  for (const auto& [id, worker] : workers_) {
+    snapshot.workers_by_state[worker.lost ? "lost" : (worker.restored ? "reconnecting" : "alive")]++;
+    if (!worker.lost) {
+      snapshot.heartbeat_age_seconds[id] = absl::ToDoubleSeconds(now - worker.last_heartbeat);
+    }
+  }
+  return snapshot;
 }
 
 void Coordinator::ExpireLeases() {

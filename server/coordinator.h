@@ -21,6 +21,24 @@
 
 namespace stoker {
 
+// Told of events that metrics count; called with the coordinator's lock held, so it must be quick.
+class CoordinatorObserver {
+ public:
+  virtual ~CoordinatorObserver() = default;
+  // A job attempt was placed on a worker after waiting this long in the queue.
+  virtual void JobAssigned(double queue_wait_seconds) = 0;
+  // A running attempt was lost (worker gone, failure) and the job went back to the queue.
+  virtual void JobRequeued() = 0;
+};
+
+// The coordinator's state for gauges, read on each metrics scrape.
+struct CoordinatorSnapshot {
+  std::map<std::string, int64_t> jobs_by_state;     // "queued", "running", ...
+  double oldest_queued_job_age_seconds = 0;
+  std::map<std::string, int64_t> workers_by_state;  // "alive", "lost", "reconnecting"
+  std::map<std::string, double> heartbeat_age_seconds;  // by worker id
+};
+
 struct CoordinatorOptions {
   // Dataset paths of submitted jobs must resolve under this directory.
   std::string data_root = "/usr/share/datasets";
@@ -71,6 +89,10 @@ class Coordinator {
   // The job's latest checkpoint, for users; NOT_FOUND if it has none.
   absl::StatusOr<std::string> ArtifactPath(const std::string& job_id);
 
+  // Set once before serving; may be null.
+  void SetObserver(CoordinatorObserver* observer) { observer_ = observer; }
+  CoordinatorSnapshot Snapshot();
+
   // Requeues the jobs of workers whose lease ran out. Called periodically.
   void ExpireLeases();
   // Wakes every WaitForEvents caller (server shutdown).
@@ -114,6 +136,7 @@ class Coordinator {
   std::unique_ptr<JobStore> store_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  CoordinatorObserver* observer_ = nullptr;
 };
 
 // A job event stamped with the current time.

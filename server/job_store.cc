@@ -267,6 +267,26 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::QueuedInOrder() {
                    {v1::JOB_STATE_QUEUED});
 }
 
+absl::StatusOr<std::map<v1::JobState, int64_t>> JobStore::CountByState() {
+  Statement query(db_, "SELECT state, COUNT(*) FROM jobs GROUP BY state");
+  if (!query.ok()) return Error("prepare count");
+  std::map<v1::JobState, int64_t> counts;
+  int rc;
+  while ((rc = sqlite3_step(query.get())) == SQLITE_ROW) {
+    counts[static_cast<v1::JobState>(sqlite3_column_int64(query.get(), 0))] =
+        sqlite3_column_int64(query.get(), 1);
+  }
+  if (rc != SQLITE_DONE) return Error("count jobs");
+  return counts;
+}
+
+absl::StatusOr<int64_t> JobStore::OldestQueuedSubmitMs() {
+  absl::StatusOr<std::vector<v1::Job>> oldest =
+      QueryJobs("SELECT job FROM jobs WHERE state = ? ORDER BY seq LIMIT 1", {v1::JOB_STATE_QUEUED});
+  if (!oldest.ok()) return oldest.status();
+  return oldest->empty() ? 0 : oldest->front().submit_time_unix_ms();
+}
+
 absl::StatusOr<int> JobStore::QueuePosition(const std::string& job_id) {
   Statement query(db_,
                   "SELECT COUNT(*) FROM jobs AS other, jobs AS me WHERE me.id = ?1 AND me.state = ?2 "

@@ -4,6 +4,7 @@
 #ifndef STOKER_SERVER_JOB_STORE_H_
 #define STOKER_SERVER_JOB_STORE_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,10 @@ class JobStore {
   absl::StatusOr<std::vector<v1::Job>> QueuedInOrder();
   // Queued jobs ahead of `job_id` in scheduling order (0 = next); NOT_FOUND if not queued.
   absl::StatusOr<int> QueuePosition(const std::string& job_id);
+  // How many jobs are in each state.
+  absl::StatusOr<std::map<v1::JobState, int64_t>> CountByState();
+  // Submit time of the oldest queued job (0 when none is queued).
+  absl::StatusOr<int64_t> OldestQueuedSubmitMs();
   // Jobs in one state (any order).
   absl::StatusOr<std::vector<v1::Job>> InState(v1::JobState state);
 

@@ -13,6 +13,8 @@
 #include "server/coordinator.h"
 #include "server/grpc_services.h"
 #include "server/job_store.h"
+#include "server/metrics/rpc_metrics_interceptor.h"
+#include "server/metrics/server_metrics.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"stoker-server: accepts training jobs and schedules them onto workers"};
@@ -32,7 +34,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1.0, 3600.0))
       ->capture_default_str();
   app.add_option("--port-file", port_file, "write the bound port to this file once serving");
-  std::string token_file;
+  std::string token_file, metrics_listen;
+  app.add_option("--metrics-listen", metrics_listen,
+                 "serve Prometheus /metrics on HOST:PORT (port 0 picks one; empty = off)");
   stoker::TlsFiles tls;
   bool insecure = false;
   app.add_option("--token-file", token_file,
@@ -95,6 +99,40 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  // Metrics: counters from the coordinator's events, gauges from a snapshot on each scrape.
+  class MetricsObserver final : public stoker::CoordinatorObserver {
+   public:
+    explicit MetricsObserver(stoker::ServerMetrics* metrics) : metrics_(metrics) {}
+    void JobAssigned(double queue_wait_seconds) override {
+      metrics_->ObserveQueueWait(queue_wait_seconds);
+    }
+    void JobRequeued() override { metrics_->JobRequeued(); }
+
+   private:
+    stoker::ServerMetrics* metrics_;
+  };
+  std::unique_ptr<stoker::ServerMetrics> metrics;
+  std::unique_ptr<MetricsObserver> observer;
+  if (!metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<stoker::ServerMetrics>> created =
+        stoker::ServerMetrics::Create(metrics_listen);
+    if (!created.ok()) {
+      std::cerr << "stoker-server: metrics: " << created.status().message() << "\n";
+      return 1;
+    }
+    metrics = std::move(*created);
+    metrics->SetScrapeHook([&coordinator](stoker::ServerMetrics& m) {
+      const stoker::CoordinatorSnapshot snapshot = coordinator.Snapshot();
+      m.SetJobCounts(snapshot.jobs_by_state);
+      m.SetOldestQueuedJobAge(snapshot.oldest_queued_job_age_seconds);
+      m.SetWorkerCounts(snapshot.workers_by_state);
+      m.SetHeartbeatAges(snapshot.heartbeat_age_seconds);
+    });
+    observer = std::make_unique<MetricsObserver>(metrics.get());
+    coordinator.SetObserver(observer.get());
+    std::cerr << "stoker-server: metrics on port " << metrics->Port() << "\n";
+  }
+
   const stoker::ServerAuth auth(token);
   stoker::JobServiceImpl job_service(&coordinator, &auth);
   stoker::WorkerServiceImpl worker_service(&coordinator, &auth);
@@ -105,6 +143,11 @@ int main(int argc, char** argv) {
   builder.RegisterService(&worker_service);
   // Checkpoint chunks are 1 MiB; job specs are far smaller.
   builder.SetMaxReceiveMessageSize(4 << 20);
+  if (metrics != nullptr) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(stoker::MakeRpcMetricsInterceptorFactory(metrics.get()));
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     std::cerr << "stoker-server: cannot listen on " << listen << "\n";

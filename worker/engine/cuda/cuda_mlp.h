@@ -1,0 +1,41 @@
+// The cuda implementation of the MLP Model (see backend.h for the contract).
+//
+// Layout: parameters stay [out, in] row-major, fp32 masters as Parameters() reports them; in
+// bf16/fp16 the optimizer writes a low-precision copy of each weight matrix as it updates the
+// master, and activations and output gradients are in the compute type. Row-major [rows, cols]
+// buffers are column-major [cols, rows] matrices to cuBLASLt, so every layer is, per step:
+//   forward  Y^T[out, B]  = W[out, in] X^T[in, B]        + bias, ReLU (epilogue RELU_AUX_BIAS,
+//            which also writes the ReLU bit mask backward needs; BIAS for the logits, in fp32)
+//   weights  dW^T[in, out] = X^T[in, B] dY[B, out]       (BGRADB gives the last layer's bias grad)
+//   input    dX^T[in, B]  = W^T[in, out] dY^T[out, B]    (DRELU_BGRAD: ReLU backward of the layer
+//            below through its mask, and its bias gradient)
+// When cuBLASLt has no fused algorithm for a shape (or CudaBackendOptions::fused_epilogues is
+// false), that GEMM runs plain and a small kernel does the epilogue's work.
+//
+// One TrainStep: the copy stream copies the batch (uint8 pixels or float features, and labels)
+// into one of two staging buffers, after the compute stream has released that buffer (event);
+// the compute stream waits for the copy (event), normalises on the device, runs forward,
+// softmax cross-entropy, backward, [fp16: finite check], one multi-tensor SGD launch,
+// [fp16: loss-scale update], then copies the 32-byte step state (loss, overflow flag, scale)
+// to pinned host memory. The only host wait is one cudaStreamSynchronize on that copy at the end
+// of the step: StepResult needs the loss. Plans (GEMM descriptors and algorithms) are built once
+// per batch size: max_batch at creation, a few others on first use.
+#ifndef STOKER_WORKER_ENGINE_CUDA_CUDA_MLP_H_
+#define STOKER_WORKER_ENGINE_CUDA_CUDA_MLP_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/backend.h"
+#include "worker/engine/cuda/cuda_backend.h"
+
+namespace stoker {
+
+// INVALID_ARGUMENT for a bad config (ValidateMlpConfig); RESOURCE_EXHAUSTED if device memory runs
+// out; INTERNAL for other CUDA/cuBLASLt failures.
+absl::StatusOr<std::unique_ptr<Model>> CreateCudaMlp(const MlpConfig& config, int device,
+                                                     const CudaBackendOptions& options);
+
+}  // namespace stoker
+
+#endif  // STOKER_WORKER_ENGINE_CUDA_CUDA_MLP_H_
