@@ -10,7 +10,7 @@ packages=(
   prometheus-cpp-dev libgtest-dev libgmock-dev libsqlite3-dev libdnnl-dev libyaml-cpp-dev
   libcli11-dev zlib1g-dev nlohmann-json3-dev
   dataset-fashion-mnist
-  prometheus docker-compose curl python3
+  prometheus docker-compose curl python3 openssl
 )
 missing=()
 for p in "${packages[@]}"; do

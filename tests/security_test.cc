@@ -1,0 +1,145 @@
+// Authentication and transport security with real processes: bearer tokens on every RPC, TLS
+// with a throwaway CA made by openssl inside the test, and refusal of insecure remote listeners.
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "stoker.grpc.pb.h"
+#include "tests/test_cluster.h"
+
+namespace stoker::testing {
+namespace {
+
+constexpr char kToken[] = "0123456789abcdef0123456789abcdef";
+
+std::string WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path;
+}
+
+// Calls `method` ("/stoker.v1.JobService/GetJob") with an empty request and returns its status.
+grpc::Status CallWithEmptyRequest(const std::shared_ptr<grpc::Channel>& channel,
+                                  const std::string& method, const std::string& token) {
+  grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer> stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+  grpc::Slice empty("", 0);
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::CompletionQueue queue;
+  auto call = stub.PrepareCall(&context, method, &queue);
+  call->StartCall(reinterpret_cast<void*>(1));
+  void* tag;
+  bool ok;
+  queue.Next(&tag, &ok);
+  call->Write(request, reinterpret_cast<void*>(2));
+  queue.Next(&tag, &ok);
+  call->WritesDone(reinterpret_cast<void*>(3));
+  queue.Next(&tag, &ok);
+  grpc::ByteBuffer response;
+  call->Read(&response, reinterpret_cast<void*>(4));
+  queue.Next(&tag, &ok);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  while (queue.Next(&tag, &ok)) {
+    if (tag == reinterpret_cast<void*>(5)) break;
+  }
+  queue.Shutdown();
+  while (queue.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+TEST(SecurityTest, EveryRpcNeedsTheToken) {
+  TestCluster cluster;
+  const std::string token_file = WriteFile(cluster.dir() + "/token", std::string(kToken) + "\n");
+  cluster.StartServer({"--token-file", token_file});
+  auto channel = grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials());
+  int methods = 0;
+  const google::protobuf::DescriptorPool* pool = google::protobuf::DescriptorPool::generated_pool();
+  for (const google::protobuf::ServiceDescriptor* service :
+       {pool->FindServiceByName("stoker.v1.JobService"),
+        pool->FindServiceByName("stoker.v1.WorkerService")}) {
+    ASSERT_NE(service, nullptr);
+    for (int i = 0; i < service->method_count(); ++i) {
+      const std::string method = absl::StrCat("/", service->full_name(), "/",
+                                              service->method(i)->name());
+      ++methods;
+      EXPECT_EQ(CallWithEmptyRequest(channel, method, "").error_code(),
+                grpc::StatusCode::UNAUTHENTICATED)
+          << method << " without a token";
+      EXPECT_EQ(CallWithEmptyRequest(channel, method, "wrong-token-wrong-token").error_code(),
+                grpc::StatusCode::UNAUTHENTICATED)
+          << method << " with a wrong token";
+      EXPECT_NE(CallWithEmptyRequest(channel, method, kToken).error_code(),
+                grpc::StatusCode::UNAUTHENTICATED)
+          << method << " with the token";
+    }
+  }
+  EXPECT_EQ(methods, 13);
+
+  CommandResult denied = cluster.Cli("list");
+  EXPECT_EQ(denied.exit_code, 1);
+  EXPECT_NE(denied.output.find("missing bearer token"), std::string::npos) << denied.output;
+  CommandResult allowed = cluster.Cli("--token-file " + token_file + " list");
+  EXPECT_EQ(allowed.exit_code, 0) << allowed.output;
+  const std::string short_token = WriteFile(cluster.dir() + "/short", "abc");
+  CommandResult weak = cluster.Cli("--token-file " + short_token + " list");
+  EXPECT_EQ(weak.exit_code, 2);
+  EXPECT_NE(weak.output.find("at least 16"), std::string::npos) << weak.output;
+}
+
+TEST(SecurityTest, TlsWithAThrowawayCaAndTokensRunsAJob) {
+  TestCluster cluster;
+  const std::string d = cluster.dir();
+  // A CA, and a server certificate for 127.0.0.1 signed by it.
+  const std::string openssl = absl::StrCat(
+      "cd ", d, " && openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=stoker-test-ca ",
+      "-keyout ca.key -out ca.pem && openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 ",
+      "-keyout server.key -out server.csr && printf 'subjectAltName=IP:127.0.0.1' > san.ext && ",
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 ",
+      "-extfile san.ext -out server.pem");
+  CommandResult made = RunCommand(openssl);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const std::string token_file = WriteFile(d + "/token", kToken);
+  cluster.StartServer({"--token-file", token_file, "--tls-cert", d + "/server.pem", "--tls-key",
+                       d + "/server.key"});
+  cluster.StartWorker("w1", {"--token-file", token_file, "--tls-ca", d + "/ca.pem"});
+
+  const std::string secure = absl::StrCat("--tls-ca ", d, "/ca.pem --token-file ", token_file, " ");
+  CommandResult plaintext = cluster.Cli("--token-file " + token_file + " list");
+  EXPECT_EQ(plaintext.exit_code, 3) << "a plaintext client cannot talk to a TLS server\n"
+                                    << plaintext.output;
+  const std::string job_file = WriteFile(d + "/job.yaml", R"(name: tls-job
+dataset:
+  train_images: fashion-mnist/train-images-idx3-ubyte.gz
+  train_labels: fashion-mnist/train-labels-idx1-ubyte.gz
+  test_images: fashion-mnist/t10k-images-idx3-ubyte.gz
+  test_labels: fashion-mnist/t10k-labels-idx1-ubyte.gz
+  train_limit: 4000
+  test_limit: 500
+model: {type: mlp, hidden: [64]}
+train: {epochs: 1, batch_size: 64}
+)");
+  CommandResult run = cluster.Cli(secure + "submit --follow " + job_file);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("succeeded: test accuracy"), std::string::npos) << run.output;
+  CommandResult workers = cluster.Cli(secure + "workers");
+  EXPECT_NE(workers.output.find("w1"), std::string::npos) << workers.output;
+}
+
+TEST(SecurityTest, InsecureRemoteListenersAreRefused) {
+  CommandResult refused = RunCommand(absl::StrCat(STOKER_SERVER_PATH_FOR_TEST,
+                                                  " --listen 0.0.0.0:0 --state-dir /tmp/stoker-refused"));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("refusing to serve 0.0.0.0:0 without TLS"), std::string::npos)
+      << refused.output;
+  std::filesystem::remove_all("/tmp/stoker-refused");
+}
+
+}  // namespace
+}  // namespace stoker::testing

@@ -1,0 +1,614 @@
+#include "worker/engine/cuda/cuda_mlp.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/cuda/cuda_check.h"
+#include "worker/engine/cuda/cuda_context.h"
+#include "worker/engine/cuda/lt_gemm.h"
+#include "worker/engine/cuda/mlp_kernels.h"
+
+namespace stoker {
+namespace {
+
+using cuda::DeviceBuffer;
+using cuda::DeviceContext;
+using cuda::DType;
+using cuda::GemmEpilogue;
+using cuda::GemmEpilogueArgs;
+using cuda::GemmShape;
+using cuda::LtGemm;
+
+// Plans kept besides the full-batch one; a new batch size beyond this evicts the oldest.
+constexpr size_t kMaxPartialPlans = 3;
+
+#define STOKER_ASSIGN_BUFFER(target, bytes)                                  \
+  do {                                                                       \
+    absl::StatusOr<DeviceBuffer> stoker_buffer_ = DeviceBuffer::Allocate(bytes); \
+    if (!stoker_buffer_.ok()) return stoker_buffer_.status();                \
+    (target) = *std::move(stoker_buffer_);                                   \
+  } while (0)
+
+DType ComputeType(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32:
+      return DType::kF32;
+    case Precision::kBf16:
+      return DType::kBf16;
+    case Precision::kFp16:
+      return DType::kF16;
+  }
+  return DType::kF32;
+}
+
+struct Layer {
+  int in = 0;
+  int out = 0;
+  bool relu = false;
+  DeviceBuffer weight;  // [out, in] fp32 master
+  DeviceBuffer bias;    // [out]
+  DeviceBuffer weight_grad;
+  DeviceBuffer bias_grad;
+  DeviceBuffer weight_velocity;
+  DeviceBuffer bias_velocity;
+  DeviceBuffer weight_low;  // bf16/fp16 only: the copy the GEMMs read
+  // [max_batch, out]: ReLU output in the compute type for hidden layers, fp32 logits for the last.
+  DeviceBuffer output;
+  DeviceBuffer output_grad;  // [max_batch, out] compute type: dLoss/d(pre-activation) (scaled)
+  DeviceBuffer relu_mask;    // hidden layers: 1 bit per output, ReluMaskLd(out) bits per sample
+};
+
+// The GEMMs of one layer for one batch size, and which epilogues they fused.
+struct LayerGemms {
+  std::unique_ptr<LtGemm> forward;
+  std::unique_ptr<LtGemm> weight_grad;
+  std::unique_ptr<LtGemm> input_grad;  // null for layer 0
+  bool forward_fused = false;          // bias (+ ReLU) done by the epilogue
+  bool bias_grad_fused = false;        // last layer: its bias gradient came from BGRADB
+  bool input_grad_fused = false;       // the layer below's ReLU backward and bias grad fused
+};
+
+struct Plan {
+  int batch = 0;
+  std::vector<LayerGemms> layers;
+};
+
+class CudaMlp final : public Model {
+ public:
+  CudaMlp(const MlpConfig& config, const CudaBackendOptions& options)
+      : config_(config),
+        options_(options),
+        type_(ComputeType(config.precision)),
+        loss_scaling_(config.precision == Precision::kFp16) {}
+  ~CudaMlp() override;
+
+  absl::Status Init(int device);
+
+  absl::StatusOr<StepResult> TrainStep(const BatchView& batch, double learning_rate) override;
+  absl::StatusOr<EvalResult> Evaluate(const BatchView& batch) override;
+  std::vector<NamedTensor> Parameters() const override;
+  absl::Status SetParameters(const std::vector<NamedTensor>& parameters) override;
+  std::vector<NamedTensor> OptimizerState() const override;
+  absl::Status SetOptimizerState(const std::vector<NamedTensor>& state) override;
+
+ private:
+  struct TensorRef {
+    std::string name;
+    std::vector<int64_t> shape;
+    float* data;
+    size_t size;
+  };
+  std::vector<TensorRef> Tensors(bool optimizer_state) const;
+  absl::StatusOr<std::vector<NamedTensor>> Download(const std::vector<TensorRef>& tensors) const;
+  absl::Status Upload(const std::vector<TensorRef>& tensors,
+                      const std::vector<NamedTensor>& values);
+
+  absl::StatusOr<std::unique_ptr<Plan>> BuildPlan(int batch);
+  absl::StatusOr<Plan*> PlanFor(int batch);
+  absl::StatusOr<std::unique_ptr<LtGemm>> MakeGemm(const GemmShape& shape,
+                                                   const GemmEpilogueArgs& epilogue) const;
+  // Tries the fused epilogue (when enabled), else a plain GEMM. Sets *fused accordingly.
+  absl::StatusOr<std::unique_ptr<LtGemm>> MakeGemmPreferFused(const GemmShape& shape,
+                                                              const GemmEpilogueArgs& epilogue,
+                                                              bool* fused) const;
+  absl::Status RunGemm(const LtGemm& gemm, const void* a, const void* b, void* d) const;
+
+  // Enqueues the batch copy on the copy stream and the normalisation on the compute stream;
+  // returns the staging slot whose labels the loss kernel reads.
+  absl::StatusOr<int> StageBatch(const BatchView& batch);
+  absl::Status Forward(const Plan& plan, int rows);
+  absl::Status Backward(const Plan& plan, int rows);
+  // Copies the step state to host_state_ and waits for it: the step's one host synchronisation.
+  absl::Status FinishStep();
+
+  const void* GemmWeight(const Layer& layer) const {
+    return type_ == DType::kF32 ? layer.weight.get() : layer.weight_low.get();
+  }
+  absl::Status RefreshLowWeights();
+
+  const MlpConfig config_;
+  const CudaBackendOptions options_;
+  const DType type_;
+  const bool loss_scaling_;
+  // Declared first so that it is destroyed last, after every buffer and event below.
+  std::unique_ptr<DeviceContext> context_;
+  DeviceBuffer input_;  // [max_batch, input_features], compute type
+  std::vector<Layer> layers_;
+  // Double-buffered staging: samples (uint8, or float features) and labels as they came.
+  DeviceBuffer staging_[2];
+  DeviceBuffer staging_labels_[2];
+  cudaEvent_t copy_done_[2] = {nullptr, nullptr};     // recorded on the copy stream
+  cudaEvent_t staging_free_[2] = {nullptr, nullptr};  // recorded on the compute stream
+  int next_slot_ = 0;
+  DeviceBuffer state_;                      // cuda::StepState
+  cuda::StepState* host_state_ = nullptr;  // pinned
+  std::vector<cuda::SgdTensor> sgd_tensors_;
+  std::unique_ptr<Plan> full_plan_;
+  std::vector<std::unique_ptr<Plan>> partial_plans_;  // oldest first
+};
+
+CudaMlp::~CudaMlp() {
+  if (context_ == nullptr) return;
+  cudaSetDevice(context_->device());
+  cudaStreamSynchronize(context_->copy_stream());
+  cudaStreamSynchronize(context_->compute_stream());
+  for (int slot = 0; slot < 2; ++slot) {
+    if (copy_done_[slot] != nullptr) cudaEventDestroy(copy_done_[slot]);
+    if (staging_free_[slot] != nullptr) cudaEventDestroy(staging_free_[slot]);
+  }
+  if (host_state_ != nullptr) cudaFreeHost(host_state_);
+}
+
+absl::Status CudaMlp::Init(int device) {
+  absl::StatusOr<std::unique_ptr<DeviceContext>> context =
+      DeviceContext::Create(device, options_.gemm_workspace_bytes);
+  if (!context.ok()) return context.status();
+  context_ = *std::move(context);
+
+  const size_t max_batch = config_.max_batch;
+  const size_t compute_bytes = cuda::DTypeBytes(type_);
+  STOKER_ASSIGN_BUFFER(input_, max_batch * config_.input_features * compute_bytes);
+  for (int slot = 0; slot < 2; ++slot) {
+    // Room for float features, the larger of the two input forms.
+    STOKER_ASSIGN_BUFFER(staging_[slot], max_batch * config_.input_features * sizeof(float));
+    STOKER_ASSIGN_BUFFER(staging_labels_[slot], max_batch);
+    STOKER_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&copy_done_[slot], cudaEventDisableTiming));
+    STOKER_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&staging_free_[slot], cudaEventDisableTiming));
+  }
+
+  std::vector<int> widths = config_.hidden;
+  widths.push_back(config_.classes);
+  int in = config_.input_features;
+  for (size_t i = 0; i < widths.size(); ++i) {
+    Layer layer;
+    layer.in = in;
+    layer.out = widths[i];
+    layer.relu = i + 1 < widths.size();
+    const size_t weight_bytes = static_cast<size_t>(layer.out) * layer.in * sizeof(float);
+    const size_t bias_bytes = static_cast<size_t>(layer.out) * sizeof(float);
+    STOKER_ASSIGN_BUFFER(layer.weight, weight_bytes);
+    STOKER_ASSIGN_BUFFER(layer.bias, bias_bytes);
+    STOKER_ASSIGN_BUFFER(layer.weight_grad, weight_bytes);
+    STOKER_ASSIGN_BUFFER(layer.bias_grad, bias_bytes);
+    STOKER_ASSIGN_BUFFER(layer.weight_velocity, weight_bytes);
+    STOKER_ASSIGN_BUFFER(layer.bias_velocity, bias_bytes);
+    if (type_ != DType::kF32) {
+      STOKER_ASSIGN_BUFFER(layer.weight_low,
+                           static_cast<size_t>(layer.out) * layer.in * compute_bytes);
+    }
+    const size_t outputs = max_batch * layer.out;
+    STOKER_ASSIGN_BUFFER(layer.output, outputs * (layer.relu ? compute_bytes : sizeof(float)));
+    STOKER_ASSIGN_BUFFER(layer.output_grad, outputs * compute_bytes);
+    if (layer.relu) {
+      STOKER_ASSIGN_BUFFER(layer.relu_mask,
+                           static_cast<size_t>(cuda::ReluMaskLd(layer.out)) / 8 * max_batch);
+    }
+    layers_.push_back(std::move(layer));
+    in = widths[i];
+  }
+  for (const Layer& layer : layers_) {
+    const float weight_decay = static_cast<float>(config_.optimizer.weight_decay);
+    sgd_tensors_.push_back({layer.weight.as<float>(), layer.weight_grad.as<float>(),
+                            layer.weight_velocity.as<float>(), layer.weight_low.get(),
+                            static_cast<int64_t>(layer.out) * layer.in, weight_decay});
+    sgd_tensors_.push_back({layer.bias.as<float>(), layer.bias_grad.as<float>(),
+                            layer.bias_velocity.as<float>(), nullptr, layer.out, 0.0f});
+  }
+
+  STOKER_CUDA_RETURN_IF_ERROR(cudaMallocHost(&host_state_, sizeof(cuda::StepState)));
+  STOKER_ASSIGN_BUFFER(state_, sizeof(cuda::StepState));
+  *host_state_ = cuda::StepState{};
+  host_state_->loss_scale = loss_scaling_ ? options_.initial_loss_scale : 1.0f;
+  host_state_->growth_interval = std::max(1, options_.loss_scale_growth_interval);
+  const cudaStream_t stream = context_->compute_stream();
+  STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(state_.get(), host_state_, sizeof(cuda::StepState),
+                                              cudaMemcpyHostToDevice, stream));
+  // Momentum starts at zero, as in PyTorch.
+  for (const Layer& layer : layers_) {
+    STOKER_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(layer.weight_velocity.get(), 0, layer.weight_velocity.bytes(), stream));
+    STOKER_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(layer.bias_velocity.get(), 0, layer.bias_velocity.bytes(), stream));
+  }
+
+  absl::StatusOr<std::unique_ptr<Plan>> plan = BuildPlan(config_.max_batch);
+  if (!plan.ok()) return plan.status();
+  full_plan_ = *std::move(plan);
+  return SetParameters(InitialMlpParameters(config_));
+}
+
+absl::StatusOr<std::unique_ptr<LtGemm>> CudaMlp::MakeGemm(const GemmShape& shape,
+                                                          const GemmEpilogueArgs& epilogue) const {
+  return LtGemm::Create(context_->lt(), shape, epilogue, context_->workspace_bytes());
+}
+
+absl::StatusOr<std::unique_ptr<LtGemm>> CudaMlp::MakeGemmPreferFused(
+    const GemmShape& shape, const GemmEpilogueArgs& epilogue, bool* fused) const {
+  *fused = false;
+  if (options_.fused_epilogues && epilogue.kind != GemmEpilogue::kNone) {
+    absl::StatusOr<std::unique_ptr<LtGemm>> gemm = MakeGemm(shape, epilogue);
+    if (gemm.ok()) {
+      *fused = true;
+      return gemm;
+    }
+    if (!absl::IsUnimplemented(gemm.status())) return gemm.status();
+  }
+  return MakeGemm(shape, GemmEpilogueArgs{});
+}
+
+absl::StatusOr<std::unique_ptr<Plan>> CudaMlp::BuildPlan(int batch) {
+  auto plan = std::make_unique<Plan>();
+  plan->batch = batch;
+  plan->layers.resize(layers_.size());
+  const size_t last = layers_.size() - 1;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    Layer& layer = layers_[l];
+    LayerGemms& gemms = plan->layers[l];
+    const DType output_type = layer.relu ? type_ : DType::kF32;
+
+    // Y^T[out, B] = W[out, in] X^T[in, B]: W is stored as column-major [in, out], used transposed.
+    GemmShape forward{.m = layer.out,
+                      .n = batch,
+                      .k = layer.in,
+                      .transpose_a = true,
+                      .transpose_b = false,
+                      .a_type = type_,
+                      .b_type = type_,
+                      .d_type = output_type};
+    GemmEpilogueArgs forward_epilogue{
+        .kind = layer.relu ? GemmEpilogue::kReluAuxBias : GemmEpilogue::kBias,
+        .bias = layer.bias.as<float>(),
+        .aux = layer.relu ? layer.relu_mask.get() : nullptr,
+        .aux_ld = layer.relu ? cuda::ReluMaskLd(layer.out) : 0};
+    absl::StatusOr<std::unique_ptr<LtGemm>> gemm =
+        MakeGemmPreferFused(forward, forward_epilogue, &gemms.forward_fused);
+    if (!gemm.ok()) return gemm.status();
+    gemms.forward = *std::move(gemm);
+
+    // dW^T[in, out] = X^T[in, B] dY[B, out]: dY is stored as column-major [out, B], transposed.
+    GemmShape weight_grad{.m = layer.in,
+                          .n = layer.out,
+                          .k = batch,
+                          .transpose_a = false,
+                          .transpose_b = true,
+                          .a_type = type_,
+                          .b_type = type_,
+                          .d_type = DType::kF32};
+    GemmEpilogueArgs weight_grad_epilogue;
+    if (l == last) {
+      weight_grad_epilogue = {.kind = GemmEpilogue::kBGradB, .bias = layer.bias_grad.as<float>()};
+    }
+    gemm = MakeGemmPreferFused(weight_grad, weight_grad_epilogue, &gemms.bias_grad_fused);
+    if (!gemm.ok()) return gemm.status();
+    gemms.weight_grad = *std::move(gemm);
+
+    // dX^T[in, B] = W^T[in, out] dY^T[out, B], written as the layer below's output gradient.
+    if (l == 0) continue;
+    Layer& below = layers_[l - 1];
+    GemmShape input_grad{.m = layer.in,
+                         .n = batch,
+                         .k = layer.out,
+                         .transpose_a = false,
+                         .transpose_b = false,
+                         .a_type = type_,
+                         .b_type = type_,
+                         .d_type = type_};
+    GemmEpilogueArgs input_grad_epilogue;
+    // The ReLU mask exists only if the layer below's forward GEMM fused its epilogue.
+    if (plan->layers[l - 1].forward_fused) {
+      input_grad_epilogue = {.kind = GemmEpilogue::kDReluBGrad,
+                             .bias = below.bias_grad.as<float>(),
+                             .aux = below.relu_mask.get(),
+                             .aux_ld = cuda::ReluMaskLd(below.out)};
+    }
+    gemm = MakeGemmPreferFused(input_grad, input_grad_epilogue, &gemms.input_grad_fused);
+    if (!gemm.ok()) return gemm.status();
+    gemms.input_grad = *std::move(gemm);
+  }
+  return plan;
+}
+
+absl::StatusOr<Plan*> CudaMlp::PlanFor(int batch) {
+  if (batch == full_plan_->batch) return full_plan_.get();
+  for (const auto& plan : partial_plans_) {
+    if (plan->batch == batch) return plan.get();
+  }
+  absl::StatusOr<std::unique_ptr<Plan>> plan = BuildPlan(batch);
+  if (!plan.ok()) return plan.status();
+  if (partial_plans_.size() >= kMaxPartialPlans) partial_plans_.erase(partial_plans_.begin());
+  partial_plans_.push_back(*std::move(plan));
+  return partial_plans_.back().get();
+}
+
+absl::Status CudaMlp::RunGemm(const LtGemm& gemm, const void* a, const void* b, void* d) const {
+  return gemm.Run(context_->lt(), a, b, d, context_->workspace(), context_->workspace_bytes(),
+                  context_->compute_stream());
+}
+
+absl::StatusOr<int> CudaMlp::StageBatch(const BatchView& batch) {
+  const int slot = next_slot_;
+  next_slot_ ^= 1;
+  const cudaStream_t copy = context_->copy_stream();
+  const cudaStream_t compute = context_->compute_stream();
+  const int64_t n = static_cast<int64_t>(batch.count) * config_.input_features;
+  const bool features = batch.features != nullptr;
+  const void* source = features ? static_cast<const void*>(batch.features) : batch.samples;
+  const size_t bytes = n * (features ? sizeof(float) : sizeof(uint8_t));
+
+  // The compute stream must be done reading this slot (two steps ago) before it is overwritten.
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, staging_free_[slot], 0));
+  STOKER_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(staging_[slot].get(), source, bytes, cudaMemcpyHostToDevice, copy));
+  STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_labels_[slot].get(), batch.labels,
+                                              batch.count, cudaMemcpyHostToDevice, copy));
+  STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_done_[slot], copy));
+
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, copy_done_[slot], 0));
+  if (features) {
+    STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchConvertFloat(staging_[slot].as<float>(), n, type_,
+                                                         input_.get(), compute));
+  } else {
+    STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchNormalizeInput(staging_[slot].as<uint8_t>(), n,
+                                                           config_.input_scale,
+                                                           config_.input_shift, type_,
+                                                           input_.get(), compute));
+  }
+  return slot;
+}
+
+absl::Status CudaMlp::Forward(const Plan& plan, int rows) {
+  const cudaStream_t stream = context_->compute_stream();
+  const void* input = input_.get();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    Layer& layer = layers_[l];
+    const LayerGemms& gemms = plan.layers[l];
+    STOKER_RETURN_IF_ERROR(RunGemm(*gemms.forward, GemmWeight(layer), input, layer.output.get()));
+    if (!gemms.forward_fused) {
+      STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchBiasActivation(
+          layer.output.get(), layer.relu ? type_ : DType::kF32, layer.bias.as<float>(), rows,
+          layer.out, layer.relu, stream));
+    }
+    input = layer.output.get();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaMlp::Backward(const Plan& plan, int rows) {
+  const cudaStream_t stream = context_->compute_stream();
+  const size_t last = layers_.size() - 1;
+  for (size_t l = layers_.size(); l-- > 0;) {
+    Layer& layer = layers_[l];
+    const LayerGemms& gemms = plan.layers[l];
+    const void* input = l == 0 ? input_.get() : layers_[l - 1].output.get();
+    if (l == last && !gemms.bias_grad_fused) {
+      STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchReluBackwardBiasGrad(
+          layer.output_grad.get(), nullptr, type_, rows, layer.out, layer.bias_grad.as<float>(),
+          stream));
+    }
+    STOKER_RETURN_IF_ERROR(
+        RunGemm(*gemms.weight_grad, input, layer.output_grad.get(), layer.weight_grad.get()));
+    if (l == 0) continue;
+    Layer& below = layers_[l - 1];
+    STOKER_RETURN_IF_ERROR(RunGemm(*gemms.input_grad, GemmWeight(layer), layer.output_grad.get(),
+                                   below.output_grad.get()));
+    if (!gemms.input_grad_fused) {
+      STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchReluBackwardBiasGrad(
+          below.output_grad.get(), below.output.get(), type_, rows, below.out,
+          below.bias_grad.as<float>(), stream));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaMlp::FinishStep() {
+  const cudaStream_t stream = context_->compute_stream();
+  STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_state_, state_.get(), sizeof(cuda::StepState),
+                                              cudaMemcpyDeviceToHost, stream));
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double learning_rate) {
+  if (absl::Status status = ValidateBatch(config_, batch); !status.ok()) return status;
+  if (!(learning_rate >= 0) || !std::isfinite(learning_rate)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("learning_rate must be finite and >= 0, got ", learning_rate));
+  }
+  STOKER_RETURN_IF_ERROR(context_->Activate());
+  absl::StatusOr<Plan*> plan = PlanFor(batch.count);
+  if (!plan.ok()) return plan.status();
+  const int rows = batch.count;
+  const cudaStream_t stream = context_->compute_stream();
+  auto* state = state_.as<cuda::StepState>();
+
+  STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(state, 0, cuda::kStepStateResetBytes, stream));
+  absl::StatusOr<int> slot = StageBatch(batch);
+  if (!slot.ok()) return slot.status();
+  STOKER_RETURN_IF_ERROR(Forward(**plan, rows));
+  Layer& last = layers_.back();
+  STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchSoftmaxCrossEntropy(
+      last.output.as<float>(), staging_labels_[*slot].as<uint8_t>(), rows, last.out, type_,
+      last.output_grad.get(), state, stream));
+  // Nothing reads the staging slot after the loss; the copy stream may refill it.
+  STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free_[*slot], stream));
+  STOKER_RETURN_IF_ERROR(Backward(**plan, rows));
+
+  const int tensor_count = static_cast<int>(sgd_tensors_.size());
+  if (loss_scaling_) {
+    STOKER_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchCheckFinite(sgd_tensors_.data(), tensor_count, state, stream));
+  }
+  STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchSgdMomentum(
+      sgd_tensors_.data(), tensor_count, type_, static_cast<float>(learning_rate),
+      static_cast<float>(config_.optimizer.momentum), state, loss_scaling_, stream));
+  if (loss_scaling_) STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchUpdateLossScale(state, stream));
+  STOKER_RETURN_IF_ERROR(FinishStep());
+
+  StepResult result;
+  result.loss = static_cast<float>(host_state_->loss_sum / rows);
+  result.skipped = host_state_->found_inf != 0;
+  result.loss_scale = host_state_->loss_scale;
+  return result;
+}
+
+absl::StatusOr<EvalResult> CudaMlp::Evaluate(const BatchView& batch) {
+  if (absl::Status status = ValidateBatch(config_, batch); !status.ok()) return status;
+  STOKER_RETURN_IF_ERROR(context_->Activate());
+  absl::StatusOr<Plan*> plan = PlanFor(batch.count);
+  if (!plan.ok()) return plan.status();
+  const cudaStream_t stream = context_->compute_stream();
+  auto* state = state_.as<cuda::StepState>();
+  STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(state, 0, cuda::kStepStateResetBytes, stream));
+  absl::StatusOr<int> slot = StageBatch(batch);
+  if (!slot.ok()) return slot.status();
+  STOKER_RETURN_IF_ERROR(Forward(**plan, batch.count));
+  const Layer& last = layers_.back();
+  STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchSoftmaxCrossEntropy(
+      last.output.as<float>(), staging_labels_[*slot].as<uint8_t>(), batch.count, last.out, type_,
+      nullptr, state, stream));
+  STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free_[*slot], stream));
+  STOKER_RETURN_IF_ERROR(FinishStep());
+  EvalResult result;
+  result.loss_sum = host_state_->loss_sum;
+  result.correct = static_cast<int64_t>(host_state_->correct);
+  result.count = batch.count;
+  return result;
+}
+
+std::vector<CudaMlp::TensorRef> CudaMlp::Tensors(bool optimizer_state) const {
+  std::vector<TensorRef> tensors;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& layer = layers_[l];
+    const std::string suffix = optimizer_state ? ".momentum" : "";
+    const DeviceBuffer& weight = optimizer_state ? layer.weight_velocity : layer.weight;
+    const DeviceBuffer& bias = optimizer_state ? layer.bias_velocity : layer.bias;
+    tensors.push_back({absl::StrCat("layers.", l, ".weight", suffix),
+                       {layer.out, layer.in},
+                       weight.as<float>(),
+                       static_cast<size_t>(layer.out) * layer.in});
+    tensors.push_back({absl::StrCat("layers.", l, ".bias", suffix),
+                       {layer.out},
+                       bias.as<float>(),
+                       static_cast<size_t>(layer.out)});
+  }
+  return tensors;
+}
+
+absl::StatusOr<std::vector<NamedTensor>> CudaMlp::Download(
+    const std::vector<TensorRef>& tensors) const {
+  STOKER_RETURN_IF_ERROR(context_->Activate());
+  const cudaStream_t stream = context_->compute_stream();
+  std::vector<NamedTensor> copies;
+  copies.reserve(tensors.size());
+  for (const TensorRef& tensor : tensors) {
+    copies.push_back({tensor.name, tensor.shape, std::vector<float>(tensor.size)});
+    STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copies.back().values.data(), tensor.data,
+                                                tensor.size * sizeof(float),
+                                                cudaMemcpyDeviceToHost, stream));
+  }
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return copies;
+}
+
+absl::Status CudaMlp::Upload(const std::vector<TensorRef>& tensors,
+                             const std::vector<NamedTensor>& values) {
+  if (values.size() != tensors.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected ", tensors.size(), " tensors, got ", values.size()));
+  }
+  // Check everything before changing anything.
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (values[i].name != tensors[i].name || values[i].shape != tensors[i].shape ||
+        values[i].values.size() != tensors[i].size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", i, " is '", values[i].name, "' with ", values[i].values.size(),
+          " values; expected '", tensors[i].name, "' with ", tensors[i].size));
+    }
+  }
+  STOKER_RETURN_IF_ERROR(context_->Activate());
+  const cudaStream_t stream = context_->compute_stream();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tensors[i].data, values[i].values.data(),
+                                                tensors[i].size * sizeof(float),
+                                                cudaMemcpyHostToDevice, stream));
+  }
+  // The host vectors must outlive the copies (pageable copies may return before the DMA ends).
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+std::vector<NamedTensor> CudaMlp::Parameters() const {
+  absl::StatusOr<std::vector<NamedTensor>> copies = Download(Tensors(false));
+  return copies.ok() ? *std::move(copies) : std::vector<NamedTensor>{};
+}
+
+absl::Status CudaMlp::SetParameters(const std::vector<NamedTensor>& parameters) {
+  STOKER_RETURN_IF_ERROR(Upload(Tensors(false), parameters));
+  return RefreshLowWeights();
+}
+
+std::vector<NamedTensor> CudaMlp::OptimizerState() const {
+  absl::StatusOr<std::vector<NamedTensor>> copies = Download(Tensors(true));
+  return copies.ok() ? *std::move(copies) : std::vector<NamedTensor>{};
+}
+
+absl::Status CudaMlp::SetOptimizerState(const std::vector<NamedTensor>& state) {
+  return Upload(Tensors(true), state);
+}
+
+absl::Status CudaMlp::RefreshLowWeights() {
+  if (type_ == DType::kF32) return absl::OkStatus();
+  const cudaStream_t stream = context_->compute_stream();
+  for (const Layer& layer : layers_) {
+    STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchConvertFromF32(
+        layer.weight.as<float>(), static_cast<int64_t>(layer.out) * layer.in, type_,
+        layer.weight_low.get(), stream));
+  }
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> CreateCudaMlp(const MlpConfig& config, int device,
+                                                     const CudaBackendOptions& options) {
+  if (absl::Status status = ValidateMlpConfig(config); !status.ok()) return status;
+  if (options.loss_scale_growth_interval < 1 || !(options.initial_loss_scale > 0) ||
+      !std::isfinite(options.initial_loss_scale)) {
+    return absl::InvalidArgumentError(
+        "loss_scale_growth_interval must be >= 1 and initial_loss_scale finite and > 0");
+  }
+  auto model = std::make_unique<CudaMlp>(config, options);
+  if (absl::Status status = model->Init(device); !status.ok()) return status;
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace stoker
