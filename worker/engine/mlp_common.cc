@@ -49,20 +49,7 @@ absl::Status ValidateMlpConfig(const MlpConfig& config) {
   if (!std::isfinite(config.input_scale) || !std::isfinite(config.input_shift)) {
     return absl::InvalidArgumentError("input_scale and input_shift must be finite");
   }
-  const OptimizerConfig& opt = config.optimizer;
-  if (!(opt.learning_rate >= 0) || !std::isfinite(opt.learning_rate)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer.learning_rate must be finite and >= 0, got ", opt.learning_rate));
-  }
-  if (!(opt.momentum >= 0 && opt.momentum <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer.momentum must be in [0, 1], got ", opt.momentum));
-  }
-  if (!(opt.weight_decay >= 0) || !std::isfinite(opt.weight_decay)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer.weight_decay must be finite and >= 0, got ", opt.weight_decay));
-  }
-  return absl::OkStatus();
+  return ValidateTrainingOptions(config.optimizer, config.loss_scale);
 }
 
 absl::Status ValidateBatch(const MlpConfig& config, const BatchView& batch) {

@@ -223,7 +223,7 @@ absl::Status CudaMlp::Init(int device) {
                             layer.bias_velocity.as<float>(), nullptr, layer.out, 0.0f});
   }
 
-  STOKER_CUDA_RETURN_IF_ERROR(cudaMallocHost(&host_state_, sizeof(cuda::StepState)));
+  STOKER_CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&host_state_), sizeof(cuda::StepState)));
   STOKER_ASSIGN_BUFFER(state_, sizeof(cuda::StepState));
   *host_state_ = cuda::StepState{};
   host_state_->loss_scale = loss_scaling_ ? options_.initial_loss_scale : 1.0f;

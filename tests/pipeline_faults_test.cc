@@ -1,0 +1,183 @@
+// The input pipeline under SIGKILL, through the real agent: a killed loader is respawned and the
+// job trains on exactly the same batches; a killed trainer takes its loaders and the job's
+// shared memory with it.
+#include <signal.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/checkpoint.h"
+#include "gtest/gtest.h"
+#include "tests/test_cluster.h"
+
+namespace stoker::testing {
+namespace {
+
+// Pids of processes whose command line contains every needle.
+std::vector<pid_t> FindProcesses(const std::vector<std::string>& needles) {
+  std::vector<pid_t> pids;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    bool all = !cmdline.empty();
+    for (const std::string& needle : needles) all = all && absl::StrContains(cmdline, needle);
+    if (all) pids.push_back(std::stoi(name));
+  }
+  return pids;
+}
+
+// Open file descriptors of any process that point at a job region memfd.
+std::vector<std::string> OpenJobRegions() {
+  std::vector<std::string> found;
+  std::error_code error;
+  for (const auto& process : std::filesystem::directory_iterator("/proc", error)) {
+    std::filesystem::directory_iterator fds(process.path() / "fd", error);
+    if (error) continue;
+    for (const auto& fd : fds) {
+      const std::string target = std::filesystem::read_symlink(fd.path(), error).string();
+      if (!error && absl::StrContains(target, "memfd:stoker-job")) {
+        found.push_back(fd.path().string() + " -> " + target);
+      }
+    }
+  }
+  return found;
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  socklen_t length = sizeof(address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+v1::JobSpec SlowJob() {
+  v1::JobSpec spec = SmallFashionMnistJob(3, 6000, 1000);
+  spec.mutable_train()->set_precision(v1::PRECISION_FP32);
+  spec.mutable_loader()->set_processes(2);
+  spec.mutable_loader()->set_delay_ms(20);
+  return spec;
+}
+
+absl::StatusOr<Checkpoint> Artifact(TestCluster& cluster, const std::string& job_id) {
+  const std::string path = cluster.dir() + "/" + job_id + ".safetensors";
+  CommandResult result = cluster.Cli("artifact " + job_id + " -o " + path);
+  if (result.exit_code != 0) return absl::InternalError(result.output);
+  return ReadCheckpoint(path);
+}
+
+TEST(PipelineFaultsTest, KilledLoaderIsRespawnedAndTrainingIsIdentical) {
+  TestCluster cluster;
+  cluster.StartServer();
+  const std::string metrics = absl::StrCat("127.0.0.1:", FreePort());
+  cluster.StartWorker("w1", {"--metrics-listen", metrics});
+
+  absl::StatusOr<v1::Job> straight = cluster.Submit(SlowJob());
+  ASSERT_TRUE(straight.ok());
+  absl::StatusOr<v1::Job> straight_done = cluster.WaitForFinal(straight->id(), absl::Seconds(90));
+  ASSERT_TRUE(straight_done.ok() && straight_done->state() == v1::JOB_STATE_SUCCEEDED)
+      << straight_done->error();
+
+  absl::StatusOr<v1::Job> disturbed = cluster.Submit(SlowJob());
+  ASSERT_TRUE(disturbed.ok());
+  ASSERT_TRUE(cluster
+                  .WaitFor(disturbed->id(), [](const v1::Job& j) { return j.progress().step() >= 20; },
+                           absl::Seconds(60))
+                  .ok());
+  const std::string attempt_dir = "/" + disturbed->id() + "-a1/";
+  std::vector<pid_t> loaders = FindProcesses({"stoker-loader", attempt_dir, "--index 1"});
+  ASSERT_EQ(loaders.size(), 1u);
+  ASSERT_EQ(kill(loaders[0], SIGKILL), 0);
+
+  // The agent notices, respawns it, and counts the restart in the exported metrics.
+  bool counted = false;
+  std::string last_seen;
+  for (int i = 0; i < 100 && !counted; ++i) {
+    CommandResult scrape = RunCommand("curl -s http://" + metrics + "/metrics");
+    for (absl::string_view line : absl::StrSplit(scrape.output, '\n')) {
+      if (!absl::StartsWith(line, "stoker_loader_restarts_total{") ||
+          !absl::StrContains(line, absl::StrCat("job_id=\"", disturbed->id(), "\""))) {
+        continue;
+      }
+      last_seen = std::string(line);
+      counted = absl::EndsWith(line, "} 1");
+    }
+    if (!counted) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(counted) << "last seen: " << last_seen;
+
+  absl::StatusOr<v1::Job> disturbed_done = cluster.WaitForFinal(disturbed->id(), absl::Seconds(90));
+  ASSERT_TRUE(disturbed_done.ok());
+  ASSERT_EQ(disturbed_done->state(), v1::JOB_STATE_SUCCEEDED) << disturbed_done->error();
+  EXPECT_EQ(disturbed_done->attempt(), 1) << "a loader death must not cost the attempt";
+  CommandResult logs = cluster.Cli("logs " + disturbed->id());
+  EXPECT_NE(logs.output.find("loader 1 killed by signal 9"), std::string::npos) << logs.output;
+  EXPECT_NE(logs.output.find("respawned"), std::string::npos) << logs.output;
+
+  // Same batches in the same order: bit-identical weights.
+  absl::StatusOr<Checkpoint> a = Artifact(cluster, straight->id());
+  absl::StatusOr<Checkpoint> b = Artifact(cluster, disturbed->id());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(a->tensors.size(), b->tensors.size());
+  for (size_t i = 0; i < a->tensors.size(); ++i) {
+    EXPECT_TRUE(a->tensors[i].values == b->tensors[i].values) << a->tensors[i].name;
+  }
+}
+
+TEST(PipelineFaultsTest, KilledTrainerTakesItsLoadersAndSharedMemoryWithIt) {
+  TestCluster cluster;
+  cluster.StartServer();
+  cluster.StartWorker("w1");
+  v1::JobSpec spec = SlowJob();
+  spec.set_max_retries(0);
+  absl::StatusOr<v1::Job> job = cluster.Submit(spec);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(cluster
+                  .WaitFor(job->id(), [](const v1::Job& j) { return j.progress().step() >= 10; },
+                           absl::Seconds(60))
+                  .ok());
+  const std::string attempt_dir = "/" + job->id() + "-a1/";
+  std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", attempt_dir});
+  ASSERT_EQ(trainers.size(), 1u);
+  ASSERT_EQ(FindProcesses({"stoker-loader", attempt_dir}).size(), 2u);
+  ASSERT_FALSE(OpenJobRegions().empty());
+  ASSERT_EQ(kill(trainers[0], SIGKILL), 0);
+
+  absl::StatusOr<v1::Job> failed = cluster.WaitForFinal(job->id(), absl::Seconds(10));
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(failed->error().find("trainer killed by signal 9"), std::string::npos) << failed->error();
+  // No stoker process of the attempt and no job region remain anywhere.
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  while (absl::Now() < deadline &&
+         (!FindProcesses({attempt_dir}).empty() || !OpenJobRegions().empty())) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(FindProcesses({attempt_dir}).empty());
+  std::vector<std::string> regions = OpenJobRegions();
+  EXPECT_TRUE(regions.empty()) << regions.front();
+
+  // The worker takes the next job.
+  absl::StatusOr<v1::Job> next = cluster.Submit(SmallFashionMnistJob(1, 2000, 500));
+  ASSERT_TRUE(next.ok());
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(next->id(), absl::Seconds(60));
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+}
+
+}  // namespace
+}  // namespace stoker::testing

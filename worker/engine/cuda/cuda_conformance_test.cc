@@ -1,0 +1,382 @@
+// The cuda backend against the cpu backend (the reference for every GPU result) on fresh random
+// inputs: forward loss, one and two optimizer steps (parameters and momentum), Evaluate, 20 steps
+// of training, in fp32 (tolerance 1e-4: cuBLASLt runs with CUBLAS_COMPUTE_32F, no TF32) and bf16
+// (1e-2), with the fused cuBLASLt epilogues and with the fallback kernels; fp16 loss scaling
+// (skip and halve on overflow, growth after N clean steps). Every test but the first skips
+// without a device; the first checks the clean failure on machines without one.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/engine/backend.h"
+#include "worker/engine/cuda/cuda_backend.h"
+
+namespace stoker {
+namespace {
+
+#define SKIP_WITHOUT_DEVICE() \
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device"
+
+struct Batch {
+  std::vector<uint8_t> samples;
+  std::vector<float> features;
+  std::vector<uint8_t> labels;
+  int count = 0;
+  BatchView View() const {
+    BatchView view{samples.empty() ? nullptr : samples.data(), labels.data(), count};
+    if (!features.empty()) view.features = features.data();
+    return view;
+  }
+};
+
+// Uniformly random pixels and labels from `seed`; with `float_features`, float features in
+// [-2, 2) instead of pixels.
+Batch RandomBatch(int count, int features, int classes, uint64_t seed,
+                  bool float_features = false) {
+  std::mt19937_64 rng(seed);
+  Batch batch;
+  batch.count = count;
+  const size_t n = static_cast<size_t>(count) * features;
+  if (float_features) {
+    batch.features.resize(n);
+    for (float& f : batch.features) f = static_cast<float>((rng() >> 11) * 0x1.0p-53 * 4 - 2);
+  } else {
+    batch.samples.resize(n);
+    for (uint8_t& p : batch.samples) p = static_cast<uint8_t>(rng() >> 56);
+  }
+  batch.labels.resize(count);
+  for (uint8_t& l : batch.labels) l = static_cast<uint8_t>(rng() % classes);
+  return batch;
+}
+
+std::unique_ptr<Model> CpuModel(const MlpConfig& config) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = (*backend)->CreateMlp(config);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *std::move(model) : nullptr;
+}
+
+std::unique_ptr<Model> CudaModel(const MlpConfig& config,
+                                 const CudaBackendOptions& options = {}) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(0, options);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  if (!backend.ok()) return nullptr;
+  EXPECT_EQ((*backend)->Name(), "cuda");
+  absl::StatusOr<std::unique_ptr<Model>> model = (*backend)->CreateMlp(config);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *std::move(model) : nullptr;
+}
+
+MlpConfig TestConfig(Precision precision) {
+  MlpConfig config;
+  config.input_features = 40;
+  config.hidden = {64, 32};
+  config.classes = 10;
+  config.max_batch = 64;
+  config.precision = precision;
+  config.seed = 11;
+  config.optimizer.learning_rate = 0.05;
+  config.optimizer.momentum = 0.9;
+  config.optimizer.weight_decay = 1e-3;
+  return config;
+}
+
+// ||a - b|| / ||b||, the L2 relative error (||b|| floored to avoid 0/0 for all-zero tensors).
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-12);
+}
+
+// Same names and shapes, and values within `tolerance` (L2 relative, per tensor).
+void ExpectTensorsNear(const std::vector<NamedTensor>& actual,
+                       const std::vector<NamedTensor>& expected, double tolerance,
+                       const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    EXPECT_EQ(actual[i].name, expected[i].name) << what;
+    EXPECT_EQ(actual[i].shape, expected[i].shape) << what << " " << expected[i].name;
+    ASSERT_EQ(actual[i].values.size(), expected[i].values.size()) << what;
+    EXPECT_LE(RelativeError(actual[i].values, expected[i].values), tolerance)
+        << what << " " << expected[i].name;
+  }
+}
+
+// Parameter updates (after - before): comparing them, not the weights, keeps the small step from
+// hiding a wrong gradient under the weights' own size.
+std::vector<NamedTensor> Delta(const std::vector<NamedTensor>& after,
+                               const std::vector<NamedTensor>& before) {
+  std::vector<NamedTensor> delta = after;
+  for (size_t i = 0; i < delta.size() && i < before.size(); ++i) {
+    for (size_t j = 0; j < delta[i].values.size(); ++j) {
+      delta[i].values[j] -= before[i].values[j];
+    }
+  }
+  return delta;
+}
+
+TEST(CudaBackendNoDeviceTest, FailsCleanlyWithoutDevice) {
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "this machine has a CUDA device";
+  EXPECT_EQ(CudaDeviceCount(), 0);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(0);
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(backend.status().message().find("no CUDA device"), std::string::npos);
+  std::vector<uint8_t> region(4096);
+  EXPECT_EQ(RegisterHostRegion(region.data(), region.size()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Asking twice gives the same answer: the first failure left no sticky error behind.
+  EXPECT_EQ(CudaDeviceCount(), 0);
+}
+
+// (precision, fused epilogues)
+class CudaConformanceTest : public ::testing::TestWithParam<std::tuple<Precision, bool>> {
+ protected:
+  Precision precision() const { return std::get<0>(GetParam()); }
+  CudaBackendOptions options() const {
+    CudaBackendOptions options;
+    options.fused_epilogues = std::get<1>(GetParam());
+    return options;
+  }
+  double tolerance() const { return precision() == Precision::kFp32 ? 1e-4 : 1e-2; }
+};
+
+TEST_P(CudaConformanceTest, InitialParametersMatchCpu) {
+  SKIP_WITHOUT_DEVICE();
+  const MlpConfig config = TestConfig(precision());
+  std::unique_ptr<Model> cpu = CpuModel(config);
+  std::unique_ptr<Model> gpu = CudaModel(config, options());
+  ASSERT_TRUE(cpu && gpu);
+  ExpectTensorsNear(gpu->Parameters(), cpu->Parameters(), 0.0, "initial parameters");
+  ExpectTensorsNear(gpu->OptimizerState(), cpu->OptimizerState(), 0.0, "initial momentum");
+}
+
+TEST_P(CudaConformanceTest, EvaluateMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  const MlpConfig config = TestConfig(precision());
+  std::unique_ptr<Model> cpu = CpuModel(config);
+  std::unique_ptr<Model> gpu = CudaModel(config, options());
+  ASSERT_TRUE(cpu && gpu);
+  for (const bool float_features : {false, true}) {
+    for (const int count : {64, 37}) {
+      const Batch batch = RandomBatch(count, config.input_features, config.classes,
+                                      1000 + count, float_features);
+      absl::StatusOr<EvalResult> expected = cpu->Evaluate(batch.View());
+      absl::StatusOr<EvalResult> actual = gpu->Evaluate(batch.View());
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      ASSERT_TRUE(actual.ok()) << actual.status();
+      EXPECT_EQ(actual->count, count);
+      EXPECT_NEAR(actual->loss_sum, expected->loss_sum, tolerance() * expected->loss_sum)
+          << "count " << count << " features " << float_features;
+      // Near-ties may flip an argmax under different rounding.
+      EXPECT_NEAR(actual->correct, expected->correct, precision() == Precision::kFp32 ? 1 : 3);
+    }
+  }
+}
+
+TEST_P(CudaConformanceTest, TwoStepsMatchCpuParametersAndMomentum) {
+  SKIP_WITHOUT_DEVICE();
+  const MlpConfig config = TestConfig(precision());
+  std::unique_ptr<Model> cpu = CpuModel(config);
+  std::unique_ptr<Model> gpu = CudaModel(config, options());
+  ASSERT_TRUE(cpu && gpu);
+  const std::vector<NamedTensor> initial = cpu->Parameters();
+  // A full batch, then a partial one (a second GEMM plan) with float features.
+  const Batch batches[2] = {RandomBatch(64, config.input_features, config.classes, 7),
+                            RandomBatch(29, config.input_features, config.classes, 8, true)};
+  for (int step = 0; step < 2; ++step) {
+    absl::StatusOr<StepResult> expected = cpu->TrainStep(batches[step].View(), 0.05);
+    absl::StatusOr<StepResult> actual = gpu->TrainStep(batches[step].View(), 0.05);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    ASSERT_TRUE(actual.ok()) << actual.status();
+    EXPECT_NEAR(actual->loss, expected->loss, tolerance() * expected->loss) << "step " << step;
+    EXPECT_FALSE(actual->skipped);
+    EXPECT_EQ(actual->loss_scale, 1.0f);
+    const std::string what = "step " + std::to_string(step);
+    ExpectTensorsNear(Delta(gpu->Parameters(), initial), Delta(cpu->Parameters(), initial),
+                      tolerance(), what + " update");
+    ExpectTensorsNear(gpu->OptimizerState(), cpu->OptimizerState(), tolerance(),
+                      what + " momentum");
+  }
+}
+
+TEST_P(CudaConformanceTest, TwentyStepsOfTrainingTrackCpu) {
+  SKIP_WITHOUT_DEVICE();
+  MlpConfig config = TestConfig(precision());
+  config.input_features = 784;
+  config.hidden = {256, 128};
+  config.max_batch = 128;
+  std::unique_ptr<Model> cpu = CpuModel(config);
+  std::unique_ptr<Model> gpu = CudaModel(config, options());
+  ASSERT_TRUE(cpu && gpu);
+  // A learnable problem, so the loss moves: the label is a function of the sample.
+  std::vector<Batch> batches;
+  for (int b = 0; b < 4; ++b) {
+    Batch batch = RandomBatch(128, config.input_features, config.classes, 50 + b);
+    for (int s = 0; s < batch.count; ++s) batch.labels[s] = batch.samples[s * 784] % 10;
+    batches.push_back(std::move(batch));
+  }
+  const double tolerance = precision() == Precision::kFp32 ? 1e-4 : 3e-2;
+  float first_loss = 0, last_loss = 0;
+  for (int step = 0; step < 20; ++step) {
+    const BatchView view = batches[step % batches.size()].View();
+    absl::StatusOr<StepResult> expected = cpu->TrainStep(view, 0.02);
+    absl::StatusOr<StepResult> actual = gpu->TrainStep(view, 0.02);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    ASSERT_TRUE(actual.ok()) << actual.status();
+    EXPECT_NEAR(actual->loss, expected->loss, tolerance * expected->loss) << "step " << step;
+    if (step == 0) first_loss = actual->loss;
+    last_loss = actual->loss;
+  }
+  EXPECT_LT(last_loss, first_loss);
+  ExpectTensorsNear(gpu->Parameters(), cpu->Parameters(), tolerance, "after 20 steps");
+  const Batch held_out = RandomBatch(128, config.input_features, config.classes, 99);
+  absl::StatusOr<EvalResult> expected = cpu->Evaluate(held_out.View());
+  absl::StatusOr<EvalResult> actual = gpu->Evaluate(held_out.View());
+  ASSERT_TRUE(expected.ok() && actual.ok());
+  EXPECT_NEAR(actual->loss_sum, expected->loss_sum, tolerance * expected->loss_sum);
+}
+
+TEST_P(CudaConformanceTest, ResumeFromParametersAndOptimizerState) {
+  SKIP_WITHOUT_DEVICE();
+  const MlpConfig config = TestConfig(precision());
+  std::unique_ptr<Model> first = CudaModel(config, options());
+  std::unique_ptr<Model> second = CudaModel(config, options());
+  ASSERT_TRUE(first && second);
+  const Batch batch = RandomBatch(64, config.input_features, config.classes, 3);
+  ASSERT_TRUE(first->TrainStep(batch.View(), 0.05).ok());
+  ASSERT_TRUE(second->SetParameters(first->Parameters()).ok());
+  ASSERT_TRUE(second->SetOptimizerState(first->OptimizerState()).ok());
+  const Batch next = RandomBatch(64, config.input_features, config.classes, 4);
+  ASSERT_TRUE(first->TrainStep(next.View(), 0.05).ok());
+  ASSERT_TRUE(second->TrainStep(next.View(), 0.05).ok());
+  ExpectTensorsNear(second->Parameters(), first->Parameters(), 1e-6, "resumed");
+  ExpectTensorsNear(second->OptimizerState(), first->OptimizerState(), 1e-6, "resumed momentum");
+}
+
+TEST_P(CudaConformanceTest, RejectsBadInput) {
+  SKIP_WITHOUT_DEVICE();
+  const MlpConfig config = TestConfig(precision());
+  std::unique_ptr<Model> gpu = CudaModel(config, options());
+  ASSERT_TRUE(gpu);
+  Batch batch = RandomBatch(8, config.input_features, config.classes, 5);
+  batch.labels[3] = 10;
+  EXPECT_EQ(gpu->TrainStep(batch.View(), 0.05).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  batch.labels[3] = 0;
+  batch.count = 65;
+  EXPECT_EQ(gpu->Evaluate(batch.View()).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<NamedTensor> parameters = gpu->Parameters();
+  parameters[0].name = "wrong";
+  EXPECT_EQ(gpu->SetParameters(parameters).code(), absl::StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    PrecisionsAndEpilogues, CudaConformanceTest,
+    ::testing::Combine(::testing::Values(Precision::kFp32, Precision::kBf16), ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<Precision, bool>>& info) {
+      return std::string(PrecisionName(std::get<0>(info.param))) +
+             (std::get<1>(info.param) ? "_fused" : "_unfused");
+    });
+
+// Odd, tiny shapes (no multiple of 8 anywhere), as in the cpu backend's own tests.
+TEST(CudaConformanceOddShapesTest, Fp32StepMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  MlpConfig config;
+  config.input_features = 6;
+  config.hidden = {5, 4};
+  config.classes = 3;
+  config.max_batch = 8;
+  config.seed = 42;
+  std::unique_ptr<Model> cpu = CpuModel(config);
+  std::unique_ptr<Model> gpu = CudaModel(config);
+  ASSERT_TRUE(cpu && gpu);
+  const Batch batch = RandomBatch(5, 6, 3, 101);
+  absl::StatusOr<StepResult> expected = cpu->TrainStep(batch.View(), 0.1);
+  absl::StatusOr<StepResult> actual = gpu->TrainStep(batch.View(), 0.1);
+  ASSERT_TRUE(expected.ok() && actual.ok()) << actual.status();
+  EXPECT_NEAR(actual->loss, expected->loss, 1e-4 * expected->loss);
+  ExpectTensorsNear(gpu->OptimizerState(), cpu->OptimizerState(), 1e-4, "momentum");
+}
+
+// fp16 has no cpu twin: it is checked against the cpu fp32 model, within fp16's rounding.
+TEST(CudaFp16Test, StepCloseToCpuFp32) {
+  SKIP_WITHOUT_DEVICE();
+  MlpConfig config = TestConfig(Precision::kFp32);
+  std::unique_ptr<Model> cpu = CpuModel(config);
+  config.precision = Precision::kFp16;
+  std::unique_ptr<Model> gpu = CudaModel(config);
+  ASSERT_TRUE(cpu && gpu);
+  const Batch batch = RandomBatch(64, config.input_features, config.classes, 21);
+  absl::StatusOr<StepResult> expected = cpu->TrainStep(batch.View(), 0.05);
+  absl::StatusOr<StepResult> actual = gpu->TrainStep(batch.View(), 0.05);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  ASSERT_TRUE(actual.ok()) << actual.status();
+  EXPECT_FALSE(actual->skipped);
+  EXPECT_EQ(actual->loss_scale, 65536.0f);
+  EXPECT_NEAR(actual->loss, expected->loss, 1e-2 * expected->loss);
+  ExpectTensorsNear(gpu->OptimizerState(), cpu->OptimizerState(), 1e-2, "fp16 momentum");
+}
+
+TEST(CudaFp16Test, OverflowSkipsStepAndHalvesScale) {
+  SKIP_WITHOUT_DEVICE();
+  MlpConfig config = TestConfig(Precision::kFp16);
+  std::unique_ptr<Model> gpu = CudaModel(config);
+  ASSERT_TRUE(gpu);
+  const std::vector<NamedTensor> parameters = gpu->Parameters();
+  const std::vector<NamedTensor> momentum = gpu->OptimizerState();
+  // An infinite feature: the forward pass, the loss and the gradients all go non-finite.
+  Batch poisoned = RandomBatch(64, config.input_features, config.classes, 31, true);
+  poisoned.features[5] = std::numeric_limits<float>::infinity();
+  absl::StatusOr<StepResult> skipped = gpu->TrainStep(poisoned.View(), 0.05);
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_TRUE(skipped->skipped);
+  EXPECT_EQ(skipped->loss_scale, 32768.0f);
+  ExpectTensorsNear(gpu->Parameters(), parameters, 0.0, "skipped step's parameters");
+  ExpectTensorsNear(gpu->OptimizerState(), momentum, 0.0, "skipped step's momentum");
+
+  const Batch clean = RandomBatch(64, config.input_features, config.classes, 32);
+  absl::StatusOr<StepResult> result = gpu->TrainStep(clean.View(), 0.05);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_FALSE(result->skipped);
+  EXPECT_EQ(result->loss_scale, 32768.0f);
+  EXPECT_TRUE(std::isfinite(result->loss));
+}
+
+TEST(CudaFp16Test, ScaleGrowsAfterIntervalOfCleanSteps) {
+  SKIP_WITHOUT_DEVICE();
+  CudaBackendOptions options;
+  options.loss_scale_growth_interval = 3;
+  options.initial_loss_scale = 1024.0f;
+  std::unique_ptr<Model> gpu = CudaModel(TestConfig(Precision::kFp16), options);
+  ASSERT_TRUE(gpu);
+  const float expected_scales[7] = {1024, 1024, 2048, 2048, 2048, 4096, 4096};
+  for (int step = 0; step < 7; ++step) {
+    const Batch batch = RandomBatch(64, 40, 10, 40 + step);
+    absl::StatusOr<StepResult> result = gpu->TrainStep(batch.View(), 0.01);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_FALSE(result->skipped) << "step " << step;
+    EXPECT_EQ(result->loss_scale, expected_scales[step]) << "step " << step;
+  }
+}
+
+TEST(CudaHostRegionTest, RegisterAndUnregister) {
+  SKIP_WITHOUT_DEVICE();
+  std::vector<uint8_t> region(1 << 20);
+  ASSERT_TRUE(RegisterHostRegion(region.data(), region.size()).ok());
+  EXPECT_FALSE(RegisterHostRegion(region.data(), region.size()).ok());  // already registered
+  EXPECT_TRUE(UnregisterHostRegion(region.data()).ok());
+}
+
+}  // namespace
+}  // namespace stoker
