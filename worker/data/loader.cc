@@ -73,14 +73,16 @@ absl::Status RunLoader(JobRegion& region, const LabeledSamples& data,
   if (absl::Status s = ValidateAugment(options.augment, data.sample_dims); !s.ok()) return s;
   BatchMaker maker(data, geometry.batch_size, options.seed, options.augment);
   JobStats& stats = region.stats();
-  const uint64_t loaders = geometry.loader_count;
-  const uint64_t next = stats.consumer_next_batch.load(std::memory_order_acquire);
-  uint64_t batch = next + (options.index + loaders - next % loaders) % loaders;
-  for (; batch < geometry.total_batches; batch += loaders) {
+  // The loader eras decide which batches are ours; they may change while we run, so ownership is
+  // checked again once a slot is free (a new era never starts at a batch whose slot is free).
+  uint64_t batch = region.NextBatchFor(
+      options.index, stats.consumer_next_batch.load(std::memory_order_acquire));
+  for (; batch < geometry.total_batches; batch = region.NextBatchFor(options.index, batch + 1)) {
     if (region.IsPublished(batch)) continue;  // made by this loader's previous incarnation
     absl::StatusOr<WritableBatch> slot = region.WaitWritable(batch, absl::InfiniteDuration());
     if (absl::IsFailedPrecondition(slot.status())) continue;  // published meanwhile
     if (!slot.ok()) return slot.status();
+    if (region.NextBatchFor(options.index, batch) != batch) continue;  // another loader's now
     const auto start = std::chrono::steady_clock::now();
     const uint32_t count = maker.Make(batch, slot->samples, slot->labels);
     if (options.delay_ms > 0) absl::SleepFor(absl::Milliseconds(options.delay_ms));

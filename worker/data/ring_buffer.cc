@@ -27,7 +27,7 @@ namespace {
 // "STOKERRG" read as a little-endian integer.
 constexpr uint64_t kRegionMagic = 0x475252454b4f5453ull;
 // Bump whenever RegionHeader, RegionControl, SlotHeader, JobStats or the layout rules change.
-constexpr uint32_t kRegionVersion = 2;  // 2: sample_type
+constexpr uint32_t kRegionVersion = 3;  // 2: sample_type; 3: loader eras
 constexpr uint64_t kCacheLineBytes = 64;
 // Longest single futex sleep: every wait re-checks stop and peer liveness at least this often.
 constexpr auto kWaitTick = std::chrono::milliseconds(100);
@@ -61,9 +61,20 @@ struct RegionHeader {
 // Attach compares headers with memcmp: there must be no padding bytes.
 static_assert(std::has_unique_object_representations_v<RegionHeader>);
 
+constexpr uint32_t kMaxLoaderEras = 64;
+
+// From batch `start_batch` on (until the next era's start), batch b is made by loader b % count.
+struct LoaderEra {
+  std::atomic<uint64_t> start_batch;
+  std::atomic<uint32_t> loader_count;
+};
+
 struct RegionControl {
   std::atomic<uint32_t> stop;
   std::atomic<int32_t> consumer_pid;  // 0 = not set
+  // Entries below era_count are complete; an entry is written before era_count is raised.
+  std::atomic<uint32_t> era_count;
+  LoaderEra eras[kMaxLoaderEras];
 };
 
 // Per-slot words. `seq` encodes the slot's state for batch b (mod 2^32):
@@ -264,6 +275,12 @@ absl::StatusOr<std::unique_ptr<JobRegion>> JobRegion::Create(const RingGeometry&
   // A fresh memfd is zero-filled; construct the shared objects in place.
   impl->header = new (impl->base) RegionHeader(*layout);
   impl->control = new (impl->base + layout->control_offset) RegionControl{};
+  impl->control->eras[0].start_batch.store(0, std::memory_order_relaxed);
+  impl->control->eras[0].loader_count.store(
+      geometry.initial_loaders > 0 ? std::min(geometry.initial_loaders, geometry.loader_count)
+                                   : geometry.loader_count,
+      std::memory_order_relaxed);
+  impl->control->era_count.store(1, std::memory_order_relaxed);
   impl->stats = new (impl->base + layout->stats_offset) JobStats{};
   for (uint32_t s = 0; s < geometry.slot_count; ++s) {
     auto* slot = new (impl->base + layout->slots_offset + s * layout->slot_stride) SlotHeader{};
@@ -422,6 +439,52 @@ void JobRegion::StartAt(uint64_t first_batch) {
     impl_->Slot(batch)->seq.store(static_cast<uint32_t>(2 * batch), std::memory_order_relaxed);
   }
   impl_->stats->consumer_next_batch.store(first_batch, std::memory_order_release);
+}
+
+uint64_t JobRegion::NextBatchFor(uint32_t index, uint64_t from) const {
+  const RegionControl& control = *impl_->control;
+  const uint32_t eras = std::min(control.era_count.load(std::memory_order_acquire), kMaxLoaderEras);
+  const uint64_t total = impl_->geometry.total_batches;
+  for (uint32_t e = 0; e < eras; ++e) {
+    const uint64_t start = control.eras[e].start_batch.load(std::memory_order_relaxed);
+    const uint64_t end =
+        e + 1 < eras ? control.eras[e + 1].start_batch.load(std::memory_order_relaxed) : total;
+    const uint64_t loaders = control.eras[e].loader_count.load(std::memory_order_relaxed);
+    const uint64_t first = std::max(from, start);
+    if (loaders == 0 || index >= loaders || first >= end) continue;
+    const uint64_t batch = first + (index + loaders - first % loaders) % loaders;
+    if (batch < std::min(end, total)) return batch;
+  }
+  return total;
+}
+
+uint32_t JobRegion::ActiveLoaderCount() const {
+  const RegionControl& control = *impl_->control;
+  const uint32_t eras = std::min(control.era_count.load(std::memory_order_acquire), kMaxLoaderEras);
+  return control.eras[eras - 1].loader_count.load(std::memory_order_relaxed);
+}
+
+absl::Status JobRegion::ChangeLoaderCount(uint64_t start_batch, uint32_t loader_count) {
+  RegionControl& control = *impl_->control;
+  const uint32_t eras = control.era_count.load(std::memory_order_acquire);
+  if (loader_count == 0 || loader_count > impl_->geometry.loader_count) {
+    return absl::InvalidArgumentError(absl::StrCat("loader count ", loader_count,
+                                                   " is outside 1..", impl_->geometry.loader_count));
+  }
+  if (eras >= kMaxLoaderEras) {
+    return absl::FailedPreconditionError("the loader era table is full");
+  }
+  const uint64_t next = impl_->stats->consumer_next_batch.load(std::memory_order_acquire);
+  if (start_batch < next + impl_->geometry.slot_count ||
+      start_batch <= control.eras[eras - 1].start_batch.load(std::memory_order_relaxed)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a new loader era must start at or after batch ",
+                     next + impl_->geometry.slot_count, " and after the current era's start"));
+  }
+  control.eras[eras].start_batch.store(start_batch, std::memory_order_relaxed);
+  control.eras[eras].loader_count.store(loader_count, std::memory_order_relaxed);
+  control.era_count.store(eras + 1, std::memory_order_release);
+  return absl::OkStatus();
 }
 
 }  // namespace stoker

@@ -28,9 +28,13 @@ struct RingGeometry {
   uint32_t slot_count = 8;
   uint32_t batch_size = 128;    // samples per full batch
   uint32_t sample_bytes = 784;  // bytes per sample: features * SampleTypeBytes(sample_type)
-  uint32_t loader_count = 1;    // K: batch b is made by loader b % K
+  // Most loader processes the job may use. Which loader makes batch b is set by the loader eras
+  // (see ChangeLoaderCount): in an era with K loaders, loader b % K. The first era starts at
+  // batch 0 with `initial_loaders` (0 = loader_count).
+  uint32_t loader_count = 1;
   uint64_t total_batches = 0;   // batches in the whole job (all epochs)
   SampleType sample_type = SampleType::kUint8;  // element type of the samples in a slot
+  uint32_t initial_loaders = 0;
 };
 
 // Counters the trainer and loaders publish and the agent exports. Lives in shared memory, so every
@@ -116,6 +120,19 @@ class JobRegion {
   // batch of the stream (a job resumed from a checkpoint), as if every earlier one had been
   // consumed. Loaders then start there on their own.
   void StartAt(uint64_t first_batch);
+
+  // Loader eras. Batch contents never depend on which loader makes them, so the number of
+  // loaders can change while the job runs without changing the batch stream.
+  //
+  // The first batch >= `from` that loader `index` makes, or total_batches when none is left.
+  uint64_t NextBatchFor(uint32_t index, uint64_t from) const;
+  // Loaders in the latest era.
+  uint32_t ActiveLoaderCount() const;
+  // Agent only: from `start_batch` on, `loader_count` loaders (1..geometry.loader_count) make the
+  // batches. FAILED_PRECONDITION unless start_batch >= consumer_next_batch + slot_count (so no
+  // loader can be writing a batch of the new era yet) and after the latest era's start, or when
+  // the era table is full. Producers re-check ownership after each wait, so the switch is safe.
+  absl::Status ChangeLoaderCount(uint64_t start_batch, uint32_t loader_count);
 
   // Slots currently holding a published, unreleased batch.
   uint32_t FilledSlots() const;

@@ -78,6 +78,38 @@ TEST(JobRegionTest, AttachSeesTheSameRegion) {
   EXPECT_EQ(region->ConsumerPid(), 1234);
 }
 
+TEST(JobRegionTest, LoaderErasDecideWhoMakesEachBatch) {
+  RingGeometry g = SmallGeometry(4, 4, 100);
+  g.initial_loaders = 1;
+  auto region = MustCreate(g);
+  EXPECT_EQ(region->ActiveLoaderCount(), 1u);
+  EXPECT_EQ(region->NextBatchFor(0, 0), 0u);
+  EXPECT_EQ(region->NextBatchFor(0, 37), 37u);
+  EXPECT_EQ(region->NextBatchFor(1, 0), 100u) << "loader 1 has nothing to do in a 1-loader era";
+
+  // Too early (slots of batch 2 may already be written) and out of range are refused.
+  EXPECT_EQ(region->ChangeLoaderCount(2, 2).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(region->ChangeLoaderCount(10, 5).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(region->ChangeLoaderCount(10, 3).ok());
+  EXPECT_EQ(region->ActiveLoaderCount(), 3u);
+  EXPECT_EQ(region->NextBatchFor(0, 5), 5u);    // still the 1-loader era
+  EXPECT_EQ(region->NextBatchFor(0, 10), 12u);  // 12 % 3 == 0
+  EXPECT_EQ(region->NextBatchFor(1, 0), 10u);   // 10 % 3 == 1, the first batch of the new era
+  EXPECT_EQ(region->NextBatchFor(2, 0), 11u);
+  EXPECT_EQ(region->ChangeLoaderCount(10, 2).code(), absl::StatusCode::kFailedPrecondition)
+      << "a new era must start after the latest one";
+  ASSERT_TRUE(region->ChangeLoaderCount(20, 1).ok());
+  EXPECT_EQ(region->NextBatchFor(2, 18), 100u) << "loader 2 retires after the 3-loader era";
+  EXPECT_EQ(region->NextBatchFor(0, 19), 20u);
+
+  // Every batch has exactly one maker.
+  for (uint64_t b = 0; b < 100; ++b) {
+    int makers = 0;
+    for (uint32_t k = 0; k < 4; ++k) makers += region->NextBatchFor(k, b) == b;
+    EXPECT_EQ(makers, 1) << "batch " << b;
+  }
+}
+
 TEST(JobRegionTest, ClearCloexec) {
   auto region = MustCreate(SmallGeometry());
   ASSERT_NE(region, nullptr);
