@@ -179,5 +179,36 @@ TEST(PipelineFaultsTest, KilledTrainerTakesItsLoadersAndSharedMemoryWithIt) {
   EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
 }
 
+TEST(PipelineFaultsTest, AutotuneAddsLoadersWithoutChangingTheBatchStream) {
+  TestCluster cluster;
+  cluster.StartServer();
+  cluster.StartWorker("w1");
+  v1::JobSpec spec = SmallFashionMnistJob(2, 12000, 500);
+  spec.mutable_train()->set_precision(v1::PRECISION_FP32);
+  spec.mutable_loader()->set_delay_ms(25);  // one loader cannot keep up
+  spec.mutable_loader()->set_processes(0);  // auto
+  absl::StatusOr<v1::Job> tuned = cluster.Submit(spec);
+  ASSERT_TRUE(tuned.ok());
+  spec.mutable_loader()->set_processes(1);
+  spec.mutable_loader()->set_delay_ms(0);
+  absl::StatusOr<v1::Job> fixed = cluster.Submit(spec);
+  ASSERT_TRUE(fixed.ok());
+  for (const std::string& id : {tuned->id(), fixed->id()}) {
+    absl::StatusOr<v1::Job> done = cluster.WaitForFinal(id, absl::Seconds(120));
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  }
+  CommandResult logs = cluster.Cli("logs " + tuned->id());
+  EXPECT_NE(logs.output.find("autotune: input-bound"), std::string::npos) << logs.output;
+  EXPECT_NE(logs.output.find("loader processes 1 -> 2"), std::string::npos) << logs.output;
+  // More loaders mid-run, same batches: bit-identical weights to the one-loader run.
+  absl::StatusOr<Checkpoint> a = Artifact(cluster, tuned->id());
+  absl::StatusOr<Checkpoint> b = Artifact(cluster, fixed->id());
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (size_t i = 0; i < a->tensors.size(); ++i) {
+    EXPECT_TRUE(a->tensors[i].values == b->tensors[i].values) << a->tensors[i].name;
+  }
+}
+
 }  // namespace
 }  // namespace stoker::testing

@@ -41,11 +41,15 @@ AttemptOutcome Failed(std::string error, bool permanent) {
 
 }  // namespace
 
-int ChooseLoaderCount(int requested, int cpu_count) {
-  if (requested > 0) return requested;
-  // The trainer's compute threads need the cores; one loader keeps up with an in-memory dataset
-  // on a small machine. Larger machines get one loader per four cores, at most eight.
-  return std::clamp(cpu_count / 4, 1, 8);
+int AutoLoaderLimit(int cpu_count) {
+  // Like tf.data's AUTOTUNE, bounded by the cores: two loaders per core (a loader often waits on
+  // I/O or sleeps), at least 2, at most 16.
+  return std::clamp(2 * cpu_count, 2, 16);
+}
+
+int AutotuneLoaderCount(int current, int limit, double input_bound_fraction) {
+  if (input_bound_fraction <= 0.10 || current >= limit) return current;
+  return std::min(limit, 2 * current);
 }
 
 JobRunner::JobRunner(RunnerOptions options, v1::Assignment assignment, EventCallback on_event)
@@ -91,13 +95,17 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
       ProbeDatasetFiles(TrainDatasetFiles(spec), spec.dataset().train_limit());
   if (!shape.ok()) return Failed(std::string(shape.status().message()), true);
 
-  const int loader_count = ChooseLoaderCount(spec.loader().processes(), options_.cpu_count);
+  // `auto` starts with one loader and grows while the trainer waits for data (see Supervise).
+  const bool autotune = spec.loader().processes() == 0;
+  const int loader_count =
+      autotune ? AutoLoaderLimit(options_.cpu_count) : spec.loader().processes();
   RingGeometry geometry;
   geometry.slot_count = spec.loader().ring_slots();
   geometry.batch_size = spec.train().batch_size();
   geometry.sample_bytes = shape->sample_bytes;
   geometry.sample_type = shape->sample_type;
   geometry.loader_count = loader_count;
+  geometry.initial_loaders = autotune ? 1 : loader_count;
   geometry.total_batches =
       static_cast<uint64_t>(BatchesPerEpoch(shape->count, spec.train().batch_size())) *
       spec.train().epochs();
@@ -126,7 +134,9 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   on_event_(LogEvent(absl::StrCat("dataset: ", shape->count, " training samples of ",
                                   shape->features, " ", SampleTypeName(shape->sample_type),
                                   " features, ", shape->classes, " classes; ",
-                                  loader_count, " loader process(es), ", geometry.slot_count,
+                                  geometry.initial_loaders, " loader process(es)",
+                                  autotune ? absl::StrCat(" (auto, up to ", loader_count, ")") : "",
+                                  ", ", geometry.slot_count,
                                   " ring slots")));
   {
     absl::MutexLock lock(&region_mu_);
@@ -194,7 +204,8 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   std::vector<std::optional<pid_t>> loaders(loader_count);
   std::optional<std::string> fatal;  // set when the attempt must end early
   bool fatal_permanent = false;
-  for (int k = 0; k < loader_count && !fatal; ++k) {
+  const int initial_loaders = static_cast<int>(region.ActiveLoaderCount());
+  for (int k = 0; k < initial_loaders && !fatal; ++k) {
     absl::StatusOr<pid_t> pid = spawn_loader(k);
     if (pid.ok()) {
       loaders[k] = *pid;
@@ -206,7 +217,42 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   int restarts = 0;
   std::optional<ExitInfo> trainer_exit;
   bool cancelled = false;
+  // Autotune window (loader.processes: auto).
+  const bool autotune = assignment_.spec().loader().processes() == 0;
+  absl::Time window_start = absl::Now();
+  uint64_t window_stall_ns = region.stats().data_stall_ns_total.load();
+  uint64_t window_busy_ns = region.stats().device_busy_ns_total.load();
   while (!trainer_exit && !fatal) {
+    if (autotune && absl::Now() - window_start >= absl::Seconds(2)) {
+      const uint64_t stall = region.stats().data_stall_ns_total.load() - window_stall_ns;
+      const uint64_t busy = region.stats().device_busy_ns_total.load() - window_busy_ns;
+      const int active = static_cast<int>(region.ActiveLoaderCount());
+      if (busy > 0) {
+        const double fraction = double(stall) / double(stall + busy);
+        const int wanted = AutotuneLoaderCount(active, loader_count, fraction);
+        const uint64_t start = region.stats().consumer_next_batch.load() +
+                               region.geometry().slot_count;
+        if (wanted != active && start < region.geometry().total_batches &&
+            region.ChangeLoaderCount(start, static_cast<uint32_t>(wanted)).ok()) {
+          on_event_(LogEvent(absl::StrCat("autotune: input-bound ",
+                                          static_cast<int>(100 * fraction + 0.5),
+                                          "% of the last window; loader processes ", active,
+                                          " -> ", wanted, " from batch ", start)));
+          for (int k = 0; k < wanted && !fatal; ++k) {
+            if (loaders[k]) continue;
+            absl::StatusOr<pid_t> pid = spawn_loader(k);
+            if (pid.ok()) {
+              loaders[k] = *pid;
+            } else {
+              fatal = std::string(pid.status().message());
+            }
+          }
+        }
+      }
+      window_start = absl::Now();
+      window_stall_ns = region.stats().data_stall_ns_total.load();
+      window_busy_ns = region.stats().device_busy_ns_total.load();
+    }
     if (cancel_requested_.load()) {
       cancelled = true;
       break;

@@ -30,8 +30,13 @@ struct AttemptOutcome {
   v1::TrainingProgress progress;
 };
 
-// Loader processes for `loader.processes` (0 = auto) on a machine with `cpu_count` cores.
-int ChooseLoaderCount(int requested, int cpu_count);
+// Most loader processes `loader.processes: auto` may grow to on a machine with `cpu_count` cores.
+int AutoLoaderLimit(int cpu_count);
+
+// `loader.processes: auto`: the next loader count given the input-bound fraction (time the
+// trainer waited for data / (waited + computed)) measured over the last window, or `current` to
+// keep it. Doubles while the trainer waits more than 10% of the time, up to `limit`.
+int AutotuneLoaderCount(int current, int limit, double input_bound_fraction);
 
 class JobRunner {
  public:

@@ -1,5 +1,6 @@
 #include "worker/engine/backend.h"
 #include "worker/engine/cpu_mlp.h"
+#include "worker/engine/cpu_network.h"
 
 namespace stoker {
 namespace {
@@ -9,6 +10,9 @@ class CpuBackend final : public Backend {
   std::string Name() const override { return "cpu"; }
   absl::StatusOr<std::unique_ptr<Model>> CreateMlp(const MlpConfig& config) override {
     return CreateCpuMlp(config);
+  }
+  absl::StatusOr<std::unique_ptr<Model>> CreateNetwork(const NetworkConfig& config) override {
+    return CreateCpuNetwork(config);
   }
 };
 

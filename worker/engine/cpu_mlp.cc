@@ -13,6 +13,7 @@
 #include "worker/engine/aligned_array.h"
 #include "worker/engine/bf16.h"
 #include "worker/engine/cpu_kernels.h"
+#include "worker/engine/cpu_network.h"
 
 namespace stoker {
 namespace {
@@ -421,8 +422,11 @@ void CpuMlp::RefreshBf16Weights() {
 
 absl::StatusOr<std::unique_ptr<Model>> CreateCpuMlp(const MlpConfig& config) {
   if (absl::Status status = ValidateMlpConfig(config); !status.ok()) return status;
-  if (config.precision == Precision::kFp16) {
-    return absl::UnimplementedError("the cpu backend does not implement fp16; use fp32 or bf16");
+  // The fast path below is SGD with momentum in fp32 or bf16; the general network does the rest.
+  const OptimizerConfig& opt = config.optimizer;
+  if (config.precision == Precision::kFp16 || opt.type != OptimizerType::kSgd || opt.nesterov ||
+      opt.clip_grad_norm > 0) {
+    return CreateCpuNetworkForMlp(config);
   }
   std::unique_ptr<CpuMlp> model;
   try {

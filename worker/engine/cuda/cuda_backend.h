@@ -17,13 +17,9 @@
 
 namespace stoker {
 
-// Knobs beyond MlpConfig. The defaults are what a trainer wants; tests change them.
+// Knobs beyond MlpConfig (whose LossScaleConfig drives fp16 loss scaling). The defaults are what a
+// trainer wants; tests change them.
 struct CudaBackendOptions {
-  // fp16 dynamic loss scaling, PyTorch GradScaler's defaults: the scale starts at
-  // `initial_loss_scale`; a step whose gradients hold inf/NaN is skipped and halves it; after
-  // `loss_scale_growth_interval` clean steps in a row it doubles. Unused for fp32 and bf16.
-  float initial_loss_scale = 65536.0f;
-  int loss_scale_growth_interval = 2000;
   // Fuse bias, ReLU, ReLU backward and bias gradients into the cuBLASLt GEMMs (epilogues). When
   // false, or when cuBLASLt has no fused algorithm for a shape, plain GEMMs plus small kernels do
   // the same work; both paths give the same results up to rounding.

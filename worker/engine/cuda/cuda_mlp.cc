@@ -3,7 +3,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -96,6 +98,10 @@ class CudaMlp final : public Model {
   absl::Status SetParameters(const std::vector<NamedTensor>& parameters) override;
   std::vector<NamedTensor> OptimizerState() const override;
   absl::Status SetOptimizerState(const std::vector<NamedTensor>& state) override;
+  absl::Status InjectGradientForTest(float value) override {
+    injected_gradient_ = value;
+    return absl::OkStatus();
+  }
 
  private:
   struct TensorRef {
@@ -151,6 +157,7 @@ class CudaMlp final : public Model {
   std::vector<cuda::SgdTensor> sgd_tensors_;
   std::unique_ptr<Plan> full_plan_;
   std::vector<std::unique_ptr<Plan>> partial_plans_;  // oldest first
+  std::optional<float> injected_gradient_;
 };
 
 CudaMlp::~CudaMlp() {
@@ -226,8 +233,10 @@ absl::Status CudaMlp::Init(int device) {
   STOKER_CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&host_state_), sizeof(cuda::StepState)));
   STOKER_ASSIGN_BUFFER(state_, sizeof(cuda::StepState));
   *host_state_ = cuda::StepState{};
-  host_state_->loss_scale = loss_scaling_ ? options_.initial_loss_scale : 1.0f;
-  host_state_->growth_interval = std::max(1, options_.loss_scale_growth_interval);
+  host_state_->loss_scale = loss_scaling_ ? config_.loss_scale.initial : 1.0f;
+  host_state_->growth_interval = std::max(1, config_.loss_scale.growth_interval);
+  host_state_->growth_factor = config_.loss_scale.growth_factor;
+  host_state_->backoff_factor = config_.loss_scale.backoff_factor;
   const cudaStream_t stream = context_->compute_stream();
   STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(state_.get(), host_state_, sizeof(cuda::StepState),
                                               cudaMemcpyHostToDevice, stream));
@@ -460,6 +469,11 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
   // Nothing reads the staging slot after the loss; the copy stream may refill it.
   STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free_[*slot], stream));
   STOKER_RETURN_IF_ERROR(Backward(**plan, rows));
+  if (injected_gradient_.has_value()) {
+    STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchAddToFirst(layers_[0].weight_grad.as<float>(),
+                                                       *injected_gradient_, stream));
+    injected_gradient_.reset();
+  }
 
   const int tensor_count = static_cast<int>(sgd_tensors_.size());
   if (loss_scaling_) {
@@ -468,7 +482,8 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
   }
   STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchSgdMomentum(
       sgd_tensors_.data(), tensor_count, type_, static_cast<float>(learning_rate),
-      static_cast<float>(config_.optimizer.momentum), state, loss_scaling_, stream));
+      static_cast<float>(config_.optimizer.momentum), config_.optimizer.nesterov, state,
+      loss_scaling_, stream));
   if (loss_scaling_) STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchUpdateLossScale(state, stream));
   STOKER_RETURN_IF_ERROR(FinishStep());
 
@@ -575,13 +590,43 @@ absl::Status CudaMlp::SetParameters(const std::vector<NamedTensor>& parameters) 
   return RefreshLowWeights();
 }
 
+// fp16 adds "loss_scale" [2] = {scale, consecutive clean steps}, as NetworkConfig's contract
+// names it, so that a resumed run continues exactly.
 std::vector<NamedTensor> CudaMlp::OptimizerState() const {
   absl::StatusOr<std::vector<NamedTensor>> copies = Download(Tensors(true));
-  return copies.ok() ? *std::move(copies) : std::vector<NamedTensor>{};
+  if (!copies.ok()) return {};
+  if (loss_scaling_) {
+    cuda::StepState state{};
+    if (cudaMemcpyAsync(&state, state_.get(), sizeof(state), cudaMemcpyDeviceToHost,
+                        context_->compute_stream()) != cudaSuccess ||
+        cudaStreamSynchronize(context_->compute_stream()) != cudaSuccess) {
+      cudaGetLastError();
+      return {};
+    }
+    copies->push_back(
+        {"loss_scale", {2}, {state.loss_scale, static_cast<float>(state.growth_tracker)}});
+  }
+  return *std::move(copies);
 }
 
 absl::Status CudaMlp::SetOptimizerState(const std::vector<NamedTensor>& state) {
-  return Upload(Tensors(true), state);
+  if (!loss_scaling_) return Upload(Tensors(true), state);
+  if (state.empty() || state.back().name != "loss_scale" || state.back().values.size() != 2 ||
+      !(state.back().values[0] > 0) || !(state.back().values[1] >= 0)) {
+    return absl::InvalidArgumentError(
+        "fp16 optimizer state must end with 'loss_scale' [2] = {scale > 0, clean steps >= 0}");
+  }
+  const std::vector<NamedTensor> momentum(state.begin(), state.end() - 1);
+  STOKER_RETURN_IF_ERROR(Upload(Tensors(true), momentum));
+  host_state_->loss_scale = state.back().values[0];
+  host_state_->growth_tracker = static_cast<int>(state.back().values[1]);
+  // Only the persistent fields; the per-step ones are reset by every step anyway.
+  const size_t offset = offsetof(cuda::StepState, loss_scale);
+  STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      state_.as<char>() + offset, reinterpret_cast<const char*>(host_state_) + offset,
+      sizeof(cuda::StepState) - offset, cudaMemcpyHostToDevice, context_->compute_stream()));
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(context_->compute_stream()));
+  return absl::OkStatus();
 }
 
 absl::Status CudaMlp::RefreshLowWeights() {
@@ -601,10 +646,11 @@ absl::Status CudaMlp::RefreshLowWeights() {
 absl::StatusOr<std::unique_ptr<Model>> CreateCudaMlp(const MlpConfig& config, int device,
                                                      const CudaBackendOptions& options) {
   if (absl::Status status = ValidateMlpConfig(config); !status.ok()) return status;
-  if (options.loss_scale_growth_interval < 1 || !(options.initial_loss_scale > 0) ||
-      !std::isfinite(options.initial_loss_scale)) {
-    return absl::InvalidArgumentError(
-        "loss_scale_growth_interval must be >= 1 and initial_loss_scale finite and > 0");
+  if (config.optimizer.type != OptimizerType::kSgd) {
+    return absl::UnimplementedError("the cuda MLP implements SGD (with momentum, nesterov) only");
+  }
+  if (config.optimizer.clip_grad_norm > 0) {
+    return absl::UnimplementedError("the cuda MLP does not implement clip_grad_norm");
   }
   auto model = std::make_unique<CudaMlp>(config, options);
   if (absl::Status status = model->Init(device); !status.ok()) return status;

@@ -167,7 +167,7 @@ __global__ void CheckFiniteKernel(TensorList list, StepState* state) {
 
 template <typename T>
 __global__ void SgdMomentumKernel(TensorList list, float learning_rate, float momentum,
-                                  const StepState* state, bool skip_on_inf) {
+                                  bool nesterov, const StepState* state, bool skip_on_inf) {
   if (skip_on_inf && state->found_inf != 0) return;
   // The scale is a power of two, so the reciprocal and the product below are exact.
   const float inverse_scale = 1.0f / state->loss_scale;
@@ -180,7 +180,8 @@ __global__ void SgdMomentumKernel(TensorList list, float learning_rate, float mo
     const float g = __fadd_rn(__fmul_rn(t.grad[i], inverse_scale), __fmul_rn(t.weight_decay, w));
     const float v = __fadd_rn(__fmul_rn(momentum, t.velocity[i]), g);
     t.velocity[i] = v;
-    const float updated = __fsub_rn(w, __fmul_rn(learning_rate, v));
+    const float step = nesterov ? __fadd_rn(g, __fmul_rn(momentum, v)) : v;
+    const float updated = __fsub_rn(w, __fmul_rn(learning_rate, step));
     t.weight[i] = updated;
     if (low != nullptr) low[i] = FromFloat<T>(updated);
   }
@@ -188,13 +189,15 @@ __global__ void SgdMomentumKernel(TensorList list, float learning_rate, float mo
 
 __global__ void UpdateLossScaleKernel(StepState* state) {
   if (state->found_inf != 0) {
-    state->loss_scale *= 0.5f;
+    state->loss_scale *= state->backoff_factor;
     state->growth_tracker = 0;
   } else if (++state->growth_tracker >= state->growth_interval) {
-    state->loss_scale *= 2.0f;
+    state->loss_scale *= state->growth_factor;
     state->growth_tracker = 0;
   }
 }
+
+__global__ void AddToFirstKernel(float* data, float value) { data[0] += value; }
 
 // ================================ launchers ================================
 
@@ -309,15 +312,15 @@ cudaError_t LaunchCheckFinite(const SgdTensor* tensors, int count, StepState* st
 }
 
 cudaError_t LaunchSgdMomentum(const SgdTensor* tensors, int count, DType low_type,
-                              float learning_rate, float momentum, const StepState* state,
-                              bool skip_on_inf, cudaStream_t stream) {
+                              float learning_rate, float momentum, bool nesterov,
+                              const StepState* state, bool skip_on_inf, cudaStream_t stream) {
   if (tensors == nullptr || state == nullptr || count < 0) return cudaErrorInvalidValue;
   cudaError_t result = cudaSuccess;
   const cudaError_t dispatched = DispatchType(low_type, [&](auto zero) {
     using T = decltype(zero);
     result = ForEachTensorList(tensors, count, [&](const TensorList& list, dim3 grid) {
-      SgdMomentumKernel<T><<<grid, kThreads, 0, stream>>>(list, learning_rate, momentum, state,
-                                                          skip_on_inf);
+      SgdMomentumKernel<T><<<grid, kThreads, 0, stream>>>(list, learning_rate, momentum,
+                                                          nesterov, state, skip_on_inf);
     });
   });
   return result != cudaSuccess ? result : dispatched;
@@ -326,6 +329,12 @@ cudaError_t LaunchSgdMomentum(const SgdTensor* tensors, int count, DType low_typ
 cudaError_t LaunchUpdateLossScale(StepState* state, cudaStream_t stream) {
   if (state == nullptr) return cudaErrorInvalidValue;
   UpdateLossScaleKernel<<<1, 1, 0, stream>>>(state);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddToFirst(float* data, float value, cudaStream_t stream) {
+  if (data == nullptr) return cudaErrorInvalidValue;
+  AddToFirstKernel<<<1, 1, 0, stream>>>(data, value);
   return cudaGetLastError();
 }
 

@@ -26,7 +26,9 @@ struct StepState {
   int found_inf;                 // 1 when a gradient held inf/NaN (fp16)
   float loss_scale;              // in force; 1 for fp32/bf16
   int growth_tracker;            // clean steps since the last change of the scale
-  int growth_interval;           // clean steps that double the scale
+  int growth_interval;           // clean steps that grow the scale
+  float growth_factor;           // applied after growth_interval clean steps
+  float backoff_factor;          // applied after an overflow
 };
 inline constexpr size_t kStepStateResetBytes = offsetof(StepState, loss_scale);
 
@@ -72,15 +74,19 @@ cudaError_t LaunchCheckFinite(const SgdTensor* tensors, int count, StepState* st
                               cudaStream_t stream);
 
 // PyTorch SGD on every tensor (one launch per 24 tensors): g = grad / loss_scale +
-// weight_decay * w; v = momentum * v + g; w -= learning_rate * v; weight_low = w in `low_type`.
+// weight_decay * w; v = momentum * v + g; w -= learning_rate * v (nesterov:
+// w -= learning_rate * (g + momentum * v)); weight_low = w in `low_type`.
 // When `skip_on_inf` and state->found_inf, changes nothing.
 cudaError_t LaunchSgdMomentum(const SgdTensor* tensors, int count, DType low_type,
-                              float learning_rate, float momentum, const StepState* state,
-                              bool skip_on_inf, cudaStream_t stream);
+                              float learning_rate, float momentum, bool nesterov,
+                              const StepState* state, bool skip_on_inf, cudaStream_t stream);
 
-// GradScaler's update: halve the scale and reset the counter after an overflow, else count the
-// clean step and double the scale every growth_interval of them.
+// GradScaler's update: scale *= backoff_factor and reset the counter after an overflow, else count
+// the clean step and scale *= growth_factor every growth_interval of them.
 cudaError_t LaunchUpdateLossScale(StepState* state, cudaStream_t stream);
+
+// data[0] += value (InjectGradientForTest).
+cudaError_t LaunchAddToFirst(float* data, float value, cudaStream_t stream);
 
 // dst[i] = src[i] in `type` (refreshes low-precision weight copies after SetParameters).
 cudaError_t LaunchConvertFromF32(const float* src, int64_t n, DType type, void* dst,

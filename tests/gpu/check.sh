@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The GPU check, in one script, for a machine with an NVIDIA GPU (written for the nvidia-h200 kind:
+# 16 cores, CUDA 13 with nvcc, CMake, ninja and g++, no network). It
+#   1. configures the standalone build tests/gpu/CMakeLists.txt (Release, sm_90) and builds only
+#      cuda_conformance_test, gpu_bench and engine_test with -j16;
+#   2. runs engine_test (the cpu reference's own tests), the cuda conformance tests (cuda vs cpu),
+#      and gpu_bench (step time fp32/bf16/fp16, TFLOP/s, plain cuBLASLt GEMM of the same shape);
+#   3. prints a short table last. Logs go to $OUT if set (the device tool's output folder), else
+#      to the build folder.
+# Needs: nvcc (CUDACXX or /usr/local/cuda/bin/nvcc), cmake >= 3.25, g++, and Abseil, GoogleTest
+# and oneDNN with its OpenCL loader. When those three are missing it unpacks the archive that
+# tests/gpu/bundle_deps.sh makes on the Debian development machine (carry the folder
+# build-gpu-deps with the call); as a last resort it tries apt-get, which needs a network.
+# Installs nothing else. Budget: about 2 minutes of build and 1 of runs; hard limits below keep
+# the whole script under 8 minutes.
+#
+#   bash tests/gpu/check.sh [build-dir]      (default: build-gpu-check)
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${1:-$ROOT/build-gpu-check}
+LOGS=${OUT:-$BUILD/logs}
+JOBS=${JOBS:-16}
+BUNDLE=${STOKER_GPU_DEPS:-$ROOT/build-gpu-deps/stoker-gpu-deps.tar.gz}
+mkdir -p "$BUILD" "$LOGS"
+start=$(date +%s)
+log() { echo "[check.sh +$(( $(date +%s) - start ))s] $*"; }
+
+if [[ -z "${CUDACXX:-}" && -x /usr/local/cuda/bin/nvcc ]]; then
+  export CUDACXX=/usr/local/cuda/bin/nvcc
+fi
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
+  --format=csv,noheader | tee "$LOGS/gpu.txt"
+GENERATOR=()
+command -v ninja >/dev/null && GENERATOR=(-G Ninja)
+
+configure() {
+  cmake -S "$ROOT/tests/gpu" -B "$BUILD" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release "$@" \
+    >>"$LOGS/configure.log" 2>&1
+}
+
+log "configure"
+: >"$LOGS/configure.log"
+if ! configure; then
+  if [[ -f "$BUNDLE" ]]; then
+    log "system Abseil/GoogleTest/oneDNN missing: using $BUNDLE"
+    DEPS=/tmp/stoker-gpu-deps
+    rm -rf "$DEPS" && mkdir -p "$DEPS" && tar -C "$DEPS" -xzf "$BUNDLE"
+    cat "$DEPS/VERSIONS" 2>/dev/null
+    export LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
+    configure -DCMAKE_PREFIX_PATH="$DEPS/usr" || { log "configure failed"; tail -30 "$LOGS/configure.log"; exit 1; }
+  elif command -v apt-get >/dev/null; then
+    log "dependencies missing and no bundle: trying apt-get (needs a network)"
+    timeout 180 apt-get install -y libabsl-dev libgtest-dev libdnnl-dev >>"$LOGS/configure.log" 2>&1
+    rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
+    configure || { log "configure failed"; tail -30 "$LOGS/configure.log"; exit 1; }
+  else
+    log "configure failed and no $BUNDLE"; tail -30 "$LOGS/configure.log"; exit 1
+  fi
+fi
+
+log "build -j$JOBS"
+if ! timeout 300 cmake --build "$BUILD" -j "$JOBS" --target cuda_conformance_test gpu_bench \
+    engine_test >"$LOGS/build.log" 2>&1; then
+  log "build failed"; grep -E "error|Error" "$LOGS/build.log" | head -40; exit 1
+fi
+
+log "engine_test"
+OMP_WAIT_POLICY=passive timeout 120 "$BUILD/engine/engine_test" --gtest_brief=1 \
+  >"$LOGS/engine_test.log" 2>&1
+engine_rc=$?
+log "cuda_conformance_test"
+OMP_WAIT_POLICY=passive timeout 180 "$BUILD/cuda/cuda_conformance_test" \
+  --gtest_output="xml:$LOGS/conformance.xml" >"$LOGS/conformance.log" 2>&1
+conformance_rc=$?
+grep -E "^\[  (FAILED|SKIPPED) |Failure|error" "$LOGS/conformance.log" | head -40
+log "gpu_bench"
+timeout 120 "$BUILD/cuda/bench_gpu/gpu_bench" >"$LOGS/gpu_bench.log" 2>&1
+bench_rc=$?
+cat "$LOGS/gpu_bench.log"
+
+summary() {  # gtest log -> "passed N failed N skipped N"
+  local p f s
+  p=$(grep -oE "^\[  PASSED  \] [0-9]+" "$1" | grep -oE "[0-9]+$" || echo 0)
+  f=$(grep -oE "^\[  FAILED  \] [0-9]+ test" "$1" | grep -oE "[0-9]+" || echo 0)
+  s=$(grep -oE "^\[  SKIPPED \] [0-9]+ test" "$1" | grep -oE "[0-9]+" || echo 0)
+  echo "passed ${p:-0} failed ${f:-0} skipped ${s:-0}"
+}
+value() {  # value LINE_PREFIX KEY
+  grep -E "^$1" "$LOGS/gpu_bench.log" | head -1 | grep -oE "(^| )$2=[^ ]+" | cut -d= -f2
+}
+
+{
+  echo
+  echo "| check | result |"
+  echo "|---|---|"
+  echo "| engine_test (rc $engine_rc) | $(summary "$LOGS/engine_test.log") |"
+  echo "| cuda_conformance_test (rc $conformance_rc) | $(summary "$LOGS/conformance.log") |"
+  echo "| gpu_bench (rc $bench_rc) | $(head -2 "$LOGS/gpu_bench.log" | tr '\n' ' ') |"
+  echo
+  echo "| precision | step ms | samples/s | TFLOP/s |"
+  echo "|---|---|---|---|"
+  for p in fp32 bf16 fp16; do
+    echo "| $p | $(value "step precision=$p" ms) | $(value "step precision=$p" samples_per_s) | $(value "step precision=$p" tflops) |"
+  done
+  echo "| cuBLASLt bf16 GEMM $(value gemm shape) | $(value gemm ms) | | $(value gemm tflops) |"
+  echo
+  echo "bf16 vs fp32 speedup: $(value speedup bf16_vs_fp32)x; bf16 step / GEMM TFLOP/s: $(value ratio bf16_step_vs_gemm); total $(( $(date +%s) - start )) s"
+} | tee "$LOGS/summary.md"
+[[ $engine_rc -eq 0 && $conformance_rc -eq 0 && $bench_rc -eq 0 ]]
