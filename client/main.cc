@@ -326,7 +326,8 @@ int Main(int argc, char** argv) {
                      "idempotency key: a retried submit with the same id returns the same job");
   CLI::App* list = app.add_subcommand("list", "list jobs, newest first");
   list->add_option("--state", states, "only jobs in these states (repeatable)");
-  list->add_option("--limit", limit, "at most this many")->check(CLI::Range(1, 10000))
+  list->add_option("--limit", limit, "at most this many")
+      ->check(CLI::Range(1, 10000))
       ->capture_default_str();
   CLI::App* status = app.add_subcommand("status", "show one job");
   status->add_option("job_id", job_id, "job id, e.g. j-000001")->required();

@@ -16,7 +16,8 @@ namespace {
 
 std::string Clock(int64_t unix_ms) {
   if (unix_ms == 0) return "-";
-  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms), absl::LocalTimeZone());
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms),
+                          absl::LocalTimeZone());
 }
 
 std::string Accuracy(double accuracy) {
@@ -63,12 +64,11 @@ std::string JobTable(const v1::ListJobsResponse& jobs) {
   std::vector<std::vector<std::string>> rows = {
       {"ID", "NAME", "STATE", "ATTEMPT", "EPOCH", "TEST ACC", "WORKER", "SUBMITTED"}};
   for (const v1::Job& job : jobs.jobs()) {
-    rows.push_back({job.id(), job.spec().name(), JobStateName(job.state()),
-                    absl::StrCat(job.attempt()),
-                    absl::StrCat(job.progress().epoch(), "/", job.spec().train().epochs()),
-                    Accuracy(job.progress().test_accuracy()),
-                    job.worker_id().empty() ? "-" : job.worker_id(),
-                    Clock(job.submit_time_unix_ms())});
+    rows.push_back(
+        {job.id(), job.spec().name(), JobStateName(job.state()), absl::StrCat(job.attempt()),
+         absl::StrCat(job.progress().epoch(), "/", job.spec().train().epochs()),
+         Accuracy(job.progress().test_accuracy()), job.worker_id().empty() ? "-" : job.worker_id(),
+         Clock(job.submit_time_unix_ms())});
   }
   if (jobs.jobs().empty()) return "no jobs";
   return Table(rows);
@@ -125,11 +125,11 @@ std::string EventLine(const v1::JobEvent& event) {
     case v1::EVENT_TYPE_PROGRESS:
       return absl::StrCat(prefix, " ", ProgressText(p, 0));
     case v1::EVENT_TYPE_EPOCH:
-      return absl::StrFormat("%s epoch %d/%d: train loss %.4f, test loss %.4f, test accuracy %.4f, "
-                             "%s samples/s, input stall %.0f%%",
-                             prefix, p.epoch(), p.epochs(), p.loss(), p.test_loss(),
-                             p.test_accuracy(), Rate(p.samples_per_second()),
-                             100 * p.data_stall_ratio());
+      return absl::StrFormat(
+          "%s epoch %d/%d: train loss %.4f, test loss %.4f, test accuracy %.4f, "
+          "%s samples/s, input stall %.0f%%",
+          prefix, p.epoch(), p.epochs(), p.loss(), p.test_loss(), p.test_accuracy(),
+          Rate(p.samples_per_second()), 100 * p.data_stall_ratio());
     default:
       return absl::StrCat(prefix, " ", event.message());
   }

@@ -47,7 +47,8 @@ TEST(RenderTest, JobTableAlignsColumns) {
   job->set_state(v1::JOB_STATE_RUNNING);
   job->mutable_progress()->set_test_accuracy(-1);
   const std::string table = JobTable(jobs);
-  EXPECT_EQ(table.substr(0, table.find('\n')).find("NAME"), table.find("fmnist") - table.find('\n') - 1);
+  EXPECT_EQ(table.substr(0, table.find('\n')).find("NAME"),
+            table.find("fmnist") - table.find('\n') - 1);
   EXPECT_NE(table.find("running"), std::string::npos);
 }
 

@@ -37,9 +37,9 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   if (!text.ok()) return text.status();
   std::string token(absl::StripAsciiWhitespace(*text));
   if (token.size() < 16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "token file '", path, "' holds ", token.size(),
-        " characters; use a random token of at least 16 (e.g. openssl rand -hex 32)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file '", path, "' holds ", token.size(),
+                     " characters; use a random token of at least 16 (e.g. openssl rand -hex 32)"));
   }
   return token;
 }
@@ -64,7 +64,8 @@ void AddToken(grpc::ClientContext& context, const std::string& token) {
   if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const TlsFiles& tls) {
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const TlsFiles& tls) {
   if (tls.cert.empty() != tls.key.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
   }

@@ -40,7 +40,8 @@ struct TlsFiles {
 // Server credentials: TLS when cert and key are given, else plaintext.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const TlsFiles& tls);
 // Channel credentials: TLS verified against `tls.ca` when given, else plaintext.
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const TlsFiles& tls);
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const TlsFiles& tls);
 
 // True for 127.0.0.0/8, [::1] and localhost addresses ("host:port").
 bool IsLoopbackAddress(const std::string& address);

@@ -40,9 +40,8 @@ std::string BuildHeader(const Checkpoint& checkpoint) {
   uint64_t offset = 0;
   for (const CheckpointTensor& tensor : checkpoint.tensors) {
     const uint64_t bytes = tensor.values.size() * sizeof(float);
-    header[tensor.name] = {{"dtype", "F32"},
-                           {"shape", tensor.shape},
-                           {"data_offsets", {offset, offset + bytes}}};
+    header[tensor.name] = {
+        {"dtype", "F32"}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();
@@ -53,7 +52,8 @@ std::string BuildHeader(const Checkpoint& checkpoint) {
 absl::StatusOr<uint64_t> HeaderLength(const std::string& prefix, const std::string& source,
                                       uint64_t file_size) {
   if (prefix.size() < 8) {
-    return absl::DataLossError(absl::StrCat(source, ": offset 0: shorter than a safetensors header"));
+    return absl::DataLossError(
+        absl::StrCat(source, ": offset 0: shorter than a safetensors header"));
   }
   uint64_t length = 0;
   for (int i = 7; i >= 0; --i) length = (length << 8) | static_cast<uint8_t>(prefix[i]);
@@ -77,7 +77,8 @@ absl::StatusOr<std::map<std::string, std::string>> MetadataOf(const nlohmann::js
   std::map<std::string, std::string> metadata;
   auto it = header.find("__metadata__");
   if (it == header.end()) return metadata;
-  if (!it->is_object()) return absl::DataLossError(absl::StrCat(source, ": __metadata__ is not a map"));
+  if (!it->is_object())
+    return absl::DataLossError(absl::StrCat(source, ": __metadata__ is not a map"));
   for (const auto& [key, value] : it->items()) {
     if (!value.is_string()) {
       return absl::DataLossError(absl::StrCat(source, ": __metadata__.", key, " is not a string"));
@@ -95,7 +96,8 @@ absl::Status WriteCheckpoint(const std::string& path, const Checkpoint& checkpoi
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return absl::InternalError(absl::StrCat("creating ", tmp, ": ", strerror(errno)));
   char length[8];
-  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((uint64_t(header.size()) >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    length[i] = static_cast<char>((uint64_t(header.size()) >> (8 * i)) & 0xff);
   absl::Status status = WriteAll(fd, length, 8, tmp);
   if (status.ok()) status = WriteAll(fd, header.data(), header.size(), tmp);
   for (const CheckpointTensor& tensor : checkpoint.tensors) {

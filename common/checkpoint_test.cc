@@ -23,9 +23,10 @@ class CheckpointTest : public ::testing::Test {
     std::mt19937 rng(7);
     std::normal_distribution<float> normal;
     Checkpoint checkpoint;
-    for (auto [name, shape] : {std::pair{"layers.0.weight", std::vector<int64_t>{3, 5}},
-                               std::pair{"layers.0.bias", std::vector<int64_t>{3}},
-                               std::pair{"optimizer.layers.0.weight.momentum", std::vector<int64_t>{3, 5}}}) {
+    for (auto [name, shape] :
+         {std::pair{"layers.0.weight", std::vector<int64_t>{3, 5}},
+          std::pair{"layers.0.bias", std::vector<int64_t>{3}},
+          std::pair{"optimizer.layers.0.weight.momentum", std::vector<int64_t>{3, 5}}}) {
       CheckpointTensor tensor{name, shape, {}};
       int64_t n = 1;
       for (int64_t d : shape) n *= d;
@@ -69,7 +70,8 @@ TEST_F(CheckpointTest, LayoutFollowsTheSafetensorsSpec) {
   EXPECT_EQ(header_length % 8, 0u);
   const std::string header = bytes.substr(8, header_length);
   EXPECT_EQ(header.front(), '{');
-  EXPECT_NE(header.find("\"layers.0.weight\":{\"dtype\":\"F32\",\"shape\":[3,5],\"data_offsets\":[0,60]}"),
+  EXPECT_NE(header.find(
+                "\"layers.0.weight\":{\"dtype\":\"F32\",\"shape\":[3,5],\"data_offsets\":[0,60]}"),
             std::string::npos)
       << header;
   EXPECT_EQ(bytes.size(), 8 + header_length + (15 + 3 + 15) * 4);

@@ -146,8 +146,9 @@ class YamlMapper {
           }
           allowed.push_back(short_name);
         }
-        return Error(node, path, absl::StrCat("unknown value '", text, "' (expected one of: ",
-                                              absl::StrJoin(allowed, ", "), ")"));
+        return Error(node, path,
+                     absl::StrCat("unknown value '", text,
+                                  "' (expected one of: ", absl::StrJoin(allowed, ", "), ")"));
       }
       default:
         return Error(node, path, "field type not supported in job files");
@@ -199,9 +200,8 @@ absl::StatusOr<JobFile> ParseJobYaml(absl::string_view yaml, const std::string& 
   try {
     root = YAML::Load(std::string(yaml));
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ":", e.mark.line + 1, ":",
-                                                   e.mark.column + 1, ": YAML syntax error: ",
-                                                   e.msg));
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ":", e.mark.line + 1, ":", e.mark.column + 1, ": YAML syntax error: ", e.msg));
   }
   if (!root.IsDefined() || root.IsNull()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": the job file is empty"));

@@ -32,8 +32,8 @@ absl::Status CheckOneOf(absl::string_view field, const std::string& value,
   for (absl::string_view a : allowed) {
     if (value == a) return absl::OkStatus();
   }
-  return FieldError(field, absl::StrCat("unsupported value '", value, "' (supported: ",
-                                        absl::StrJoin(allowed, ", "), ")"));
+  return FieldError(field, absl::StrCat("unsupported value '", value,
+                                        "' (supported: ", absl::StrJoin(allowed, ", "), ")"));
 }
 
 absl::Status CheckPathText(absl::string_view field, const std::string& path) {
@@ -72,8 +72,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   for (char c : name) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') {
-      return FieldError("name", absl::StrCat("may hold only letters, digits, '-', '_' and '.' (got '",
-                                             name, "')"));
+      return FieldError(
+          "name",
+          absl::StrCat("may hold only letters, digits, '-', '_' and '.' (got '", name, "')"));
     }
   }
   const v1::DatasetSpec& data = spec.dataset();
@@ -95,8 +96,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     }
     if (absl::Status s = CheckPathText(field, *path); !s.ok()) return s;
   }
-  if (absl::Status s = CheckOneOf("dataset.csv_header", data.csv_header().empty() ? "auto" : data.csv_header(),
-                                  {"auto", "yes", "no"});
+  if (absl::Status s =
+          CheckOneOf("dataset.csv_header", data.csv_header().empty() ? "auto" : data.csv_header(),
+                     {"auto", "yes", "no"});
       !s.ok()) {
     return s;
   }
@@ -115,12 +117,12 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   const v1::ModelSpec& model = spec.model();
   if (absl::Status s = CheckOneOf("model.type", model.type(), {"mlp"}); !s.ok()) return s;
   if (model.hidden_size() > 16) {
-    return FieldError("model.hidden", absl::StrCat("at most 16 layers (got ", model.hidden_size(),
-                                                   ")"));
+    return FieldError("model.hidden",
+                      absl::StrCat("at most 16 layers (got ", model.hidden_size(), ")"));
   }
   for (int i = 0; i < model.hidden_size(); ++i) {
-    if (absl::Status s = CheckRange(absl::StrCat("model.hidden[", i, "]"), model.hidden(i), 1,
-                                    16384);
+    if (absl::Status s =
+            CheckRange(absl::StrCat("model.hidden[", i, "]"), model.hidden(i), 1, 16384);
         !s.ok()) {
       return s;
     }
@@ -140,7 +142,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   const v1::OptimizerSpec& opt = train.optimizer();
   if (absl::Status s = CheckOneOf("train.optimizer.type", opt.type(), {"sgd"}); !s.ok()) return s;
   if (!(opt.lr() > 0 && opt.lr() <= 10)) {
-    return FieldError("train.optimizer.lr", absl::StrCat("must be in (0, 10] (got ", opt.lr(), ")"));
+    return FieldError("train.optimizer.lr",
+                      absl::StrCat("must be in (0, 10] (got ", opt.lr(), ")"));
   }
   if (!(opt.momentum() >= 0 && opt.momentum() < 1)) {
     return FieldError("train.optimizer.momentum",
@@ -151,8 +154,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                       absl::StrCat("must be in [0, 1) (got ", opt.weight_decay(), ")"));
   }
 
-  if (absl::Status s = CheckOneOf("train.optimizer.lr_schedule", opt.lr_schedule(),
-                                  {"constant", "cosine"});
+  if (absl::Status s =
+          CheckOneOf("train.optimizer.lr_schedule", opt.lr_schedule(), {"constant", "cosine"});
       !s.ok()) {
     return s;
   }
@@ -177,8 +180,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (absl::Status s = CheckRange("resources.gpus", spec.resources().gpus(), 0, 16); !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckRange("checkpoint.every_steps", spec.checkpoint().every_steps(), 0,
-                                  INT32_MAX);
+  if (absl::Status s =
+          CheckRange("checkpoint.every_steps", spec.checkpoint().every_steps(), 0, INT32_MAX);
       !s.ok()) {
     return s;
   }
@@ -215,13 +218,13 @@ absl::StatusOr<std::string> ResolveUnderDataRoot(const std::string& data_root,
   }
   char real_buf[PATH_MAX];
   if (realpath(joined.c_str(), real_buf) == nullptr) {
-    return FieldError(field, absl::StrCat("file '", relative, "' not found under the data root ",
-                                          root));
+    return FieldError(field,
+                      absl::StrCat("file '", relative, "' not found under the data root ", root));
   }
   if (!inside(real_buf)) {
-    return FieldError(field, absl::StrCat("path '", relative, "' resolves to ", real_buf,
-                                          ", outside the data root ", root,
-                                          " (symlinks may not leave it)"));
+    return FieldError(
+        field, absl::StrCat("path '", relative, "' resolves to ", real_buf,
+                            ", outside the data root ", root, " (symlinks may not leave it)"));
   }
   if (!std::filesystem::is_regular_file(real_buf)) {
     return FieldError(field, absl::StrCat("path '", relative, "' is not a regular file"));

@@ -4,10 +4,10 @@
 #define STOKER_COMMON_JOB_SPEC_H_
 
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "stoker.pb.h"
 
 namespace stoker {

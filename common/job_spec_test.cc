@@ -74,9 +74,9 @@ TEST_F(DataRootTest, ResolvesFilesInside) {
 }
 
 TEST_F(DataRootTest, RefusesEscapes) {
-  for (const std::string& bad : {std::string("../secret"), std::string("sub/../../secret"),
-                                 (base_ / "secret").string(), std::string("/etc/passwd"),
-                                 std::string("escape")}) {
+  for (const std::string& bad :
+       {std::string("../secret"), std::string("sub/../../secret"), (base_ / "secret").string(),
+        std::string("/etc/passwd"), std::string("escape")}) {
     absl::StatusOr<std::string> path = ResolveUnderDataRoot(root_, bad, "dataset.train_images");
     ASSERT_FALSE(path.ok()) << bad;
     EXPECT_EQ(path.status().code(), absl::StatusCode::kInvalidArgument) << bad;

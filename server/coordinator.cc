@@ -78,9 +78,8 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(const v1::SubmitJobReq
   submit_mu_.Await(absl::Condition(&Turn::Ready, &turn));
   if (!me.done) {
     // This submit leads: commit it and every one queued behind it in one transaction.
-    std::vector<PendingSubmit*> group(submit_queue_.begin(),
-                                      submit_queue_.begin() +
-                                          std::min<size_t>(submit_queue_.size(), 512));
+    std::vector<PendingSubmit*> group(
+        submit_queue_.begin(), submit_queue_.begin() + std::min<size_t>(submit_queue_.size(), 512));
     submit_mu_.Unlock();
     std::vector<JobStore::NewJob> new_jobs;
     for (PendingSubmit* pending : group) {
@@ -242,9 +241,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
       continue;
     }
     absl::StatusOr<v1::Job> job = store_->Get(job_id);
-    if (job.ok() && job->state() == v1::JOB_STATE_RUNNING && job->worker_id() == request.worker_id()) {
-      if (absl::Status s = Requeue(*job, absl::StrCat("worker ", request.worker_id(),
-                                                      " restarted without the job"));
+    if (job.ok() && job->state() == v1::JOB_STATE_RUNNING &&
+        job->worker_id() == request.worker_id()) {
+      if (absl::Status s = Requeue(
+              *job, absl::StrCat("worker ", request.worker_id(), " restarted without the job"));
           !s.ok()) {
         return s;
       }
@@ -264,16 +264,15 @@ absl::Status Coordinator::Requeue(v1::Job job, const std::string& reason) {
     job.set_state(v1::JOB_STATE_FAILED);
     job.set_end_time_unix_ms(NowMs());
     job.set_error(absl::StrCat(reason, " (attempt ", job.attempt(), " of ", attempts_allowed, ")"));
-    events.push_back(MakeEvent(v1::EVENT_TYPE_FINISHED, absl::StrCat("failed: ", job.error()),
-                               job.attempt()));
+    events.push_back(
+        MakeEvent(v1::EVENT_TYPE_FINISHED, absl::StrCat("failed: ", job.error()), job.attempt()));
   } else {
     job.set_state(v1::JOB_STATE_QUEUED);
     job.set_error(reason);
     if (observer_ != nullptr) observer_->JobRequeued();
-    events.push_back(MakeEvent(v1::EVENT_TYPE_LOG,
-                               absl::StrCat("attempt ", job.attempt(), " ended: ", reason,
-                                            "; requeued"),
-                               job.attempt()));
+    events.push_back(MakeEvent(
+        v1::EVENT_TYPE_LOG,
+        absl::StrCat("attempt ", job.attempt(), " ended: ", reason, "; requeued"), job.attempt()));
   }
   if (auto it = workers_.find(job.worker_id()); it != workers_.end()) {
     it->second.running.erase(job.id());
@@ -302,9 +301,10 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
     job.clear_queue_position();
     job.clear_waiting_reason();
     if (absl::Status s = SaveAndNotify(
-            job, {MakeEvent(v1::EVENT_TYPE_LOG,
-                            absl::StrCat("attempt ", job.attempt(), " started on worker ", worker_id),
-                            job.attempt())});
+            job,
+            {MakeEvent(v1::EVENT_TYPE_LOG,
+                       absl::StrCat("attempt ", job.attempt(), " started on worker ", worker_id),
+                       job.attempt())});
         !s.ok()) {
       return s;
     }
@@ -338,16 +338,18 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   std::set<std::string> reported;
   for (const v1::RunningAttempt& attempt : request.running()) {
     reported.insert(attempt.job_id());
-    absl::StatusOr<v1::Job> job = FencedJob(request.worker_id(), attempt.job_id(), attempt.attempt());
+    absl::StatusOr<v1::Job> job =
+        FencedJob(request.worker_id(), attempt.job_id(), attempt.attempt());
     if (!job.ok()) *response.add_stop() = attempt;
   }
   // A job placed on this worker that it no longer reports was lost there (e.g. it restarted).
   for (const std::string& job_id : std::set<std::string>(worker.running)) {
     if (reported.contains(job_id)) continue;
     absl::StatusOr<v1::Job> job = store_->Get(job_id);
-    if (job.ok() && job->state() == v1::JOB_STATE_RUNNING && job->worker_id() == request.worker_id()) {
-      if (absl::Status s = Requeue(*job, absl::StrCat("worker ", request.worker_id(),
-                                                      " no longer runs the job"));
+    if (job.ok() && job->state() == v1::JOB_STATE_RUNNING &&
+        job->worker_id() == request.worker_id()) {
+      if (absl::Status s = Requeue(
+              *job, absl::StrCat("worker ", request.worker_id(), " no longer runs the job"));
           !s.ok()) {
         return s;
       }
@@ -369,10 +371,9 @@ absl::StatusOr<v1::Job> Coordinator::FencedJob(const std::string& worker_id,
   absl::StatusOr<v1::Job> job = store_->Get(job_id);
   if (!job.ok()) return job.status();
   if (job->worker_id() != worker_id || job->attempt() != attempt) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("stale report for job ", job_id, " attempt ", attempt, " from worker ",
-                     worker_id, ": the current attempt is ", job->attempt(), " on worker ",
-                     job->worker_id()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stale report for job ", job_id, " attempt ", attempt, " from worker ", worker_id,
+        ": the current attempt is ", job->attempt(), " on worker ", job->worker_id()));
   }
   if (job->state() != v1::JOB_STATE_RUNNING) {
     return absl::FailedPreconditionError(
@@ -468,8 +469,8 @@ absl::StatusOr<std::string> Coordinator::StartCheckpointUpload(const std::string
   std::error_code error;
   std::filesystem::create_directories(options_.checkpoint_dir, error);
   if (error) {
-    return absl::InternalError(absl::StrCat("cannot create ", options_.checkpoint_dir, ": ",
-                                            error.message()));
+    return absl::InternalError(
+        absl::StrCat("cannot create ", options_.checkpoint_dir, ": ", error.message()));
   }
   return absl::StrCat(options_.checkpoint_dir, "/", job_id, ".upload-a", attempt, "-",
                       absl::ToUnixNanos(absl::Now()));
@@ -481,7 +482,8 @@ absl::Status Coordinator::CommitCheckpoint(const v1::CheckpointChunk& first_chun
   absl::StatusOr<std::map<std::string, std::string>> metadata = ReadCheckpointMetadata(upload_path);
   if (!metadata.ok()) {
     std::filesystem::remove(upload_path);
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint upload: ", metadata.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint upload: ", metadata.status().message()));
   }
   auto step = metadata->find("step");
   if (step == metadata->end() || step->second != absl::StrCat(first_chunk.step())) {
@@ -519,11 +521,11 @@ absl::Status Coordinator::CommitCheckpoint(const v1::CheckpointChunk& first_chun
   job->set_checkpoint_step(first_chunk.step());
   job->set_checkpoint_epoch(first_chunk.epoch());
   job->set_checkpoint_bytes(bytes);
-  return SaveAndNotify(*job, {MakeEvent(v1::EVENT_TYPE_LOG,
-                                        absl::StrCat("checkpoint stored: step ", first_chunk.step(),
-                                                     ", epoch ", first_chunk.epoch(), ", ", bytes,
-                                                     " bytes"),
-                                        first_chunk.attempt())});
+  return SaveAndNotify(
+      *job, {MakeEvent(v1::EVENT_TYPE_LOG,
+                       absl::StrCat("checkpoint stored: step ", first_chunk.step(), ", epoch ",
+                                    first_chunk.epoch(), ", ", bytes, " bytes"),
+                       first_chunk.attempt())});
 }
 
 absl::StatusOr<std::string> Coordinator::CheckpointForAttempt(const std::string& worker_id,
@@ -554,7 +556,8 @@ absl::StatusOr<std::string> Coordinator::ArtifactPath(const std::string& job_id)
 CoordinatorSnapshot Coordinator::Snapshot() {
   CoordinatorSnapshot snapshot;
   absl::MutexLock lock(&mu_);
-  if (absl::StatusOr<std::map<v1::JobState, int64_t>> counts = store_->CountByState(); counts.ok()) {
+  if (absl::StatusOr<std::map<v1::JobState, int64_t>> counts = store_->CountByState();
+      counts.ok()) {
     for (const auto& [state, count] : *counts) snapshot.jobs_by_state[JobStateName(state)] = count;
   }
   if (absl::StatusOr<int64_t> oldest = store_->OldestQueuedSubmitMs(); oldest.ok() && *oldest > 0) {
@@ -562,7 +565,8 @@ CoordinatorSnapshot Coordinator::Snapshot() {
   }
   const absl::Time now = absl::Now();
   for (const auto& [id, worker] : workers_) {
-    snapshot.workers_by_state[worker.lost ? "lost" : (worker.restored ? "reconnecting" : "alive")]++;
+    snapshot
+        .workers_by_state[worker.lost ? "lost" : (worker.restored ? "reconnecting" : "alive")]++;
     if (!worker.lost) {
       snapshot.heartbeat_age_seconds[id] = absl::ToDoubleSeconds(now - worker.last_heartbeat);
     }

@@ -33,9 +33,9 @@ class CoordinatorObserver {
 
 // The coordinator's state for gauges, read on each metrics scrape.
 struct CoordinatorSnapshot {
-  std::map<std::string, int64_t> jobs_by_state;     // "queued", "running", ...
+  std::map<std::string, int64_t> jobs_by_state;  // "queued", "running", ...
   double oldest_queued_job_age_seconds = 0;
-  std::map<std::string, int64_t> workers_by_state;  // "alive", "lost", "reconnecting"
+  std::map<std::string, int64_t> workers_by_state;      // "alive", "lost", "reconnecting"
   std::map<std::string, double> heartbeat_age_seconds;  // by worker id
 };
 
@@ -71,7 +71,8 @@ class Coordinator {
                                                           bool* job_finished);
 
   // --- WorkerService
-  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& request);
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::RegisterWorkerRequest& request);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
       const v1::ReportProgressRequest& request);

@@ -42,7 +42,8 @@ constexpr int64_t kMaxCheckpointBytes = int64_t{16} << 30;
 
 }  // namespace
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
+                                       const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
   if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   return Answer(coordinator_->Submit(*request), response);
@@ -54,14 +55,15 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJ
   return Answer(coordinator_->GetJob(request->job_id()), response);
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
+                                      const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
   if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   return Answer(coordinator_->ListJobs(*request), response);
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
-                                       v1::Job* response) {
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
+                                       const v1::CancelJobRequest* request, v1::Job* response) {
   if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   return Answer(coordinator_->Cancel(request->job_id()), response);
 }
@@ -85,14 +87,16 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
   return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
 }
 
-grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest*,
+grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* context,
+                                         const v1::ListWorkersRequest*,
                                          v1::ListWorkersResponse* response) {
   if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   *response = coordinator_->ListWorkers();
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::GetArtifact(grpc::ServerContext* context, const v1::GetArtifactRequest* request,
+grpc::Status JobServiceImpl::GetArtifact(grpc::ServerContext* context,
+                                         const v1::GetArtifactRequest* request,
                                          grpc::ServerWriter<v1::CheckpointChunk>* writer) {
   if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   absl::StatusOr<std::string> path = coordinator_->ArtifactPath(request->job_id());
@@ -139,9 +143,9 @@ grpc::Status WorkerServiceImpl::UploadCheckpoint(grpc::ServerContext* context,
   return ToGrpcStatus(coordinator_->CommitCheckpoint(first, *upload_path, bytes));
 }
 
-grpc::Status WorkerServiceImpl::DownloadCheckpoint(grpc::ServerContext* context,
-                                                   const v1::DownloadCheckpointRequest* request,
-                                                   grpc::ServerWriter<v1::CheckpointChunk>* writer) {
+grpc::Status WorkerServiceImpl::DownloadCheckpoint(
+    grpc::ServerContext* context, const v1::DownloadCheckpointRequest* request,
+    grpc::ServerWriter<v1::CheckpointChunk>* writer) {
   if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   absl::StatusOr<std::string> path = coordinator_->CheckpointForAttempt(
       request->worker_id(), request->job_id(), request->attempt());
@@ -156,7 +160,8 @@ grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext* context,
   return Answer(coordinator_->RegisterWorker(*request), response);
 }
 
-grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext* context,
+                                          const v1::HeartbeatRequest* request,
                                           v1::HeartbeatResponse* response) {
   if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   return Answer(coordinator_->Heartbeat(*request), response);

@@ -39,11 +39,13 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   WorkerServiceImpl(Coordinator* coordinator, const ServerAuth* auth)
       : coordinator_(coordinator), auth_(auth) {}
 
-  grpc::Status RegisterWorker(grpc::ServerContext* context, const v1::RegisterWorkerRequest* request,
+  grpc::Status RegisterWorker(grpc::ServerContext* context,
+                              const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override;
   grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
-  grpc::Status ReportProgress(grpc::ServerContext* context, const v1::ReportProgressRequest* request,
+  grpc::Status ReportProgress(grpc::ServerContext* context,
+                              const v1::ReportProgressRequest* request,
                               v1::ReportProgressResponse* response) override;
   grpc::Status CompleteJob(grpc::ServerContext* context, const v1::CompleteJobRequest* request,
                            v1::CompleteJobResponse* response) override;

@@ -89,8 +89,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   std::unique_ptr<JobStore> store(new JobStore(db));
   sqlite3_busy_timeout(db, 5000);
   // WAL with synchronous=FULL: a commit is on disk (the WAL is fsynced) when it returns.
-  for (const char* pragma : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
-                             "PRAGMA foreign_keys=ON"}) {
+  for (const char* pragma :
+       {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL", "PRAGMA foreign_keys=ON"}) {
     if (absl::Status s = store->Exec(pragma); !s.ok()) return s;
   }
   if (absl::Status s = store->Exec(kSchema); !s.ok()) return s;
@@ -115,8 +115,7 @@ absl::Status JobStore::Exec(const char* sql) {
 
 absl::StatusOr<JobStore::Inserted> JobStore::Insert(const v1::JobSpec& spec,
                                                     const std::string& request_id,
-                                                    int64_t now_unix_ms,
-                                                    v1::JobEvent first_event) {
+                                                    int64_t now_unix_ms, v1::JobEvent first_event) {
   std::vector<NewJob> jobs;
   jobs.push_back({&spec, request_id, now_unix_ms, std::move(first_event)});
   absl::StatusOr<std::vector<Inserted>> inserted = InsertMany(std::move(jobs));
@@ -225,7 +224,8 @@ absl::Status JobStore::Save(const v1::Job& job, std::vector<v1::JobEvent> events
   update.BindBlob(3, job.SerializeAsString());
   update.BindText(4, job.id());
   if (sqlite3_step(update.get()) != SQLITE_DONE) return Error("update job");
-  if (sqlite3_changes(db_) != 1) return absl::NotFoundError(absl::StrCat("no job '", job.id(), "'"));
+  if (sqlite3_changes(db_) != 1)
+    return absl::NotFoundError(absl::StrCat("no job '", job.id(), "'"));
   if (absl::Status s = AppendEvents(job, events); !s.ok()) return s;
   if (!transaction.Commit()) return Error("commit");
   return absl::OkStatus();
@@ -235,7 +235,8 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::QueryJobs(const std::string& sql,
                                                          const std::vector<int64_t>& int_params) {
   Statement query(db_, sql);
   if (!query.ok()) return Error("prepare query");
-  for (size_t i = 0; i < int_params.size(); ++i) query.BindInt(static_cast<int>(i) + 1, int_params[i]);
+  for (size_t i = 0; i < int_params.size(); ++i)
+    query.BindInt(static_cast<int>(i) + 1, int_params[i]);
   std::vector<v1::Job> jobs;
   int rc;
   while ((rc = sqlite3_step(query.get())) == SQLITE_ROW) {
@@ -281,17 +282,18 @@ absl::StatusOr<std::map<v1::JobState, int64_t>> JobStore::CountByState() {
 }
 
 absl::StatusOr<int64_t> JobStore::OldestQueuedSubmitMs() {
-  absl::StatusOr<std::vector<v1::Job>> oldest =
-      QueryJobs("SELECT job FROM jobs WHERE state = ? ORDER BY seq LIMIT 1", {v1::JOB_STATE_QUEUED});
+  absl::StatusOr<std::vector<v1::Job>> oldest = QueryJobs(
+      "SELECT job FROM jobs WHERE state = ? ORDER BY seq LIMIT 1", {v1::JOB_STATE_QUEUED});
   if (!oldest.ok()) return oldest.status();
   return oldest->empty() ? 0 : oldest->front().submit_time_unix_ms();
 }
 
 absl::StatusOr<int> JobStore::QueuePosition(const std::string& job_id) {
-  Statement query(db_,
-                  "SELECT COUNT(*) FROM jobs AS other, jobs AS me WHERE me.id = ?1 AND me.state = ?2 "
-                  "AND other.state = ?2 AND (other.priority > me.priority OR "
-                  "(other.priority = me.priority AND other.seq < me.seq))");
+  Statement query(
+      db_,
+      "SELECT COUNT(*) FROM jobs AS other, jobs AS me WHERE me.id = ?1 AND me.state = ?2 "
+      "AND other.state = ?2 AND (other.priority > me.priority OR "
+      "(other.priority = me.priority AND other.seq < me.seq))");
   if (!query.ok()) return Error("prepare queue position");
   query.BindText(1, job_id);
   query.BindInt(2, v1::JOB_STATE_QUEUED);
@@ -305,7 +307,8 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::InState(v1::JobState state) {
 
 absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& job_id,
                                                            int64_t after_seq, int limit) {
-  Statement query(db_, "SELECT event FROM events WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?");
+  Statement query(db_,
+                  "SELECT event FROM events WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?");
   if (!query.ok()) return Error("prepare events");
   query.BindText(1, job_id);
   query.BindInt(2, after_seq);

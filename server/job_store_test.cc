@@ -102,8 +102,8 @@ TEST_F(JobStoreTest, SaveUpdatesStateAndAppendsEvents) {
 
 TEST_F(JobStoreTest, QueueOrderIsPriorityThenSubmit) {
   auto store = Open();
-  for (auto [name, priority] : {std::pair{"low", 0}, std::pair{"high", 5}, std::pair{"low2", 0},
-                                std::pair{"high2", 5}}) {
+  for (auto [name, priority] :
+       {std::pair{"low", 0}, std::pair{"high", 5}, std::pair{"low2", 0}, std::pair{"high2", 5}}) {
     ASSERT_TRUE(store->Insert(Spec(name, priority), "", 1, Event("x")).ok());
   }
   absl::StatusOr<std::vector<v1::Job>> queue = store->QueuedInOrder();

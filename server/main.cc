@@ -8,8 +8,8 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "grpcpp/grpcpp.h"
 #include "common/auth.h"
+#include "grpcpp/grpcpp.h"
 #include "server/coordinator.h"
 #include "server/grpc_services.h"
 #include "server/job_store.h"
@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--state-dir", state_dir, "directory of the job store (jobs.db)")
       ->capture_default_str();
-  app.add_option("--data-root", data_root, "dataset paths of jobs must resolve under this directory")
+  app.add_option("--data-root", data_root,
+                 "dataset paths of jobs must resolve under this directory")
       ->capture_default_str();
   app.add_option("--lease-seconds", lease_seconds,
                  "a worker silent this long loses its jobs back to the queue")
@@ -144,7 +145,8 @@ int main(int argc, char** argv) {
   // Checkpoint chunks are 1 MiB; job specs are far smaller.
   builder.SetMaxReceiveMessageSize(4 << 20);
   if (metrics != nullptr) {
-    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors;
     interceptors.push_back(stoker::MakeRpcMetricsInterceptorFactory(metrics.get()));
     builder.experimental().SetInterceptorCreators(std::move(interceptors));
   }
@@ -155,8 +157,8 @@ int main(int argc, char** argv) {
   }
   std::cerr << "stoker-server: serving on port " << bound_port
             << (tls.cert.empty() ? " (plaintext" : " (TLS")
-            << (auth.enabled() ? ", token required)" : ", no token)") << ", store "
-            << state_dir << "/jobs.db, data root " << data_root << "\n";
+            << (auth.enabled() ? ", token required)" : ", no token)") << ", store " << state_dir
+            << "/jobs.db, data root " << data_root << "\n";
   if (!port_file.empty()) {
     const std::string tmp = port_file + ".tmp";
     std::ofstream(tmp) << bound_port << "\n";

@@ -8,7 +8,8 @@ namespace stoker {
 
 void SortForScheduling(std::vector<v1::Job>& jobs) {
   std::stable_sort(jobs.begin(), jobs.end(), [](const v1::Job& a, const v1::Job& b) {
-    if (a.spec().priority() != b.spec().priority()) return a.spec().priority() > b.spec().priority();
+    if (a.spec().priority() != b.spec().priority())
+      return a.spec().priority() > b.spec().priority();
     if (a.submit_time_unix_ms() != b.submit_time_unix_ms()) {
       return a.submit_time_unix_ms() < b.submit_time_unix_ms();
     }

@@ -25,7 +25,8 @@ void SortForScheduling(std::vector<v1::Job>& jobs);
 int PickJob(const std::vector<v1::Job>& queue, const WorkerCapacity& capacity);
 
 // Why `job` is still queued, for people: compares what it needs with the largest worker.
-std::string WaitingReason(const v1::Job& job, int jobs_ahead, int alive_workers, int max_worker_gpus);
+std::string WaitingReason(const v1::Job& job, int jobs_ahead, int alive_workers,
+                          int max_worker_gpus);
 
 }  // namespace stoker
 

@@ -22,7 +22,7 @@ std::vector<std::string> Ids(const std::vector<v1::Job>& jobs) {
 
 TEST(SchedulerTest, PriorityThenSubmitOrder) {
   std::vector<v1::Job> jobs = {MakeJob("j-000001", 0, 100), MakeJob("j-000002", 5, 300),
-                               MakeJob("j-000003", 0, 50), MakeJob("j-000004", 5, 200),
+                               MakeJob("j-000003", 0, 50),  MakeJob("j-000004", 5, 200),
                                MakeJob("j-000005", -1, 10), MakeJob("j-000006", 0, 100)};
   SortForScheduling(jobs);
   EXPECT_EQ(Ids(jobs), (std::vector<std::string>{"j-000004", "j-000002", "j-000003", "j-000001",

@@ -126,8 +126,7 @@ TEST_F(EndToEndTest, BadJobFilesAreRefusedAndTheServerKeepsServing) {
        "unknown field 'bach' in train"},
       {"negative.yaml", replaced("batch_size: 128", "batch_size: -5"),
        "train.batch_size: must be between 1 and 65536 (got -5)"},
-      {"escape.yaml",
-       replaced("fashion-mnist/train-images-idx3-ubyte.gz", "../../etc/passwd"),
+      {"escape.yaml", replaced("fashion-mnist/train-images-idx3-ubyte.gz", "../../etc/passwd"),
        "dataset.train_images: path '../../etc/passwd' contains '..'"},
       {"absolute.yaml", replaced("fashion-mnist/t10k-labels-idx1-ubyte.gz", "/etc/passwd"),
        "dataset.test_labels: path '/etc/passwd' is outside the data root"},
@@ -174,9 +173,9 @@ TEST_F(EndToEndTest, BadRequestsGetClearStatuses) {
   v1::HeartbeatRequest heartbeat;
   heartbeat.set_worker_id("ghost");
   v1::HeartbeatResponse heartbeat_response;
-  EXPECT_EQ(cluster_.workers().Heartbeat(&heartbeat_context, heartbeat, &heartbeat_response)
-                .error_code(),
-            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(
+      cluster_.workers().Heartbeat(&heartbeat_context, heartbeat, &heartbeat_response).error_code(),
+      grpc::StatusCode::NOT_FOUND);
 
   // Reports for an attempt the worker does not hold are refused (fencing).
   absl::StatusOr<v1::Job> queued = cluster_.Submit(SmallFashionMnistJob(1, 1000, 100));
@@ -187,7 +186,8 @@ TEST_F(EndToEndTest, BadRequestsGetClearStatuses) {
   report.set_job_id(queued->id());
   report.set_attempt(7);
   v1::ReportProgressResponse report_response;
-  grpc::Status refused = cluster_.workers().ReportProgress(&report_context, report, &report_response);
+  grpc::Status refused =
+      cluster_.workers().ReportProgress(&report_context, report, &report_response);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
 
   CommandResult cancel = cluster_.Cli("cancel " + queued->id());
@@ -226,8 +226,8 @@ TEST_F(EndToEndTest, CorruptDataFailsTheJobAndTheWorkerSurvives) {
   // A data root of our own holding a truncated copy of the training images.
   const std::string root = cluster_.dir() + "/data";
   std::filesystem::create_directories(root + "/fashion-mnist");
-  for (const char* name : {"train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
-                           "t10k-labels-idx1-ubyte.gz"}) {
+  for (const char* name :
+       {"train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
     std::filesystem::copy_file(std::string("/usr/share/datasets/fashion-mnist/") + name,
                                root + "/fashion-mnist/" + name);
   }
@@ -275,14 +275,16 @@ Blobs MakeBlobs(int count, uint32_t seed) {
   for (int i = 0; i < count; ++i) {
     const int label = static_cast<int>(rng() % 3);
     blobs.labels.push_back(static_cast<uint8_t>(label));
-    for (int f = 0; f < 8; ++f) blobs.features.push_back((f % 3 == label ? 2.0f : -1.0f) + noise(rng));
+    for (int f = 0; f < 8; ++f)
+      blobs.features.push_back((f % 3 == label ? 2.0f : -1.0f) + noise(rng));
   }
   return blobs;
 }
 
 void WriteNpy(const std::string& path, const std::string& descr, const std::string& shape,
               const void* data, size_t bytes) {
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  std::string header =
+      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
   header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
   header += '\n';
   std::ofstream out(path, std::ios::binary);

@@ -98,7 +98,8 @@ TEST(FaultsTest, KilledWorkerJobResumesFromItsCheckpointOnAnotherWorker) {
   int first_epoch_of_attempt2 = 0;
   for (const v1::JobEvent& event : History(cluster, job->id())) {
     if (event.attempt() != 2) continue;
-    if (absl::StrContains(event.message(), "resumed from the checkpoint at step")) saw_resume = true;
+    if (absl::StrContains(event.message(), "resumed from the checkpoint at step"))
+      saw_resume = true;
     if ((event.type() == v1::EVENT_TYPE_PROGRESS || event.type() == v1::EVENT_TYPE_EPOCH) &&
         first_epoch_of_attempt2 == 0) {
       first_epoch_of_attempt2 = event.progress().epoch();
@@ -124,21 +125,22 @@ TEST(FaultsTest, KilledServerRestartsWithEveryJobAndTheRunningJobFinishes) {
     queued.push_back(job->id());
   }
   ASSERT_TRUE(cluster
-                  .WaitFor(running->id(), [](const v1::Job& j) { return j.progress().step() > 0; },
-                           absl::Seconds(30))
+                  .WaitFor(
+                      running->id(), [](const v1::Job& j) { return j.progress().step() > 0; },
+                      absl::Seconds(30))
                   .ok());
   cluster.KillServer(SIGKILL);
   absl::SleepFor(absl::Milliseconds(500));
   cluster.StartServer();  // same port, same state directory
 
   // Every job is still there, and the history of the running one replays.
-  absl::StatusOr<v1::Job> after = cluster.WaitFor(running->id(), [](const v1::Job&) { return true; },
-                                                  absl::Seconds(5));
+  absl::StatusOr<v1::Job> after = cluster.WaitFor(
+      running->id(), [](const v1::Job&) { return true; }, absl::Seconds(5));
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->state(), v1::JOB_STATE_RUNNING);
   for (const std::string& id : queued) {
-    absl::StatusOr<v1::Job> job = cluster.WaitFor(id, [](const v1::Job&) { return true; },
-                                                  absl::Seconds(5));
+    absl::StatusOr<v1::Job> job = cluster.WaitFor(
+        id, [](const v1::Job&) { return true; }, absl::Seconds(5));
     ASSERT_TRUE(job.ok()) << id;
   }
   absl::StatusOr<v1::Job> done = cluster.WaitForFinal(running->id(), absl::Seconds(90));

@@ -1,9 +1,9 @@
 // The input pipeline under SIGKILL, through the real agent: a killed loader is respawned and the
 // job trains on exactly the same batches; a killed trainer takes its loaders and the job's
 // shared memory with it.
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -94,8 +94,9 @@ TEST(PipelineFaultsTest, KilledLoaderIsRespawnedAndTrainingIsIdentical) {
   absl::StatusOr<v1::Job> disturbed = cluster.Submit(SlowJob());
   ASSERT_TRUE(disturbed.ok());
   ASSERT_TRUE(cluster
-                  .WaitFor(disturbed->id(), [](const v1::Job& j) { return j.progress().step() >= 20; },
-                           absl::Seconds(60))
+                  .WaitFor(
+                      disturbed->id(), [](const v1::Job& j) { return j.progress().step() >= 20; },
+                      absl::Seconds(60))
                   .ok());
   const std::string attempt_dir = "/" + disturbed->id() + "-a1/";
   std::vector<pid_t> loaders = FindProcesses({"stoker-loader", attempt_dir, "--index 1"});
@@ -147,8 +148,9 @@ TEST(PipelineFaultsTest, KilledTrainerTakesItsLoadersAndSharedMemoryWithIt) {
   absl::StatusOr<v1::Job> job = cluster.Submit(spec);
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(cluster
-                  .WaitFor(job->id(), [](const v1::Job& j) { return j.progress().step() >= 10; },
-                           absl::Seconds(60))
+                  .WaitFor(
+                      job->id(), [](const v1::Job& j) { return j.progress().step() >= 10; },
+                      absl::Seconds(60))
                   .ok());
   const std::string attempt_dir = "/" + job->id() + "-a1/";
   std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", attempt_dir});
@@ -160,7 +162,8 @@ TEST(PipelineFaultsTest, KilledTrainerTakesItsLoadersAndSharedMemoryWithIt) {
   absl::StatusOr<v1::Job> failed = cluster.WaitForFinal(job->id(), absl::Seconds(10));
   ASSERT_TRUE(failed.ok()) << failed.status();
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
-  EXPECT_NE(failed->error().find("trainer killed by signal 9"), std::string::npos) << failed->error();
+  EXPECT_NE(failed->error().find("trainer killed by signal 9"), std::string::npos)
+      << failed->error();
   // No stoker process of the attempt and no job region remain anywhere.
   const absl::Time deadline = absl::Now() + absl::Seconds(3);
   while (absl::Now() < deadline &&

@@ -66,8 +66,8 @@ TEST(SecurityTest, EveryRpcNeedsTheToken) {
         pool->FindServiceByName("stoker.v1.WorkerService")}) {
     ASSERT_NE(service, nullptr);
     for (int i = 0; i < service->method_count(); ++i) {
-      const std::string method = absl::StrCat("/", service->full_name(), "/",
-                                              service->method(i)->name());
+      const std::string method =
+          absl::StrCat("/", service->full_name(), "/", service->method(i)->name());
       ++methods;
       EXPECT_EQ(CallWithEmptyRequest(channel, method, "").error_code(),
                 grpc::StatusCode::UNAUTHENTICATED)
@@ -133,8 +133,8 @@ train: {epochs: 1, batch_size: 64}
 }
 
 TEST(SecurityTest, InsecureRemoteListenersAreRefused) {
-  CommandResult refused = RunCommand(absl::StrCat(STOKER_SERVER_PATH_FOR_TEST,
-                                                  " --listen 0.0.0.0:0 --state-dir /tmp/stoker-refused"));
+  CommandResult refused = RunCommand(absl::StrCat(
+      STOKER_SERVER_PATH_FOR_TEST, " --listen 0.0.0.0:0 --state-dir /tmp/stoker-refused"));
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_NE(refused.output.find("refusing to serve 0.0.0.0:0 without TLS"), std::string::npos)
       << refused.output;

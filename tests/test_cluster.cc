@@ -86,8 +86,10 @@ TestCluster::~TestCluster() {
 void TestCluster::StartServer(const std::vector<std::string>& extra_flags) {
   const std::string port_file = dir_ + "/server.port";
   std::filesystem::remove(port_file);
-  std::vector<std::string> argv = {STOKER_SERVER_PATH, "--listen", "127.0.0.1:" + std::to_string(port_),
-                                   "--state-dir", dir_ + "/server", "--port-file", port_file};
+  std::vector<std::string> argv = {
+      STOKER_SERVER_PATH, "--listen",       "127.0.0.1:" + std::to_string(port_),
+      "--state-dir",      dir_ + "/server", "--port-file",
+      port_file};
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   server_pid_ = SpawnLogged(argv, dir_ + "/server.log");
   for (int i = 0; i < 500 && !std::filesystem::exists(port_file); ++i) {
@@ -102,8 +104,8 @@ void TestCluster::StartServer(const std::vector<std::string>& extra_flags) {
 
 pid_t TestCluster::StartWorker(const std::string& worker_id,
                                const std::vector<std::string>& extra_flags) {
-  std::vector<std::string> argv = {STOKER_WORKER_PATH, "--server",   address(),
-                                   "--worker-id",      worker_id,    "--work-dir",
+  std::vector<std::string> argv = {STOKER_WORKER_PATH,    "--server", address(),
+                                   "--worker-id",         worker_id,  "--work-dir",
                                    dir_ + "/" + worker_id};
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   const pid_t pid = SpawnLogged(argv, dir_ + "/" + worker_id + ".log");
@@ -145,11 +147,14 @@ absl::StatusOr<v1::Job> TestCluster::WaitFor(const std::string& job_id,
   }
 }
 
-absl::StatusOr<v1::Job> TestCluster::WaitForFinal(const std::string& job_id, absl::Duration timeout) {
-  return WaitFor(job_id, [](const v1::Job& job) { return IsFinal(job.state()); }, timeout);
+absl::StatusOr<v1::Job> TestCluster::WaitForFinal(const std::string& job_id,
+                                                  absl::Duration timeout) {
+  return WaitFor(
+      job_id, [](const v1::Job& job) { return IsFinal(job.state()); }, timeout);
 }
 
-absl::StatusOr<v1::Job> TestCluster::Submit(const v1::JobSpec& spec, const std::string& request_id) {
+absl::StatusOr<v1::Job> TestCluster::Submit(const v1::JobSpec& spec,
+                                            const std::string& request_id) {
   grpc::ClientContext context;
   v1::SubmitJobRequest request;
   *request.mutable_spec() = spec;

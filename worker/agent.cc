@@ -50,9 +50,9 @@ v1::Device DescribeCpu() {
 Agent::Agent(AgentOptions options, WorkerMetrics* metrics)
     : options_(std::move(options)),
       metrics_(metrics),
-      channel_(grpc::CreateChannel(options_.server_address,
-                                   options_.credentials ? options_.credentials
-                                                        : grpc::InsecureChannelCredentials())),
+      channel_(grpc::CreateChannel(
+          options_.server_address,
+          options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials())),
       stub_(v1::WorkerService::NewStub(channel_)) {}
 
 Agent::~Agent() {
@@ -89,9 +89,11 @@ bool Agent::Register(const std::atomic<bool>& stop) {
       }
     }
     v1::RegisterWorkerResponse response;
-    grpc::Status status = stub_->RegisterWorker(Context(absl::Seconds(5)).get(), request, &response);
+    grpc::Status status =
+        stub_->RegisterWorker(Context(absl::Seconds(5)).get(), request, &response);
     if (status.ok()) {
-      heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(100, response.heartbeat_interval_ms()));
+      heartbeat_interval_ =
+          absl::Milliseconds(std::max<int64_t>(100, response.heartbeat_interval_ms()));
       Log(absl::StrCat("registered as ", options_.worker_id, " with ", options_.server_address,
                        " (lease ", response.lease_ms(), " ms)"));
       return true;
@@ -206,25 +208,24 @@ void Agent::StartJob(const v1::Assignment& assignment) {
   auto job = std::make_unique<RunningJob>();
   job->assignment = assignment;
   RunningJob* raw = job.get();
-  job->runner = std::make_unique<JobRunner>(options_.runner, assignment,
-                                            [this, raw](const v1::JobEvent& event) {
-                                              // Events arrive on the runner's reader thread.
-                                              if (event.type() == v1::EVENT_TYPE_CHECKPOINT) {
-                                                absl::Status s =
-                                                    UploadCheckpoint(*raw, event.progress());
-                                                raw->unsent_checkpoint.reset();
-                                                if (absl::IsUnavailable(s)) {
-                                                  raw->unsent_checkpoint = event.progress();
-                                                } else if (absl::IsFailedPrecondition(s)) {
-                                                  raw->runner->Cancel();
-                                                }
-                                                return;
-                                              }
-                                              raw->pending.push_back(event);
-                                              if (!SendEvents(raw->assignment, raw->pending)) {
-                                                raw->runner->Cancel();
-                                              }
-                                            });
+  job->runner = std::make_unique<JobRunner>(
+      options_.runner, assignment, [this, raw](const v1::JobEvent& event) {
+        // Events arrive on the runner's reader thread.
+        if (event.type() == v1::EVENT_TYPE_CHECKPOINT) {
+          absl::Status s = UploadCheckpoint(*raw, event.progress());
+          raw->unsent_checkpoint.reset();
+          if (absl::IsUnavailable(s)) {
+            raw->unsent_checkpoint = event.progress();
+          } else if (absl::IsFailedPrecondition(s)) {
+            raw->runner->Cancel();
+          }
+          return;
+        }
+        raw->pending.push_back(event);
+        if (!SendEvents(raw->assignment, raw->pending)) {
+          raw->runner->Cancel();
+        }
+      });
   job->thread = std::thread([this, raw] { RunJob(raw); });
   jobs_[assignment.job_id()] = std::move(job);
 }
@@ -312,8 +313,8 @@ absl::Status Agent::DownloadCheckpoint(const v1::Assignment& assignment, const s
   if (!status.ok()) return FromGrpcStatus(status);
   out.close();
   if (!out || received != expected) {
-    return absl::DataLossError(absl::StrCat("checkpoint download incomplete: ", received, " of ",
-                                            expected, " bytes"));
+    return absl::DataLossError(
+        absl::StrCat("checkpoint download incomplete: ", received, " of ", expected, " bytes"));
   }
   return absl::OkStatus();
 }
@@ -349,8 +350,8 @@ void Agent::RunJob(RunningJob* job) {
   request.set_error(outcome.error);
   request.set_permanent(outcome.permanent);
   *request.mutable_progress() = outcome.progress;
-  Log(absl::StrCat(job->assignment.job_id(), " attempt ", job->assignment.attempt(), " ended: ",
-                   v1::JobState_Name(outcome.state),
+  Log(absl::StrCat(job->assignment.job_id(), " attempt ", job->assignment.attempt(),
+                   " ended: ", v1::JobState_Name(outcome.state),
                    outcome.error.empty() ? "" : absl::StrCat(" (", outcome.error, ")")));
   // Events, the last checkpoint and the outcome must reach the server, in that order; keep trying
   // while it is unreachable (for up to an hour, or a few seconds when this worker shuts down).
@@ -374,8 +375,8 @@ void Agent::RunJob(RunningJob* job) {
     grpc::Status status = stub_->CompleteJob(Context(absl::Seconds(5)).get(), request, &response);
     if (status.ok()) break;
     if (!IsUnreachable(status)) {
-      Log(absl::StrCat("completion of ", job->assignment.job_id(), " refused: ",
-                       status.error_message()));
+      Log(absl::StrCat("completion of ", job->assignment.job_id(),
+                       " refused: ", status.error_message()));
       break;
     }
     absl::SleepFor(absl::Seconds(1));

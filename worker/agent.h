@@ -6,8 +6,8 @@
 
 #include <atomic>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -23,10 +23,10 @@ struct AgentOptions {
   std::string server_address = "127.0.0.1:50051";
   std::string worker_id;  // default: hostname-pid
   RunnerOptions runner;
-  int job_slots = 1;  // jobs run at once (one per device)
-  std::string token;  // bearer token for the server ("" = none)
+  int job_slots = 1;                                      // jobs run at once (one per device)
+  std::string token;                                      // bearer token for the server ("" = none)
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: plaintext
-  std::string metrics_url;  // advertised to the server
+  std::string metrics_url;                                // advertised to the server
 };
 
 class Agent {

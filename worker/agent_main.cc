@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   options.runner.loader_path = self_dir + "/stoker-loader";
   options.runner.cpu_count = static_cast<int>(std::thread::hardware_concurrency());
 
-  app.add_option("--server", options.server_address, "stoker-server address")->capture_default_str();
+  app.add_option("--server", options.server_address, "stoker-server address")
+      ->capture_default_str();
   app.add_option("--worker-id", options.worker_id,
                  "stable name of this worker; reuse it after a restart to re-attach")
       ->capture_default_str();
@@ -109,8 +110,8 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<stoker::WorkerMetrics> metrics;
   if (!metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<stoker::WorkerMetrics>> created =
-        stoker::WorkerMetrics::Create({.worker_id = options.worker_id, .listen_address = metrics_listen});
+    absl::StatusOr<std::unique_ptr<stoker::WorkerMetrics>> created = stoker::WorkerMetrics::Create(
+        {.worker_id = options.worker_id, .listen_address = metrics_listen});
     if (!created.ok()) {
       std::cerr << "stoker-worker: metrics: " << created.status().message() << "\n";
       return 1;

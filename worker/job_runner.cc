@@ -87,7 +87,8 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   if (error) return Failed(absl::StrCat("cannot create ", dir, ": ", error.message()), false);
 
   v1::JobSpec spec = assignment_.spec();
-  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return Failed(std::string(s.message()), true);
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok())
+    return Failed(std::string(s.message()), true);
   if (absl::Status s = ResolveDatasetPaths(options_.data_root, &spec); !s.ok()) {
     return Failed(absl::StrCat("on this worker: ", s.message()), true);
   }
@@ -118,9 +119,10 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
     uint64_t step = 0;
     if (!metadata.ok() || !metadata->contains("step") ||
         !absl::SimpleAtoi(metadata->at("step"), &step) || step >= geometry.total_batches) {
-      return Failed(absl::StrCat("cannot resume from ", resume_checkpoint, ": ",
-                                 metadata.ok() ? "bad or missing step" : metadata.status().message()),
-                    false);
+      return Failed(
+          absl::StrCat("cannot resume from ", resume_checkpoint, ": ",
+                       metadata.ok() ? "bad or missing step" : metadata.status().message()),
+          false);
     }
     (*region)->StartAt(step);
   }
@@ -131,13 +133,12 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
     std::ofstream out(job_file, std::ios::binary | std::ios::trunc);
     if (!spec.SerializeToOstream(&out)) return Failed("cannot write " + job_file, false);
   }
-  on_event_(LogEvent(absl::StrCat("dataset: ", shape->count, " training samples of ",
-                                  shape->features, " ", SampleTypeName(shape->sample_type),
-                                  " features, ", shape->classes, " classes; ",
-                                  geometry.initial_loaders, " loader process(es)",
-                                  autotune ? absl::StrCat(" (auto, up to ", loader_count, ")") : "",
-                                  ", ", geometry.slot_count,
-                                  " ring slots")));
+  on_event_(
+      LogEvent(absl::StrCat("dataset: ", shape->count, " training samples of ", shape->features,
+                            " ", SampleTypeName(shape->sample_type), " features, ", shape->classes,
+                            " classes; ", geometry.initial_loaders, " loader process(es)",
+                            autotune ? absl::StrCat(" (auto, up to ", loader_count, ")") : "", ", ",
+                            geometry.slot_count, " ring slots")));
   {
     absl::MutexLock lock(&region_mu_);
     region_ = region->get();
@@ -160,10 +161,19 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   if (pipe2(event_pipe, O_CLOEXEC) != 0) return Failed("cannot create the event pipe", false);
 
   const std::string trainer_log = dir + "/trainer.log";
-  std::vector<std::string> trainer_argv = {
-      options_.trainer_path, "--region-fd", region_fd,  "--events-fd", absl::StrCat(event_pipe[1]),
-      "--job",               job_file,      "--checkpoint", checkpoint_path(), "--parent-pid",
-      absl::StrCat(getpid()), "--classes", absl::StrCat(classes)};
+  std::vector<std::string> trainer_argv = {options_.trainer_path,
+                                           "--region-fd",
+                                           region_fd,
+                                           "--events-fd",
+                                           absl::StrCat(event_pipe[1]),
+                                           "--job",
+                                           job_file,
+                                           "--checkpoint",
+                                           checkpoint_path(),
+                                           "--parent-pid",
+                                           absl::StrCat(getpid()),
+                                           "--classes",
+                                           absl::StrCat(classes)};
   if (!resume_checkpoint.empty()) {
     trainer_argv.push_back("--resume");
     trainer_argv.push_back(resume_checkpoint);
@@ -230,14 +240,14 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
       if (busy > 0) {
         const double fraction = double(stall) / double(stall + busy);
         const int wanted = AutotuneLoaderCount(active, loader_count, fraction);
-        const uint64_t start = region.stats().consumer_next_batch.load() +
-                               region.geometry().slot_count;
+        const uint64_t start =
+            region.stats().consumer_next_batch.load() + region.geometry().slot_count;
         if (wanted != active && start < region.geometry().total_batches &&
             region.ChangeLoaderCount(start, static_cast<uint32_t>(wanted)).ok()) {
           on_event_(LogEvent(absl::StrCat("autotune: input-bound ",
                                           static_cast<int>(100 * fraction + 0.5),
-                                          "% of the last window; loader processes ", active,
-                                          " -> ", wanted, " from batch ", start)));
+                                          "% of the last window; loader processes ", active, " -> ",
+                                          wanted, " from batch ", start)));
           for (int k = 0; k < wanted && !fatal; ++k) {
             if (loaders[k]) continue;
             absl::StatusOr<pid_t> pid = spawn_loader(k);
@@ -273,8 +283,8 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
       }
       if (++restarts > options_.max_loader_restarts) {
         fatal = absl::StrCat("loader ", k, " ", loader_exit->Describe(), "; gave up after ",
-                             options_.max_loader_restarts, " restarts. Last output: ",
-                             TailOfFile(log_path, 1000));
+                             options_.max_loader_restarts,
+                             " restarts. Last output: ", TailOfFile(log_path, 1000));
         break;
       }
       region.stats().loader_restarts_total.fetch_add(1);

@@ -26,7 +26,7 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options);
 
 struct ExitInfo {
   bool signaled = false;
-  int code = 0;  // exit code, or the signal number when signaled
+  int code = 0;                  // exit code, or the signal number when signaled
   std::string Describe() const;  // "exit code 2", "killed by signal 9 (Killed)"
 };
 

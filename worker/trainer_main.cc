@@ -12,10 +12,10 @@
 #include <iostream>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "absl/strings/numbers.h"
 #include "common/checkpoint.h"
 #include "google/protobuf/util/delimited_message_util.h"
 #include "stoker.pb.h"
@@ -148,10 +148,9 @@ absl::StatusOr<EvalSummary> EvaluateTestSet(Model& model, const LabeledSamples& 
                                             int batch_size) {
   EvalResult total;
   for (int64_t start = 0; start < test.count; start += batch_size) {
-    const BatchView batch =
-        MakeBatchView(test.samples.data() + start * test.sample_bytes, test.labels.data() + start,
-                      static_cast<int>(std::min<int64_t>(batch_size, test.count - start)),
-                      test.sample_type);
+    const BatchView batch = MakeBatchView(
+        test.samples.data() + start * test.sample_bytes, test.labels.data() + start,
+        static_cast<int>(std::min<int64_t>(batch_size, test.count - start)), test.sample_type);
     absl::StatusOr<EvalResult> result = model.Evaluate(batch);
     if (!result.ok()) return result.status();
     total.loss_sum += result->loss_sum;
@@ -192,7 +191,8 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
   if (test->sample_bytes != static_cast<int>(geometry.sample_bytes) ||
       test->sample_type != geometry.sample_type) {
     std::cerr << "stoker-trainer: " << data.test_images() << ": samples of " << test->features
-              << " " << SampleTypeName(test->sample_type) << " values, but the training samples have "
+              << " " << SampleTypeName(test->sample_type)
+              << " values, but the training samples have "
               << geometry.sample_bytes / SampleTypeBytes(geometry.sample_type) << " "
               << SampleTypeName(geometry.sample_type) << " values\n";
     return kExitBadInput;
@@ -292,8 +292,8 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
     }
     const BatchView view = MakeBatchView(batch->samples, batch->labels,
                                          static_cast<int>(batch->count), geometry.sample_type);
-    absl::StatusOr<StepResult> step = (*model)->TrainStep(
-        view, LearningRateAt(spec.train().optimizer(), b, total_batches));
+    absl::StatusOr<StepResult> step =
+        (*model)->TrainStep(view, LearningRateAt(spec.train().optimizer(), b, total_batches));
     region.Release(b);
     const absl::Time step_done = absl::Now();
     if (!step.ok()) {

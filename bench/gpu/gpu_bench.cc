@@ -50,9 +50,8 @@ Flags ParseFlags(int argc, char** argv) {
 // the first (the first layer's input needs no gradient).
 double StepFlops(const MlpConfig& config, int batch) {
   const double forward = static_cast<double>(MlpForwardFlopsPerSample(config)) * batch;
-  const double first_layer =
-      2.0 * config.input_features * (config.hidden.empty() ? config.classes : config.hidden[0]) *
-      batch;
+  const double first_layer = 2.0 * config.input_features *
+                             (config.hidden.empty() ? config.classes : config.hidden[0]) * batch;
   return 3 * forward - first_layer;
 }
 
@@ -150,7 +149,8 @@ double TimeGemm(int m, int n, int k, int iterations) {
   }
   cudaEventRecord(stop, stream);
   float ms = 0;
-  if (cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
+  if (cudaEventSynchronize(stop) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
     return -1;
   }
   cudaEventDestroy(start);

@@ -75,8 +75,8 @@ absl::Status RunLoader(JobRegion& region, const LabeledSamples& data,
   JobStats& stats = region.stats();
   // The loader eras decide which batches are ours; they may change while we run, so ownership is
   // checked again once a slot is free (a new era never starts at a batch whose slot is free).
-  uint64_t batch = region.NextBatchFor(
-      options.index, stats.consumer_next_batch.load(std::memory_order_acquire));
+  uint64_t batch =
+      region.NextBatchFor(options.index, stats.consumer_next_batch.load(std::memory_order_acquire));
   for (; batch < geometry.total_batches; batch = region.NextBatchFor(options.index, batch + 1)) {
     if (region.IsPublished(batch)) continue;  // made by this loader's previous incarnation
     absl::StatusOr<WritableBatch> slot = region.WaitWritable(batch, absl::InfiniteDuration());

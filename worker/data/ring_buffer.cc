@@ -468,8 +468,8 @@ absl::Status JobRegion::ChangeLoaderCount(uint64_t start_batch, uint32_t loader_
   RegionControl& control = *impl_->control;
   const uint32_t eras = control.era_count.load(std::memory_order_acquire);
   if (loader_count == 0 || loader_count > impl_->geometry.loader_count) {
-    return absl::InvalidArgumentError(absl::StrCat("loader count ", loader_count,
-                                                   " is outside 1..", impl_->geometry.loader_count));
+    return absl::InvalidArgumentError(absl::StrCat("loader count ", loader_count, " is outside 1..",
+                                                   impl_->geometry.loader_count));
   }
   if (eras >= kMaxLoaderEras) {
     return absl::FailedPreconditionError("the loader era table is full");

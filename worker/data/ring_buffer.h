@@ -32,7 +32,7 @@ struct RingGeometry {
   // (see ChangeLoaderCount): in an era with K loaders, loader b % K. The first era starts at
   // batch 0 with `initial_loaders` (0 = loader_count).
   uint32_t loader_count = 1;
-  uint64_t total_batches = 0;   // batches in the whole job (all epochs)
+  uint64_t total_batches = 0;                   // batches in the whole job (all epochs)
   SampleType sample_type = SampleType::kUint8;  // element type of the samples in a slot
   uint32_t initial_loaders = 0;
 };
