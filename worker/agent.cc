@@ -79,6 +79,7 @@ bool Agent::Register(const std::atomic<bool>& stop) {
     gethostname(hostname, sizeof(hostname) - 1);
     request.set_hostname(hostname);
     *request.add_devices() = DescribeCpu();
+    for (const v1::Device& gpu : options_.gpus) *request.add_devices() = gpu;
     request.set_metrics_url(options_.metrics_url);
     {
       absl::MutexLock lock(&mu_);
@@ -128,7 +129,8 @@ void Agent::Run(const std::atomic<bool>& stop) {
       }
       const int free = std::max(0, options_.job_slots - static_cast<int>(jobs_.size()));
       request.set_free_slots(free);
-      request.set_free_gpus(0);
+      // One job at a time; a GPU job takes every GPU of this worker.
+      request.set_free_gpus(jobs_.empty() ? static_cast<int>(options_.gpus.size()) : 0);
     }
     v1::HeartbeatResponse response;
     grpc::Status status = stub_->Heartbeat(Context(absl::Seconds(5)).get(), request, &response);
@@ -170,7 +172,9 @@ void Agent::ExportMetrics() {
     JobCounters& c = counters.emplace_back();
     c.job_id = id;
     c.attempt = static_cast<uint32_t>(job->assignment.attempt());
-    c.device = "cpu";
+    const int gpus = job->assignment.spec().resources().gpus();
+    c.device = gpus > 0 ? "gpu0" : "cpu";
+    for (int g = 0; g < gpus; ++g) c.gpu_indices.push_back(g);
     c.samples_total = snapshot.samples_total;
     c.steps_total = snapshot.steps_total;
     c.skipped_steps_total = snapshot.skipped_steps_total;

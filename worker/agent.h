@@ -27,6 +27,7 @@ struct AgentOptions {
   std::string token;                                      // bearer token for the server ("" = none)
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: plaintext
   std::string metrics_url;                                // advertised to the server
+  std::vector<v1::Device> gpus;  // found through NVML; jobs asking for GPUs run on them
 };
 
 class Agent {

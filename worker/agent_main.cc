@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
 #include "worker/agent.h"
+#include "worker/metrics/nvml.h"
 #include "worker/metrics/worker_metrics.h"
 
 namespace {
@@ -108,6 +109,16 @@ int main(int argc, char** argv) {
   });
   signal_thread.detach();
 
+  // GPUs, found through NVML (loaded with dlopen; none without a driver).
+  if (std::unique_ptr<stoker::Nvml> nvml = stoker::Nvml::Load(); nvml != nullptr) {
+    for (const stoker::GpuReading& gpu : nvml->Read()) {
+      stoker::v1::Device& device = options.gpus.emplace_back();
+      device.set_kind("cuda");
+      device.set_index(gpu.index);
+      device.set_name(gpu.name);
+      device.set_memory_bytes(static_cast<int64_t>(gpu.memory_total_bytes.value_or(0)));
+    }
+  }
   std::unique_ptr<stoker::WorkerMetrics> metrics;
   if (!metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<stoker::WorkerMetrics>> created = stoker::WorkerMetrics::Create(

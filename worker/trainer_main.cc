@@ -23,6 +23,9 @@
 #include "worker/data/job_options.h"
 #include "worker/data/ring_buffer.h"
 #include "worker/engine/backend.h"
+#ifdef STOKER_HAVE_CUDA
+#include "worker/engine/cuda/cuda_backend.h"
+#endif
 #include "worker/exit_codes.h"
 
 namespace stoker {
@@ -198,11 +201,24 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
     return kExitBadInput;
   }
 
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
+  // resources.gpus > 0 trains on the cuda backend (device 0 of those the agent gave us).
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      absl::FailedPreconditionError("this trainer was built without the cuda backend");
+  bool pinned = false;
+  if (spec.resources().gpus() > 0) {
+#ifdef STOKER_HAVE_CUDA
+    backend = CreateCudaBackend(0);
+    // Pin the ring so batches are copied by DMA straight out of their slots.
+    pinned = backend.ok() && RegisterHostRegion(region.mapped_base(), region.mapped_bytes()).ok();
+#endif
+  } else {
+    backend = CreateCpuBackend();
+  }
   if (!backend.ok()) {
     std::cerr << "stoker-trainer: backend: " << backend.status().message() << "\n";
     return kExitBadInput;
   }
+  (void)pinned;
   MlpConfig config;
   config.input_features =
       static_cast<int>(geometry.sample_bytes / SampleTypeBytes(geometry.sample_type));

@@ -367,6 +367,8 @@ absl::StatusOr<std::unique_ptr<JobRegion>> JobRegion::Attach(int fd) {
 JobRegion::~JobRegion() = default;
 
 int JobRegion::fd() const { return impl_->fd; }
+void* JobRegion::mapped_base() const { return impl_->base; }
+size_t JobRegion::mapped_bytes() const { return impl_->size; }
 const RingGeometry& JobRegion::geometry() const { return impl_->geometry; }
 JobStats& JobRegion::stats() { return *impl_->stats; }
 

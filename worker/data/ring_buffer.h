@@ -92,6 +92,9 @@ class JobRegion {
   JobRegion& operator=(const JobRegion&) = delete;
 
   int fd() const;
+  // The whole mapping, e.g. to pin it for DMA (cudaHostRegister).
+  void* mapped_base() const;
+  size_t mapped_bytes() const;
   const RingGeometry& geometry() const;
   JobStats& stats();
 
