@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "client/render.h"
 #include "common/auth.h"
+#include "common/chunk_download.h"
 #include "common/grpc_status.h"
 #include "common/job_file.h"
 #include "common/job_spec.h"
@@ -233,35 +234,20 @@ class Client {
   }
 
   int Artifact(const std::string& job_id, const std::string& output) {
-    const std::string tmp = output + ".part";
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      std::cerr << "stoker: cannot write " << tmp << "\n";
-      return kExitBadInput;
-    }
     grpc::ClientContext context;
     AddToken(context, token_);
     v1::GetArtifactRequest request;
     request.set_job_id(job_id);
     auto reader = jobs_->GetArtifact(&context, request);
-    v1::CheckpointChunk chunk;
-    int64_t expected = -1, received = 0;
-    while (reader->Read(&chunk)) {
-      if (expected < 0) expected = chunk.total_bytes();
-      out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
-      received += static_cast<int64_t>(chunk.data().size());
+    absl::StatusOr<int64_t> bytes = DownloadChunksToFile(*reader, output);
+    if (!bytes.ok()) {
+      if (absl::IsDataLoss(bytes.status()) || absl::IsInternal(bytes.status())) {
+        std::cerr << "stoker: artifact: " << bytes.status().message() << "\n";
+        return kExitFailed;
+      }
+      return ReportRpcError(options_, ToGrpcStatus(bytes.status()), "artifact");
     }
-    grpc::Status status = reader->Finish();
-    out.close();
-    if (!status.ok() || !out || received != expected) {
-      std::filesystem::remove(tmp);
-      if (!status.ok()) return ReportRpcError(options_, status, "artifact");
-      std::cerr << "stoker: artifact: incomplete download (" << received << " of " << expected
-                << " bytes)\n";
-      return kExitFailed;
-    }
-    std::filesystem::rename(tmp, output);
-    if (!options_.json()) std::cout << "wrote " << output << " (" << received << " bytes)\n";
+    if (!options_.json()) std::cout << "wrote " << output << " (" << *bytes << " bytes)\n";
     return kExitOk;
   }
 

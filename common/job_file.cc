@@ -68,10 +68,12 @@ class YamlMapper {
       if (!node.IsSequence()) return Error(node, path, "expected a list, e.g. [256, 128]");
       reflection->ClearField(message, field);
       for (size_t i = 0; i < node.size(); ++i) {
-        if (absl::Status s = SetScalar(node[i], message, field, absl::StrCat(path, "[", i, "]"));
-            !s.ok()) {
-          return s;
-        }
+        const std::string item_path = absl::StrCat(path, "[", i, "]");
+        absl::Status s =
+            field->type() == FieldDescriptor::TYPE_MESSAGE
+                ? MapMessage(node[i], reflection->AddMessage(message, field), item_path)
+                : SetScalar(node[i], message, field, item_path);
+        if (!s.ok()) return s;
       }
       return absl::OkStatus();
     }

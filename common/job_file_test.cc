@@ -112,6 +112,26 @@ TEST(JobFileTest, ExampleJobFileIsValid) {
   EXPECT_EQ(file->spec.model().hidden_size(), 2);
 }
 
+TEST(JobFileTest, CnnLayersAreAListOfMappings) {
+  absl::StatusOr<JobFile> file = ReadJobFile(STOKER_SOURCE_DIR "/examples/fashion-mnist-cnn.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE(ValidateJobSpec(file->spec).ok()) << ValidateJobSpec(file->spec);
+  ASSERT_EQ(file->spec.model().layers_size(), 11);
+  EXPECT_EQ(file->spec.model().layers(0).type(), "conv2d");
+  EXPECT_EQ(file->spec.model().layers(0).out_channels(), 32);
+  EXPECT_EQ(file->spec.model().layers(10).units(), 10);
+  EXPECT_TRUE(file->spec.train().optimizer().nesterov());
+
+  absl::StatusOr<JobFile> bad =
+      ParseJobYaml("model:\n  type: cnn\n  layers:\n    - {type: conv2d, kernal: 3}\n", "l.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("l.yaml:4:"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("unknown field 'kernal' in model.layers[0]"),
+            std::string::npos)
+      << bad.status();
+  EXPECT_NE(bad.status().message().find("did you mean 'kernel'"), std::string::npos);
+}
+
 TEST(JobFileTest, MissingFileIsNotFound) {
   EXPECT_EQ(ReadJobFile("/nonexistent/job.yaml").status().code(), absl::StatusCode::kNotFound);
 }

@@ -115,7 +115,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
 
   const v1::ModelSpec& model = spec.model();
-  if (absl::Status s = CheckOneOf("model.type", model.type(), {"mlp"}); !s.ok()) return s;
+  if (absl::Status s = CheckOneOf("model.type", model.type(), {"mlp", "cnn"}); !s.ok()) return s;
   if (model.hidden_size() > 16) {
     return FieldError("model.hidden",
                       absl::StrCat("at most 16 layers (got ", model.hidden_size(), ")"));
@@ -127,20 +127,70 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       return s;
     }
   }
+  if (model.type() == "cnn" && model.layers().empty()) {
+    return FieldError("model.layers", "a cnn needs its list of layers");
+  }
+  if (model.type() == "mlp" && !model.layers().empty()) {
+    return FieldError("model.layers", "only for type cnn (an mlp takes model.hidden)");
+  }
+  if (model.layers_size() > 64) {
+    return FieldError("model.layers",
+                      absl::StrCat("at most 64 layers (got ", model.layers_size(), ")"));
+  }
+  for (int i = 0; i < model.layers_size(); ++i) {
+    const v1::LayerSpec& layer = model.layers(i);
+    const std::string at = absl::StrCat("model.layers[", i, "]");
+    if (absl::Status s =
+            CheckOneOf(at + ".type", layer.type(),
+                       {"conv2d", "maxpool2d", "linear", "relu", "gelu", "dropout", "flatten"});
+        !s.ok()) {
+      return s;
+    }
+    if (layer.type() == "conv2d") {
+      if (absl::Status s = CheckRange(at + ".out_channels", layer.out_channels(), 1, 4096);
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (layer.type() == "conv2d" || layer.type() == "maxpool2d") {
+      if (absl::Status s = CheckRange(at + ".kernel", layer.kernel(), 1, 64); !s.ok()) return s;
+      if (absl::Status s = CheckRange(at + ".stride", layer.stride(), 0, 64); !s.ok()) return s;
+      if (absl::Status s = CheckRange(at + ".padding", layer.padding(), 0, 64); !s.ok()) return s;
+    }
+    if (layer.type() == "linear") {
+      if (absl::Status s = CheckRange(at + ".units", layer.units(), 1, 65536); !s.ok()) return s;
+    }
+    if (layer.type() == "dropout" && !(layer.rate() >= 0 && layer.rate() < 1)) {
+      return FieldError(at + ".rate", absl::StrCat("must be in [0, 1) (got ", layer.rate(), ")"));
+    }
+  }
 
   const v1::TrainSpec& train = spec.train();
   if (absl::Status s = CheckRange("train.epochs", train.epochs(), 1, 10000); !s.ok()) return s;
   if (absl::Status s = CheckRange("train.batch_size", train.batch_size(), 1, 65536); !s.ok()) {
     return s;
   }
-  if (train.precision() != v1::PRECISION_UNSPECIFIED && train.precision() != v1::PRECISION_FP32 &&
-      train.precision() != v1::PRECISION_BF16) {
-    return FieldError("train.precision",
-                      absl::StrCat("unsupported value '", v1::Precision_Name(train.precision()),
-                                   "' (supported: fp32, bf16)"));
+  if (!v1::Precision_IsValid(train.precision())) {
+    return FieldError("train.precision", "unknown precision (supported: fp32, bf16, fp16)");
   }
   const v1::OptimizerSpec& opt = train.optimizer();
-  if (absl::Status s = CheckOneOf("train.optimizer.type", opt.type(), {"sgd"}); !s.ok()) return s;
+  if (absl::Status s = CheckOneOf("train.optimizer.type", opt.type(), {"sgd", "adamw"}); !s.ok()) {
+    return s;
+  }
+  for (auto [field, value] : {std::pair{"train.optimizer.beta1", opt.beta1()},
+                              std::pair{"train.optimizer.beta2", opt.beta2()}}) {
+    if (!(value >= 0 && value < 1)) {
+      return FieldError(field, absl::StrCat("must be in [0, 1) (got ", value, ")"));
+    }
+  }
+  if (!(opt.eps() >= 0 && opt.eps() <= 1)) {
+    return FieldError("train.optimizer.eps",
+                      absl::StrCat("must be in [0, 1] (got ", opt.eps(), ")"));
+  }
+  if (!(opt.clip_grad_norm() >= 0 && opt.clip_grad_norm() <= 1e6)) {
+    return FieldError("train.optimizer.clip_grad_norm",
+                      absl::StrCat("must be in [0, 1e6] (got ", opt.clip_grad_norm(), ")"));
+  }
   if (!(opt.lr() > 0 && opt.lr() <= 10)) {
     return FieldError("train.optimizer.lr",
                       absl::StrCat("must be in (0, 10] (got ", opt.lr(), ")"));

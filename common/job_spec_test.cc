@@ -37,8 +37,25 @@ TEST(JobSpecTest, EachBadFieldIsNamed) {
       {[](v1::JobSpec* s) { s->set_name("bad name!"); }, "name:"},
       {[](v1::JobSpec* s) { s->mutable_dataset()->clear_test_labels(); }, "dataset.test_labels:"},
       {[](v1::JobSpec* s) { s->mutable_loader()->set_ring_slots(1); }, "loader.ring_slots:"},
-      {[](v1::JobSpec* s) { s->mutable_train()->set_precision(v1::PRECISION_FP16); },
+      {[](v1::JobSpec* s) { s->mutable_train()->set_precision(static_cast<v1::Precision>(42)); },
        "train.precision:"},
+      {[](v1::JobSpec* s) { s->mutable_model()->set_type("cnn"); }, "model.layers:"},
+      {[](v1::JobSpec* s) {
+         s->mutable_model()->set_type("cnn");
+         s->mutable_model()->add_layers()->set_type("conv3d");
+       },
+       "model.layers[0].type:"},
+      {[](v1::JobSpec* s) {
+         s->mutable_model()->set_type("cnn");
+         v1::LayerSpec* conv = s->mutable_model()->add_layers();
+         conv->set_type("conv2d");
+         conv->set_kernel(3);
+       },
+       "model.layers[0].out_channels:"},
+      {[](v1::JobSpec* s) { s->mutable_train()->mutable_optimizer()->set_type("lion"); },
+       "train.optimizer.type:"},
+      {[](v1::JobSpec* s) { s->mutable_train()->mutable_optimizer()->set_beta2(1.5); },
+       "train.optimizer.beta2:"},
   };
   for (const Case& c : cases) {
     v1::JobSpec spec = ValidSpec();

@@ -234,23 +234,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   // Jobs the server believes run there but the worker does not have are lost: requeue them.
   std::set<std::string> reported;
   for (const v1::RunningAttempt& attempt : request.running()) reported.insert(attempt.job_id());
-  std::set<std::string> still_running;
-  for (const std::string& job_id : worker.running) {
-    if (reported.contains(job_id)) {
-      still_running.insert(job_id);
-      continue;
-    }
-    absl::StatusOr<v1::Job> job = store_->Get(job_id);
-    if (job.ok() && job->state() == v1::JOB_STATE_RUNNING &&
-        job->worker_id() == request.worker_id()) {
-      if (absl::Status s = Requeue(
-              *job, absl::StrCat("worker ", request.worker_id(), " restarted without the job"));
-          !s.ok()) {
-        return s;
-      }
-    }
+  if (absl::Status s =
+          RequeueUnreported(request.worker_id(), reported, "restarted without the job");
+      !s.ok()) {
+    return s;
   }
-  worker.running = std::move(still_running);
   v1::RegisterWorkerResponse response;
   response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
   response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
@@ -278,6 +266,25 @@ absl::Status Coordinator::Requeue(v1::Job job, const std::string& reason) {
     it->second.running.erase(job.id());
   }
   return SaveAndNotify(job, std::move(events));
+}
+
+absl::Status Coordinator::RequeueUnreported(const std::string& worker_id,
+                                            const std::set<std::string>& reported,
+                                            absl::string_view why) {
+  WorkerEntry& worker = workers_[worker_id];
+  for (const std::string& job_id : std::set<std::string>(worker.running)) {
+    if (reported.contains(job_id)) continue;
+    absl::StatusOr<v1::Job> job = store_->Get(job_id);
+    if (job.ok() && job->state() == v1::JOB_STATE_RUNNING && job->worker_id() == worker_id) {
+      // Requeue also drops it from worker.running.
+      if (absl::Status s = Requeue(*job, absl::StrCat("worker ", worker_id, " ", why)); !s.ok()) {
+        return s;
+      }
+    } else {
+      worker.running.erase(job_id);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::string& worker_id,
@@ -343,19 +350,9 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     if (!job.ok()) *response.add_stop() = attempt;
   }
   // A job placed on this worker that it no longer reports was lost there (e.g. it restarted).
-  for (const std::string& job_id : std::set<std::string>(worker.running)) {
-    if (reported.contains(job_id)) continue;
-    absl::StatusOr<v1::Job> job = store_->Get(job_id);
-    if (job.ok() && job->state() == v1::JOB_STATE_RUNNING &&
-        job->worker_id() == request.worker_id()) {
-      if (absl::Status s = Requeue(
-              *job, absl::StrCat("worker ", request.worker_id(), " no longer runs the job"));
-          !s.ok()) {
-        return s;
-      }
-    } else {
-      worker.running.erase(job_id);
-    }
+  if (absl::Status s = RequeueUnreported(request.worker_id(), reported, "no longer runs the job");
+      !s.ok()) {
+    return s;
   }
   absl::StatusOr<std::vector<v1::Assignment>> assignments =
       Assign(request.worker_id(), request.free_slots(), request.free_gpus());

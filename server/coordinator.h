@@ -114,6 +114,10 @@ class Coordinator {
                                     int attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts a job back in the queue, or fails it when its retries are used up.
   absl::Status Requeue(v1::Job job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Requeues the jobs placed on `worker_id` that its report (`reported` job ids) leaves out.
+  absl::Status RequeueUnreported(const std::string& worker_id,
+                                 const std::set<std::string>& reported, absl::string_view why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SaveAndNotify(const v1::Job& job, std::vector<v1::JobEvent> events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<v1::Assignment>> Assign(const std::string& worker_id, int free_slots,

@@ -352,5 +352,37 @@ TEST_F(EndToEndTest, TrainsOnCsvAndNpyFloatFeatures) {
   EXPECT_NE(failed->error().find("ragged.csv:3"), std::string::npos) << failed->error();
 }
 
+TEST_F(EndToEndTest, TrainsACnnAndAdamWInFp16) {
+  cluster_.StartWorker("w1");
+  // The example CNN (conv/pool layers, Nesterov, dropout), on a subset for one epoch.
+  std::ifstream in(STOKER_SOURCE_DIR "/examples/fashion-mnist-cnn.yaml");
+  std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  yaml.replace(yaml.find("epochs: 15"), 10, "epochs: 2");
+  yaml.replace(yaml.find("warmup_steps: 200"), 17, "warmup_steps: 10");
+  yaml.replace(yaml.find("  format: idx"), 13,
+               "  format: idx\n  train_limit: 6000\n  test_limit: 1000");
+  const std::string cnn_file = WriteFile("cnn.yaml", yaml);
+  CommandResult cnn = cluster_.Cli("submit --follow " + cnn_file);
+  EXPECT_EQ(cnn.exit_code, 0) << cnn.output;
+  EXPECT_NE(cnn.output.find("cnn 1x28x28 conv2d-relu-maxpool2d"), std::string::npos) << cnn.output;
+
+  v1::JobSpec adamw = SmallFashionMnistJob(2, 6000, 1000);
+  adamw.mutable_train()->set_precision(v1::PRECISION_FP16);
+  adamw.mutable_train()->mutable_optimizer()->set_type("adamw");
+  adamw.mutable_train()->mutable_optimizer()->set_lr(0.002);
+  adamw.mutable_train()->mutable_optimizer()->set_weight_decay(0.01);
+  adamw.mutable_train()->mutable_optimizer()->set_clip_grad_norm(5);
+  absl::StatusOr<v1::Job> submitted = cluster_.Submit(adamw);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  absl::StatusOr<v1::Job> done = cluster_.WaitForFinal(submitted->id(), absl::Minutes(2));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_GT(done->progress().test_accuracy(), 0.75);
+
+  absl::StatusOr<v1::Job> cnn_job = cluster_.WaitForFinal("j-000001", absl::Seconds(5));
+  ASSERT_TRUE(cnn_job.ok());
+  EXPECT_GT(cnn_job->progress().test_accuracy(), 0.75);
+}
+
 }  // namespace
 }  // namespace stoker::testing

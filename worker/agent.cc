@@ -11,6 +11,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
+#include "common/chunk_download.h"
 #include "common/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 
@@ -298,29 +299,13 @@ absl::Status Agent::UploadCheckpoint(const RunningJob& job, const v1::TrainingPr
 absl::Status Agent::DownloadCheckpoint(const v1::Assignment& assignment, const std::string& path) {
   std::error_code error;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), error);
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
   v1::DownloadCheckpointRequest request;
   request.set_worker_id(options_.worker_id);
   request.set_job_id(assignment.job_id());
   request.set_attempt(assignment.attempt());
   auto context = Context(absl::Minutes(10));
   auto reader = stub_->DownloadCheckpoint(context.get(), request);
-  v1::CheckpointChunk chunk;
-  int64_t expected = -1, received = 0;
-  while (reader->Read(&chunk)) {
-    if (expected < 0) expected = chunk.total_bytes();
-    out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
-    received += static_cast<int64_t>(chunk.data().size());
-  }
-  grpc::Status status = reader->Finish();
-  if (!status.ok()) return FromGrpcStatus(status);
-  out.close();
-  if (!out || received != expected) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint download incomplete: ", received, " of ", expected, " bytes"));
-  }
-  return absl::OkStatus();
+  return DownloadChunksToFile(*reader, path).status();
 }
 
 void Agent::RunJob(RunningJob* job) {

@@ -27,6 +27,7 @@
 #include "worker/engine/cuda/cuda_backend.h"
 #endif
 #include "worker/exit_codes.h"
+#include "worker/model_spec.h"
 
 namespace stoker {
 namespace {
@@ -49,17 +50,6 @@ class EventWriter {
  private:
   int fd_;
 };
-
-Precision ToPrecision(v1::Precision precision) {
-  switch (precision) {
-    case v1::PRECISION_BF16:
-      return Precision::kBf16;
-    case v1::PRECISION_FP16:
-      return Precision::kFp16;
-    default:
-      return Precision::kFp32;
-  }
-}
 
 // Learning rate for step `step` (0-based) of `total_steps`: linear warm-up, then the schedule.
 double LearningRateAt(const v1::OptimizerSpec& optimizer, uint64_t step, uint64_t total_steps) {
@@ -219,25 +209,16 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
     return kExitBadInput;
   }
   (void)pinned;
-  MlpConfig config;
-  config.input_features =
-      static_cast<int>(geometry.sample_bytes / SampleTypeBytes(geometry.sample_type));
-  config.hidden.assign(spec.model().hidden().begin(), spec.model().hidden().end());
-  config.classes = std::max({2, train_classes, test->classes});
-  config.max_batch = spec.train().batch_size();
-  config.precision = ToPrecision(spec.train().precision());
-  config.seed = static_cast<uint64_t>(spec.train().seed());
-  config.optimizer.learning_rate = spec.train().optimizer().lr();
-  config.optimizer.momentum = spec.train().optimizer().momentum();
-  config.optimizer.weight_decay = spec.train().optimizer().weight_decay();
-  absl::StatusOr<std::unique_ptr<Model>> model = (*backend)->CreateMlp(config);
-  if (!model.ok()) {
-    std::cerr << "stoker-trainer: model: " << model.status().message() << "\n";
+  const int classes = std::max({2, train_classes, test->classes});
+  absl::StatusOr<BuiltModel> built = BuildModel(**backend, spec, test->sample_dims, classes);
+  if (!built.ok()) {
+    std::cerr << "stoker-trainer: model: " << built.status().message() << "\n";
     return kExitBadInput;
   }
+  std::unique_ptr<Model>* model = &built->model;
+  const int max_batch = spec.train().batch_size();
   events.Log(absl::StrCat("training on ", (*backend)->Name(), " in ",
-                          PrecisionName(config.precision), ": mlp ", config.input_features, "-",
-                          absl::StrJoin(config.hidden, "-"), "-", config.classes));
+                          PrecisionName(built->precision), ": ", built->description));
 
   const int epochs = spec.train().epochs();
   const uint64_t total_batches = geometry.total_batches;
@@ -346,7 +327,7 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
       p.set_samples_per_second(window_samples / std::max(window_seconds, 1e-9));
       p.set_data_stall_ratio(std::min(1.0, window_stall_ns / 1e9 / std::max(window_seconds, 1e-9)));
       if (epoch_end) {
-        absl::StatusOr<EvalSummary> eval = EvaluateTestSet(**model, *test, config.max_batch);
+        absl::StatusOr<EvalSummary> eval = EvaluateTestSet(**model, *test, max_batch);
         if (!eval.ok()) {
           std::cerr << "stoker-trainer: evaluation: " << eval.status().message() << "\n";
           return kExitBadInput;

@@ -79,7 +79,7 @@ struct MlpConfig {
 // One layer of a NetworkConfig. Shapes follow PyTorch: activations [N, C, H, W] or [N, features].
 struct LayerConfig {
   enum class Kind {
-    kConv2d,     // out_channels, kernel (square), stride, padding; weight [out_c, in_c, k, k] + bias
+    kConv2d,  // out_channels, kernel (square), stride, padding; weight [out_c, in_c, k, k] + bias
     kMaxPool2d,  // kernel, stride (0 = kernel), padding (<= kernel / 2); PyTorch floor mode
     kLinear,     // units; weight [units, in_features] + bias; flattens a [C, H, W] input itself
     kRelu,
@@ -196,7 +196,8 @@ class Backend {
   // UNIMPLEMENTED if the backend cannot run `config.precision`.
   virtual absl::StatusOr<std::unique_ptr<Model>> CreateMlp(const MlpConfig& config) = 0;
   // A network of layers (NetworkConfig). INVALID_ARGUMENT naming the layer for a bad config
-  // ("layers[2]: kernel 5 larger than input 4x4"), UNIMPLEMENTED where the backend has no such path.
+  // ("layers[2] (conv2d): kernel 5 larger than input 4x4"), UNIMPLEMENTED where the backend has
+  // no such path.
   virtual absl::StatusOr<std::unique_ptr<Model>> CreateNetwork(const NetworkConfig& config) {
     (void)config;
     return absl::UnimplementedError(Name() + " backend does not build networks");

@@ -1,9 +1,10 @@
 // The oneDNN implementation of a layered network Model (NetworkConfig; see backend.h).
 //
-// Activations are NCHW (or [N, features]) in the compute type: f32 for fp32 and fp16, bf16 for
-// bf16; the logits are f32. oneDNN picks the weights' layouts (format_tag::any) for convolution
-// and inner product; the optimizer updates the fp32 master weights in PyTorch's layout and a
-// reorder then writes the copies the primitives read (converting to bf16 on the way).
+// Activations are NHWC (or [N, features]; the input NCHW unless C = 1) in the compute type: f32
+// for fp32 and fp16, bf16 for bf16; the logits are f32. oneDNN picks the weights' layouts
+// (format_tag::any) for convolution and inner product; the optimizer updates the fp32 master
+// weights in PyTorch's layout and a reorder then writes the copies the primitives read (converting
+// to bf16 on the way).
 //
 // fp16: this CPU's oneDNN has no f16 convolution or matmul, so fp16 is emulated as fp16 storage
 // with fp32 compute: weights, activations and activation gradients are rounded to fp16 values

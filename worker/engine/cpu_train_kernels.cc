@@ -37,7 +37,8 @@ void SgdUpdate(int64_t n, float learning_rate, float momentum, float weight_deca
                const float* grad, float* weight, float* velocity) {
   if (momentum == 0) {
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMinElements)
-    for (int64_t i = 0; i < n; ++i) weight[i] -= learning_rate * (grad[i] + weight_decay * weight[i]);
+    for (int64_t i = 0; i < n; ++i)
+      weight[i] -= learning_rate * (grad[i] + weight_decay * weight[i]);
     return;
   }
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMinElements)
@@ -50,8 +51,8 @@ void SgdUpdate(int64_t n, float learning_rate, float momentum, float weight_deca
 }
 
 void AdamWUpdate(int64_t n, float learning_rate, float beta1, float beta2, float eps,
-                 float weight_decay, int64_t step, const float* grad, float* weight,
-                 float* exp_avg, float* exp_avg_sq) {
+                 float weight_decay, int64_t step, const float* grad, float* weight, float* exp_avg,
+                 float* exp_avg_sq) {
   const double bias_correction1 = 1.0 - std::pow(static_cast<double>(beta1), step);
   const double bias_correction2 = 1.0 - std::pow(static_cast<double>(beta2), step);
   const float step_size = static_cast<float>(learning_rate / bias_correction1);

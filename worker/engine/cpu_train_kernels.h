@@ -20,8 +20,8 @@ void SgdUpdate(int64_t n, float learning_rate, float momentum, float weight_deca
 // w *= 1 - lr * weight_decay; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // w -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps).
 void AdamWUpdate(int64_t n, float learning_rate, float beta1, float beta2, float eps,
-                 float weight_decay, int64_t step, const float* grad, float* weight,
-                 float* exp_avg, float* exp_avg_sq);
+                 float weight_decay, int64_t step, const float* grad, float* weight, float* exp_avg,
+                 float* exp_avg_sq);
 
 // Sum of squares in double, in index order.
 double SumOfSquares(const float* data, int64_t n);

@@ -17,7 +17,7 @@ inline __attribute__((always_inline)) fp16_t FloatToFp16(float value) {
   const uint32_t bits = __builtin_bit_cast(uint32_t, value);
   const uint32_t sign = (bits >> 16) & 0x8000u;
   uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return static_cast<fp16_t>(sign | 0x7e00u);  // NaN
+  if (magnitude > 0x7f800000u) return static_cast<fp16_t>(sign | 0x7e00u);   // NaN
   if (magnitude >= 0x477ff000u) return static_cast<fp16_t>(sign | 0x7c00u);  // >= 65520: inf
   if (magnitude < 0x38800000u) {
     // Below 2^-14 (fp16 subnormals): adding 0.5 puts the value where a float's ulp is 2^-24, the

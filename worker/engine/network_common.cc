@@ -70,8 +70,8 @@ const char* OptimizerTypeName(OptimizerType type) {
 absl::StatusOr<std::vector<std::vector<int>>> NetworkShapes(const NetworkConfig& config) {
   if (config.input_shape.size() != 1 && config.input_shape.size() != 3) {
     return absl::InvalidArgumentError(
-        absl::StrCat("input_shape must be {C, H, W} or {features}, got ",
-                     config.input_shape.size(), " dimensions"));
+        absl::StrCat("input_shape must be {C, H, W} or {features}, got ", config.input_shape.size(),
+                     " dimensions"));
   }
   for (int d : config.input_shape) {
     if (d <= 0) {
@@ -99,7 +99,8 @@ absl::StatusOr<std::vector<std::vector<int>>> NetworkShapes(const NetworkConfig&
           return invalid("out_channels must be > 0, got ", layer.out_channels);
         }
         if (layer.kernel <= 0) return invalid("kernel must be > 0, got ", layer.kernel);
-        if (layer.stride < 0) return invalid("stride must be >= 0 (0 = default), got ", layer.stride);
+        if (layer.stride < 0)
+          return invalid("stride must be >= 0 (0 = default), got ", layer.stride);
         if (layer.padding < 0) return invalid("padding must be >= 0, got ", layer.padding);
         if (!conv && layer.padding > layer.kernel / 2) {
           return invalid("padding ", layer.padding, " must be at most half the kernel (",

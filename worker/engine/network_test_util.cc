@@ -118,7 +118,8 @@ double ReferenceLoss(const NetworkConfig& config, const DoubleParams& params,
           Activation y{{layer.units}, {}};
           for (int o = 0; o < layer.units; ++o) {
             double sum = b[o];
-            for (size_t i = 0; i < x.values.size(); ++i) sum += w[o * x.values.size() + i] * x.values[i];
+            for (size_t i = 0; i < x.values.size(); ++i)
+              sum += w[o * x.values.size() + i] * x.values[i];
             y.values.push_back(sum);
           }
           x = std::move(y);

@@ -1,0 +1,121 @@
+#include "worker/model_spec.h"
+
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace stoker {
+namespace {
+
+Precision ToPrecision(v1::Precision precision) {
+  switch (precision) {
+    case v1::PRECISION_BF16:
+      return Precision::kBf16;
+    case v1::PRECISION_FP16:
+      return Precision::kFp16;
+    default:
+      return Precision::kFp32;
+  }
+}
+
+absl::StatusOr<LayerConfig> ToLayer(const v1::LayerSpec& spec, int index) {
+  LayerConfig layer;
+  const std::string& type = spec.type();
+  if (type == "conv2d") {
+    layer.kind = LayerConfig::Kind::kConv2d;
+  } else if (type == "maxpool2d") {
+    layer.kind = LayerConfig::Kind::kMaxPool2d;
+  } else if (type == "linear") {
+    layer.kind = LayerConfig::Kind::kLinear;
+  } else if (type == "relu") {
+    layer.kind = LayerConfig::Kind::kRelu;
+  } else if (type == "gelu") {
+    layer.kind = LayerConfig::Kind::kGelu;
+  } else if (type == "dropout") {
+    layer.kind = LayerConfig::Kind::kDropout;
+  } else if (type == "flatten") {
+    layer.kind = LayerConfig::Kind::kFlatten;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.layers[", index, "].type: unknown layer '", type, "'"));
+  }
+  layer.out_channels = spec.out_channels();
+  layer.kernel = spec.kernel();
+  layer.stride = spec.stride();
+  layer.padding = spec.padding();
+  layer.units = spec.units();
+  layer.rate = static_cast<float>(spec.rate());
+  return layer;
+}
+
+}  // namespace
+
+OptimizerConfig OptimizerFromSpec(const v1::TrainSpec& train) {
+  const v1::OptimizerSpec& spec = train.optimizer();
+  OptimizerConfig config;
+  config.type = spec.type() == "adamw" ? OptimizerType::kAdamW : OptimizerType::kSgd;
+  config.learning_rate = spec.lr();
+  config.momentum = spec.momentum();
+  config.weight_decay = spec.weight_decay();
+  config.nesterov = spec.nesterov();
+  if (spec.beta1() > 0) config.beta1 = spec.beta1();
+  if (spec.beta2() > 0) config.beta2 = spec.beta2();
+  if (spec.eps() > 0) config.eps = spec.eps();
+  config.clip_grad_norm = spec.clip_grad_norm();
+  return config;
+}
+
+absl::StatusOr<BuiltModel> BuildModel(Backend& backend, const v1::JobSpec& spec,
+                                      const std::vector<int>& sample_dims, int classes) {
+  BuiltModel built;
+  built.precision = ToPrecision(spec.train().precision());
+  const int features =
+      std::accumulate(sample_dims.begin(), sample_dims.end(), 1, std::multiplies<int>());
+  if (spec.model().type() != "cnn") {
+    MlpConfig config;
+    config.input_features = features;
+    config.hidden.assign(spec.model().hidden().begin(), spec.model().hidden().end());
+    config.classes = classes;
+    config.max_batch = spec.train().batch_size();
+    config.precision = built.precision;
+    config.seed = static_cast<uint64_t>(spec.train().seed());
+    config.optimizer = OptimizerFromSpec(spec.train());
+    absl::StatusOr<std::unique_ptr<Model>> model = backend.CreateMlp(config);
+    if (!model.ok()) return model.status();
+    built.model = std::move(*model);
+    built.description = absl::StrCat("mlp ", features, "-", absl::StrJoin(config.hidden, "-"),
+                                     config.hidden.empty() ? "" : "-", classes);
+    return built;
+  }
+  NetworkConfig config;
+  if (sample_dims.size() == 2) {
+    config.input_shape = {1, sample_dims[0], sample_dims[1]};
+  } else if (sample_dims.size() == 1) {
+    config.input_shape = {sample_dims[0]};
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.type: a cnn takes single-channel images; these samples have ",
+                     sample_dims.size(), " dimensions"));
+  }
+  std::vector<std::string> names;
+  for (int i = 0; i < spec.model().layers_size(); ++i) {
+    absl::StatusOr<LayerConfig> layer = ToLayer(spec.model().layers(i), i);
+    if (!layer.ok()) return layer.status();
+    config.layers.push_back(*layer);
+    names.push_back(spec.model().layers(i).type());
+  }
+  config.classes = classes;
+  config.max_batch = spec.train().batch_size();
+  config.precision = built.precision;
+  config.seed = static_cast<uint64_t>(spec.train().seed());
+  config.optimizer = OptimizerFromSpec(spec.train());
+  absl::StatusOr<std::unique_ptr<Model>> model = backend.CreateNetwork(config);
+  if (!model.ok()) return model.status();
+  built.model = std::move(*model);
+  built.description =
+      absl::StrCat("cnn ", absl::StrJoin(config.input_shape, "x"), " ", absl::StrJoin(names, "-"));
+  return built;
+}
+
+}  // namespace stoker
