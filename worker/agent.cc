@@ -187,6 +187,11 @@ void Agent::ExportMetrics() {
     c.ring_filled_slots = snapshot.filled_slots;
     c.epoch = snapshot.epoch;
     if (snapshot.steps_total > 0) c.loss = snapshot.loss;
+    // Only fp16 scales the loss; other precisions have no loss-scale series.
+    if (snapshot.steps_total > 0 &&
+        job->assignment.spec().train().precision() == v1::PRECISION_FP16) {
+      c.loss_scale = snapshot.loss_scale;
+    }
     if (snapshot.eval_accuracy > 0) c.eval_accuracy = snapshot.eval_accuracy;
   }
   metrics_->Update(counters);
