@@ -122,8 +122,8 @@ struct NetworkConfig {
   LossScaleConfig loss_scale;
 };
 
-// A batch as it sits in a ring slot: `count` samples of `input_features` uint8 values each, row-major,
-// and one uint8 class label per sample.
+// A batch as it sits in a ring slot: `count` samples of `input_features` uint8 values each,
+// row-major, and one uint8 class label per sample.
 struct BatchView {
   const uint8_t* samples = nullptr;
   const uint8_t* labels = nullptr;

@@ -14,6 +14,7 @@
 #include "worker/engine/bf16.h"
 #include "worker/engine/cpu_kernels.h"
 #include "worker/engine/cpu_network.h"
+#include "worker/engine/tensor_match.h"
 
 namespace stoker {
 namespace {
@@ -370,27 +371,15 @@ std::vector<CpuMlp::TensorRef> CpuMlp::Tensors(bool optimizer_state) const {
 std::vector<NamedTensor> CpuMlp::Copy(const std::vector<TensorRef>& tensors) {
   std::vector<NamedTensor> copies;
   for (const TensorRef& tensor : tensors) {
-    copies.push_back({tensor.name, tensor.shape,
-                      std::vector<float>(tensor.data, tensor.data + tensor.size)});
+    copies.push_back(
+        {tensor.name, tensor.shape, std::vector<float>(tensor.data, tensor.data + tensor.size)});
   }
   return copies;
 }
 
 absl::Status CpuMlp::Assign(const std::vector<TensorRef>& tensors,
                             const std::vector<NamedTensor>& values) {
-  if (values.size() != tensors.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected ", tensors.size(), " tensors, got ", values.size()));
-  }
-  // Check everything before changing anything.
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (values[i].name != tensors[i].name || values[i].shape != tensors[i].shape ||
-        values[i].values.size() != tensors[i].size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor ", i, " is '", values[i].name, "' with ", values[i].values.size(),
-          " values; expected '", tensors[i].name, "' with ", tensors[i].size));
-    }
-  }
+  if (absl::Status s = CheckTensorsMatch(tensors, values); !s.ok()) return s;
   for (size_t i = 0; i < tensors.size(); ++i) {
     std::copy(values[i].values.begin(), values[i].values.end(), tensors[i].data);
   }

@@ -18,10 +18,10 @@
 
 namespace stoker {
 
-// INVALID_ARGUMENT for a bad config (ValidateMlpConfig), RESOURCE_EXHAUSTED if the buffers cannot be allocated, INTERNAL if oneDNN cannot build a
-// primitive.
-// fp16, AdamW, Nesterov and gradient clipping are delegated to the general network
-// (CreateCpuNetworkForMlp): same parameter names, same initial weights.
+// INVALID_ARGUMENT for a bad config (ValidateMlpConfig), RESOURCE_EXHAUSTED if the buffers cannot
+// be allocated, INTERNAL if oneDNN cannot build a primitive. fp16, AdamW, Nesterov and gradient
+// clipping are delegated to the general network (CreateCpuNetworkForMlp): same parameter names,
+// same initial weights.
 absl::StatusOr<std::unique_ptr<Model>> CreateCpuMlp(const MlpConfig& config);
 
 }  // namespace stoker

@@ -364,8 +364,10 @@ TEST(CpuMlpTest, ResumeFromParametersAndOptimizerStateIsExact) {
     ASSERT_TRUE(straight && first_half);
     std::vector<Batch> batches;
     for (int step = 0; step < 6; ++step) batches.push_back(RandomBatch(64, 784, 10, 90 + step));
-    for (int step = 0; step < 6; ++step) ASSERT_TRUE(straight->TrainStep(batches[step].View(), 0.05).ok());
-    for (int step = 0; step < 3; ++step) ASSERT_TRUE(first_half->TrainStep(batches[step].View(), 0.05).ok());
+    for (int step = 0; step < 6; ++step)
+      ASSERT_TRUE(straight->TrainStep(batches[step].View(), 0.05).ok());
+    for (int step = 0; step < 3; ++step)
+      ASSERT_TRUE(first_half->TrainStep(batches[step].View(), 0.05).ok());
 
     const std::vector<NamedTensor> momentum = first_half->OptimizerState();
     ASSERT_EQ(momentum.size(), first_half->Parameters().size());
@@ -379,7 +381,8 @@ TEST(CpuMlpTest, ResumeFromParametersAndOptimizerStateIsExact) {
     ASSERT_TRUE(resumed);
     ASSERT_TRUE(resumed->SetParameters(first_half->Parameters()).ok());
     ASSERT_TRUE(resumed->SetOptimizerState(momentum).ok());
-    for (int step = 3; step < 6; ++step) ASSERT_TRUE(resumed->TrainStep(batches[step].View(), 0.05).ok());
+    for (int step = 3; step < 6; ++step)
+      ASSERT_TRUE(resumed->TrainStep(batches[step].View(), 0.05).ok());
     const std::vector<NamedTensor> a = straight->Parameters(), b = resumed->Parameters();
     for (size_t t = 0; t < a.size(); ++t) {
       EXPECT_EQ(a[t].values, b[t].values) << PrecisionName(precision) << " " << a[t].name;

@@ -16,24 +16,24 @@ absl::Status CublasError(cublasStatus_t status, const char* call, const char* fi
 }  // namespace stoker::cuda
 
 // Returns from the enclosing function (absl::Status or StatusOr) when the call fails.
-#define STOKER_CUDA_RETURN_IF_ERROR(call)                                       \
-  do {                                                                          \
-    const cudaError_t stoker_cuda_error_ = (call);                              \
-    if (stoker_cuda_error_ != cudaSuccess) {                                    \
+#define STOKER_CUDA_RETURN_IF_ERROR(call)                                              \
+  do {                                                                                 \
+    const cudaError_t stoker_cuda_error_ = (call);                                     \
+    if (stoker_cuda_error_ != cudaSuccess) {                                           \
       return ::stoker::cuda::CudaError(stoker_cuda_error_, #call, __FILE__, __LINE__); \
-    }                                                                           \
+    }                                                                                  \
   } while (0)
 
-#define STOKER_CUBLAS_RETURN_IF_ERROR(call)                                          \
-  do {                                                                               \
-    const cublasStatus_t stoker_cublas_status_ = (call);                             \
-    if (stoker_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                            \
+#define STOKER_CUBLAS_RETURN_IF_ERROR(call)                                                 \
+  do {                                                                                      \
+    const cublasStatus_t stoker_cublas_status_ = (call);                                    \
+    if (stoker_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                   \
       return ::stoker::cuda::CublasError(stoker_cublas_status_, #call, __FILE__, __LINE__); \
-    }                                                                                \
+    }                                                                                       \
   } while (0)
 
-#define STOKER_RETURN_IF_ERROR(expr)                          \
-  do {                                                        \
+#define STOKER_RETURN_IF_ERROR(expr)                                                       \
+  do {                                                                                     \
     if (absl::Status stoker_status_ = (expr); !stoker_status_.ok()) return stoker_status_; \
   } while (0)
 

@@ -63,8 +63,7 @@ std::unique_ptr<Model> CpuModel(const MlpConfig& config) {
   return model.ok() ? *std::move(model) : nullptr;
 }
 
-std::unique_ptr<Model> CudaModel(const MlpConfig& config,
-                                 const CudaBackendOptions& options = {}) {
+std::unique_ptr<Model> CudaModel(const MlpConfig& config, const CudaBackendOptions& options = {}) {
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(0, options);
   EXPECT_TRUE(backend.ok()) << backend.status();
   if (!backend.ok()) return nullptr;
@@ -169,8 +168,8 @@ TEST_P(CudaConformanceTest, EvaluateMatchesCpu) {
   ASSERT_TRUE(cpu && gpu);
   for (const bool float_features : {false, true}) {
     for (const int count : {64, 37}) {
-      const Batch batch = RandomBatch(count, config.input_features, config.classes,
-                                      1000 + count, float_features);
+      const Batch batch =
+          RandomBatch(count, config.input_features, config.classes, 1000 + count, float_features);
       absl::StatusOr<EvalResult> expected = cpu->Evaluate(batch.View());
       absl::StatusOr<EvalResult> actual = gpu->Evaluate(batch.View());
       ASSERT_TRUE(expected.ok()) << expected.status();
@@ -271,8 +270,7 @@ TEST_P(CudaConformanceTest, RejectsBadInput) {
   ASSERT_TRUE(gpu);
   Batch batch = RandomBatch(8, config.input_features, config.classes, 5);
   batch.labels[3] = 10;
-  EXPECT_EQ(gpu->TrainStep(batch.View(), 0.05).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu->TrainStep(batch.View(), 0.05).status().code(), absl::StatusCode::kInvalidArgument);
   batch.labels[3] = 0;
   batch.count = 65;
   EXPECT_EQ(gpu->Evaluate(batch.View()).status().code(), absl::StatusCode::kInvalidArgument);
@@ -281,13 +279,13 @@ TEST_P(CudaConformanceTest, RejectsBadInput) {
   EXPECT_EQ(gpu->SetParameters(parameters).code(), absl::StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    PrecisionsAndEpilogues, CudaConformanceTest,
-    ::testing::Combine(::testing::Values(Precision::kFp32, Precision::kBf16), ::testing::Bool()),
-    [](const ::testing::TestParamInfo<std::tuple<Precision, bool>>& info) {
-      return std::string(PrecisionName(std::get<0>(info.param))) +
-             (std::get<1>(info.param) ? "_fused" : "_unfused");
-    });
+INSTANTIATE_TEST_SUITE_P(PrecisionsAndEpilogues, CudaConformanceTest,
+                         ::testing::Combine(::testing::Values(Precision::kFp32, Precision::kBf16),
+                                            ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<Precision, bool>>& info) {
+                           return std::string(PrecisionName(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_fused" : "_unfused");
+                         });
 
 // Odd, tiny shapes (no multiple of 8 anywhere), as in the cpu backend's own tests.
 TEST(CudaConformanceOddShapesTest, Fp32StepMatchesCpu) {

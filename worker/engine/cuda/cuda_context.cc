@@ -11,8 +11,9 @@ absl::Status CudaError(cudaError_t error, const char* call, const char* file, in
   // A failed call leaves the error in the runtime's per-thread slot; clear it so that the next
   // cudaGetLastError after a launch reports that launch, not this call.
   cudaGetLastError();
-  const std::string message = absl::StrCat(file, ":", line, ": ", call, " failed: ",
-                                           cudaGetErrorName(error), ": ", cudaGetErrorString(error));
+  const std::string message =
+      absl::StrCat(file, ":", line, ": ", call, " failed: ", cudaGetErrorName(error), ": ",
+                   cudaGetErrorString(error));
   if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
   return absl::InternalError(message);
 }

@@ -3,8 +3,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstddef>
 #include <cmath>
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <utility>
@@ -15,6 +15,7 @@
 #include "worker/engine/cuda/cuda_context.h"
 #include "worker/engine/cuda/lt_gemm.h"
 #include "worker/engine/cuda/mlp_kernels.h"
+#include "worker/engine/tensor_match.h"
 
 namespace stoker {
 namespace {
@@ -30,11 +31,11 @@ using cuda::LtGemm;
 // Plans kept besides the full-batch one; a new batch size beyond this evicts the oldest.
 constexpr size_t kMaxPartialPlans = 3;
 
-#define STOKER_ASSIGN_BUFFER(target, bytes)                                  \
-  do {                                                                       \
+#define STOKER_ASSIGN_BUFFER(target, bytes)                                      \
+  do {                                                                           \
     absl::StatusOr<DeviceBuffer> stoker_buffer_ = DeviceBuffer::Allocate(bytes); \
-    if (!stoker_buffer_.ok()) return stoker_buffer_.status();                \
-    (target) = *std::move(stoker_buffer_);                                   \
+    if (!stoker_buffer_.ok()) return stoker_buffer_.status();                    \
+    (target) = *std::move(stoker_buffer_);                                       \
   } while (0)
 
 DType ComputeType(Precision precision) {
@@ -152,7 +153,7 @@ class CudaMlp final : public Model {
   cudaEvent_t copy_done_[2] = {nullptr, nullptr};     // recorded on the copy stream
   cudaEvent_t staging_free_[2] = {nullptr, nullptr};  // recorded on the compute stream
   int next_slot_ = 0;
-  DeviceBuffer state_;                      // cuda::StepState
+  DeviceBuffer state_;                     // cuda::StepState
   cuda::StepState* host_state_ = nullptr;  // pinned
   std::vector<cuda::SgdTensor> sgd_tensors_;
   std::unique_ptr<Plan> full_plan_;
@@ -230,7 +231,8 @@ absl::Status CudaMlp::Init(int device) {
                             layer.bias_velocity.as<float>(), nullptr, layer.out, 0.0f});
   }
 
-  STOKER_CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&host_state_), sizeof(cuda::StepState)));
+  STOKER_CUDA_RETURN_IF_ERROR(
+      cudaMallocHost(reinterpret_cast<void**>(&host_state_), sizeof(cuda::StepState)));
   STOKER_ASSIGN_BUFFER(state_, sizeof(cuda::StepState));
   *host_state_ = cuda::StepState{};
   host_state_->loss_scale = loss_scaling_ ? config_.loss_scale.initial : 1.0f;
@@ -382,13 +384,12 @@ absl::StatusOr<int> CudaMlp::StageBatch(const BatchView& batch) {
 
   STOKER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, copy_done_[slot], 0));
   if (features) {
-    STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchConvertFloat(staging_[slot].as<float>(), n, type_,
-                                                         input_.get(), compute));
+    STOKER_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchConvertFloat(staging_[slot].as<float>(), n, type_, input_.get(), compute));
   } else {
     STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchNormalizeInput(staging_[slot].as<uint8_t>(), n,
-                                                           config_.input_scale,
-                                                           config_.input_shift, type_,
-                                                           input_.get(), compute));
+                                                           config_.input_scale, config_.input_shift,
+                                                           type_, input_.get(), compute));
   }
   return slot;
 }
@@ -401,9 +402,9 @@ absl::Status CudaMlp::Forward(const Plan& plan, int rows) {
     const LayerGemms& gemms = plan.layers[l];
     STOKER_RETURN_IF_ERROR(RunGemm(*gemms.forward, GemmWeight(layer), input, layer.output.get()));
     if (!gemms.forward_fused) {
-      STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchBiasActivation(
-          layer.output.get(), layer.relu ? type_ : DType::kF32, layer.bias.as<float>(), rows,
-          layer.out, layer.relu, stream));
+      STOKER_CUDA_RETURN_IF_ERROR(
+          cuda::LaunchBiasActivation(layer.output.get(), layer.relu ? type_ : DType::kF32,
+                                     layer.bias.as<float>(), rows, layer.out, layer.relu, stream));
     }
     input = layer.output.get();
   }
@@ -418,9 +419,9 @@ absl::Status CudaMlp::Backward(const Plan& plan, int rows) {
     const LayerGemms& gemms = plan.layers[l];
     const void* input = l == 0 ? input_.get() : layers_[l - 1].output.get();
     if (l == last && !gemms.bias_grad_fused) {
-      STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchReluBackwardBiasGrad(
-          layer.output_grad.get(), nullptr, type_, rows, layer.out, layer.bias_grad.as<float>(),
-          stream));
+      STOKER_CUDA_RETURN_IF_ERROR(
+          cuda::LaunchReluBackwardBiasGrad(layer.output_grad.get(), nullptr, type_, rows, layer.out,
+                                           layer.bias_grad.as<float>(), stream));
     }
     STOKER_RETURN_IF_ERROR(
         RunGemm(*gemms.weight_grad, input, layer.output_grad.get(), layer.weight_grad.get()));
@@ -429,9 +430,9 @@ absl::Status CudaMlp::Backward(const Plan& plan, int rows) {
     STOKER_RETURN_IF_ERROR(RunGemm(*gemms.input_grad, GemmWeight(layer), layer.output_grad.get(),
                                    below.output_grad.get()));
     if (!gemms.input_grad_fused) {
-      STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchReluBackwardBiasGrad(
-          below.output_grad.get(), below.output.get(), type_, rows, below.out,
-          below.bias_grad.as<float>(), stream));
+      STOKER_CUDA_RETURN_IF_ERROR(
+          cuda::LaunchReluBackwardBiasGrad(below.output_grad.get(), below.output.get(), type_, rows,
+                                           below.out, below.bias_grad.as<float>(), stream));
     }
   }
   return absl::OkStatus();
@@ -470,8 +471,8 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
   STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free_[*slot], stream));
   STOKER_RETURN_IF_ERROR(Backward(**plan, rows));
   if (injected_gradient_.has_value()) {
-    STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchAddToFirst(layers_[0].weight_grad.as<float>(),
-                                                       *injected_gradient_, stream));
+    STOKER_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchAddToFirst(layers_[0].weight_grad.as<float>(), *injected_gradient_, stream));
     injected_gradient_.reset();
   }
 
@@ -506,9 +507,9 @@ absl::StatusOr<EvalResult> CudaMlp::Evaluate(const BatchView& batch) {
   if (!slot.ok()) return slot.status();
   STOKER_RETURN_IF_ERROR(Forward(**plan, batch.count));
   const Layer& last = layers_.back();
-  STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchSoftmaxCrossEntropy(
-      last.output.as<float>(), staging_labels_[*slot].as<uint8_t>(), batch.count, last.out, type_,
-      nullptr, state, stream));
+  STOKER_CUDA_RETURN_IF_ERROR(
+      cuda::LaunchSoftmaxCrossEntropy(last.output.as<float>(), staging_labels_[*slot].as<uint8_t>(),
+                                      batch.count, last.out, type_, nullptr, state, stream));
   STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free_[*slot], stream));
   STOKER_RETURN_IF_ERROR(FinishStep());
   EvalResult result;
@@ -546,8 +547,8 @@ absl::StatusOr<std::vector<NamedTensor>> CudaMlp::Download(
   for (const TensorRef& tensor : tensors) {
     copies.push_back({tensor.name, tensor.shape, std::vector<float>(tensor.size)});
     STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copies.back().values.data(), tensor.data,
-                                                tensor.size * sizeof(float),
-                                                cudaMemcpyDeviceToHost, stream));
+                                                tensor.size * sizeof(float), cudaMemcpyDeviceToHost,
+                                                stream));
   }
   STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return copies;
@@ -555,19 +556,7 @@ absl::StatusOr<std::vector<NamedTensor>> CudaMlp::Download(
 
 absl::Status CudaMlp::Upload(const std::vector<TensorRef>& tensors,
                              const std::vector<NamedTensor>& values) {
-  if (values.size() != tensors.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected ", tensors.size(), " tensors, got ", values.size()));
-  }
-  // Check everything before changing anything.
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (values[i].name != tensors[i].name || values[i].shape != tensors[i].shape ||
-        values[i].values.size() != tensors[i].size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor ", i, " is '", values[i].name, "' with ", values[i].values.size(),
-          " values; expected '", tensors[i].name, "' with ", tensors[i].size));
-    }
-  }
+  if (absl::Status s = CheckTensorsMatch(tensors, values); !s.ok()) return s;
   STOKER_RETURN_IF_ERROR(context_->Activate());
   const cudaStream_t stream = context_->compute_stream();
   for (size_t i = 0; i < tensors.size(); ++i) {

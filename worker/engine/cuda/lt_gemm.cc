@@ -50,15 +50,15 @@ absl::StatusOr<std::unique_ptr<LtGemm>> LtGemm::Create(cublasLtHandle_t lt, cons
                                                        const GemmEpilogueArgs& epilogue,
                                                        size_t workspace_bytes) {
   if (shape.m <= 0 || shape.n <= 0 || shape.k <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GEMM dimensions must be > 0, got m=", shape.m, " n=", shape.n, " k=", shape.k));
+    return absl::InvalidArgumentError(absl::StrCat("GEMM dimensions must be > 0, got m=", shape.m,
+                                                   " n=", shape.n, " k=", shape.k));
   }
   const bool needs_bias = epilogue.kind != GemmEpilogue::kNone;
   const bool needs_aux =
       epilogue.kind == GemmEpilogue::kReluAuxBias || epilogue.kind == GemmEpilogue::kDReluBGrad;
   if ((needs_bias && epilogue.bias == nullptr) ||
-      (needs_aux && (epilogue.aux == nullptr || epilogue.aux_ld < shape.m ||
-                     epilogue.aux_ld % 128 != 0))) {
+      (needs_aux &&
+       (epilogue.aux == nullptr || epilogue.aux_ld < shape.m || epilogue.aux_ld % 128 != 0))) {
     return absl::InvalidArgumentError("GEMM epilogue is missing its bias or ReLU mask buffer");
   }
 
@@ -99,8 +99,8 @@ absl::StatusOr<std::unique_ptr<LtGemm>> LtGemm::Create(cublasLtHandle_t lt, cons
       &gemm->a_layout_, CudaType(shape.a_type), a_rows, a_cols, static_cast<int64_t>(a_rows)));
   STOKER_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
       &gemm->b_layout_, CudaType(shape.b_type), b_rows, b_cols, static_cast<int64_t>(b_rows)));
-  STOKER_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
-      &gemm->d_layout_, CudaType(shape.d_type), shape.m, shape.n, shape.m));
+  STOKER_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&gemm->d_layout_, CudaType(shape.d_type),
+                                                           shape.m, shape.n, shape.m));
 
   cublasLtMatmulPreference_t preference = nullptr;
   STOKER_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&preference));
@@ -116,11 +116,12 @@ absl::StatusOr<std::unique_ptr<LtGemm>> LtGemm::Create(cublasLtHandle_t lt, cons
                                            gemm->d_layout_, gemm->d_layout_, preference, 1, &result,
                                            &found);
   cublasLtMatmulPreferenceDestroy(preference);
-  if (heuristic_status == CUBLAS_STATUS_NOT_SUPPORTED || (heuristic_status == CUBLAS_STATUS_SUCCESS &&
-                                                          (found == 0 || result.state != CUBLAS_STATUS_SUCCESS))) {
-    return absl::UnimplementedError(absl::StrCat(
-        "cuBLASLt has no algorithm for m=", shape.m, " n=", shape.n, " k=", shape.k,
-        " epilogue=", static_cast<int>(epilogue.kind)));
+  if (heuristic_status == CUBLAS_STATUS_NOT_SUPPORTED ||
+      (heuristic_status == CUBLAS_STATUS_SUCCESS &&
+       (found == 0 || result.state != CUBLAS_STATUS_SUCCESS))) {
+    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for m=", shape.m,
+                                                 " n=", shape.n, " k=", shape.k,
+                                                 " epilogue=", static_cast<int>(epilogue.kind)));
   }
   STOKER_CUBLAS_RETURN_IF_ERROR(heuristic_status);
   gemm->algo_ = result.algo;

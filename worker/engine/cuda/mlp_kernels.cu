@@ -243,7 +243,7 @@ cudaError_t LaunchNormalizeInput(const uint8_t* samples, int64_t n, float scale,
   return DispatchType(type, [&](auto zero) {
     using T = decltype(zero);
     NormalizeInputKernel<T><<<ElementwiseBlocks(n), kThreads, 0, stream>>>(samples, n, scale, shift,
-                                                                            static_cast<T*>(out));
+                                                                           static_cast<T*>(out));
   });
 }
 
@@ -252,8 +252,8 @@ cudaError_t LaunchConvertFloat(const float* features, int64_t n, DType type, voi
   if (features == nullptr || out == nullptr || n <= 0) return cudaErrorInvalidValue;
   return DispatchType(type, [&](auto zero) {
     using T = decltype(zero);
-    ConvertFloatKernel<T><<<ElementwiseBlocks(n), kThreads, 0, stream>>>(features, n,
-                                                                          static_cast<T*>(out));
+    ConvertFloatKernel<T>
+        <<<ElementwiseBlocks(n), kThreads, 0, stream>>>(features, n, static_cast<T*>(out));
   });
 }
 
@@ -268,8 +268,8 @@ cudaError_t LaunchBiasActivation(void* y, DType type, const float* bias, int row
   const int64_t n = static_cast<int64_t>(rows) * cols;
   return DispatchType(type, [&](auto zero) {
     using T = decltype(zero);
-    BiasActivationKernel<T><<<ElementwiseBlocks(n), kThreads, 0, stream>>>(static_cast<T*>(y), bias,
-                                                                            rows, cols, relu);
+    BiasActivationKernel<T>
+        <<<ElementwiseBlocks(n), kThreads, 0, stream>>>(static_cast<T*>(y), bias, rows, cols, relu);
   });
 }
 
@@ -280,10 +280,9 @@ cudaError_t LaunchReluBackwardBiasGrad(void* grad, const void* activation, DType
   }
   return DispatchType(type, [&](auto zero) {
     using T = decltype(zero);
-    ReluBackwardBiasGradKernel<T><<<static_cast<unsigned>(CeilDiv(cols, 32)), dim3(32, 8), 0,
-                                    stream>>>(static_cast<T*>(grad),
-                                              static_cast<const T*>(activation), rows, cols,
-                                              bias_grad);
+    ReluBackwardBiasGradKernel<T>
+        <<<static_cast<unsigned>(CeilDiv(cols, 32)), dim3(32, 8), 0, stream>>>(
+            static_cast<T*>(grad), static_cast<const T*>(activation), rows, cols, bias_grad);
   });
 }
 
@@ -319,8 +318,8 @@ cudaError_t LaunchSgdMomentum(const SgdTensor* tensors, int count, DType low_typ
   const cudaError_t dispatched = DispatchType(low_type, [&](auto zero) {
     using T = decltype(zero);
     result = ForEachTensorList(tensors, count, [&](const TensorList& list, dim3 grid) {
-      SgdMomentumKernel<T><<<grid, kThreads, 0, stream>>>(list, learning_rate, momentum,
-                                                          nesterov, state, skip_on_inf);
+      SgdMomentumKernel<T><<<grid, kThreads, 0, stream>>>(list, learning_rate, momentum, nesterov,
+                                                          state, skip_on_inf);
     });
   });
   return result != cudaSuccess ? result : dispatched;

@@ -21,14 +21,14 @@ namespace stoker::cuda {
 // are zeroed at the start of every step (kStepStateResetBytes); the loss scale and its growth
 // counter persist across steps.
 struct StepState {
-  double loss_sum;               // summed cross-entropy over the batch
-  unsigned long long correct;    // argmax hits (Evaluate)
-  int found_inf;                 // 1 when a gradient held inf/NaN (fp16)
-  float loss_scale;              // in force; 1 for fp32/bf16
-  int growth_tracker;            // clean steps since the last change of the scale
-  int growth_interval;           // clean steps that grow the scale
-  float growth_factor;           // applied after growth_interval clean steps
-  float backoff_factor;          // applied after an overflow
+  double loss_sum;             // summed cross-entropy over the batch
+  unsigned long long correct;  // argmax hits (Evaluate)
+  int found_inf;               // 1 when a gradient held inf/NaN (fp16)
+  float loss_scale;            // in force; 1 for fp32/bf16
+  int growth_tracker;          // clean steps since the last change of the scale
+  int growth_interval;         // clean steps that grow the scale
+  float growth_factor;         // applied after growth_interval clean steps
+  float backoff_factor;        // applied after an overflow
 };
 inline constexpr size_t kStepStateResetBytes = offsetof(StepState, loss_scale);
 
