@@ -157,6 +157,40 @@ TEST(FaultsTest, KilledServerRestartsWithEveryJobAndTheRunningJobFinishes) {
   EXPECT_NE(logs.output.find("submitted"), std::string::npos) << logs.output;
 }
 
+TEST(FaultsTest, JobsSpreadOverWorkersAndAGpuJobSaysWhyItWaits) {
+  TestCluster cluster;
+  cluster.StartServer();
+  cluster.StartWorker("w1");
+  cluster.StartWorker("w2");
+  // A job no CPU-only worker can take stays queued, with the reason, and blocks nobody.
+  v1::JobSpec gpu_job = SmallFashionMnistJob(1, 1000, 200);
+  gpu_job.mutable_resources()->set_gpus(2);
+  gpu_job.set_priority(10);
+  absl::StatusOr<v1::Job> waiting = cluster.Submit(gpu_job);
+  ASSERT_TRUE(waiting.ok());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    v1::JobSpec spec = SlowJob(1);
+    spec.mutable_loader()->set_delay_ms(5);
+    absl::StatusOr<v1::Job> job = cluster.Submit(spec);
+    ASSERT_TRUE(job.ok());
+    ids.push_back(job->id());
+  }
+  std::set<std::string> workers;
+  for (const std::string& id : ids) {
+    absl::StatusOr<v1::Job> done = cluster.WaitForFinal(id, absl::Seconds(90));
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+    workers.insert(done->worker_id());
+  }
+  EXPECT_EQ(workers, (std::set<std::string>{"w1", "w2"})) << "both workers took jobs";
+  CommandResult status = cluster.Cli("status " + waiting->id());
+  EXPECT_NE(status.output.find("state:           queued"), std::string::npos) << status.output;
+  EXPECT_NE(status.output.find("needs 2 GPUs on one worker; the largest worker has 0"),
+            std::string::npos)
+      << status.output;
+}
+
 TEST(FaultsTest, AJobThatKeepsFailingStopsAfterMaxRetries) {
   TestCluster cluster;
   cluster.StartServer();
