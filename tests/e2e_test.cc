@@ -27,18 +27,6 @@ class EndToEndTest : public ::testing::Test {
     cluster_.StartServer();
   }
 
-  std::vector<v1::JobEvent> History(const std::string& job_id) {
-    grpc::ClientContext context;
-    v1::WatchJobRequest request;
-    request.set_job_id(job_id);
-    auto reader = cluster_.jobs().WatchJob(&context, request);
-    std::vector<v1::JobEvent> events;
-    v1::JobEvent event;
-    while (reader->Read(&event)) events.push_back(event);
-    EXPECT_TRUE(reader->Finish().ok());
-    return events;
-  }
-
   std::string WriteFile(const std::string& name, const std::string& text) {
     const std::string path = cluster_.dir() + "/" + name;
     std::ofstream(path) << text;
@@ -62,7 +50,7 @@ TEST_F(EndToEndTest, TrainsFashionMnistSubsetToUsefulAccuracy) {
   EXPECT_EQ(job->worker_id(), "w1");
 
   // The stored history replays: three evaluated epochs, then the end.
-  std::vector<v1::JobEvent> events = History(job->id());
+  std::vector<v1::JobEvent> events = cluster_.History(job->id());
   int epochs = 0;
   for (const v1::JobEvent& event : events) epochs += event.type() == v1::EVENT_TYPE_EPOCH;
   EXPECT_EQ(epochs, 3);
@@ -284,7 +272,7 @@ Blobs MakeBlobs(int count, uint32_t seed) {
 void WriteNpy(const std::string& path, const std::string& descr, const std::string& shape,
               const void* data, size_t bytes) {
   std::string header =
-      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+      absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': ", shape, ", }");
   header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
   header += '\n';
   std::ofstream out(path, std::ios::binary);
@@ -307,9 +295,9 @@ TEST_F(EndToEndTest, TrainsOnCsvAndNpyFloatFeatures) {
       for (int f = 0; f < 8; ++f) csv << "," << blobs.features[i * 8 + f];
       csv << "\n";
     }
-    WriteNpy(root + "/" + name + "-x.npy", "<f4", "(" + std::to_string(count) + ", 8)",
+    WriteNpy(absl::StrCat(root, "/", name, "-x.npy"), "<f4", absl::StrCat("(", count, ", 8)"),
              blobs.features.data(), blobs.features.size() * sizeof(float));
-    WriteNpy(root + "/" + name + "-y.npy", "|u1", "(" + std::to_string(count) + ",)",
+    WriteNpy(absl::StrCat(root, "/", name, "-y.npy"), "|u1", absl::StrCat("(", count, ",)"),
              blobs.labels.data(), blobs.labels.size());
   }
   cluster_.KillServer(SIGTERM);

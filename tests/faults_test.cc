@@ -23,36 +23,10 @@
 namespace stoker::testing {
 namespace {
 
-std::vector<v1::JobEvent> History(TestCluster& cluster, const std::string& job_id) {
-  grpc::ClientContext context;
-  v1::WatchJobRequest request;
-  request.set_job_id(job_id);
-  auto reader = cluster.jobs().WatchJob(&context, request);
-  std::vector<v1::JobEvent> events;
-  v1::JobEvent event;
-  while (reader->Read(&event)) events.push_back(event);
-  EXPECT_TRUE(reader->Finish().ok());
-  return events;
-}
-
-// Processes whose command line mentions `needle` (e.g. a worker's work directory).
-std::vector<std::string> ProcessesMentioning(const std::string& needle) {
-  std::vector<std::string> found;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (cmdline.find(needle) != std::string::npos) found.push_back(name + ": " + cmdline);
-  }
-  return found;
-}
-
 // Waits until no process mentions `needle` (children die with their parent, not instantly).
 bool WaitUntilNoProcessMentions(const std::string& needle, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  while (!ProcessesMentioning(needle).empty()) {
+  while (!FindProcesses({needle}).empty()) {
     if (absl::Now() > deadline) return false;
     absl::SleepFor(absl::Milliseconds(50));
   }
@@ -82,7 +56,7 @@ TEST(FaultsTest, KilledWorkerJobResumesFromItsCheckpointOnAnotherWorker) {
   cluster.KillWorker(first, SIGKILL);
   // The agent's trainer and loaders die with it; nothing of w1 is left running.
   EXPECT_TRUE(WaitUntilNoProcessMentions(cluster.dir() + "/w1/", absl::Seconds(5)))
-      << absl::StrJoin(ProcessesMentioning(cluster.dir() + "/w1/"), "\n");
+      << FindProcesses({cluster.dir() + "/w1/"}).size() << " process(es) of w1 left";
   cluster.StartWorker("w2");
 
   absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(90));
@@ -96,7 +70,7 @@ TEST(FaultsTest, KilledWorkerJobResumesFromItsCheckpointOnAnotherWorker) {
   const int64_t resumed_step = checkpointed->checkpoint_step();
   bool saw_resume = false;
   int first_epoch_of_attempt2 = 0;
-  for (const v1::JobEvent& event : History(cluster, job->id())) {
+  for (const v1::JobEvent& event : cluster.History(job->id())) {
     if (event.attempt() != 2) continue;
     if (absl::StrContains(event.message(), "resumed from the checkpoint at step"))
       saw_resume = true;

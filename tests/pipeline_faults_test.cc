@@ -19,22 +19,6 @@
 namespace stoker::testing {
 namespace {
 
-// Pids of processes whose command line contains every needle.
-std::vector<pid_t> FindProcesses(const std::vector<std::string>& needles) {
-  std::vector<pid_t> pids;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    bool all = !cmdline.empty();
-    for (const std::string& needle : needles) all = all && absl::StrContains(cmdline, needle);
-    if (all) pids.push_back(std::stoi(name));
-  }
-  return pids;
-}
-
 // Open file descriptors of any process that point at a job region memfd.
 std::vector<std::string> OpenJobRegions() {
   std::vector<std::string> found;

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -163,6 +164,35 @@ absl::StatusOr<v1::Job> TestCluster::Submit(const v1::JobSpec& spec,
   grpc::Status status = jobs_->SubmitJob(&context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response.job();
+}
+
+std::vector<v1::JobEvent> TestCluster::History(const std::string& job_id) {
+  grpc::ClientContext context;
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  auto reader = jobs_->WatchJob(&context, request);
+  std::vector<v1::JobEvent> events;
+  v1::JobEvent event;
+  while (reader->Read(&event)) events.push_back(event);
+  EXPECT_TRUE(reader->Finish().ok());
+  return events;
+}
+
+std::vector<pid_t> FindProcesses(const std::vector<std::string>& needles) {
+  std::vector<pid_t> pids;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    bool all = !cmdline.empty();
+    for (const std::string& needle : needles)
+      all = all && cmdline.find(needle) != std::string::npos;
+    if (all) pids.push_back(std::stoi(name));
+  }
+  return pids;
 }
 
 v1::JobSpec SmallFashionMnistJob(int epochs, int train_limit, int test_limit) {

@@ -51,6 +51,8 @@ class TestCluster {
                                   const std::function<bool(const v1::Job&)>& predicate,
                                   absl::Duration timeout);
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& request_id = "");
+  // The job's whole stored event history (WatchJob without follow).
+  std::vector<v1::JobEvent> History(const std::string& job_id);
 
  private:
   std::string dir_;
@@ -60,6 +62,9 @@ class TestCluster {
   std::unique_ptr<v1::JobService::Stub> jobs_;
   std::unique_ptr<v1::WorkerService::Stub> workers_;
 };
+
+// Pids of the processes whose command line contains every one of `needles` (through /proc).
+std::vector<pid_t> FindProcesses(const std::vector<std::string>& needles);
 
 // A Fashion-MNIST MLP job small enough for a test (subset of the data, few epochs).
 v1::JobSpec SmallFashionMnistJob(int epochs, int train_limit, int test_limit);
