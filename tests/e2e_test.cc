@@ -149,6 +149,21 @@ TEST_F(EndToEndTest, BadRequestsGetClearStatuses) {
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(empty.status().message().find("name:"), std::string::npos) << empty.status();
 
+  // Limits: an overlong name is a validation error; an oversized request never reaches a handler.
+  v1::JobSpec long_name = SmallFashionMnistJob(1, 1000, 100);
+  long_name.set_name(std::string(200, 'a'));
+  absl::StatusOr<v1::Job> refused_name = cluster_.Submit(long_name);
+  ASSERT_FALSE(refused_name.ok());
+  EXPECT_NE(refused_name.status().message().find("name: must be 1 to 128 characters"),
+            std::string::npos)
+      << refused_name.status();
+  v1::JobSpec huge = SmallFashionMnistJob(1, 1000, 100);
+  huge.set_name(std::string(5 << 20, 'a'));
+  absl::StatusOr<v1::Job> refused_size = cluster_.Submit(huge);
+  ASSERT_FALSE(refused_size.ok());
+  EXPECT_EQ(refused_size.status().code(), absl::StatusCode::kResourceExhausted)
+      << refused_size.status();
+
   grpc::ClientContext get_context;
   v1::GetJobRequest get;
   get.set_job_id("j-424242");
