@@ -14,6 +14,7 @@
 #include "worker/engine/bf16.h"
 #include "worker/engine/cpu_kernels.h"
 #include "worker/engine/cpu_network.h"
+#include "worker/engine/plan_cache.h"
 #include "worker/engine/tensor_match.h"
 
 namespace stoker {
@@ -107,7 +108,7 @@ class CpuMlp final : public Model {
   AlignedArray<std::byte> input_;  // [max_batch, input_features], compute type
   std::vector<Layer> layers_;
   std::unique_ptr<Plan> full_plan_;
-  std::vector<std::unique_ptr<Plan>> partial_plans_;  // oldest first
+  PartialPlanCache<Plan> partial_plans_{kMaxPartialPlans};
 };
 
 CpuMlp::CpuMlp(const MlpConfig& config)
@@ -245,15 +246,7 @@ absl::StatusOr<std::unique_ptr<Plan>> CpuMlp::BuildPlan(int batch) {
 }
 
 absl::StatusOr<Plan*> CpuMlp::PlanFor(int batch) {
-  if (batch == full_plan_->batch) return full_plan_.get();
-  for (const auto& plan : partial_plans_) {
-    if (plan->batch == batch) return plan.get();
-  }
-  absl::StatusOr<std::unique_ptr<Plan>> plan = BuildPlan(batch);
-  if (!plan.ok()) return plan.status();
-  if (partial_plans_.size() >= kMaxPartialPlans) partial_plans_.erase(partial_plans_.begin());
-  partial_plans_.push_back(*std::move(plan));
-  return partial_plans_.back().get();
+  return partial_plans_.Get(full_plan_.get(), batch, [this](int size) { return BuildPlan(size); });
 }
 
 void CpuMlp::LoadInput(const BatchView& batch) {

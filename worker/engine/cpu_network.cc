@@ -17,6 +17,7 @@
 #include "worker/engine/bf16.h"
 #include "worker/engine/cpu_kernels.h"
 #include "worker/engine/cpu_train_kernels.h"
+#include "worker/engine/plan_cache.h"
 
 namespace stoker {
 namespace {
@@ -151,7 +152,7 @@ class CpuNetwork final : public Model {
   std::vector<Op> weight_reorders_;  // master -> compute copies, after every update
   std::vector<Op> grad_reorders_;    // oneDNN's diff weights -> plain gradients, after backward
   std::unique_ptr<Plan> full_plan_;
-  std::vector<std::unique_ptr<Plan>> partial_plans_;  // oldest first
+  PartialPlanCache<Plan> partial_plans_{kMaxPartialPlans};
 
   int64_t optimizer_steps_ = 0;  // applied updates (AdamW's bias-correction step)
   int64_t train_steps_ = 0;      // TrainStep calls that ran (dropout's mask stream)
@@ -543,15 +544,7 @@ void CpuNetwork::RefreshComputeWeights() {
 }
 
 absl::StatusOr<Plan*> CpuNetwork::PlanFor(int batch) {
-  if (batch == full_plan_->batch) return full_plan_.get();
-  for (const auto& plan : partial_plans_) {
-    if (plan->batch == batch) return plan.get();
-  }
-  absl::StatusOr<std::unique_ptr<Plan>> plan = BuildPlan(batch);
-  if (!plan.ok()) return plan.status();
-  if (partial_plans_.size() >= kMaxPartialPlans) partial_plans_.erase(partial_plans_.begin());
-  partial_plans_.push_back(*std::move(plan));
-  return partial_plans_.back().get();
+  return partial_plans_.Get(full_plan_.get(), batch, [this](int size) { return BuildPlan(size); });
 }
 
 void CpuNetwork::LoadInput(const BatchView& batch) {

@@ -15,6 +15,7 @@
 #include "worker/engine/cuda/cuda_context.h"
 #include "worker/engine/cuda/lt_gemm.h"
 #include "worker/engine/cuda/mlp_kernels.h"
+#include "worker/engine/plan_cache.h"
 #include "worker/engine/tensor_match.h"
 
 namespace stoker {
@@ -157,7 +158,7 @@ class CudaMlp final : public Model {
   cuda::StepState* host_state_ = nullptr;  // pinned
   std::vector<cuda::SgdTensor> sgd_tensors_;
   std::unique_ptr<Plan> full_plan_;
-  std::vector<std::unique_ptr<Plan>> partial_plans_;  // oldest first
+  PartialPlanCache<Plan> partial_plans_{kMaxPartialPlans};
   std::optional<float> injected_gradient_;
 };
 
@@ -348,15 +349,7 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaMlp::BuildPlan(int batch) {
 }
 
 absl::StatusOr<Plan*> CudaMlp::PlanFor(int batch) {
-  if (batch == full_plan_->batch) return full_plan_.get();
-  for (const auto& plan : partial_plans_) {
-    if (plan->batch == batch) return plan.get();
-  }
-  absl::StatusOr<std::unique_ptr<Plan>> plan = BuildPlan(batch);
-  if (!plan.ok()) return plan.status();
-  if (partial_plans_.size() >= kMaxPartialPlans) partial_plans_.erase(partial_plans_.begin());
-  partial_plans_.push_back(*std::move(plan));
-  return partial_plans_.back().get();
+  return partial_plans_.Get(full_plan_.get(), batch, [this](int size) { return BuildPlan(size); });
 }
 
 absl::Status CudaMlp::RunGemm(const LtGemm& gemm, const void* a, const void* b, void* d) const {
