@@ -20,27 +20,8 @@
 namespace stoker {
 namespace {
 
-// `name{a="x",b="y"}` with its labels sorted (label values here contain no commas).
-std::string Normalize(const std::string& series) {
-  size_t open = series.find('{');
-  if (open == std::string::npos) return series;
-  std::vector<std::string> labels =
-      absl::StrSplit(series.substr(open + 1, series.size() - open - 2), ',');
-  std::sort(labels.begin(), labels.end());
-  return absl::StrCat(series.substr(0, open), "{", absl::StrJoin(labels, ","), "}");
-}
-
 std::optional<double> Value(const std::string& text, const std::string& series) {
-  const std::string wanted = Normalize(series);
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    size_t space = line.rfind(' ');
-    if (space == std::string::npos || Normalize(line.substr(0, space)) != wanted) continue;
-    double value = 0;
-    if (absl::SimpleAtod(line.substr(space + 1), &value)) return value;
-  }
-  return std::nullopt;
+  return MetricValueForTest(text, series);
 }
 
 std::unique_ptr<ServerMetrics> Make(const std::string& listen = "") {

@@ -5,11 +5,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <sstream>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace stoker {
 
@@ -56,6 +62,34 @@ absl::StatusOr<std::string> HttpGetForTest(int port, const std::string& path) {
     return absl::UnavailableError(absl::StrCat("GET ", path, ": ", status_line));
   }
   return response.substr(header_end + 4);
+}
+
+namespace {
+
+// `name{a="x",b="y"}` with its labels sorted, so series compare whatever order they were written
+// in (prometheus-cpp writes constant labels first).
+std::string NormalizeSeries(const std::string& series) {
+  size_t open = series.find('{');
+  if (open == std::string::npos) return series;
+  std::vector<std::string> labels =
+      absl::StrSplit(series.substr(open + 1, series.size() - open - 2), ',');
+  std::sort(labels.begin(), labels.end());
+  return absl::StrCat(series.substr(0, open), "{", absl::StrJoin(labels, ","), "}");
+}
+
+}  // namespace
+
+std::optional<double> MetricValueForTest(const std::string& text, const std::string& series) {
+  const std::string wanted = NormalizeSeries(series);
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    size_t space = line.rfind(' ');
+    if (space == std::string::npos || NormalizeSeries(line.substr(0, space)) != wanted) continue;
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(space + 1), &value)) return value;
+  }
+  return std::nullopt;
 }
 
 }  // namespace stoker

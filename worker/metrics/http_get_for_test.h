@@ -2,6 +2,7 @@
 #ifndef STOKER_WORKER_METRICS_HTTP_GET_FOR_TEST_H_
 #define STOKER_WORKER_METRICS_HTTP_GET_FOR_TEST_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -11,6 +12,10 @@ namespace stoker {
 // GETs http://127.0.0.1:`port``path` and returns the body of a 200 response; any other status,
 // or a connection failure, is an error that names it.
 absl::StatusOr<std::string> HttpGetForTest(int port, const std::string& path = "/metrics");
+
+// The value of `series` (`name{a="x",b="y"}`, labels in any order) in Prometheus exposition
+// `text`, or nothing when the text lacks it. Label values must not contain commas.
+std::optional<double> MetricValueForTest(const std::string& text, const std::string& series);
 
 }  // namespace stoker
 
