@@ -270,10 +270,7 @@ void CpuMlp::LoadInput(const BatchView& batch) {
 
 absl::StatusOr<StepResult> CpuMlp::TrainStep(const BatchView& batch, double learning_rate) {
   if (absl::Status status = ValidateBatch(config_, batch); !status.ok()) return status;
-  if (!(learning_rate >= 0) || !std::isfinite(learning_rate)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("learning_rate must be finite and >= 0, got ", learning_rate));
-  }
+  if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
   absl::StatusOr<Plan*> plan_or = PlanFor(batch.count);
   if (!plan_or.ok()) return plan_or.status();
   Plan& plan = **plan_or;

@@ -52,6 +52,14 @@ absl::Status ValidateMlpConfig(const MlpConfig& config) {
   return ValidateTrainingOptions(config.optimizer, config.loss_scale);
 }
 
+absl::Status ValidateLearningRate(double learning_rate) {
+  if (!(learning_rate >= 0) || !std::isfinite(learning_rate)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("learning_rate must be finite and >= 0, got ", learning_rate));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateBatch(const MlpConfig& config, const BatchView& batch) {
   if (batch.count < 1 || batch.count > config.max_batch) {
     return absl::InvalidArgumentError(absl::StrCat("batch count must be in [1, ", config.max_batch,

@@ -441,10 +441,7 @@ absl::Status CudaMlp::FinishStep() {
 
 absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double learning_rate) {
   if (absl::Status status = ValidateBatch(config_, batch); !status.ok()) return status;
-  if (!(learning_rate >= 0) || !std::isfinite(learning_rate)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("learning_rate must be finite and >= 0, got ", learning_rate));
-  }
+  if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
   STOKER_RETURN_IF_ERROR(context_->Activate());
   absl::StatusOr<Plan*> plan = PlanFor(batch.count);
   if (!plan.ok()) return plan.status();
