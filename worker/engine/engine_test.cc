@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -431,6 +432,21 @@ TEST(CpuMlpTest, SetParametersRoundTripsAndRejectsMismatches) {
   EXPECT_EQ(model->SetParameters(bad).code(), absl::StatusCode::kInvalidArgument);
   // A rejected call changes nothing.
   EXPECT_EQ(model->Parameters()[0].values, replacement[0].values);
+}
+
+TEST(CpuMlpTest, RejectsBadLearningRates) {
+  const MlpConfig config = SmallConfig();
+  std::unique_ptr<Model> model = MakeModel(config);
+  ASSERT_NE(model, nullptr);
+  const Batch batch = RandomBatch(8, config.input_features, config.classes, 6);
+  const std::vector<NamedTensor> before = model->Parameters();
+  for (double lr :
+       {-0.1, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    absl::StatusOr<StepResult> step = model->TrainStep(batch.View(), lr);
+    ASSERT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument) << lr;
+    EXPECT_NE(step.status().message().find("learning_rate"), std::string::npos);
+  }
+  EXPECT_EQ(model->Parameters()[0].values, before[0].values) << "a refused step changes nothing";
 }
 
 TEST(CpuMlpTest, RejectsBadBatches) {
