@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "worker/data/stream_copy.h"
 
 namespace stoker {
 
@@ -42,9 +42,11 @@ uint32_t BatchMaker::Make(uint64_t batch, uint8_t* samples, uint8_t* labels) {
     if (augment_.enabled()) {
       const AugmentDraw draw =
           DrawAugment(augment_, seed_, batch, static_cast<uint32_t>(i - first));
-      CopyAugmented(from, to, image_height_, image_width_, pixel_bytes_, draw);
+      augmented_.resize(sample_bytes);
+      CopyAugmented(from, augmented_.data(), image_height_, image_width_, pixel_bytes_, draw);
+      StreamCopy(to, augmented_.data(), sample_bytes);
     } else {
-      std::memcpy(to, from, sample_bytes);
+      StreamCopy(to, from, sample_bytes);
     }
     labels[i - first] = data_.labels[source];
   }

@@ -27,6 +27,8 @@ class BatchMaker {
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
   // Writes batch `batch` into `samples` (room for batch_size * sample_bytes) and `labels` (room
   // for batch_size); returns the number of samples (batch_size, or less for an epoch's last one).
+  // Samples are written with StreamCopy: call StreamFence() (or JobRegion::Publish) before
+  // another thread reads them.
   uint32_t Make(uint64_t batch, uint8_t* samples, uint8_t* labels);
 
  private:
@@ -38,6 +40,7 @@ class BatchMaker {
   int64_t batches_per_epoch_;
   uint64_t cached_epoch_ = UINT64_MAX;
   std::vector<uint32_t> order_;
+  std::vector<uint8_t> augmented_;  // one sample, augmented here before it is streamed out
 };
 
 // Everything a loader takes from the job besides the data (see job_options.h for the mapping

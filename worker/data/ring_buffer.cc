@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/data/stream_copy.h"
 
 namespace stoker {
 namespace {
@@ -27,7 +28,7 @@ namespace {
 // "STOKERRG" read as a little-endian integer.
 constexpr uint64_t kRegionMagic = 0x475252454b4f5453ull;
 // Bump whenever RegionHeader, RegionControl, SlotHeader, JobStats or the layout rules change.
-constexpr uint32_t kRegionVersion = 3;  // 2: sample_type; 3: loader eras
+constexpr uint32_t kRegionVersion = 4;  // 2: sample_type; 3: loader eras; 4: slot waiters
 constexpr uint64_t kCacheLineBytes = 64;
 // Longest single futex sleep: every wait re-checks stop and peer liveness at least this often.
 constexpr auto kWaitTick = std::chrono::milliseconds(100);
@@ -84,6 +85,10 @@ struct RegionControl {
 struct SlotHeader {
   std::atomic<uint32_t> seq;
   std::atomic<uint32_t> count;
+  // Processes asleep (or about to sleep) on seq. Publish and Release make the futex wake call
+  // only when it is non-zero: most hand-offs find nobody asleep, and a wake is a system call.
+  // A waiter killed in its sleep leaves it too high, which costs only needless wakes.
+  std::atomic<uint32_t> waiters;
 };
 
 constexpr uint64_t AlignUp(uint64_t value, uint64_t alignment) {
@@ -146,6 +151,18 @@ long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 }
 
 void WakeAll(std::atomic<uint32_t>* word) { Futex(word, FUTEX_WAKE, INT_MAX, nullptr); }
+
+void WakeSlotSleepers(SlotHeader* slot) {
+  if (slot->waiters.load(std::memory_order_seq_cst) != 0) WakeAll(&slot->seq);
+}
+
+// Moves a slot's seq on and wakes its sleepers, if any. The seq_cst store and load pair with the
+// waiter's seq_cst increment before its futex wait (which re-reads seq in the kernel): either
+// this load sees the waiter, or the waiter's futex call sees the new seq and does not sleep.
+void AdvanceSlot(SlotHeader* slot, uint32_t seq) {
+  slot->seq.store(seq, std::memory_order_seq_cst);
+  WakeSlotSleepers(slot);
+}
 
 }  // namespace
 
@@ -243,7 +260,10 @@ absl::Status JobRegion::Impl::WaitForPhase(uint64_t batch, uint32_t phase,
     const timespec ts{.tv_sec = static_cast<time_t>(sleep.count() / 1000000000),
                       .tv_nsec = static_cast<long>(sleep.count() % 1000000000)};
     // Returns at once if the word already moved on (EAGAIN); wakes on Publish/Release/RequestStop.
+    std::atomic<uint32_t>& waiters = Slot(batch)->waiters;
+    waiters.fetch_add(1, std::memory_order_seq_cst);
     Futex(word, FUTEX_WAIT, seq, &ts);
+    waiters.fetch_sub(1, std::memory_order_relaxed);
   }
 }
 
@@ -403,8 +423,8 @@ bool JobRegion::IsPublished(uint64_t batch) const {
 void JobRegion::Publish(uint64_t batch, uint32_t count) {
   SlotHeader* slot = impl_->Slot(batch);
   slot->count.store(std::min(count, impl_->geometry.batch_size), std::memory_order_relaxed);
-  slot->seq.store(static_cast<uint32_t>(2 * batch + 1), std::memory_order_release);
-  WakeAll(&slot->seq);
+  StreamFence();  // the slot's streaming stores (StreamCopy) land before the slot is published
+  AdvanceSlot(slot, static_cast<uint32_t>(2 * batch + 1));
 }
 
 absl::StatusOr<ReadableBatch> JobRegion::WaitReadable(uint64_t batch, absl::Duration timeout) {
@@ -418,14 +438,14 @@ absl::StatusOr<ReadableBatch> JobRegion::WaitReadable(uint64_t batch, absl::Dura
 void JobRegion::Release(uint64_t batch) {
   SlotHeader* slot = impl_->Slot(batch);
   slot->seq.store(static_cast<uint32_t>(2 * (batch + impl_->geometry.slot_count)),
-                  std::memory_order_release);
+                  std::memory_order_seq_cst);
   // consumer_next_batch only grows, so a restarted loader never goes back to a released batch.
   std::atomic<uint64_t>& next = impl_->stats->consumer_next_batch;
   uint64_t current = next.load(std::memory_order_relaxed);
   while (current < batch + 1 &&
          !next.compare_exchange_weak(current, batch + 1, std::memory_order_release)) {
   }
-  WakeAll(&slot->seq);
+  WakeSlotSleepers(slot);  // seq_cst store above, then this load: see AdvanceSlot
 }
 
 uint32_t JobRegion::FilledSlots() const {
