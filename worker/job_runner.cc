@@ -47,9 +47,14 @@ int AutoLoaderLimit(int cpu_count) {
   return std::clamp(2 * cpu_count, 2, 16);
 }
 
-int AutotuneLoaderCount(int current, int limit, double input_bound_fraction) {
-  if (input_bound_fraction <= 0.10 || current >= limit) return current;
-  return std::min(limit, 2 * current);
+int AutotuneLoaderCount(int current, int limit, double input_bound_fraction,
+                        double loader_busy_per_second) {
+  if (input_bound_fraction > 0.10) return std::max(current, std::min(limit, 2 * current));
+  const int half = current / 2;
+  if (input_bound_fraction < 0.02 && half >= 1 && loader_busy_per_second <= 0.5 * half) {
+    return half;
+  }
+  return current;
 }
 
 JobRunner::JobRunner(RunnerOptions options, v1::Assignment assignment, EventCallback on_event)
@@ -232,22 +237,27 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   absl::Time window_start = absl::Now();
   uint64_t window_stall_ns = region.stats().data_stall_ns_total.load();
   uint64_t window_busy_ns = region.stats().device_busy_ns_total.load();
+  uint64_t window_loader_ns = region.stats().loader_busy_ns_total.load();
   while (!trainer_exit && !fatal) {
     if (autotune && absl::Now() - window_start >= absl::Seconds(2)) {
       const uint64_t stall = region.stats().data_stall_ns_total.load() - window_stall_ns;
       const uint64_t busy = region.stats().device_busy_ns_total.load() - window_busy_ns;
+      const uint64_t loader_busy = region.stats().loader_busy_ns_total.load() - window_loader_ns;
+      const double window_ns = absl::ToDoubleNanoseconds(absl::Now() - window_start);
       const int active = static_cast<int>(region.ActiveLoaderCount());
       if (busy > 0) {
         const double fraction = double(stall) / double(stall + busy);
-        const int wanted = AutotuneLoaderCount(active, loader_count, fraction);
+        const int wanted =
+            AutotuneLoaderCount(active, loader_count, fraction, double(loader_busy) / window_ns);
         const uint64_t start =
             region.stats().consumer_next_batch.load() + region.geometry().slot_count;
         if (wanted != active && start < region.geometry().total_batches &&
             region.ChangeLoaderCount(start, static_cast<uint32_t>(wanted)).ok()) {
-          on_event_(LogEvent(absl::StrCat("autotune: input-bound ",
-                                          static_cast<int>(100 * fraction + 0.5),
-                                          "% of the last window; loader processes ", active, " -> ",
-                                          wanted, " from batch ", start)));
+          on_event_(LogEvent(absl::StrCat(
+              "autotune: input-bound ", static_cast<int>(100 * fraction + 0.5),
+              "% of the last window, loaders busy ",
+              static_cast<int>(100 * double(loader_busy) / window_ns / active + 0.5),
+              "% each; loader processes ", active, " -> ", wanted, " from batch ", start)));
           for (int k = 0; k < wanted && !fatal; ++k) {
             if (loaders[k]) continue;
             absl::StatusOr<pid_t> pid = spawn_loader(k);
@@ -262,6 +272,7 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
       window_start = absl::Now();
       window_stall_ns = region.stats().data_stall_ns_total.load();
       window_busy_ns = region.stats().device_busy_ns_total.load();
+      window_loader_ns = region.stats().loader_busy_ns_total.load();
     }
     if (cancel_requested_.load()) {
       cancelled = true;

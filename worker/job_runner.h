@@ -33,10 +33,14 @@ struct AttemptOutcome {
 // Most loader processes `loader.processes: auto` may grow to on a machine with `cpu_count` cores.
 int AutoLoaderLimit(int cpu_count);
 
-// `loader.processes: auto`: the next loader count given the input-bound fraction (time the
-// trainer waited for data / (waited + computed)) measured over the last window, or `current` to
-// keep it. Doubles while the trainer waits more than 10% of the time, up to `limit`.
-int AutotuneLoaderCount(int current, int limit, double input_bound_fraction);
+// `loader.processes: auto`: the next loader count, or `current` to keep it, from what the last
+// window measured: the input-bound fraction (time the trainer waited for data / (waited +
+// computed)) and the loaders' busy time per second of wall time (1.0 = one loader always busy).
+// Doubles while the trainer waits more than 10% of the time, up to `limit`. Halves when the
+// trainer waited less than 2% of the time and half the loaders would still be at most 50% busy,
+// so the cores go back to the trainer; the gap between the two rules keeps it from oscillating.
+int AutotuneLoaderCount(int current, int limit, double input_bound_fraction,
+                        double loader_busy_per_second);
 
 class JobRunner {
  public:

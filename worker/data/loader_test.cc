@@ -211,6 +211,32 @@ TEST_F(LoaderProcessTest, StreamIsTheSameForAnyNumberOfLoaders) {
   EXPECT_EQ(RunWithLoaders(1, 4), expected);
   EXPECT_EQ(RunWithLoaders(2, 4), expected);
   EXPECT_EQ(RunWithLoaders(3, 2), expected);
+  EXPECT_EQ(RunWithLoaders(4, 4), expected);
+}
+
+// What `loader.processes: auto` does mid-job, through real loader processes: 4 loaders, then an
+// era of 2 (loaders 2 and 3 finish what they owe and exit 0 before the job ends), then an era of
+// 3 (loader 2 is started again). The stream is the one any fixed number of loaders makes.
+TEST_F(LoaderProcessTest, ShrinkingAndGrowingTheLoaderCountKeepsTheStream) {
+  const uint64_t total = kEpochs * 13;
+  ASSERT_GE(total, 24u);
+  auto region = MakeRegion(4, 3);
+  ASSERT_NE(region, nullptr);
+  std::vector<pid_t> pids;
+  for (int k = 0; k < 4; ++k) pids.push_back(SpawnLoader(*region, k));
+  StreamHash hash;
+  Consume(*region, 0, 5, hash);
+  ASSERT_TRUE(region->ChangeLoaderCount(5 + 3, 2).ok());
+  Consume(*region, 5, 12, hash);
+  // Loaders 2 and 3 own nothing from batch 8 on: they are done, long before the job is.
+  EXPECT_EQ(ExitCode(pids[2]), 0);
+  EXPECT_EQ(ExitCode(pids[3]), 0);
+  ASSERT_TRUE(region->ChangeLoaderCount(20, 3).ok());
+  pids[2] = SpawnLoader(*region, 2);
+  Consume(*region, 12, total, hash);
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(ExitCode(pids[k]), 0) << "loader " << k;
+  EXPECT_EQ(hash.value(), ExpectedStreamHash(data_, total));
+  EXPECT_EQ(region->stats().loader_batches_total.load(), total);
 }
 
 // The same samples as float32 (value = byte / 4), written as NPY and as CSV.
