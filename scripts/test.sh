@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-fuzz_seconds=${FUZZ_SECONDS:-20}
+fuzz_seconds=${FUZZ_SECONDS:-30}
 if ((fuzz_seconds > 0)); then
   scripts/fuzz.sh "$fuzz_seconds"
 fi
