@@ -230,6 +230,11 @@ std::vector<NamedTensor> InitialMlpParameters(const MlpConfig& config);
 // Multiply-adds x 2 of one sample's forward pass (the Linear layers only).
 int64_t MlpForwardFlopsPerSample(const MlpConfig& config);
 
+// True when an MLP needs the general network path: fp16, AdamW, Nesterov or gradient clipping.
+// Each backend's MLP fast path does SGD with momentum in fp32 or bf16 only. Both backends route
+// alike, so an MLP's checkpoint holds the same tensors on either.
+bool MlpNeedsNetwork(const MlpConfig& config);
+
 // ---- Networks (network_common.cc) ----
 
 // The activation shape after each layer: shapes[0] = input_shape, shapes[i + 1] = the output of

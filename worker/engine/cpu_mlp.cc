@@ -402,11 +402,7 @@ void CpuMlp::RefreshBf16Weights() {
 absl::StatusOr<std::unique_ptr<Model>> CreateCpuMlp(const MlpConfig& config) {
   if (absl::Status status = ValidateMlpConfig(config); !status.ok()) return status;
   // The fast path below is SGD with momentum in fp32 or bf16; the general network does the rest.
-  const OptimizerConfig& opt = config.optimizer;
-  if (config.precision == Precision::kFp16 || opt.type != OptimizerType::kSgd || opt.nesterov ||
-      opt.clip_grad_norm > 0) {
-    return CreateCpuNetworkForMlp(config);
-  }
+  if (MlpNeedsNetwork(config)) return CreateCpuNetworkForMlp(config);
   std::unique_ptr<CpuMlp> model;
   try {
     model = std::make_unique<CpuMlp>(config);

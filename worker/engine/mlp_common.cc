@@ -102,4 +102,10 @@ int64_t MlpForwardFlopsPerSample(const MlpConfig& config) {
   return flops;
 }
 
+bool MlpNeedsNetwork(const MlpConfig& config) {
+  const OptimizerConfig& opt = config.optimizer;
+  return config.precision == Precision::kFp16 || opt.type != OptimizerType::kSgd || opt.nesterov ||
+         opt.clip_grad_norm > 0;
+}
+
 }  // namespace stoker
