@@ -57,7 +57,8 @@ double StepFlops(const MlpConfig& config, int batch) {
 
 // Mean seconds per TrainStep (each ends with its host synchronisation), or < 0 on error.
 double TimeSteps(const Flags& flags, Precision precision, const std::vector<uint8_t>& samples,
-                 const std::vector<uint8_t>& labels, double* flops, std::string* last_loss) {
+                 const std::vector<uint8_t>& labels, double* flops, std::string* last_loss,
+                 const CudaBackendOptions& options = {}) {
   MlpConfig config;
   config.input_features = flags.width;
   config.hidden.assign(flags.hidden_layers, flags.width);
@@ -65,7 +66,7 @@ double TimeSteps(const Flags& flags, Precision precision, const std::vector<uint
   config.max_batch = flags.batch;
   config.precision = precision;
   config.optimizer.learning_rate = 1e-4;
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(0);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(0, options);
   if (!backend.ok()) {
     std::fprintf(stderr, "CreateCudaBackend: %s\n", backend.status().ToString().c_str());
     return -1;
@@ -217,6 +218,37 @@ int Main(int argc, char** argv) {
   }
   if (seconds[0] > 0 && seconds[2] > 0) {
     std::printf("speedup fp16_vs_fp32=%.2f\n", seconds[0] / seconds[2]);
+  }
+
+  // CUDA graphs where launches dominate: a small MLP (784-784-10, batch 128, bf16, about the size
+  // of the Fashion-MNIST example) with the step captured and replayed, against the same step
+  // kernel by kernel.
+  Flags small = flags;
+  small.width = 784;
+  small.batch = 128;
+  small.classes = 10;
+  small.steps = 500;
+  small.warmup = 20;
+  std::vector<uint8_t> small_labels(labels.begin(), labels.begin() + small.batch);
+  for (uint8_t& l : small_labels) l %= 10;
+  double small_seconds[2] = {-1, -1};
+  for (int graphs = 1; graphs >= 0; --graphs) {
+    CudaBackendOptions options;
+    options.cuda_graphs = graphs == 1;
+    small.hidden_layers = 1;
+    double flops = 0;
+    std::string loss;
+    small_seconds[graphs] =
+        TimeSteps(small, Precision::kBf16, samples, small_labels, &flops, &loss, options);
+    if (small_seconds[graphs] > 0) {
+      std::printf("small precision=bf16 graphs=%d width=784 batch=128 ms=%.4f\n", graphs,
+                  small_seconds[graphs] * 1e3);
+    } else {
+      std::printf("small precision=bf16 graphs=%d error=1\n", graphs);
+    }
+  }
+  if (small_seconds[0] > 0 && small_seconds[1] > 0) {
+    std::printf("speedup graphs_vs_eager_small=%.2f\n", small_seconds[0] / small_seconds[1]);
   }
   return 0;
 }

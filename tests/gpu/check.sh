@@ -105,6 +105,8 @@ value() {  # value LINE_PREFIX KEY
   done
   echo "| cuBLASLt bf16 GEMM $(value gemm shape) | $(value gemm ms) | | $(value gemm tflops) |"
   echo
+  echo "small MLP (784-784-10, batch 128, bf16) step ms: CUDA graph $(value "small precision=bf16 graphs=1" ms), kernel by kernel $(value "small precision=bf16 graphs=0" ms) ($(value speedup graphs_vs_eager_small)x)"
+  echo
   echo "bf16 vs fp32 speedup: $(value speedup bf16_vs_fp32)x; bf16 step / GEMM TFLOP/s: $(value ratio bf16_step_vs_gemm); total $(( $(date +%s) - start )) s"
 } | tee "$LOGS/summary.md"
 [[ $engine_rc -eq 0 && $conformance_rc -eq 0 && $bench_rc -eq 0 ]]

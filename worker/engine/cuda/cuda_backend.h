@@ -26,6 +26,12 @@ struct CudaBackendOptions {
   bool fused_epilogues = true;
   // cuBLASLt workspace, allocated once per model (32 MiB is what Hopper GEMMs ask for).
   size_t gemm_workspace_bytes = size_t{32} << 20;
+  // Capture each TrainStep's device work (everything after the batch copy) in a CUDA graph, one
+  // per batch size and staging buffer, and replay it: one launch per step instead of one per
+  // kernel. The learning rate travels in device memory, so a graph serves every step. When
+  // false, or if a capture fails, the same work is enqueued kernel by kernel; the results are
+  // bit-identical either way.
+  bool cuda_graphs = true;
 };
 
 // Number of CUDA devices the runtime sees; 0 on any error (no driver, no device).

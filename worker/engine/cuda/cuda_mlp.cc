@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/cuda_context.h"
+#include "worker/engine/cuda/cuda_graph.h"
 #include "worker/engine/cuda/lt_gemm.h"
 #include "worker/engine/cuda/mlp_kernels.h"
 #include "worker/engine/plan_cache.h"
@@ -81,6 +82,10 @@ struct LayerGemms {
 struct Plan {
   int batch = 0;
   std::vector<LayerGemms> layers;
+  // TrainStep's device work for this batch size, captured per staging buffer (the buffer's
+  // address is baked into the graph) and per input kind (uint8 samples or float features).
+  cuda::GraphExec step_graphs[2][2];  // [staging slot][features]
+  bool graph_failed = false;          // a capture failed once: run this plan kernel by kernel
 };
 
 class CudaMlp final : public Model {
@@ -127,9 +132,16 @@ class CudaMlp final : public Model {
                                                               bool* fused) const;
   absl::Status RunGemm(const LtGemm& gemm, const void* a, const void* b, void* d) const;
 
-  // Enqueues the batch copy on the copy stream and the normalisation on the compute stream;
-  // returns the staging slot whose labels the loss kernel reads.
+  // Enqueues the batch copy on the copy stream and makes the compute stream wait for it; returns
+  // the staging slot it went to.
   absl::StatusOr<int> StageBatch(const BatchView& batch);
+  // Enqueues the normalisation of staging slot `slot` (rows samples) into input_.
+  absl::Status NormalizeStaged(int slot, int rows, bool features);
+  // Everything TrainStep does on the compute stream after StageBatch: reset the step state, load
+  // the learning rate (from host_rate_), normalise, forward, loss, backward, [fp16: finite
+  // check], SGD, [fp16: loss-scale update], and the copy of the step state to host_state_.
+  // Enqueues only, so it can be captured in a CUDA graph.
+  absl::Status EnqueueTrainStep(const Plan& plan, int rows, int slot, bool features);
   absl::Status Forward(const Plan& plan, int rows);
   absl::Status Backward(const Plan& plan, int rows);
   // Copies the step state to host_state_ and waits for it: the step's one host synchronisation.
@@ -156,6 +168,7 @@ class CudaMlp final : public Model {
   int next_slot_ = 0;
   DeviceBuffer state_;                     // cuda::StepState
   cuda::StepState* host_state_ = nullptr;  // pinned
+  float* host_rate_ = nullptr;             // pinned: the next step's learning rate
   std::vector<cuda::SgdTensor> sgd_tensors_;
   std::unique_ptr<Plan> full_plan_;
   PartialPlanCache<Plan> partial_plans_{kMaxPartialPlans};
@@ -172,6 +185,7 @@ CudaMlp::~CudaMlp() {
     if (staging_free_[slot] != nullptr) cudaEventDestroy(staging_free_[slot]);
   }
   if (host_state_ != nullptr) cudaFreeHost(host_state_);
+  if (host_rate_ != nullptr) cudaFreeHost(host_rate_);
 }
 
 absl::Status CudaMlp::Init(int device) {
@@ -234,6 +248,8 @@ absl::Status CudaMlp::Init(int device) {
 
   STOKER_CUDA_RETURN_IF_ERROR(
       cudaMallocHost(reinterpret_cast<void**>(&host_state_), sizeof(cuda::StepState)));
+  STOKER_CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&host_rate_), sizeof(float)));
+  *host_rate_ = 0.0f;
   STOKER_ASSIGN_BUFFER(state_, sizeof(cuda::StepState));
   *host_state_ = cuda::StepState{};
   host_state_->loss_scale = loss_scaling_ ? config_.loss_scale.initial : 1.0f;
@@ -374,8 +390,13 @@ absl::StatusOr<int> CudaMlp::StageBatch(const BatchView& batch) {
   STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_labels_[slot].get(), batch.labels,
                                               batch.count, cudaMemcpyHostToDevice, copy));
   STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_done_[slot], copy));
-
   STOKER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, copy_done_[slot], 0));
+  return slot;
+}
+
+absl::Status CudaMlp::NormalizeStaged(int slot, int rows, bool features) {
+  const cudaStream_t compute = context_->compute_stream();
+  const int64_t n = static_cast<int64_t>(rows) * config_.input_features;
   if (features) {
     STOKER_CUDA_RETURN_IF_ERROR(
         cuda::LaunchConvertFloat(staging_[slot].as<float>(), n, type_, input_.get(), compute));
@@ -384,7 +405,7 @@ absl::StatusOr<int> CudaMlp::StageBatch(const BatchView& batch) {
                                                            config_.input_scale, config_.input_shift,
                                                            type_, input_.get(), compute));
   }
-  return slot;
+  return absl::OkStatus();
 }
 
 absl::Status CudaMlp::Forward(const Plan& plan, int rows) {
@@ -439,6 +460,37 @@ absl::Status CudaMlp::FinishStep() {
   return absl::OkStatus();
 }
 
+absl::Status CudaMlp::EnqueueTrainStep(const Plan& plan, int rows, int slot, bool features) {
+  const cudaStream_t stream = context_->compute_stream();
+  auto* state = state_.as<cuda::StepState>();
+  STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(state, 0, cuda::kStepStateResetBytes, stream));
+  STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&state->learning_rate, host_rate_, sizeof(float),
+                                              cudaMemcpyHostToDevice, stream));
+  STOKER_RETURN_IF_ERROR(NormalizeStaged(slot, rows, features));
+  STOKER_RETURN_IF_ERROR(Forward(plan, rows));
+  Layer& last = layers_.back();
+  STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchSoftmaxCrossEntropy(
+      last.output.as<float>(), staging_labels_[slot].as<uint8_t>(), rows, last.out, type_,
+      last.output_grad.get(), state, stream));
+  STOKER_RETURN_IF_ERROR(Backward(plan, rows));
+  if (injected_gradient_.has_value()) {  // never captured: TrainStep runs such a step eagerly
+    STOKER_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchAddToFirst(layers_[0].weight_grad.as<float>(), *injected_gradient_, stream));
+  }
+  const int tensor_count = static_cast<int>(sgd_tensors_.size());
+  if (loss_scaling_) {
+    STOKER_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchCheckFinite(sgd_tensors_.data(), tensor_count, state, stream));
+  }
+  STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchSgdMomentumRateFromState(
+      sgd_tensors_.data(), tensor_count, type_, static_cast<float>(config_.optimizer.momentum),
+      config_.optimizer.nesterov, state, loss_scaling_, stream));
+  if (loss_scaling_) STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchUpdateLossScale(state, stream));
+  STOKER_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_state_, state, sizeof(cuda::StepState), cudaMemcpyDeviceToHost, stream));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double learning_rate) {
   if (absl::Status status = ValidateBatch(config_, batch); !status.ok()) return status;
   if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
@@ -446,37 +498,38 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
   absl::StatusOr<Plan*> plan = PlanFor(batch.count);
   if (!plan.ok()) return plan.status();
   const int rows = batch.count;
+  const bool features = batch.features != nullptr;
   const cudaStream_t stream = context_->compute_stream();
-  auto* state = state_.as<cuda::StepState>();
 
-  STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(state, 0, cuda::kStepStateResetBytes, stream));
   absl::StatusOr<int> slot = StageBatch(batch);
   if (!slot.ok()) return slot.status();
-  STOKER_RETURN_IF_ERROR(Forward(**plan, rows));
-  Layer& last = layers_.back();
-  STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchSoftmaxCrossEntropy(
-      last.output.as<float>(), staging_labels_[*slot].as<uint8_t>(), rows, last.out, type_,
-      last.output_grad.get(), state, stream));
-  // Nothing reads the staging slot after the loss; the copy stream may refill it.
+  // The previous step has finished (its end synchronised), so nothing reads host_rate_ now.
+  *host_rate_ = static_cast<float>(learning_rate);
+  const bool graph =
+      options_.cuda_graphs && !(*plan)->graph_failed && !injected_gradient_.has_value();
+  bool enqueued = false;
+  if (graph) {
+    cuda::GraphExec& exec = (*plan)->step_graphs[*slot][features ? 1 : 0];
+    if (!exec) {
+      absl::StatusOr<cuda::GraphExec> captured = cuda::GraphExec::Capture(
+          stream, [&] { return EnqueueTrainStep(**plan, rows, *slot, features); });
+      if (captured.ok()) {
+        exec = *std::move(captured);
+      } else {
+        // Kernel by kernel from now on for this batch size; the step itself still runs below.
+        (*plan)->graph_failed = true;
+      }
+    }
+    if (exec) {
+      STOKER_RETURN_IF_ERROR(exec.Launch(stream));
+      enqueued = true;
+    }
+  }
+  if (!enqueued) STOKER_RETURN_IF_ERROR(EnqueueTrainStep(**plan, rows, *slot, features));
+  injected_gradient_.reset();
+  // Nothing reads the staging slot after this step; the copy stream may refill it.
   STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free_[*slot], stream));
-  STOKER_RETURN_IF_ERROR(Backward(**plan, rows));
-  if (injected_gradient_.has_value()) {
-    STOKER_CUDA_RETURN_IF_ERROR(
-        cuda::LaunchAddToFirst(layers_[0].weight_grad.as<float>(), *injected_gradient_, stream));
-    injected_gradient_.reset();
-  }
-
-  const int tensor_count = static_cast<int>(sgd_tensors_.size());
-  if (loss_scaling_) {
-    STOKER_CUDA_RETURN_IF_ERROR(
-        cuda::LaunchCheckFinite(sgd_tensors_.data(), tensor_count, state, stream));
-  }
-  STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchSgdMomentum(
-      sgd_tensors_.data(), tensor_count, type_, static_cast<float>(learning_rate),
-      static_cast<float>(config_.optimizer.momentum), config_.optimizer.nesterov, state,
-      loss_scaling_, stream));
-  if (loss_scaling_) STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchUpdateLossScale(state, stream));
-  STOKER_RETURN_IF_ERROR(FinishStep());
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
 
   StepResult result;
   result.loss = static_cast<float>(host_state_->loss_sum / rows);
@@ -495,6 +548,7 @@ absl::StatusOr<EvalResult> CudaMlp::Evaluate(const BatchView& batch) {
   STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(state, 0, cuda::kStepStateResetBytes, stream));
   absl::StatusOr<int> slot = StageBatch(batch);
   if (!slot.ok()) return slot.status();
+  STOKER_RETURN_IF_ERROR(NormalizeStaged(*slot, batch.count, batch.features != nullptr));
   STOKER_RETURN_IF_ERROR(Forward(**plan, batch.count));
   const Layer& last = layers_.back();
   STOKER_CUDA_RETURN_IF_ERROR(

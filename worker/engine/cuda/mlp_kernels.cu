@@ -166,9 +166,11 @@ __global__ void CheckFiniteKernel(TensorList list, StepState* state) {
 }
 
 template <typename T>
-__global__ void SgdMomentumKernel(TensorList list, float learning_rate, float momentum,
-                                  bool nesterov, const StepState* state, bool skip_on_inf) {
+__global__ void SgdMomentumKernel(TensorList list, float rate_argument, bool rate_from_state,
+                                  float momentum, bool nesterov, const StepState* state,
+                                  bool skip_on_inf) {
   if (skip_on_inf && state->found_inf != 0) return;
+  const float learning_rate = rate_from_state ? state->learning_rate : rate_argument;
   // The scale is a power of two, so the reciprocal and the product below are exact.
   const float inverse_scale = 1.0f / state->loss_scale;
   const SgdTensor& t = list.tensors[blockIdx.y];
@@ -310,19 +312,35 @@ cudaError_t LaunchCheckFinite(const SgdTensor* tensors, int count, StepState* st
   });
 }
 
-cudaError_t LaunchSgdMomentum(const SgdTensor* tensors, int count, DType low_type,
-                              float learning_rate, float momentum, bool nesterov,
-                              const StepState* state, bool skip_on_inf, cudaStream_t stream) {
+namespace {
+cudaError_t SgdMomentum(const SgdTensor* tensors, int count, DType low_type, float learning_rate,
+                        bool rate_from_state, float momentum, bool nesterov, const StepState* state,
+                        bool skip_on_inf, cudaStream_t stream) {
   if (tensors == nullptr || state == nullptr || count < 0) return cudaErrorInvalidValue;
   cudaError_t result = cudaSuccess;
   const cudaError_t dispatched = DispatchType(low_type, [&](auto zero) {
     using T = decltype(zero);
     result = ForEachTensorList(tensors, count, [&](const TensorList& list, dim3 grid) {
-      SgdMomentumKernel<T><<<grid, kThreads, 0, stream>>>(list, learning_rate, momentum, nesterov,
-                                                          state, skip_on_inf);
+      SgdMomentumKernel<T><<<grid, kThreads, 0, stream>>>(list, learning_rate, rate_from_state,
+                                                          momentum, nesterov, state, skip_on_inf);
     });
   });
   return result != cudaSuccess ? result : dispatched;
+}
+}  // namespace
+
+cudaError_t LaunchSgdMomentum(const SgdTensor* tensors, int count, DType low_type,
+                              float learning_rate, float momentum, bool nesterov,
+                              const StepState* state, bool skip_on_inf, cudaStream_t stream) {
+  return SgdMomentum(tensors, count, low_type, learning_rate, /*rate_from_state=*/false, momentum,
+                     nesterov, state, skip_on_inf, stream);
+}
+
+cudaError_t LaunchSgdMomentumRateFromState(const SgdTensor* tensors, int count, DType low_type,
+                                           float momentum, bool nesterov, const StepState* state,
+                                           bool skip_on_inf, cudaStream_t stream) {
+  return SgdMomentum(tensors, count, low_type, 0.0f, /*rate_from_state=*/true, momentum, nesterov,
+                     state, skip_on_inf, stream);
 }
 
 cudaError_t LaunchUpdateLossScale(StepState* state, cudaStream_t stream) {

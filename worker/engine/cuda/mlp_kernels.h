@@ -29,6 +29,9 @@ struct StepState {
   int growth_interval;         // clean steps that grow the scale
   float growth_factor;         // applied after growth_interval clean steps
   float backoff_factor;        // applied after an overflow
+  // The step's learning rate, for LaunchSgdMomentumRateFromState: written by the host (a copy on
+  // the stream) before each step, so a captured CUDA graph need not bake it in.
+  float learning_rate;
 };
 inline constexpr size_t kStepStateResetBytes = offsetof(StepState, loss_scale);
 
@@ -80,6 +83,11 @@ cudaError_t LaunchCheckFinite(const SgdTensor* tensors, int count, StepState* st
 cudaError_t LaunchSgdMomentum(const SgdTensor* tensors, int count, DType low_type,
                               float learning_rate, float momentum, bool nesterov,
                               const StepState* state, bool skip_on_inf, cudaStream_t stream);
+
+// LaunchSgdMomentum with the learning rate read from state->learning_rate on the device.
+cudaError_t LaunchSgdMomentumRateFromState(const SgdTensor* tensors, int count, DType low_type,
+                                           float momentum, bool nesterov, const StepState* state,
+                                           bool skip_on_inf, cudaStream_t stream);
 
 // GradScaler's update: scale *= backoff_factor and reset the counter after an overflow, else count
 // the clean step and scale *= growth_factor every growth_interval of them.
