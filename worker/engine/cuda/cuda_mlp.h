@@ -14,12 +14,16 @@
 //
 // One TrainStep: the copy stream copies the batch (uint8 pixels or float features, and labels)
 // into one of two staging buffers, after the compute stream has released that buffer (event);
-// the compute stream waits for the copy (event), normalises on the device, runs forward,
-// softmax cross-entropy, backward, [fp16: finite check], one multi-tensor SGD launch,
-// [fp16: loss-scale update], then copies the 32-byte step state (loss, overflow flag, scale)
-// to pinned host memory. The only host wait is one cudaStreamSynchronize on that copy at the end
-// of the step: StepResult needs the loss. Plans (GEMM descriptors and algorithms) are built once
-// per batch size: max_batch at creation, a few others on first use.
+// the compute stream waits for the copy (event), then runs the step body: reset the step state,
+// load the learning rate into device memory, normalise, forward, softmax cross-entropy,
+// backward, [fp16: finite check], one multi-tensor SGD launch (reading the learning rate from
+// device memory), [fp16: loss-scale update], and the copy of the 32-byte step state (loss,
+// overflow flag, scale) to pinned host memory. The body is captured once per batch size,
+// staging buffer and input kind as a CUDA graph and replayed with one launch
+// (CudaBackendOptions::cuda_graphs; kernel by kernel when off or when a capture fails). The only
+// host wait is one cudaStreamSynchronize at the end of the step: StepResult needs the loss.
+// Plans (GEMM descriptors, algorithms, graphs) are built once per batch size: max_batch at
+// creation, a few others on first use.
 #ifndef STOKER_WORKER_ENGINE_CUDA_CUDA_MLP_H_
 #define STOKER_WORKER_ENGINE_CUDA_CUDA_MLP_H_
 
