@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Stoker needs (only those missing) and builds it (Release) in build/.
 # Usage: scripts/setup.sh            (idempotent; re-running only rebuilds what changed)
+# STOKER_EXTRA_PACKAGES adds Debian packages to install (scripts/test.sh adds python3-torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +13,8 @@ packages=(
   dataset-fashion-mnist
   prometheus docker-compose curl python3 openssl
 )
+read -r -a extra <<<"${STOKER_EXTRA_PACKAGES:-}"
+packages+=("${extra[@]}")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
 
 namespace stoker {
 namespace {
@@ -49,6 +50,52 @@ absl::StatusOr<LayerConfig> ToLayer(const v1::LayerSpec& spec, int index) {
   return layer;
 }
 
+std::string ArchitectureJson(const MlpConfig& config) {
+  nlohmann::json json = {{"type", "mlp"},
+                         {"input_features", config.input_features},
+                         {"hidden", config.hidden},
+                         {"classes", config.classes},
+                         {"input_scale", config.input_scale},
+                         {"input_shift", config.input_shift}};
+  return json.dump();
+}
+
+std::string ArchitectureJson(const NetworkConfig& config) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const LayerConfig& layer : config.layers) {
+    nlohmann::json entry = {{"type", LayerKindName(layer.kind)}};
+    switch (layer.kind) {
+      case LayerConfig::Kind::kConv2d:
+        entry["out_channels"] = layer.out_channels;
+        entry["kernel"] = layer.kernel;
+        entry["stride"] = layer.stride > 0 ? layer.stride : 1;
+        entry["padding"] = layer.padding;
+        break;
+      case LayerConfig::Kind::kMaxPool2d:
+        entry["kernel"] = layer.kernel;
+        entry["stride"] = layer.stride > 0 ? layer.stride : layer.kernel;
+        entry["padding"] = layer.padding;
+        break;
+      case LayerConfig::Kind::kLinear:
+        entry["units"] = layer.units;
+        break;
+      case LayerConfig::Kind::kDropout:
+        entry["rate"] = layer.rate;
+        break;
+      default:
+        break;
+    }
+    layers.push_back(std::move(entry));
+  }
+  nlohmann::json json = {{"type", "cnn"},
+                         {"input_shape", config.input_shape},
+                         {"layers", std::move(layers)},
+                         {"classes", config.classes},
+                         {"input_scale", config.input_scale},
+                         {"input_shift", config.input_shift}};
+  return json.dump();
+}
+
 }  // namespace
 
 OptimizerConfig OptimizerFromSpec(const v1::TrainSpec& train) {
@@ -86,6 +133,7 @@ absl::StatusOr<BuiltModel> BuildModel(Backend& backend, const v1::JobSpec& spec,
     built.model = std::move(*model);
     built.description = absl::StrCat("mlp ", features, "-", absl::StrJoin(config.hidden, "-"),
                                      config.hidden.empty() ? "" : "-", classes);
+    built.architecture = ArchitectureJson(config);
     return built;
   }
   NetworkConfig config;
@@ -115,6 +163,7 @@ absl::StatusOr<BuiltModel> BuildModel(Backend& backend, const v1::JobSpec& spec,
   built.model = std::move(*model);
   built.description =
       absl::StrCat("cnn ", absl::StrJoin(config.input_shape, "x"), " ", absl::StrJoin(names, "-"));
+  built.architecture = ArchitectureJson(config);
   return built;
 }
 

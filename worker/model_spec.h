@@ -15,6 +15,12 @@ namespace stoker {
 struct BuiltModel {
   std::unique_ptr<Model> model;
   std::string description;  // e.g. "mlp 784-256-128-10" or "cnn conv2d(32,k3)-relu-..."
+  // The architecture as JSON, stored in each checkpoint's metadata ("model") so the weights can
+  // be rebuilt elsewhere (scripts/pytorch_eval.py): {"type": "mlp", "input_features", "hidden",
+  // "classes", "input_scale", "input_shift"} or {"type": "cnn", "input_shape", "layers": [{"type",
+  // and out_channels/kernel/stride/padding, units or rate as the layer has}], "classes",
+  // "input_scale", "input_shift"}; strides are the effective ones (never 0).
+  std::string architecture;
   Precision precision = Precision::kFp32;
 };
 

@@ -64,8 +64,9 @@ double LearningRateAt(const v1::OptimizerSpec& optimizer, uint64_t step, uint64_
 constexpr char kOptimizerPrefix[] = "optimizer.";
 
 // Weights and optimizer state as one safetensors file; the training position in its metadata.
-absl::Status SaveCheckpoint(const std::string& path, const Model& model, uint64_t step, int epoch,
-                            double test_accuracy, const v1::JobSpec& spec) {
+absl::Status SaveCheckpoint(const std::string& path, const BuiltModel& built, uint64_t step,
+                            int epoch, double test_accuracy, const v1::JobSpec& spec) {
+  const Model& model = *built.model;
   Checkpoint checkpoint;
   for (NamedTensor& tensor : model.Parameters()) {
     checkpoint.tensors.push_back({tensor.name, tensor.shape, std::move(tensor.values)});
@@ -80,7 +81,8 @@ absl::Status SaveCheckpoint(const std::string& path, const Model& model, uint64_
                          {"test_accuracy", absl::StrCat(test_accuracy)},
                          {"seed", absl::StrCat(spec.train().seed())},
                          {"precision", v1::Precision_Name(spec.train().precision())},
-                         {"job_name", spec.name()}};
+                         {"job_name", spec.name()},
+                         {"model", built.architecture}};
   return WriteCheckpoint(path, checkpoint);
 }
 
@@ -240,7 +242,7 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
   }
   auto checkpoint = [&](uint64_t step, int epoch) -> bool {
     if (checkpoint_path.empty()) return true;
-    if (absl::Status s = SaveCheckpoint(checkpoint_path, **model, step, epoch, last_accuracy, spec);
+    if (absl::Status s = SaveCheckpoint(checkpoint_path, *built, step, epoch, last_accuracy, spec);
         !s.ok()) {
       std::cerr << "stoker-trainer: checkpoint: " << s.message() << "\n";
       return false;

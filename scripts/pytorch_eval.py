@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Loads a Stoker checkpoint into PyTorch and evaluates it on an IDX test set.
+
+A Stoker checkpoint is a safetensors file: the weights under their PyTorch names
+("layers.<i>.weight" / ".bias"), the optimizer state under "optimizer.*", and the model's
+architecture as JSON in the header's metadata ("model"). This script rebuilds that architecture
+with torch.nn modules, loads the weights with load_state_dict(strict=True) and prints the test
+accuracy, so a trained model leaves Stoker without any Stoker code.
+
+The file is read with the `safetensors` library when it is installed, else with a few lines of
+spec-following parsing (8-byte little-endian header length, JSON header, raw little-endian data)
+and torch.frombuffer: Debian 12 packages PyTorch but not safetensors.
+
+  scripts/pytorch_eval.py CHECKPOINT [--images t10k-images-idx3-ubyte.gz]
+                                     [--labels t10k-labels-idx1-ubyte.gz] [--limit N]
+Prints "accuracy=<fraction> samples=<n> loader=<safetensors|builtin>" and exits 0; exits 2 with a
+message on a file it cannot use.
+"""
+import argparse
+import gzip
+import json
+import struct
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def fail(message):
+    print(f"pytorch_eval: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def read_safetensors(path):
+    """(tensors by name, metadata) with the safetensors library if present, else by the spec."""
+    try:
+        from safetensors import safe_open  # noqa: PLC0415 (optional dependency)
+
+        with safe_open(path, framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}, "safetensors"
+    except ImportError:
+        pass
+    with open(path, "rb") as f:
+        blob = f.read()
+    if len(blob) < 8:
+        fail(f"{path}: too short for a safetensors file")
+    (header_len,) = struct.unpack("<Q", blob[:8])
+    if header_len > len(blob) - 8:
+        fail(f"{path}: header length {header_len} runs past the end of the file")
+    header = json.loads(blob[8 : 8 + header_len])
+    data = memoryview(blob)[8 + header_len :]
+    dtypes = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if entry["dtype"] not in dtypes:
+            fail(f"{path}: tensor {name} has dtype {entry['dtype']}")
+        begin, end = entry["data_offsets"]
+        flat = torch.frombuffer(bytearray(data[begin:end]), dtype=dtypes[entry["dtype"]])
+        tensors[name] = flat.reshape(entry["shape"])
+    return tensors, header.get("__metadata__", {}), "builtin"
+
+
+class Mlp(nn.Module):
+    def __init__(self, arch):
+        super().__init__()
+        widths = [arch["input_features"]] + list(arch["hidden"]) + [arch["classes"]]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+
+    def forward(self, x):
+        x = x.flatten(1)
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i + 1 < len(self.layers):
+                x = F.relu(x)
+        return x
+
+
+class Cnn(nn.Module):
+    """Layer i of the job file is self.layers[i], as in torch.nn.Sequential."""
+
+    def __init__(self, arch):
+        super().__init__()
+        shape = list(arch["input_shape"])
+        modules = []
+        for spec in arch["layers"]:
+            kind = spec["type"]
+            if kind == "conv2d":
+                modules.append(nn.Conv2d(shape[0], spec["out_channels"], spec["kernel"],
+                                         spec["stride"], spec["padding"]))
+                c, h, w = shape
+                k, s, p = spec["kernel"], spec["stride"], spec["padding"]
+                shape = [spec["out_channels"], (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1]
+            elif kind == "maxpool2d":
+                modules.append(nn.MaxPool2d(spec["kernel"], spec["stride"], spec["padding"]))
+                c, h, w = shape
+                k, s, p = spec["kernel"], spec["stride"], spec["padding"]
+                shape = [c, (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1]
+            elif kind == "linear":
+                features = 1
+                for d in shape:
+                    features *= d
+                modules.append(nn.Linear(features, spec["units"]))
+                shape = [spec["units"]]
+            elif kind == "relu":
+                modules.append(nn.ReLU())
+            elif kind == "gelu":
+                modules.append(nn.GELU())
+            elif kind == "dropout":
+                modules.append(nn.Dropout(spec["rate"]))
+            elif kind == "flatten":
+                modules.append(nn.Flatten())
+                features = 1
+                for d in shape:
+                    features *= d
+                shape = [features]
+            else:
+                fail(f"unknown layer type {kind!r} in the checkpoint's architecture")
+        self.layers = nn.ModuleList(modules)
+        self.input_shape = list(arch["input_shape"])
+
+    def forward(self, x):
+        x = x.reshape([x.shape[0]] + self.input_shape)
+        for layer in self.layers:
+            if isinstance(layer, nn.Linear) and x.dim() > 2:
+                x = x.flatten(1)  # Stoker's Linear flattens a [C, H, W] input itself
+            x = layer(x)
+        return x
+
+
+def read_idx(path, limit):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        blob = f.read()
+    magic, count = struct.unpack(">II", blob[:8])
+    dims = magic & 0xFF
+    shape = [count] + list(struct.unpack(">" + "I" * (dims - 1), blob[8 : 4 + 4 * dims]))
+    data = torch.frombuffer(bytearray(blob[4 + 4 * dims :]), dtype=torch.uint8).reshape(shape)
+    return data[:limit] if limit else data
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("checkpoint")
+    parser.add_argument("--images", default=f"{FASHION_MNIST}/t10k-images-idx3-ubyte.gz")
+    parser.add_argument("--labels", default=f"{FASHION_MNIST}/t10k-labels-idx1-ubyte.gz")
+    parser.add_argument("--limit", type=int, default=0, help="first N test samples (0 = all)")
+    args = parser.parse_args()
+
+    tensors, metadata, loader = read_safetensors(args.checkpoint)
+    if "model" not in metadata:
+        fail(f"{args.checkpoint}: no 'model' architecture in its metadata (an older checkpoint?)")
+    arch = json.loads(metadata["model"])
+    model = Mlp(arch) if arch["type"] == "mlp" else Cnn(arch)
+    weights = {k: v.float() for k, v in tensors.items() if not k.startswith("optimizer.")}
+    model.load_state_dict(weights, strict=True)
+    model.eval()
+
+    images = read_idx(args.images, args.limit)
+    labels = read_idx(args.labels, args.limit).long()
+    with torch.no_grad():
+        x = images.float() * arch["input_scale"] + arch["input_shift"]
+        correct = 0
+        for begin in range(0, len(x), 1000):
+            logits = model(x[begin : begin + 1000])
+            correct += (logits.argmax(1) == labels[begin : begin + 1000]).sum().item()
+    print(f"accuracy={correct / len(labels):.4f} samples={len(labels)} loader={loader}")
+
+
+if __name__ == "__main__":
+    main()
