@@ -13,8 +13,12 @@ and torch.frombuffer: Debian 12 packages PyTorch but not safetensors.
 
   scripts/pytorch_eval.py CHECKPOINT [--images t10k-images-idx3-ubyte.gz]
                                      [--labels t10k-labels-idx1-ubyte.gz] [--limit N]
+  scripts/pytorch_eval.py --verify CHECKPOINT
 Prints "accuracy=<fraction> samples=<n> loader=<safetensors|builtin>" and exits 0; exits 2 with a
-message on a file it cannot use.
+message on a file it cannot use. --verify needs the safetensors library: it reads the file with it
+and with the built-in parser, checks that every tensor is identical, builds the model and loads
+the weights (strict), and prints "verified=<tensors> safetensors=<version>" (exit 1 on any
+difference), without a dataset.
 """
 import argparse
 import gzip
@@ -34,15 +38,22 @@ def fail(message):
     sys.exit(2)
 
 
+def read_with_library(path):
+    from safetensors import safe_open  # noqa: PLC0415 (optional dependency)
+
+    with safe_open(path, framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}, "safetensors"
+
+
 def read_safetensors(path):
     """(tensors by name, metadata) with the safetensors library if present, else by the spec."""
     try:
-        from safetensors import safe_open  # noqa: PLC0415 (optional dependency)
-
-        with safe_open(path, framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}, "safetensors"
+        return read_with_library(path)
     except ImportError:
-        pass
+        return read_builtin(path)
+
+
+def read_builtin(path):
     with open(path, "rb") as f:
         blob = f.read()
     if len(blob) < 8:
@@ -143,19 +154,51 @@ def read_idx(path, limit):
     return data[:limit] if limit else data
 
 
+def build_model(arch):
+    return Mlp(arch) if arch["type"] == "mlp" else Cnn(arch)
+
+
+def verify(path):
+    import safetensors  # noqa: PLC0415 (required here)
+
+    library, library_meta, _ = read_with_library(path)
+    builtin, builtin_meta, _ = read_builtin(path)
+    problems = []
+    if library.keys() != builtin.keys():
+        problems.append(f"tensor names differ: {sorted(library.keys() ^ builtin.keys())}")
+    for name in library.keys() & builtin.keys():
+        if library[name].dtype != builtin[name].dtype or not torch.equal(library[name], builtin[name]):
+            problems.append(f"tensor {name} differs")
+    if library_meta != builtin_meta:
+        problems.append("metadata differs")
+    model = build_model(json.loads(library_meta["model"]))
+    model.load_state_dict({k: v for k, v in library.items() if not k.startswith("optimizer.")},
+                          strict=True)
+    for problem in problems:
+        print(f"pytorch_eval: {problem}", file=sys.stderr)
+    print(f"verified={len(library)} safetensors={safetensors.__version__} "
+          f"model={library_meta['model'][:60]}...")
+    sys.exit(1 if problems else 0)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint")
+    parser.add_argument("--verify", action="store_true",
+                        help="compare the safetensors library's reading with the built-in one")
     parser.add_argument("--images", default=f"{FASHION_MNIST}/t10k-images-idx3-ubyte.gz")
     parser.add_argument("--labels", default=f"{FASHION_MNIST}/t10k-labels-idx1-ubyte.gz")
     parser.add_argument("--limit", type=int, default=0, help="first N test samples (0 = all)")
     args = parser.parse_args()
 
+    if args.verify:
+        verify(args.checkpoint)
+        return
     tensors, metadata, loader = read_safetensors(args.checkpoint)
     if "model" not in metadata:
         fail(f"{args.checkpoint}: no 'model' architecture in its metadata (an older checkpoint?)")
     arch = json.loads(metadata["model"])
-    model = Mlp(arch) if arch["type"] == "mlp" else Cnn(arch)
+    model = build_model(arch)
     weights = {k: v.float() for k, v in tensors.items() if not k.startswith("optimizer.")}
     model.load_state_dict(weights, strict=True)
     model.eval()

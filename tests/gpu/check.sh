@@ -74,6 +74,13 @@ OMP_WAIT_POLICY=passive timeout 180 "$BUILD/cuda/cuda_conformance_test" \
   --gtest_output="xml:$LOGS/conformance.xml" >"$LOGS/conformance.log" 2>&1
 conformance_rc=$?
 grep -E "^\[  (FAILED|SKIPPED) |Failure|error" "$LOGS/conformance.log" | head -40
+log "safetensors"
+# A Stoker checkpoint (written on the Debian machine) read with the safetensors library, which that
+# machine lacks: identical tensors to Stoker's own reading, and the weights load into torch.nn.
+timeout 60 python3 "$ROOT/scripts/pytorch_eval.py" --verify \
+  "$ROOT/tests/gpu/fixture-cnn-fp16-adamw.safetensors" >"$LOGS/safetensors.log" 2>&1
+safetensors_rc=$?
+cat "$LOGS/safetensors.log"
 log "gpu_bench"
 timeout 120 "$BUILD/cuda/bench_gpu/gpu_bench" >"$LOGS/gpu_bench.log" 2>&1
 bench_rc=$?
@@ -96,6 +103,7 @@ value() {  # value LINE_PREFIX KEY
   echo "|---|---|"
   echo "| engine_test (rc $engine_rc) | $(summary "$LOGS/engine_test.log") |"
   echo "| cuda_conformance_test (rc $conformance_rc) | $(summary "$LOGS/conformance.log") |"
+  echo "| safetensors library loads a Stoker checkpoint (rc $safetensors_rc) | $(head -1 "$LOGS/safetensors.log" | cut -c1-60) |"
   echo "| gpu_bench (rc $bench_rc) | $(head -2 "$LOGS/gpu_bench.log" | tr '\n' ' ') |"
   echo
   echo "| precision | step ms | samples/s | TFLOP/s |"
