@@ -191,10 +191,13 @@ def main():
     parser.add_argument("--limit", type=int, default=0, help="first N test samples (0 = all)")
     args = parser.parse_args()
 
-    if args.verify:
-        verify(args.checkpoint)
-        return
-    tensors, metadata, loader = read_safetensors(args.checkpoint)
+    try:
+        if args.verify:
+            verify(args.checkpoint)
+            return
+        tensors, metadata, loader = read_safetensors(args.checkpoint)
+    except (OSError, ValueError, KeyError) as error:
+        fail(f"{args.checkpoint}: cannot read it as a safetensors checkpoint: {error}")
     if "model" not in metadata:
         fail(f"{args.checkpoint}: no 'model' architecture in its metadata (an older checkpoint?)")
     arch = json.loads(metadata["model"])
@@ -203,8 +206,11 @@ def main():
     model.load_state_dict(weights, strict=True)
     model.eval()
 
-    images = read_idx(args.images, args.limit)
-    labels = read_idx(args.labels, args.limit).long()
+    try:
+        images = read_idx(args.images, args.limit)
+        labels = read_idx(args.labels, args.limit).long()
+    except (OSError, ValueError, struct.error) as error:
+        fail(f"cannot read the test set: {error}")
     with torch.no_grad():
         x = images.float() * arch["input_scale"] + arch["input_shift"]
         correct = 0

@@ -223,10 +223,21 @@ CpuNetwork::CpuNetwork(const NetworkConfig& config, std::vector<std::vector<int>
 }
 
 memory::desc CpuNetwork::ActivationMd(size_t index, int batch, DataType type) const {
-  // Flatten keeps its input's memory and descriptor: a Linear reads a [N, C, H, W] input with
-  // [out, C, H, W] weights, which is PyTorch's flattened order.
+  // Flatten keeps its input's memory and descriptor, and so do the elementwise layers after it
+  // (ReLU, GELU, Dropout: they need the same descriptor in and out): a Linear reads a
+  // [N, C, H, W] input with [out, C, H, W] weights, which is PyTorch's flattened order.
   size_t source = index;
-  while (source > 0 && layers_[source - 1].config.kind == Kind::kFlatten) --source;
+  bool flattened = false;
+  while (source > 0) {
+    const Kind kind = layers_[source - 1].config.kind;
+    if (kind == Kind::kFlatten) {
+      flattened = true;
+    } else if (kind != Kind::kRelu && kind != Kind::kGelu && kind != Kind::kDropout) {
+      break;
+    }
+    --source;
+  }
+  if (!flattened) source = index;
   const std::vector<int>& shape = shapes_[source];
   if (shape.size() == 3) {
     // The input arrives as C, H, W per sample: NHWC only when that is the same memory (C = 1).

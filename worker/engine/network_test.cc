@@ -73,6 +73,20 @@ NetworkConfig FlatNet() {
   return PlainSgd(config);
 }
 
+// Elementwise layers between Flatten and Linear on a multi-channel image: conv k3 pad 1 (3 ch),
+// Flatten, GELU, Dropout(0), ReLU, Linear, Linear. The Linear must still see PyTorch's
+// [C, H, W] flattened order (this used to fail to build on the cpu).
+NetworkConfig FlattenThenElementwiseNet() {
+  NetworkConfig config;
+  config.input_shape = {2, 4, 4};
+  config.layers = {Conv(3, 3, 1, 1), Of(Kind::kFlatten), Of(Kind::kGelu), Dropout(0),
+                   Of(Kind::kRelu),  Linear(5),          Linear(3)};
+  config.classes = 3;
+  config.max_batch = 4;
+  config.seed = 14;
+  return PlainSgd(config);
+}
+
 int Features(const NetworkConfig& config) {
   int n = 1;
   for (int d : config.input_shape) n *= d;
@@ -118,6 +132,9 @@ TEST(CpuNetworkTest, StridedConvGeluPaddedPoolFlattenGradients) {
 TEST(CpuNetworkTest, StridedNetPartialBatchGradients) { CheckGradient(StridedNet(), 3, 2); }
 TEST(CpuNetworkTest, PaddedConvReluPoolLinearOnImageGradients) { CheckGradient(PaddedNet(), 4, 3); }
 TEST(CpuNetworkTest, FlatGeluDropoutGradients) { CheckGradient(FlatNet(), 4, 4); }
+TEST(CpuNetworkTest, ElementwiseLayersAfterFlattenGradients) {
+  CheckGradient(FlattenThenElementwiseNet(), 4, 5);
+}
 
 TEST(CpuNetworkTest, ShapesAndParameterNamesFollowPyTorch) {
   absl::StatusOr<std::vector<std::vector<int>>> shapes = NetworkShapes(StridedNet());
