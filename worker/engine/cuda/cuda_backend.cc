@@ -5,6 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/cuda_mlp.h"
+#ifdef STOKER_HAVE_CUDNN
+#include "worker/engine/cuda/cuda_network.h"
+#endif
 
 namespace stoker {
 namespace {
@@ -13,8 +16,23 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const CudaBackendOptions& options) : device_(device), options_(options) {}
   std::string Name() const override { return "cuda"; }
+  // As the cpu backend routes (MlpNeedsNetwork): fp16, AdamW, Nesterov and clipping take the
+  // network, so an MLP's checkpoint holds the same tensors on either backend. A build without
+  // cuDNN keeps the fast path for all (it does fp16 and Nesterov; AdamW and clipping are then
+  // UNIMPLEMENTED).
   absl::StatusOr<std::unique_ptr<Model>> CreateMlp(const MlpConfig& config) override {
+#ifdef STOKER_HAVE_CUDNN
+    if (MlpNeedsNetwork(config)) return CreateCudaNetworkForMlp(config, device_, options_);
+#endif
     return CreateCudaMlp(config, device_, options_);
+  }
+  absl::StatusOr<std::unique_ptr<Model>> CreateNetwork(const NetworkConfig& config) override {
+#ifdef STOKER_HAVE_CUDNN
+    return CreateCudaNetwork(config, device_, options_);
+#else
+    (void)config;
+    return absl::UnimplementedError("the cuda backend was built without cuDNN: no networks");
+#endif
   }
 
  private:

@@ -2,8 +2,11 @@
 // bf16/fp16/fp32 compute, a copy stream that moves each batch to the device while the compute
 // stream waits on an event. Results match the cpu backend (CreateCpuBackend) within rounding:
 // same parameter names and layout, same initialisation, same PyTorch SGD semantics.
+// CreateNetwork builds layered networks with cuDNN (cuda_network.h); a build without cuDNN
+// answers UNIMPLEMENTED there, and its CreateMlp keeps the fast path for every MLP.
 //
-// Everything here links only the CUDA runtime and cuBLAS(Lt); none of it needs a driver to load.
+// Everything here links only the CUDA runtime, cuBLAS(Lt) and cuDNN; none of it needs a driver
+// to load.
 // On a machine without a GPU, CudaDeviceCount() is 0 and CreateCudaBackend fails cleanly.
 #ifndef STOKER_WORKER_ENGINE_CUDA_CUDA_BACKEND_H_
 #define STOKER_WORKER_ENGINE_CUDA_CUDA_BACKEND_H_
