@@ -223,25 +223,24 @@ CpuNetwork::CpuNetwork(const NetworkConfig& config, std::vector<std::vector<int>
 }
 
 memory::desc CpuNetwork::ActivationMd(size_t index, int batch, DataType type) const {
-  // Flatten keeps its input's memory and descriptor, and so do the elementwise layers after it
-  // (ReLU, GELU, Dropout: they need the same descriptor in and out): a Linear reads a
-  // [N, C, H, W] input with [out, C, H, W] weights, which is PyTorch's flattened order.
-  size_t source = index;
-  bool flattened = false;
-  while (source > 0) {
-    const Kind kind = layers_[source - 1].config.kind;
-    if (kind == Kind::kFlatten) {
-      flattened = true;
-    } else if (kind != Kind::kRelu && kind != Kind::kGelu && kind != Kind::kDropout) {
+  // ReLU, GELU, Dropout and Flatten keep their input's memory layout (oneDNN's elementwise
+  // primitives write in their source's layout, and Flatten is an alias), so an activation is laid
+  // out as the nearest one before it that another kind of layer made: NHWC for images a layer
+  // made, the caller's NCHW for the network input. A Linear reads a [N, C, H, W] input with
+  // [out, C, H, W] weights, which is PyTorch's flattened order.
+  size_t origin = index;
+  while (origin > 0) {
+    const Kind kind = layers_[origin - 1].config.kind;
+    if (kind != Kind::kFlatten && kind != Kind::kRelu && kind != Kind::kGelu &&
+        kind != Kind::kDropout) {
       break;
     }
-    --source;
+    --origin;
   }
-  if (!flattened) source = index;
-  const std::vector<int>& shape = shapes_[source];
+  const std::vector<int>& shape = shapes_[origin];
   if (shape.size() == 3) {
     // The input arrives as C, H, W per sample: NHWC only when that is the same memory (C = 1).
-    const Tag tag = source == 0 && shape[0] > 1 ? Tag::nchw : activation_tag_;
+    const Tag tag = origin == 0 && shape[0] > 1 ? Tag::nchw : activation_tag_;
     return memory::desc({batch, shape[0], shape[1], shape[2]}, type, tag);
   }
   return memory::desc({batch, shape[0]}, type, Tag::nc);

@@ -87,6 +87,29 @@ NetworkConfig FlattenThenElementwiseNet() {
   return PlainSgd(config);
 }
 
+// Elementwise layers straight on a multi-channel input (kept in the caller's NCHW order):
+// ReLU, GELU, Dropout(0), conv k3 pad 1, ReLU, Linear off the image, Linear; and a ReLU then a
+// Linear straight off the input.
+NetworkConfig ElementwiseOnInputNet() {
+  NetworkConfig config;
+  config.input_shape = {3, 3, 3};
+  config.layers = {Of(Kind::kRelu), Of(Kind::kGelu), Dropout(0), Conv(2, 3, 1, 1),
+                   Of(Kind::kRelu), Linear(4),       Linear(3)};
+  config.classes = 3;
+  config.max_batch = 4;
+  config.seed = 15;
+  return PlainSgd(config);
+}
+NetworkConfig ReluThenLinearOnInputNet() {
+  NetworkConfig config;
+  config.input_shape = {3, 2, 2};
+  config.layers = {Of(Kind::kRelu), Linear(3)};
+  config.classes = 3;
+  config.max_batch = 4;
+  config.seed = 16;
+  return PlainSgd(config);
+}
+
 int Features(const NetworkConfig& config) {
   int n = 1;
   for (int d : config.input_shape) n *= d;
@@ -134,6 +157,10 @@ TEST(CpuNetworkTest, PaddedConvReluPoolLinearOnImageGradients) { CheckGradient(P
 TEST(CpuNetworkTest, FlatGeluDropoutGradients) { CheckGradient(FlatNet(), 4, 4); }
 TEST(CpuNetworkTest, ElementwiseLayersAfterFlattenGradients) {
   CheckGradient(FlattenThenElementwiseNet(), 4, 5);
+}
+TEST(CpuNetworkTest, ElementwiseLayersOnMultiChannelInputGradients) {
+  CheckGradient(ElementwiseOnInputNet(), 4, 6);
+  CheckGradient(ReluThenLinearOnInputNet(), 4, 7);
 }
 
 TEST(CpuNetworkTest, ShapesAndParameterNamesFollowPyTorch) {

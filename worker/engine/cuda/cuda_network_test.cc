@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -20,6 +21,9 @@
 #include "worker/engine/cpu_train_kernels.h"
 #include "worker/engine/cuda/cuda_backend.h"
 #include "worker/engine/cuda/dropout_hash.h"
+#ifdef STOKER_HAVE_CUDNN
+#include "worker/engine/cuda/cuda_network_internal.h"
+#endif
 
 namespace stoker {
 namespace {
@@ -280,6 +284,45 @@ TEST(DropoutHashTest, MatchesCpuMask) {
   EXPECT_EQ(cuda::DropoutCpuIndex(37, 50, 1), 37u);
 }
 
+#ifdef STOKER_HAVE_CUDNN
+// Which order each Dropout hashes its mask in, as the cpu lays the activation out: NHWC for an
+// image, also after a Flatten (through elementwise layers); the input and flat features as
+// they are.
+TEST(DropoutHashTest, LayoutFollowsCpuActivationLayout) {
+  using cuda::network_internal::DropoutHashLayout;
+  auto layouts = [](const NetworkConfig& config) {
+    absl::StatusOr<std::vector<std::vector<int>>> shapes = NetworkShapes(config);
+    EXPECT_TRUE(shapes.ok()) << shapes.status();
+    std::vector<std::pair<int, int64_t>> result;
+    if (!shapes.ok()) return result;
+    for (size_t i = 0; i < config.layers.size(); ++i) {
+      if (config.layers[i].kind != Kind::kDropout) continue;
+      const cuda::network_internal::DropoutLayout layout = DropoutHashLayout(config, *shapes, i);
+      result.push_back({layout.channels, layout.spatial});
+    }
+    return result;
+  };
+  using Layouts = std::vector<std::pair<int, int64_t>>;
+  // Conv -> GELU -> Dropout on [6, 5, 5]; Linear -> GELU -> Dropout on 24 features.
+  EXPECT_EQ(layouts(GeluDropoutNet(Precision::kFp32)), (Layouts{{6, 25}, {24, 1}}));
+
+  NetworkConfig config;
+  config.input_shape = {2, 6, 6};
+  config.layers = {Conv(4, 3, 1, 0), Of(Kind::kFlatten), Dropout(0.5f),
+                   Of(Kind::kRelu),  Dropout(0.5f),      Linear(3)};
+  config.classes = 3;
+  EXPECT_EQ(layouts(config), (Layouts{{4, 16}, {4, 16}}));
+
+  // Straight off the input, before or after a Flatten: the input's own (NCHW) order.
+  config.input_shape = {3, 4, 4};
+  config.layers = {Dropout(0.5f), Of(Kind::kFlatten), Dropout(0.5f), Linear(3)};
+  EXPECT_EQ(layouts(config), (Layouts{{48, 1}, {48, 1}}));
+  // Behind an elementwise layer on the input: still the input's order.
+  config.layers = {Of(Kind::kRelu), Dropout(0.5f), Linear(3)};
+  EXPECT_EQ(layouts(config), (Layouts{{48, 1}}));
+}
+#endif
+
 class CudaNetworkTest : public ::testing::TestWithParam<Precision> {};
 
 TEST_P(CudaNetworkTest, InitialParametersAndStateEqualCpu) {
@@ -328,6 +371,16 @@ TEST_P(CudaNetworkTest, GeluAndDropoutStepsTrackCpu) {
   SKIP_WITHOUT_DEVICE();
   SKIP_WITHOUT_CUDNN();
   ExpectTrainingTracksCpu(GeluDropoutNet(GetParam()), 5, 0.05);
+}
+
+// A Dropout after Flatten draws the cpu's mask (the cpu hashes the image's NHWC positions there).
+TEST(CudaNetworkDropoutTest, DropoutAfterFlattenTracksCpu) {
+  SKIP_WITHOUT_DEVICE();
+  SKIP_WITHOUT_CUDNN();
+  NetworkConfig config = AdamWClipNet(Precision::kFp32);
+  config.layers = {Conv(5, 3, 1, 0), Of(Kind::kRelu), Of(Kind::kFlatten), Dropout(0.5f), Linear(4)};
+  config.optimizer = OptimizerConfig{};
+  ExpectTrainingTracksCpu(config, 3, 0.05);
 }
 
 TEST_P(CudaNetworkTest, AdamWWithDecayAndClippingTracksCpu) {

@@ -3,8 +3,10 @@
 // activation is kept when the top 32 bits of Mix(key + i) are >= rate * 2^32, with
 // key = Mix(seed ^ Mix(stream)) and stream = train_steps * 4096 + layer index).
 //
-// The index i is the cpu's memory order: [N, features] for flat activations and NHWC for
-// [C, H, W] ones (the cpu network keeps images NHWC); DropoutCpuIndex maps an NCHW index to it.
+// The index i is the cpu's memory order: NHWC for [C, H, W] activations (the cpu network keeps
+// images NHWC, also through a Flatten and the elementwise layers after it), NCHW for the network's
+// input, [N, features] otherwise; DropoutCpuIndex maps an NCHW index to it, with the arguments
+// that DropoutHashLayout (cuda_network_internal.h) chooses per layer.
 #ifndef STOKER_WORKER_ENGINE_CUDA_DROPOUT_HASH_H_
 #define STOKER_WORKER_ENGINE_CUDA_DROPOUT_HASH_H_
 

@@ -84,7 +84,9 @@ struct OptimizerTensor {
 // Device scalars of gradient clipping.
 struct ClipState {
   double sum_of_squares;  // of the unscaled gradients
-  float coefficient;      // min(1, max_norm / (norm + 1e-6)); 1 when the norm is not finite
+  // min(1, max_norm / (norm + 1e-6)), as the cpu computes it: 0 for an infinite norm, 1 for a
+  // NaN one (a skipped fp16 step uses neither).
+  float coefficient;
 };
 
 // clip->sum_of_squares += sum over every tensor of (grad / state->loss_scale)^2, in double.

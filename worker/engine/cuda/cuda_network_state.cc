@@ -1,0 +1,153 @@
+// The cuda network's parameters and optimizer state to and from the host, named and ordered as
+// the cpu network's (checkpoints move between the two backends).
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/cuda/cuda_check.h"
+#include "worker/engine/cuda/cuda_network_internal.h"
+#include "worker/engine/tensor_match.h"
+
+namespace stoker::cuda::network_internal {
+
+std::vector<CudaNetwork::TensorRef> CudaNetwork::ParameterRefs() const {
+  std::vector<TensorRef> refs;
+  for (const Param& param : params_) {
+    refs.push_back(
+        {param.name, param.shape, param.value.as<float>(), static_cast<size_t>(param.size)});
+  }
+  return refs;
+}
+
+std::vector<std::pair<std::string, std::vector<float>>> CudaNetwork::ScalarState() const {
+  // Counters are exact in float up to 2^24, as on the cpu.
+  std::vector<std::pair<std::string, std::vector<float>>> scalars = {
+      {"optimizer.step", {static_cast<float>(optimizer_steps_)}},
+      {"train_step", {static_cast<float>(train_steps_)}}};
+  if (loss_scaling_) {
+    scalars.push_back(
+        {"loss_scale", {host_state_->loss_scale, static_cast<float>(host_state_->growth_tracker)}});
+  }
+  return scalars;
+}
+
+std::vector<CudaNetwork::TensorRef> CudaNetwork::StateRefs() const {
+  std::vector<TensorRef> refs;
+  for (const Param& param : params_) {
+    const size_t size = static_cast<size_t>(param.size);
+    if (adamw()) {
+      refs.push_back({param.name + ".exp_avg", param.shape, param.state1.as<float>(), size});
+      refs.push_back({param.name + ".exp_avg_sq", param.shape, param.state2.as<float>(), size});
+    } else {
+      refs.push_back({param.name + ".momentum", param.shape, param.state1.as<float>(), size});
+    }
+  }
+  for (const auto& [name, values] : ScalarState()) {
+    refs.push_back({name, {static_cast<int64_t>(values.size())}, nullptr, values.size()});
+  }
+  return refs;
+}
+
+absl::StatusOr<std::vector<NamedTensor>> CudaNetwork::Download(
+    const std::vector<TensorRef>& refs) const {
+  STOKER_RETURN_IF_ERROR(context_->Activate());
+  const cudaStream_t stream = context_->compute_stream();
+  std::vector<NamedTensor> copies;
+  copies.reserve(refs.size());
+  for (const TensorRef& ref : refs) {
+    copies.push_back({ref.name, ref.shape, std::vector<float>(ref.size)});
+    if (ref.data == nullptr) continue;
+    STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copies.back().values.data(), ref.data,
+                                                ref.size * sizeof(float), cudaMemcpyDeviceToHost,
+                                                stream));
+  }
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return copies;
+}
+
+absl::Status CudaNetwork::Upload(const std::vector<TensorRef>& refs,
+                                 const std::vector<NamedTensor>& values) {
+  STOKER_RETURN_IF_ERROR(context_->Activate());
+  const cudaStream_t stream = context_->compute_stream();
+  for (size_t i = 0; i < refs.size(); ++i) {
+    if (refs[i].data == nullptr) continue;
+    STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(refs[i].data, values[i].values.data(),
+                                                refs[i].size * sizeof(float),
+                                                cudaMemcpyHostToDevice, stream));
+  }
+  // The host vectors must outlive the copies (pageable copies may return before the DMA ends).
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+std::vector<NamedTensor> CudaNetwork::Parameters() const {
+  absl::StatusOr<std::vector<NamedTensor>> copies = Download(ParameterRefs());
+  return copies.ok() ? *std::move(copies) : std::vector<NamedTensor>{};
+}
+
+absl::Status CudaNetwork::SetParameters(const std::vector<NamedTensor>& parameters) {
+  const std::vector<TensorRef> refs = ParameterRefs();
+  if (absl::Status s = CheckTensorsMatch(refs, parameters); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(Upload(refs, parameters));
+  return RefreshLowWeights();
+}
+
+absl::Status CudaNetwork::RefreshLowWeights() {
+  if (type_ == DType::kF32) return absl::OkStatus();
+  const cudaStream_t stream = context_->compute_stream();
+  for (const Param& param : params_) {
+    if (param.low.get() == nullptr) continue;
+    STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchConvertFromF32(param.value.as<float>(), param.size,
+                                                           type_, param.low.get(), stream));
+  }
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+std::vector<NamedTensor> CudaNetwork::OptimizerState() const {
+  const std::vector<TensorRef> refs = StateRefs();
+  absl::StatusOr<std::vector<NamedTensor>> copies = Download(refs);
+  if (!copies.ok()) return {};
+  const auto scalars = ScalarState();
+  const size_t first_scalar = refs.size() - scalars.size();
+  for (size_t i = 0; i < scalars.size(); ++i)
+    (*copies)[first_scalar + i].values = scalars[i].second;
+  return *std::move(copies);
+}
+
+absl::Status CudaNetwork::SetOptimizerState(const std::vector<NamedTensor>& state) {
+  const std::vector<TensorRef> refs = StateRefs();
+  if (absl::Status s = CheckTensorsMatch(refs, state); !s.ok()) return s;
+  const size_t first_scalar = refs.size() - ScalarState().size();
+  for (size_t i = first_scalar; i < state.size(); ++i) {
+    const std::vector<float>& v = state[i].values;
+    const bool is_scale = state[i].name == "loss_scale";
+    const bool ok = is_scale
+                        ? std::isfinite(v[0]) && v[0] > 0 && v[1] >= 0 && v[1] == std::floor(v[1])
+                        : std::isfinite(v[0]) && v[0] >= 0 && v[0] == std::floor(v[0]);
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer state '", state[i].name, "' holds ", v[0],
+          is_scale ? "; expected a finite scale > 0 and a count" : "; expected a count"));
+    }
+  }
+  STOKER_RETURN_IF_ERROR(Upload(refs, state));
+  optimizer_steps_ = static_cast<int64_t>(state[first_scalar].values[0]);
+  train_steps_ = static_cast<int64_t>(state[first_scalar + 1].values[0]);
+  if (loss_scaling_) {
+    host_state_->loss_scale = state[first_scalar + 2].values[0];
+    host_state_->growth_tracker = static_cast<int>(state[first_scalar + 2].values[1]);
+    // Only the persistent fields; the per-step ones are reset by every step anyway.
+    const size_t offset = offsetof(cuda::StepState, loss_scale);
+    STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        state_.as<char>() + offset, reinterpret_cast<const char*>(host_state_) + offset,
+        sizeof(cuda::StepState) - offset, cudaMemcpyHostToDevice, context_->compute_stream()));
+    STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(context_->compute_stream()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace stoker::cuda::network_internal
