@@ -8,70 +8,25 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
-#include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "worker/engine/backend.h"
 #include "worker/engine/cuda/cuda_backend.h"
+#include "worker/engine/cuda/cuda_test_util.h"
 
 namespace stoker {
 namespace {
 
-#define SKIP_WITHOUT_DEVICE() \
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device"
-
-struct Batch {
-  std::vector<uint8_t> samples;
-  std::vector<float> features;
-  std::vector<uint8_t> labels;
-  int count = 0;
-  BatchView View() const {
-    BatchView view{samples.empty() ? nullptr : samples.data(), labels.data(), count};
-    if (!features.empty()) view.features = features.data();
-    return view;
-  }
-};
-
-// Uniformly random pixels and labels from `seed`; with `float_features`, float features in
-// [-2, 2) instead of pixels.
-Batch RandomBatch(int count, int features, int classes, uint64_t seed,
-                  bool float_features = false) {
-  std::mt19937_64 rng(seed);
-  Batch batch;
-  batch.count = count;
-  const size_t n = static_cast<size_t>(count) * features;
-  if (float_features) {
-    batch.features.resize(n);
-    for (float& f : batch.features) f = static_cast<float>((rng() >> 11) * 0x1.0p-53 * 4 - 2);
-  } else {
-    batch.samples.resize(n);
-    for (uint8_t& p : batch.samples) p = static_cast<uint8_t>(rng() >> 56);
-  }
-  batch.labels.resize(count);
-  for (uint8_t& l : batch.labels) l = static_cast<uint8_t>(rng() % classes);
-  return batch;
-}
-
-std::unique_ptr<Model> CpuModel(const MlpConfig& config) {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  absl::StatusOr<std::unique_ptr<Model>> model = (*backend)->CreateMlp(config);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? *std::move(model) : nullptr;
-}
-
-std::unique_ptr<Model> CudaModel(const MlpConfig& config, const CudaBackendOptions& options = {}) {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(0, options);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  if (!backend.ok()) return nullptr;
-  EXPECT_EQ((*backend)->Name(), "cuda");
-  absl::StatusOr<std::unique_ptr<Model>> model = (*backend)->CreateMlp(config);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? *std::move(model) : nullptr;
-}
+using cuda_testing::Batch;
+using cuda_testing::CpuMlp;
+using cuda_testing::CudaMlp;
+using cuda_testing::Delta;
+using cuda_testing::ExpectTensorsNear;
+using cuda_testing::RandomBatch;
 
 MlpConfig TestConfig(Precision precision) {
   MlpConfig config;
@@ -85,43 +40,6 @@ MlpConfig TestConfig(Precision precision) {
   config.optimizer.momentum = 0.9;
   config.optimizer.weight_decay = 1e-3;
   return config;
-}
-
-// ||a - b|| / ||b||, the L2 relative error (||b|| floored to avoid 0/0 for all-zero tensors).
-double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-12);
-}
-
-// Same names and shapes, and values within `tolerance` (L2 relative, per tensor).
-void ExpectTensorsNear(const std::vector<NamedTensor>& actual,
-                       const std::vector<NamedTensor>& expected, double tolerance,
-                       const std::string& what) {
-  ASSERT_EQ(actual.size(), expected.size()) << what;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    EXPECT_EQ(actual[i].name, expected[i].name) << what;
-    EXPECT_EQ(actual[i].shape, expected[i].shape) << what << " " << expected[i].name;
-    ASSERT_EQ(actual[i].values.size(), expected[i].values.size()) << what;
-    EXPECT_LE(RelativeError(actual[i].values, expected[i].values), tolerance)
-        << what << " " << expected[i].name;
-  }
-}
-
-// Parameter updates (after - before): comparing them, not the weights, keeps the small step from
-// hiding a wrong gradient under the weights' own size.
-std::vector<NamedTensor> Delta(const std::vector<NamedTensor>& after,
-                               const std::vector<NamedTensor>& before) {
-  std::vector<NamedTensor> delta = after;
-  for (size_t i = 0; i < delta.size() && i < before.size(); ++i) {
-    for (size_t j = 0; j < delta[i].values.size(); ++j) {
-      delta[i].values[j] -= before[i].values[j];
-    }
-  }
-  return delta;
 }
 
 TEST(CudaBackendNoDeviceTest, FailsCleanlyWithoutDevice) {
@@ -153,8 +71,8 @@ class CudaConformanceTest : public ::testing::TestWithParam<std::tuple<Precision
 TEST_P(CudaConformanceTest, InitialParametersMatchCpu) {
   SKIP_WITHOUT_DEVICE();
   const MlpConfig config = TestConfig(precision());
-  std::unique_ptr<Model> cpu = CpuModel(config);
-  std::unique_ptr<Model> gpu = CudaModel(config, options());
+  std::unique_ptr<Model> cpu = CpuMlp(config);
+  std::unique_ptr<Model> gpu = CudaMlp(config, options());
   ASSERT_TRUE(cpu && gpu);
   ExpectTensorsNear(gpu->Parameters(), cpu->Parameters(), 0.0, "initial parameters");
   ExpectTensorsNear(gpu->OptimizerState(), cpu->OptimizerState(), 0.0, "initial momentum");
@@ -163,8 +81,8 @@ TEST_P(CudaConformanceTest, InitialParametersMatchCpu) {
 TEST_P(CudaConformanceTest, EvaluateMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   const MlpConfig config = TestConfig(precision());
-  std::unique_ptr<Model> cpu = CpuModel(config);
-  std::unique_ptr<Model> gpu = CudaModel(config, options());
+  std::unique_ptr<Model> cpu = CpuMlp(config);
+  std::unique_ptr<Model> gpu = CudaMlp(config, options());
   ASSERT_TRUE(cpu && gpu);
   for (const bool float_features : {false, true}) {
     for (const int count : {64, 37}) {
@@ -186,8 +104,8 @@ TEST_P(CudaConformanceTest, EvaluateMatchesCpu) {
 TEST_P(CudaConformanceTest, TwoStepsMatchCpuParametersAndMomentum) {
   SKIP_WITHOUT_DEVICE();
   const MlpConfig config = TestConfig(precision());
-  std::unique_ptr<Model> cpu = CpuModel(config);
-  std::unique_ptr<Model> gpu = CudaModel(config, options());
+  std::unique_ptr<Model> cpu = CpuMlp(config);
+  std::unique_ptr<Model> gpu = CudaMlp(config, options());
   ASSERT_TRUE(cpu && gpu);
   const std::vector<NamedTensor> initial = cpu->Parameters();
   // A full batch, then a partial one (a second GEMM plan) with float features.
@@ -215,8 +133,8 @@ TEST_P(CudaConformanceTest, TwentyStepsOfTrainingTrackCpu) {
   config.input_features = 784;
   config.hidden = {256, 128};
   config.max_batch = 128;
-  std::unique_ptr<Model> cpu = CpuModel(config);
-  std::unique_ptr<Model> gpu = CudaModel(config, options());
+  std::unique_ptr<Model> cpu = CpuMlp(config);
+  std::unique_ptr<Model> gpu = CudaMlp(config, options());
   ASSERT_TRUE(cpu && gpu);
   // A learnable problem, so the loss moves: the label is a function of the sample.
   std::vector<Batch> batches;
@@ -249,8 +167,8 @@ TEST_P(CudaConformanceTest, TwentyStepsOfTrainingTrackCpu) {
 TEST_P(CudaConformanceTest, ResumeFromParametersAndOptimizerState) {
   SKIP_WITHOUT_DEVICE();
   const MlpConfig config = TestConfig(precision());
-  std::unique_ptr<Model> first = CudaModel(config, options());
-  std::unique_ptr<Model> second = CudaModel(config, options());
+  std::unique_ptr<Model> first = CudaMlp(config, options());
+  std::unique_ptr<Model> second = CudaMlp(config, options());
   ASSERT_TRUE(first && second);
   const Batch batch = RandomBatch(64, config.input_features, config.classes, 3);
   ASSERT_TRUE(first->TrainStep(batch.View(), 0.05).ok());
@@ -266,7 +184,7 @@ TEST_P(CudaConformanceTest, ResumeFromParametersAndOptimizerState) {
 TEST_P(CudaConformanceTest, RejectsBadInput) {
   SKIP_WITHOUT_DEVICE();
   const MlpConfig config = TestConfig(precision());
-  std::unique_ptr<Model> gpu = CudaModel(config, options());
+  std::unique_ptr<Model> gpu = CudaMlp(config, options());
   ASSERT_TRUE(gpu);
   Batch batch = RandomBatch(8, config.input_features, config.classes, 5);
   batch.labels[3] = 10;
@@ -297,8 +215,8 @@ TEST(CudaGraphTest, GraphStepsEqualKernelByKernelSteps) {
     const MlpConfig config = TestConfig(precision);
     CudaBackendOptions eager_options;
     eager_options.cuda_graphs = false;
-    std::unique_ptr<Model> graphed = CudaModel(config);
-    std::unique_ptr<Model> eager = CudaModel(config, eager_options);
+    std::unique_ptr<Model> graphed = CudaMlp(config);
+    std::unique_ptr<Model> eager = CudaMlp(config, eager_options);
     ASSERT_TRUE(graphed && eager);
     for (int step = 0; step < 12; ++step) {
       const int count = step % 3 == 2 ? 29 : 64;
@@ -333,8 +251,8 @@ TEST(CudaConformanceOddShapesTest, Fp32StepMatchesCpu) {
   config.classes = 3;
   config.max_batch = 8;
   config.seed = 42;
-  std::unique_ptr<Model> cpu = CpuModel(config);
-  std::unique_ptr<Model> gpu = CudaModel(config);
+  std::unique_ptr<Model> cpu = CpuMlp(config);
+  std::unique_ptr<Model> gpu = CudaMlp(config);
   ASSERT_TRUE(cpu && gpu);
   const Batch batch = RandomBatch(5, 6, 3, 101);
   absl::StatusOr<StepResult> expected = cpu->TrainStep(batch.View(), 0.1);
@@ -362,9 +280,9 @@ std::vector<NamedTensor> MomentumOnly(const std::vector<NamedTensor>& state) {
 TEST(CudaFp16Test, StepCloseToCpuFp32) {
   SKIP_WITHOUT_DEVICE();
   MlpConfig config = TestConfig(Precision::kFp32);
-  std::unique_ptr<Model> cpu = CpuModel(config);
+  std::unique_ptr<Model> cpu = CpuMlp(config);
   config.precision = Precision::kFp16;
-  std::unique_ptr<Model> gpu = CudaModel(config);
+  std::unique_ptr<Model> gpu = CudaMlp(config);
   ASSERT_TRUE(cpu && gpu);
   const Batch batch = RandomBatch(64, config.input_features, config.classes, 21);
   absl::StatusOr<StepResult> expected = cpu->TrainStep(batch.View(), 0.05);
@@ -384,7 +302,7 @@ TEST(CudaFp16Test, StepCloseToCpuFp32) {
 TEST(CudaFp16Test, OverflowSkipsStepAndHalvesScale) {
   SKIP_WITHOUT_DEVICE();
   MlpConfig config = TestConfig(Precision::kFp16);
-  std::unique_ptr<Model> gpu = CudaModel(config);
+  std::unique_ptr<Model> gpu = CudaMlp(config);
   ASSERT_TRUE(gpu);
   const std::vector<NamedTensor> parameters = gpu->Parameters();
   const std::vector<NamedTensor> momentum = gpu->OptimizerState();
@@ -410,7 +328,7 @@ TEST(CudaFp16Test, OverflowSkipsStepAndHalvesScale) {
 
 TEST(CudaFp16Test, InjectedInfGradientSkipsStepAndHalvesScale) {
   SKIP_WITHOUT_DEVICE();
-  std::unique_ptr<Model> gpu = CudaModel(TestConfig(Precision::kFp16));
+  std::unique_ptr<Model> gpu = CudaMlp(TestConfig(Precision::kFp16));
   ASSERT_TRUE(gpu);
   const Batch batch = RandomBatch(64, 40, 10, 33);
   ASSERT_TRUE(gpu->TrainStep(batch.View(), 0.05).ok());
@@ -434,7 +352,7 @@ TEST(CudaFp16Test, ScaleGrowsAfterIntervalOfCleanSteps) {
   MlpConfig config = TestConfig(Precision::kFp16);
   config.loss_scale.growth_interval = 3;
   config.loss_scale.initial = 1024.0f;
-  std::unique_ptr<Model> gpu = CudaModel(config);
+  std::unique_ptr<Model> gpu = CudaMlp(config);
   ASSERT_TRUE(gpu);
   const float expected_scales[7] = {1024, 1024, 2048, 2048, 2048, 4096, 4096};
   for (int step = 0; step < 7; ++step) {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -69,5 +70,15 @@ class DeviceContext {
 };
 
 }  // namespace stoker::cuda
+
+// Allocates `bytes` of device memory into the DeviceBuffer `target`, or returns the allocation's
+// error from the enclosing function (absl::Status or StatusOr).
+#define STOKER_ASSIGN_BUFFER(target, bytes)                       \
+  do {                                                            \
+    absl::StatusOr<::stoker::cuda::DeviceBuffer> stoker_buffer_ = \
+        ::stoker::cuda::DeviceBuffer::Allocate(bytes);            \
+    if (!stoker_buffer_.ok()) return stoker_buffer_.status();     \
+    (target) = *std::move(stoker_buffer_);                        \
+  } while (0)
 
 #endif  // STOKER_WORKER_ENGINE_CUDA_CUDA_CONTEXT_H_

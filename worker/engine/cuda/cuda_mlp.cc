@@ -11,19 +11,22 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/cuda/batch_staging.h"
+#include "worker/engine/cuda/compute_type.h"
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/cuda_context.h"
 #include "worker/engine/cuda/cuda_graph.h"
 #include "worker/engine/cuda/lt_gemm.h"
 #include "worker/engine/cuda/mlp_kernels.h"
+#include "worker/engine/cuda/tensor_transfer.h"
 #include "worker/engine/plan_cache.h"
-#include "worker/engine/tensor_match.h"
 
 namespace stoker {
 namespace {
 
 using cuda::DeviceBuffer;
 using cuda::DeviceContext;
+using cuda::DeviceTensorRef;
 using cuda::DType;
 using cuda::GemmEpilogue;
 using cuda::GemmEpilogueArgs;
@@ -32,25 +35,6 @@ using cuda::LtGemm;
 
 // Plans kept besides the full-batch one; a new batch size beyond this evicts the oldest.
 constexpr size_t kMaxPartialPlans = 3;
-
-#define STOKER_ASSIGN_BUFFER(target, bytes)                                      \
-  do {                                                                           \
-    absl::StatusOr<DeviceBuffer> stoker_buffer_ = DeviceBuffer::Allocate(bytes); \
-    if (!stoker_buffer_.ok()) return stoker_buffer_.status();                    \
-    (target) = *std::move(stoker_buffer_);                                       \
-  } while (0)
-
-DType ComputeType(Precision precision) {
-  switch (precision) {
-    case Precision::kFp32:
-      return DType::kF32;
-    case Precision::kBf16:
-      return DType::kBf16;
-    case Precision::kFp16:
-      return DType::kF16;
-  }
-  return DType::kF32;
-}
 
 struct Layer {
   int in = 0;
@@ -93,7 +77,7 @@ class CudaMlp final : public Model {
   CudaMlp(const MlpConfig& config, const CudaBackendOptions& options)
       : config_(config),
         options_(options),
-        type_(ComputeType(config.precision)),
+        type_(cuda::ComputeType(config.precision)),
         loss_scaling_(config.precision == Precision::kFp16) {}
   ~CudaMlp() override;
 
@@ -111,16 +95,7 @@ class CudaMlp final : public Model {
   }
 
  private:
-  struct TensorRef {
-    std::string name;
-    std::vector<int64_t> shape;
-    float* data;
-    size_t size;
-  };
-  std::vector<TensorRef> Tensors(bool optimizer_state) const;
-  absl::StatusOr<std::vector<NamedTensor>> Download(const std::vector<TensorRef>& tensors) const;
-  absl::Status Upload(const std::vector<TensorRef>& tensors,
-                      const std::vector<NamedTensor>& values);
+  std::vector<DeviceTensorRef> Tensors(bool optimizer_state) const;
 
   absl::StatusOr<std::unique_ptr<Plan>> BuildPlan(int batch);
   absl::StatusOr<Plan*> PlanFor(int batch);
@@ -132,14 +107,11 @@ class CudaMlp final : public Model {
                                                               bool* fused) const;
   absl::Status RunGemm(const LtGemm& gemm, const void* a, const void* b, void* d) const;
 
-  // Enqueues the batch copy on the copy stream and makes the compute stream wait for it; returns
-  // the staging slot it went to.
-  absl::StatusOr<int> StageBatch(const BatchView& batch);
   // Enqueues the normalisation of staging slot `slot` (rows samples) into input_.
-  absl::Status NormalizeStaged(int slot, int rows, bool features);
-  // Everything TrainStep does on the compute stream after StageBatch: reset the step state, load
-  // the learning rate (from host_rate_), normalise, forward, loss, backward, [fp16: finite
-  // check], SGD, [fp16: loss-scale update], and the copy of the step state to host_state_.
+  absl::Status NormalizeStaged(int slot, int rows, bool features) const;
+  // Everything TrainStep does on the compute stream after BatchStaging::Stage: reset the step
+  // state, load the learning rate (from host_rate_), normalise, forward, loss, backward, [fp16:
+  // finite check], SGD, [fp16: loss-scale update], and the copy of the step state to host_state_.
   // Enqueues only, so it can be captured in a CUDA graph.
   absl::Status EnqueueTrainStep(const Plan& plan, int rows, int slot, bool features);
   absl::Status Forward(const Plan& plan, int rows);
@@ -161,11 +133,7 @@ class CudaMlp final : public Model {
   DeviceBuffer input_;  // [max_batch, input_features], compute type
   std::vector<Layer> layers_;
   // Double-buffered staging: samples (uint8, or float features) and labels as they came.
-  DeviceBuffer staging_[2];
-  DeviceBuffer staging_labels_[2];
-  cudaEvent_t copy_done_[2] = {nullptr, nullptr};     // recorded on the copy stream
-  cudaEvent_t staging_free_[2] = {nullptr, nullptr};  // recorded on the compute stream
-  int next_slot_ = 0;
+  cuda::BatchStaging staging_;
   DeviceBuffer state_;                     // cuda::StepState
   cuda::StepState* host_state_ = nullptr;  // pinned
   float* host_rate_ = nullptr;             // pinned: the next step's learning rate
@@ -180,10 +148,6 @@ CudaMlp::~CudaMlp() {
   cudaSetDevice(context_->device());
   cudaStreamSynchronize(context_->copy_stream());
   cudaStreamSynchronize(context_->compute_stream());
-  for (int slot = 0; slot < 2; ++slot) {
-    if (copy_done_[slot] != nullptr) cudaEventDestroy(copy_done_[slot]);
-    if (staging_free_[slot] != nullptr) cudaEventDestroy(staging_free_[slot]);
-  }
   if (host_state_ != nullptr) cudaFreeHost(host_state_);
   if (host_rate_ != nullptr) cudaFreeHost(host_rate_);
 }
@@ -197,15 +161,11 @@ absl::Status CudaMlp::Init(int device) {
   const size_t max_batch = config_.max_batch;
   const size_t compute_bytes = cuda::DTypeBytes(type_);
   STOKER_ASSIGN_BUFFER(input_, max_batch * config_.input_features * compute_bytes);
-  for (int slot = 0; slot < 2; ++slot) {
-    // Room for float features, the larger of the two input forms.
-    STOKER_ASSIGN_BUFFER(staging_[slot], max_batch * config_.input_features * sizeof(float));
-    STOKER_ASSIGN_BUFFER(staging_labels_[slot], max_batch);
-    STOKER_CUDA_RETURN_IF_ERROR(
-        cudaEventCreateWithFlags(&copy_done_[slot], cudaEventDisableTiming));
-    STOKER_CUDA_RETURN_IF_ERROR(
-        cudaEventCreateWithFlags(&staging_free_[slot], cudaEventDisableTiming));
-  }
+  STOKER_RETURN_IF_ERROR(
+      staging_.Init(config_.max_batch, {.values_per_sample = config_.input_features,
+                                        .scale = config_.input_scale,
+                                        .shift = config_.input_shift,
+                                        .type = type_}));
 
   std::vector<int> widths = config_.hidden;
   widths.push_back(config_.classes);
@@ -373,39 +333,8 @@ absl::Status CudaMlp::RunGemm(const LtGemm& gemm, const void* a, const void* b, 
                   context_->compute_stream());
 }
 
-absl::StatusOr<int> CudaMlp::StageBatch(const BatchView& batch) {
-  const int slot = next_slot_;
-  next_slot_ ^= 1;
-  const cudaStream_t copy = context_->copy_stream();
-  const cudaStream_t compute = context_->compute_stream();
-  const int64_t n = static_cast<int64_t>(batch.count) * config_.input_features;
-  const bool features = batch.features != nullptr;
-  const void* source = features ? static_cast<const void*>(batch.features) : batch.samples;
-  const size_t bytes = n * (features ? sizeof(float) : sizeof(uint8_t));
-
-  // The compute stream must be done reading this slot (two steps ago) before it is overwritten.
-  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, staging_free_[slot], 0));
-  STOKER_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(staging_[slot].get(), source, bytes, cudaMemcpyHostToDevice, copy));
-  STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_labels_[slot].get(), batch.labels,
-                                              batch.count, cudaMemcpyHostToDevice, copy));
-  STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_done_[slot], copy));
-  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, copy_done_[slot], 0));
-  return slot;
-}
-
-absl::Status CudaMlp::NormalizeStaged(int slot, int rows, bool features) {
-  const cudaStream_t compute = context_->compute_stream();
-  const int64_t n = static_cast<int64_t>(rows) * config_.input_features;
-  if (features) {
-    STOKER_CUDA_RETURN_IF_ERROR(
-        cuda::LaunchConvertFloat(staging_[slot].as<float>(), n, type_, input_.get(), compute));
-  } else {
-    STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchNormalizeInput(staging_[slot].as<uint8_t>(), n,
-                                                           config_.input_scale, config_.input_shift,
-                                                           type_, input_.get(), compute));
-  }
-  return absl::OkStatus();
+absl::Status CudaMlp::NormalizeStaged(int slot, int rows, bool features) const {
+  return staging_.Normalize(slot, rows, features, input_.get(), context_->compute_stream());
 }
 
 absl::Status CudaMlp::Forward(const Plan& plan, int rows) {
@@ -469,9 +398,9 @@ absl::Status CudaMlp::EnqueueTrainStep(const Plan& plan, int rows, int slot, boo
   STOKER_RETURN_IF_ERROR(NormalizeStaged(slot, rows, features));
   STOKER_RETURN_IF_ERROR(Forward(plan, rows));
   Layer& last = layers_.back();
-  STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchSoftmaxCrossEntropy(
-      last.output.as<float>(), staging_labels_[slot].as<uint8_t>(), rows, last.out, type_,
-      last.output_grad.get(), state, stream));
+  STOKER_CUDA_RETURN_IF_ERROR(
+      cuda::LaunchSoftmaxCrossEntropy(last.output.as<float>(), staging_.labels(slot), rows,
+                                      last.out, type_, last.output_grad.get(), state, stream));
   STOKER_RETURN_IF_ERROR(Backward(plan, rows));
   if (injected_gradient_.has_value()) {  // never captured: TrainStep runs such a step eagerly
     STOKER_CUDA_RETURN_IF_ERROR(
@@ -501,7 +430,8 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
   const bool features = batch.features != nullptr;
   const cudaStream_t stream = context_->compute_stream();
 
-  absl::StatusOr<int> slot = StageBatch(batch);
+  absl::StatusOr<int> slot =
+      staging_.Stage(batch, context_->copy_stream(), context_->compute_stream());
   if (!slot.ok()) return slot.status();
   // The previous step has finished (its end synchronised), so nothing reads host_rate_ now.
   *host_rate_ = static_cast<float>(learning_rate);
@@ -528,7 +458,7 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
   if (!enqueued) STOKER_RETURN_IF_ERROR(EnqueueTrainStep(**plan, rows, *slot, features));
   injected_gradient_.reset();
   // Nothing reads the staging slot after this step; the copy stream may refill it.
-  STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free_[*slot], stream));
+  STOKER_RETURN_IF_ERROR(staging_.Release(*slot, stream));
   STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
 
   StepResult result;
@@ -546,15 +476,16 @@ absl::StatusOr<EvalResult> CudaMlp::Evaluate(const BatchView& batch) {
   const cudaStream_t stream = context_->compute_stream();
   auto* state = state_.as<cuda::StepState>();
   STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(state, 0, cuda::kStepStateResetBytes, stream));
-  absl::StatusOr<int> slot = StageBatch(batch);
+  absl::StatusOr<int> slot =
+      staging_.Stage(batch, context_->copy_stream(), context_->compute_stream());
   if (!slot.ok()) return slot.status();
   STOKER_RETURN_IF_ERROR(NormalizeStaged(*slot, batch.count, batch.features != nullptr));
   STOKER_RETURN_IF_ERROR(Forward(**plan, batch.count));
   const Layer& last = layers_.back();
   STOKER_CUDA_RETURN_IF_ERROR(
-      cuda::LaunchSoftmaxCrossEntropy(last.output.as<float>(), staging_labels_[*slot].as<uint8_t>(),
-                                      batch.count, last.out, type_, nullptr, state, stream));
-  STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free_[*slot], stream));
+      cuda::LaunchSoftmaxCrossEntropy(last.output.as<float>(), staging_.labels(*slot), batch.count,
+                                      last.out, type_, nullptr, state, stream));
+  STOKER_RETURN_IF_ERROR(staging_.Release(*slot, stream));
   STOKER_RETURN_IF_ERROR(FinishStep());
   EvalResult result;
   result.loss_sum = host_state_->loss_sum;
@@ -563,8 +494,8 @@ absl::StatusOr<EvalResult> CudaMlp::Evaluate(const BatchView& batch) {
   return result;
 }
 
-std::vector<CudaMlp::TensorRef> CudaMlp::Tensors(bool optimizer_state) const {
-  std::vector<TensorRef> tensors;
+std::vector<DeviceTensorRef> CudaMlp::Tensors(bool optimizer_state) const {
+  std::vector<DeviceTensorRef> tensors;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     const std::string suffix = optimizer_state ? ".momentum" : "";
@@ -582,51 +513,21 @@ std::vector<CudaMlp::TensorRef> CudaMlp::Tensors(bool optimizer_state) const {
   return tensors;
 }
 
-absl::StatusOr<std::vector<NamedTensor>> CudaMlp::Download(
-    const std::vector<TensorRef>& tensors) const {
-  STOKER_RETURN_IF_ERROR(context_->Activate());
-  const cudaStream_t stream = context_->compute_stream();
-  std::vector<NamedTensor> copies;
-  copies.reserve(tensors.size());
-  for (const TensorRef& tensor : tensors) {
-    copies.push_back({tensor.name, tensor.shape, std::vector<float>(tensor.size)});
-    STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copies.back().values.data(), tensor.data,
-                                                tensor.size * sizeof(float), cudaMemcpyDeviceToHost,
-                                                stream));
-  }
-  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  return copies;
-}
-
-absl::Status CudaMlp::Upload(const std::vector<TensorRef>& tensors,
-                             const std::vector<NamedTensor>& values) {
-  if (absl::Status s = CheckTensorsMatch(tensors, values); !s.ok()) return s;
-  STOKER_RETURN_IF_ERROR(context_->Activate());
-  const cudaStream_t stream = context_->compute_stream();
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tensors[i].data, values[i].values.data(),
-                                                tensors[i].size * sizeof(float),
-                                                cudaMemcpyHostToDevice, stream));
-  }
-  // The host vectors must outlive the copies (pageable copies may return before the DMA ends).
-  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  return absl::OkStatus();
-}
-
 std::vector<NamedTensor> CudaMlp::Parameters() const {
-  absl::StatusOr<std::vector<NamedTensor>> copies = Download(Tensors(false));
+  absl::StatusOr<std::vector<NamedTensor>> copies =
+      cuda::DownloadTensors(*context_, Tensors(false));
   return copies.ok() ? *std::move(copies) : std::vector<NamedTensor>{};
 }
 
 absl::Status CudaMlp::SetParameters(const std::vector<NamedTensor>& parameters) {
-  STOKER_RETURN_IF_ERROR(Upload(Tensors(false), parameters));
+  STOKER_RETURN_IF_ERROR(cuda::UploadTensors(*context_, Tensors(false), parameters));
   return RefreshLowWeights();
 }
 
 // fp16 adds "loss_scale" [2] = {scale, consecutive clean steps}, as NetworkConfig's contract
 // names it, so that a resumed run continues exactly.
 std::vector<NamedTensor> CudaMlp::OptimizerState() const {
-  absl::StatusOr<std::vector<NamedTensor>> copies = Download(Tensors(true));
+  absl::StatusOr<std::vector<NamedTensor>> copies = cuda::DownloadTensors(*context_, Tensors(true));
   if (!copies.ok()) return {};
   if (loss_scaling_) {
     cuda::StepState state{};
@@ -643,14 +544,14 @@ std::vector<NamedTensor> CudaMlp::OptimizerState() const {
 }
 
 absl::Status CudaMlp::SetOptimizerState(const std::vector<NamedTensor>& state) {
-  if (!loss_scaling_) return Upload(Tensors(true), state);
+  if (!loss_scaling_) return cuda::UploadTensors(*context_, Tensors(true), state);
   if (state.empty() || state.back().name != "loss_scale" || state.back().values.size() != 2 ||
       !(state.back().values[0] > 0) || !(state.back().values[1] >= 0)) {
     return absl::InvalidArgumentError(
         "fp16 optimizer state must end with 'loss_scale' [2] = {scale > 0, clean steps >= 0}");
   }
   const std::vector<NamedTensor> momentum(state.begin(), state.end() - 1);
-  STOKER_RETURN_IF_ERROR(Upload(Tensors(true), momentum));
+  STOKER_RETURN_IF_ERROR(cuda::UploadTensors(*context_, Tensors(true), momentum));
   host_state_->loss_scale = state.back().values[0];
   host_state_->growth_tracker = static_cast<int>(state.back().values[1]);
   // Only the persistent fields; the per-step ones are reset by every step anyway.

@@ -29,10 +29,6 @@ CudaNetwork::~CudaNetwork() {
   cudaSetDevice(context_->device());
   cudaStreamSynchronize(context_->copy_stream());
   cudaStreamSynchronize(context_->compute_stream());
-  for (int slot = 0; slot < 2; ++slot) {
-    if (copy_done_[slot] != nullptr) cudaEventDestroy(copy_done_[slot]);
-    if (staging_free_[slot] != nullptr) cudaEventDestroy(staging_free_[slot]);
-  }
   if (host_state_ != nullptr) cudaFreeHost(host_state_);
 }
 
@@ -77,32 +73,11 @@ cuda::PoolGeometry CudaNetwork::PoolGeometryOf(const Layer& layer, int rows) con
 }
 
 absl::StatusOr<int> CudaNetwork::StageBatch(const BatchView& batch) {
-  const int slot = next_slot_;
-  next_slot_ ^= 1;
-  const cudaStream_t copy = context_->copy_stream();
   const cudaStream_t compute = context_->compute_stream();
-  const int64_t n = static_cast<int64_t>(batch.count) * Product(config_.input_shape);
-  const bool features = batch.features != nullptr;
-  const void* source = features ? static_cast<const void*>(batch.features) : batch.samples;
-  const size_t bytes = n * (features ? sizeof(float) : sizeof(uint8_t));
-
-  // The compute stream must be done reading this slot (two steps ago) before it is overwritten.
-  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, staging_free_[slot], 0));
-  STOKER_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(staging_[slot].get(), source, bytes, cudaMemcpyHostToDevice, copy));
-  STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_labels_[slot].get(), batch.labels,
-                                              batch.count, cudaMemcpyHostToDevice, copy));
-  STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_done_[slot], copy));
-
-  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, copy_done_[slot], 0));
-  if (features) {
-    STOKER_CUDA_RETURN_IF_ERROR(
-        cuda::LaunchConvertFloat(staging_[slot].as<float>(), n, type_, Value(0), compute));
-  } else {
-    STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchNormalizeInput(staging_[slot].as<uint8_t>(), n,
-                                                           config_.input_scale, config_.input_shift,
-                                                           type_, Value(0), compute));
-  }
+  absl::StatusOr<int> slot = staging_.Stage(batch, context_->copy_stream(), compute);
+  if (!slot.ok()) return slot.status();
+  STOKER_RETURN_IF_ERROR(
+      staging_.Normalize(*slot, batch.count, batch.features != nullptr, Value(0), compute));
   return slot;
 }
 
@@ -341,11 +316,11 @@ absl::StatusOr<StepResult> CudaNetwork::TrainStep(const BatchView& batch, double
   if (!logits.ok()) return logits.status();
   // The loss gradient enters backward in the compute type, times the loss scale.
   // (No gradient buffer when there are no layers: then nothing trains.)
-  STOKER_CUDA_RETURN_IF_ERROR(
-      cuda::LaunchSoftmaxCrossEntropy(*logits, staging_labels_[*slot].as<uint8_t>(), rows,
-                                      config_.classes, type_, Grad(LastStorage()), state, stream));
+  STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchSoftmaxCrossEntropy(*logits, staging_.labels(*slot), rows,
+                                                              config_.classes, type_,
+                                                              Grad(LastStorage()), state, stream));
   // Nothing reads the staging slot after the loss; the copy stream may refill it.
-  STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free_[*slot], stream));
+  STOKER_RETURN_IF_ERROR(staging_.Release(*slot, stream));
   STOKER_RETURN_IF_ERROR(Backward(**plan, rows));
   ++train_steps_;
   if (injected_gradient_.has_value() && !params_.empty()) {
@@ -377,10 +352,10 @@ absl::StatusOr<EvalResult> CudaNetwork::Evaluate(const BatchView& batch) {
   STOKER_RETURN_IF_ERROR(Forward(**plan, batch.count, /*training=*/false));
   absl::StatusOr<const float*> logits = Logits(batch.count);
   if (!logits.ok()) return logits.status();
-  STOKER_CUDA_RETURN_IF_ERROR(
-      cuda::LaunchSoftmaxCrossEntropy(*logits, staging_labels_[*slot].as<uint8_t>(), batch.count,
-                                      config_.classes, type_, nullptr, state, stream));
-  STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free_[*slot], stream));
+  STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchSoftmaxCrossEntropy(*logits, staging_.labels(*slot),
+                                                              batch.count, config_.classes, type_,
+                                                              nullptr, state, stream));
+  STOKER_RETURN_IF_ERROR(staging_.Release(*slot, stream));
   STOKER_RETURN_IF_ERROR(FinishStep());
   EvalResult result;
   result.loss_sum = host_state_->loss_sum;

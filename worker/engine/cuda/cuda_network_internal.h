@@ -20,6 +20,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/engine/backend.h"
+#include "worker/engine/cuda/batch_staging.h"
+#include "worker/engine/cuda/compute_type.h"
 #include "worker/engine/cuda/cuda_backend.h"
 #include "worker/engine/cuda/cuda_context.h"
 #include "worker/engine/cuda/cudnn_util.h"
@@ -27,32 +29,13 @@
 #include "worker/engine/cuda/lt_gemm.h"
 #include "worker/engine/cuda/mlp_kernels.h"
 #include "worker/engine/cuda/network_kernels.h"
+#include "worker/engine/cuda/tensor_transfer.h"
 #include "worker/engine/plan_cache.h"
-
-#define STOKER_ASSIGN_BUFFER(target, bytes)                       \
-  do {                                                            \
-    absl::StatusOr<::stoker::cuda::DeviceBuffer> stoker_buffer_ = \
-        ::stoker::cuda::DeviceBuffer::Allocate(bytes);            \
-    if (!stoker_buffer_.ok()) return stoker_buffer_.status();     \
-    (target) = *std::move(stoker_buffer_);                        \
-  } while (0)
 
 namespace stoker::cuda::network_internal {
 
 // Plans kept besides the full-batch one; a new batch size beyond this evicts the oldest.
 inline constexpr size_t kMaxPartialPlans = 3;
-
-inline DType ComputeType(Precision precision) {
-  switch (precision) {
-    case Precision::kFp32:
-      return DType::kF32;
-    case Precision::kBf16:
-      return DType::kBf16;
-    case Precision::kFp16:
-      return DType::kF16;
-  }
-  return DType::kF32;
-}
 
 inline int64_t Product(const std::vector<int>& shape) {
   int64_t product = 1;
@@ -158,12 +141,6 @@ class CudaNetwork final : public Model {
   }
 
  private:
-  struct TensorRef {
-    std::string name;
-    std::vector<int64_t> shape;
-    float* data;  // null for the scalar state, which lives on the host
-    size_t size;
-  };
   bool adamw() const { return config_.optimizer.type == OptimizerType::kAdamW; }
   bool clipping() const { return config_.optimizer.clip_grad_norm > 0; }
 
@@ -200,11 +177,10 @@ class CudaNetwork final : public Model {
   cuda::PoolGeometry PoolGeometryOf(const Layer& layer, int rows) const;
   absl::Status RefreshLowWeights();
 
-  std::vector<TensorRef> ParameterRefs() const;
-  std::vector<TensorRef> StateRefs() const;  // per-parameter state, then the scalars
+  std::vector<DeviceTensorRef> ParameterRefs() const;
+  // Per-parameter state, then the scalars (without data: they live on the host).
+  std::vector<DeviceTensorRef> StateRefs() const;
   std::vector<std::pair<std::string, std::vector<float>>> ScalarState() const;
-  absl::StatusOr<std::vector<NamedTensor>> Download(const std::vector<TensorRef>& refs) const;
-  absl::Status Upload(const std::vector<TensorRef>& refs, const std::vector<NamedTensor>& values);
 
   const NetworkConfig config_;
   const std::vector<std::vector<int>> shapes_;  // per activation, without the batch
@@ -220,11 +196,7 @@ class CudaNetwork final : public Model {
   std::vector<Layer> layers_;
   DeviceBuffer logits_;  // [max_batch, classes] fp32 when the last activation is not fp32
   DeviceBuffer conv_workspace_;
-  DeviceBuffer staging_[2];
-  DeviceBuffer staging_labels_[2];
-  cudaEvent_t copy_done_[2] = {nullptr, nullptr};     // recorded on the copy stream
-  cudaEvent_t staging_free_[2] = {nullptr, nullptr};  // recorded on the compute stream
-  int next_slot_ = 0;
+  BatchStaging staging_;
   DeviceBuffer state_;                     // cuda::StepState
   DeviceBuffer clip_;                      // cuda::ClipState, when clipping
   cuda::StepState* host_state_ = nullptr;  // pinned

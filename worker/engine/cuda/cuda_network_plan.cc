@@ -159,17 +159,11 @@ absl::Status CudaNetwork::BuildLayers() {
 }
 
 absl::Status CudaNetwork::AllocateStepBuffers() {
-  const size_t max_batch = config_.max_batch;
-  const int64_t input_features = Product(config_.input_shape);
-  for (int slot = 0; slot < 2; ++slot) {
-    // Room for float features, the larger of the two input forms.
-    STOKER_ASSIGN_BUFFER(staging_[slot], max_batch * input_features * sizeof(float));
-    STOKER_ASSIGN_BUFFER(staging_labels_[slot], max_batch);
-    STOKER_CUDA_RETURN_IF_ERROR(
-        cudaEventCreateWithFlags(&copy_done_[slot], cudaEventDisableTiming));
-    STOKER_CUDA_RETURN_IF_ERROR(
-        cudaEventCreateWithFlags(&staging_free_[slot], cudaEventDisableTiming));
-  }
+  STOKER_RETURN_IF_ERROR(
+      staging_.Init(config_.max_batch, {.values_per_sample = Product(config_.input_shape),
+                                        .scale = config_.input_scale,
+                                        .shift = config_.input_shift,
+                                        .type = type_}));
   STOKER_CUDA_RETURN_IF_ERROR(
       cudaMallocHost(reinterpret_cast<void**>(&host_state_), sizeof(cuda::StepState)));
   STOKER_ASSIGN_BUFFER(state_, sizeof(cuda::StepState));

@@ -9,12 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/cuda_network_internal.h"
+#include "worker/engine/cuda/tensor_transfer.h"
 #include "worker/engine/tensor_match.h"
 
 namespace stoker::cuda::network_internal {
 
-std::vector<CudaNetwork::TensorRef> CudaNetwork::ParameterRefs() const {
-  std::vector<TensorRef> refs;
+std::vector<DeviceTensorRef> CudaNetwork::ParameterRefs() const {
+  std::vector<DeviceTensorRef> refs;
   for (const Param& param : params_) {
     refs.push_back(
         {param.name, param.shape, param.value.as<float>(), static_cast<size_t>(param.size)});
@@ -34,8 +35,8 @@ std::vector<std::pair<std::string, std::vector<float>>> CudaNetwork::ScalarState
   return scalars;
 }
 
-std::vector<CudaNetwork::TensorRef> CudaNetwork::StateRefs() const {
-  std::vector<TensorRef> refs;
+std::vector<DeviceTensorRef> CudaNetwork::StateRefs() const {
+  std::vector<DeviceTensorRef> refs;
   for (const Param& param : params_) {
     const size_t size = static_cast<size_t>(param.size);
     if (adamw()) {
@@ -51,47 +52,13 @@ std::vector<CudaNetwork::TensorRef> CudaNetwork::StateRefs() const {
   return refs;
 }
 
-absl::StatusOr<std::vector<NamedTensor>> CudaNetwork::Download(
-    const std::vector<TensorRef>& refs) const {
-  STOKER_RETURN_IF_ERROR(context_->Activate());
-  const cudaStream_t stream = context_->compute_stream();
-  std::vector<NamedTensor> copies;
-  copies.reserve(refs.size());
-  for (const TensorRef& ref : refs) {
-    copies.push_back({ref.name, ref.shape, std::vector<float>(ref.size)});
-    if (ref.data == nullptr) continue;
-    STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copies.back().values.data(), ref.data,
-                                                ref.size * sizeof(float), cudaMemcpyDeviceToHost,
-                                                stream));
-  }
-  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  return copies;
-}
-
-absl::Status CudaNetwork::Upload(const std::vector<TensorRef>& refs,
-                                 const std::vector<NamedTensor>& values) {
-  STOKER_RETURN_IF_ERROR(context_->Activate());
-  const cudaStream_t stream = context_->compute_stream();
-  for (size_t i = 0; i < refs.size(); ++i) {
-    if (refs[i].data == nullptr) continue;
-    STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(refs[i].data, values[i].values.data(),
-                                                refs[i].size * sizeof(float),
-                                                cudaMemcpyHostToDevice, stream));
-  }
-  // The host vectors must outlive the copies (pageable copies may return before the DMA ends).
-  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  return absl::OkStatus();
-}
-
 std::vector<NamedTensor> CudaNetwork::Parameters() const {
-  absl::StatusOr<std::vector<NamedTensor>> copies = Download(ParameterRefs());
+  absl::StatusOr<std::vector<NamedTensor>> copies = DownloadTensors(*context_, ParameterRefs());
   return copies.ok() ? *std::move(copies) : std::vector<NamedTensor>{};
 }
 
 absl::Status CudaNetwork::SetParameters(const std::vector<NamedTensor>& parameters) {
-  const std::vector<TensorRef> refs = ParameterRefs();
-  if (absl::Status s = CheckTensorsMatch(refs, parameters); !s.ok()) return s;
-  STOKER_RETURN_IF_ERROR(Upload(refs, parameters));
+  STOKER_RETURN_IF_ERROR(UploadTensors(*context_, ParameterRefs(), parameters));
   return RefreshLowWeights();
 }
 
@@ -108,8 +75,8 @@ absl::Status CudaNetwork::RefreshLowWeights() {
 }
 
 std::vector<NamedTensor> CudaNetwork::OptimizerState() const {
-  const std::vector<TensorRef> refs = StateRefs();
-  absl::StatusOr<std::vector<NamedTensor>> copies = Download(refs);
+  const std::vector<DeviceTensorRef> refs = StateRefs();
+  absl::StatusOr<std::vector<NamedTensor>> copies = DownloadTensors(*context_, refs);
   if (!copies.ok()) return {};
   const auto scalars = ScalarState();
   const size_t first_scalar = refs.size() - scalars.size();
@@ -119,7 +86,8 @@ std::vector<NamedTensor> CudaNetwork::OptimizerState() const {
 }
 
 absl::Status CudaNetwork::SetOptimizerState(const std::vector<NamedTensor>& state) {
-  const std::vector<TensorRef> refs = StateRefs();
+  const std::vector<DeviceTensorRef> refs = StateRefs();
+  // Checked before UploadTensors checks again: the scalars' values are read below.
   if (absl::Status s = CheckTensorsMatch(refs, state); !s.ok()) return s;
   const size_t first_scalar = refs.size() - ScalarState().size();
   for (size_t i = first_scalar; i < state.size(); ++i) {
@@ -134,7 +102,7 @@ absl::Status CudaNetwork::SetOptimizerState(const std::vector<NamedTensor>& stat
           is_scale ? "; expected a finite scale > 0 and a count" : "; expected a count"));
     }
   }
-  STOKER_RETURN_IF_ERROR(Upload(refs, state));
+  STOKER_RETURN_IF_ERROR(UploadTensors(*context_, refs, state));
   optimizer_steps_ = static_cast<int64_t>(state[first_scalar].values[0]);
   train_steps_ = static_cast<int64_t>(state[first_scalar + 1].values[0]);
   if (loss_scaling_) {

@@ -6,12 +6,10 @@
 // cuDNN writes 16-bit weight gradients). Dropout masks are the cpu's bit for bit, so parameters
 // track the cpu through dropout. Every test skips without a device except the first, which checks
 // the clean failure there; DropoutHashTest checks the host side of the mask anywhere.
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +18,7 @@
 #include "worker/engine/backend.h"
 #include "worker/engine/cpu_train_kernels.h"
 #include "worker/engine/cuda/cuda_backend.h"
+#include "worker/engine/cuda/cuda_test_util.h"
 #include "worker/engine/cuda/dropout_hash.h"
 #ifdef STOKER_HAVE_CUDNN
 #include "worker/engine/cuda/cuda_network_internal.h"
@@ -28,10 +27,13 @@
 namespace stoker {
 namespace {
 
+using cuda_testing::Batch;
+using cuda_testing::CpuNetwork;
+using cuda_testing::CudaBackend;
+using cuda_testing::CudaNetwork;
+using cuda_testing::Delta;
+using cuda_testing::ExpectTensorsNear;
 using Kind = LayerConfig::Kind;
-
-#define SKIP_WITHOUT_DEVICE() \
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device"
 
 #ifdef STOKER_HAVE_CUDNN
 #define SKIP_WITHOUT_CUDNN()
@@ -105,98 +107,13 @@ NetworkConfig AdamWClipNet(Precision precision) {
   return config;
 }
 
-struct Batch {
-  std::vector<uint8_t> samples;
-  std::vector<float> features;
-  std::vector<uint8_t> labels;
-  int count = 0;
-  BatchView View() const {
-    BatchView view{samples.empty() ? nullptr : samples.data(), labels.data(), count};
-    if (!features.empty()) view.features = features.data();
-    return view;
-  }
-};
-
 // Random pixels in [1, 255] (never all zeros), or float features in [-2, 2), and labels.
 Batch RandomBatch(const NetworkConfig& config, int count, uint64_t seed,
                   bool float_features = false) {
-  std::mt19937_64 rng(seed);
   int64_t features = 1;
   for (int d : config.input_shape) features *= d;
-  Batch batch;
-  batch.count = count;
-  const size_t n = static_cast<size_t>(count) * features;
-  if (float_features) {
-    batch.features.resize(n);
-    for (float& f : batch.features) f = static_cast<float>((rng() >> 11) * 0x1.0p-53 * 4 - 2);
-  } else {
-    batch.samples.resize(n);
-    for (uint8_t& p : batch.samples) p = static_cast<uint8_t>(1 + (rng() >> 32) % 255);
-  }
-  batch.labels.resize(count);
-  for (uint8_t& l : batch.labels) l = static_cast<uint8_t>(rng() % config.classes);
-  return batch;
-}
-
-std::unique_ptr<Model> CpuNetwork(const NetworkConfig& config) {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  if (!backend.ok()) return nullptr;
-  absl::StatusOr<std::unique_ptr<Model>> model = (*backend)->CreateNetwork(config);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? *std::move(model) : nullptr;
-}
-
-std::unique_ptr<Backend> CudaBackend() {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(0);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  return backend.ok() ? *std::move(backend) : nullptr;
-}
-
-std::unique_ptr<Model> CudaNetwork(const NetworkConfig& config) {
-  std::unique_ptr<Backend> backend = CudaBackend();
-  if (backend == nullptr) return nullptr;
-  absl::StatusOr<std::unique_ptr<Model>> model = backend->CreateNetwork(config);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? *std::move(model) : nullptr;
-}
-
-double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-12);
-}
-
-// Same names and shapes, values within `tolerance` (L2 relative per tensor; 0 = equal).
-void ExpectTensorsNear(const std::vector<NamedTensor>& actual,
-                       const std::vector<NamedTensor>& expected, double tolerance,
-                       const std::string& what) {
-  ASSERT_EQ(actual.size(), expected.size()) << what;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    EXPECT_EQ(actual[i].name, expected[i].name) << what;
-    EXPECT_EQ(actual[i].shape, expected[i].shape) << what << " " << expected[i].name;
-    ASSERT_EQ(actual[i].values.size(), expected[i].values.size()) << what;
-    if (tolerance == 0) {
-      EXPECT_TRUE(actual[i].values == expected[i].values) << what << " " << expected[i].name;
-    } else {
-      EXPECT_LE(RelativeError(actual[i].values, expected[i].values), tolerance)
-          << what << " " << expected[i].name;
-    }
-  }
-}
-
-std::vector<NamedTensor> Delta(const std::vector<NamedTensor>& after,
-                               const std::vector<NamedTensor>& before) {
-  std::vector<NamedTensor> delta = after;
-  for (size_t i = 0; i < delta.size() && i < before.size(); ++i) {
-    for (size_t j = 0; j < delta[i].values.size() && j < before[i].values.size(); ++j) {
-      delta[i].values[j] -= before[i].values[j];
-    }
-  }
-  return delta;
+  return cuda_testing::RandomBatch(count, features, config.classes, seed, float_features,
+                                   cuda_testing::Pixels::kNonZero);
 }
 
 const NamedTensor* Find(const std::vector<NamedTensor>& tensors, const std::string& name) {

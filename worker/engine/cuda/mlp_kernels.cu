@@ -1,60 +1,30 @@
 // Kernels of the cuda MLP (see mlp_kernels.h for each contract), then their launchers.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cfloat>
 
+#include "worker/engine/cuda/kernel_util.cuh"
 #include "worker/engine/cuda/mlp_kernels.h"
 
 namespace stoker::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kMaxTensorsPerLaunch = 24;
-// Enough blocks to fill an H200 (132 SMs) several times over; grid-stride loops do the rest.
-constexpr int64_t kMaxBlocks = 132 * 16;
+using kernel_util::CeilDiv;
+using kernel_util::DispatchType;
+using kernel_util::ElementwiseBlocks;
+using kernel_util::ForEachTensorList;
+using kernel_util::FromFloat;
+using kernel_util::kThreads;
+using kernel_util::ToFloat;
 
-inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-inline unsigned ElementwiseBlocks(int64_t n) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min(CeilDiv(n, kThreads), kMaxBlocks)));
-}
-
-// ---- Element conversion ----
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float x);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float x) {
-  return __float2half_rn(x);
-}
-
-__device__ __forceinline__ float ToFloat(float x) { return x; }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
-
-struct TensorList {
-  SgdTensor tensors[kMaxTensorsPerLaunch];
-  int count;
-};
+using TensorList = kernel_util::TensorList<SgdTensor, /*kCapacity=*/24>;
 
 // ================================ kernels ================================
 
 template <typename T>
 __global__ void NormalizeInputKernel(const uint8_t* samples, int64_t n, float scale, float shift,
                                      T* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  STOKER_GRID_STRIDE_LOOP(i, n) {
     // Separate roundings (no FMA), like the CPU reference built with -ffp-contract=off.
     out[i] = FromFloat<T>(__fadd_rn(__fmul_rn(static_cast<float>(samples[i]), scale), shift));
   }
@@ -62,17 +32,13 @@ __global__ void NormalizeInputKernel(const uint8_t* samples, int64_t n, float sc
 
 template <typename T>
 __global__ void ConvertFloatKernel(const float* in, int64_t n, T* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = FromFloat<T>(in[i]);
-  }
+  STOKER_GRID_STRIDE_LOOP(i, n) { out[i] = FromFloat<T>(in[i]); }
 }
 
 template <typename T>
 __global__ void BiasActivationKernel(T* y, const float* bias, int rows, int cols, bool relu) {
   const int64_t n = static_cast<int64_t>(rows) * cols;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  STOKER_GRID_STRIDE_LOOP(i, n) {
     float v = ToFloat(y[i]) + bias[i % cols];
     if (relu) v = v > 0.0f ? v : 0.0f;
     y[i] = FromFloat<T>(v);
@@ -158,10 +124,7 @@ __global__ void SoftmaxCrossEntropyKernel(const float* logits, const uint8_t* la
 __global__ void CheckFiniteKernel(TensorList list, StepState* state) {
   const SgdTensor& t = list.tensors[blockIdx.y];
   bool bad = false;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < t.size;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    bad |= !isfinite(t.grad[i]);
-  }
+  STOKER_GRID_STRIDE_LOOP(i, t.size) { bad |= !isfinite(t.grad[i]); }
   if (__syncthreads_or(bad) && threadIdx.x == 0) state->found_inf = 1;
 }
 
@@ -175,8 +138,7 @@ __global__ void SgdMomentumKernel(TensorList list, float rate_argument, bool rat
   const float inverse_scale = 1.0f / state->loss_scale;
   const SgdTensor& t = list.tensors[blockIdx.y];
   T* low = static_cast<T*>(t.weight_low);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < t.size;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  STOKER_GRID_STRIDE_LOOP(i, t.size) {
     // Separate roundings, in the CPU reference's order.
     const float w = t.weight[i];
     const float g = __fadd_rn(__fmul_rn(t.grad[i], inverse_scale), __fmul_rn(t.weight_decay, w));
@@ -201,43 +163,9 @@ __global__ void UpdateLossScaleKernel(StepState* state) {
 
 __global__ void AddToFirstKernel(float* data, float value) { data[0] += value; }
 
-// ================================ launchers ================================
-
-template <typename Launch>
-cudaError_t DispatchType(DType type, Launch&& launch) {
-  switch (type) {
-    case DType::kF32:
-      launch(float{});
-      break;
-    case DType::kBf16:
-      launch(__nv_bfloat16{});
-      break;
-    case DType::kF16:
-      launch(__half{});
-      break;
-  }
-  return cudaGetLastError();
-}
-
-// Splits a tensor array into launches of at most kMaxTensorsPerLaunch, passed by value.
-template <typename Launch>
-cudaError_t ForEachTensorList(const SgdTensor* tensors, int count, Launch&& launch) {
-  for (int first = 0; first < count; first += kMaxTensorsPerLaunch) {
-    TensorList list{};
-    list.count = std::min(kMaxTensorsPerLaunch, count - first);
-    int64_t largest = 1;
-    for (int i = 0; i < list.count; ++i) {
-      list.tensors[i] = tensors[first + i];
-      largest = std::max(largest, tensors[first + i].size);
-    }
-    const dim3 grid(ElementwiseBlocks(largest), list.count);
-    launch(list, grid);
-    if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
-  }
-  return cudaSuccess;
-}
-
 }  // namespace
+
+// ================================ launchers ================================
 
 cudaError_t LaunchNormalizeInput(const uint8_t* samples, int64_t n, float scale, float shift,
                                  DType type, void* out, cudaStream_t stream) {
@@ -307,7 +235,7 @@ cudaError_t LaunchSoftmaxCrossEntropy(const float* logits, const uint8_t* labels
 cudaError_t LaunchCheckFinite(const SgdTensor* tensors, int count, StepState* state,
                               cudaStream_t stream) {
   if (tensors == nullptr || state == nullptr || count < 0) return cudaErrorInvalidValue;
-  return ForEachTensorList(tensors, count, [&](const TensorList& list, dim3 grid) {
+  return ForEachTensorList<TensorList>(tensors, count, [&](const TensorList& list, dim3 grid) {
     CheckFiniteKernel<<<grid, kThreads, 0, stream>>>(list, state);
   });
 }
@@ -320,7 +248,7 @@ cudaError_t SgdMomentum(const SgdTensor* tensors, int count, DType low_type, flo
   cudaError_t result = cudaSuccess;
   const cudaError_t dispatched = DispatchType(low_type, [&](auto zero) {
     using T = decltype(zero);
-    result = ForEachTensorList(tensors, count, [&](const TensorList& list, dim3 grid) {
+    result = ForEachTensorList<TensorList>(tensors, count, [&](const TensorList& list, dim3 grid) {
       SgdMomentumKernel<T><<<grid, kThreads, 0, stream>>>(list, learning_rate, rate_from_state,
                                                           momentum, nesterov, state, skip_on_inf);
     });

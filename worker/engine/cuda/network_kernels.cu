@@ -2,57 +2,25 @@
 // Arithmetic that the cpu reference rounds step by step is spelled with __fmul_rn/__fadd_rn, so
 // that nvcc does not contract it into FMAs and the fp32 results match the cpu's bit for bit
 // where the inputs do.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 
 #include "worker/engine/cuda/dropout_hash.h"
+#include "worker/engine/cuda/kernel_util.cuh"
 #include "worker/engine/cuda/network_kernels.h"
 
 namespace stoker::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kMaxTensorsPerLaunch = 32;
-// Enough blocks to fill an H200 (132 SMs) several times over; grid-stride loops do the rest.
-constexpr int64_t kMaxBlocks = 132 * 16;
+using kernel_util::DispatchType;
+using kernel_util::ElementwiseBlocks;
+using kernel_util::ForEachTensorList;
+using kernel_util::FromFloat;
+using kernel_util::kThreads;
+using kernel_util::ToFloat;
 
-inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-inline unsigned ElementwiseBlocks(int64_t n) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min(CeilDiv(n, kThreads), kMaxBlocks)));
-}
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float x);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float x) {
-  return __float2half_rn(x);
-}
-
-__device__ __forceinline__ float ToFloat(float x) { return x; }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
-
-#define STOKER_GRID_STRIDE_LOOP(i, n)                                                    \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
-struct TensorList {
-  OptimizerTensor tensors[kMaxTensorsPerLaunch];
-  int count;
-};
+using TensorList = kernel_util::TensorList<OptimizerTensor, /*kCapacity=*/32>;
 
 // Sum of `value` over the block (blockDim.x == kThreads), valid in thread 0.
 template <typename Acc>
@@ -310,40 +278,6 @@ __global__ void AdamWStepKernel(TensorList list, AdamWConstants k, const StepSta
 
 // ================================ launchers ================================
 
-template <typename Launch>
-cudaError_t DispatchType(DType type, Launch&& launch) {
-  switch (type) {
-    case DType::kF32:
-      launch(float{});
-      break;
-    case DType::kBf16:
-      launch(__nv_bfloat16{});
-      break;
-    case DType::kF16:
-      launch(__half{});
-      break;
-  }
-  return cudaGetLastError();
-}
-
-// Splits a tensor array into launches of at most kMaxTensorsPerLaunch, passed by value.
-template <typename Launch>
-cudaError_t ForEachTensorList(const OptimizerTensor* tensors, int count, Launch&& launch) {
-  for (int first = 0; first < count; first += kMaxTensorsPerLaunch) {
-    TensorList list{};
-    list.count = std::min(kMaxTensorsPerLaunch, count - first);
-    int64_t largest = 1;
-    for (int i = 0; i < list.count; ++i) {
-      list.tensors[i] = tensors[first + i];
-      largest = std::max(largest, tensors[first + i].size);
-    }
-    const dim3 grid(ElementwiseBlocks(largest), list.count);
-    launch(list, grid);
-    if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
-  }
-  return cudaSuccess;
-}
-
 bool ValidPool(const PoolGeometry& g) {
   return g.planes > 0 && g.height > 0 && g.width > 0 && g.out_height > 0 && g.out_width > 0 &&
          g.kernel > 0 && g.stride > 0 && g.padding >= 0 && 2 * g.padding <= g.kernel;
@@ -461,7 +395,7 @@ cudaError_t LaunchGradSumOfSquares(const OptimizerTensor* tensors, int count,
   if (tensors == nullptr || state == nullptr || clip == nullptr || count < 0) {
     return cudaErrorInvalidValue;
   }
-  return ForEachTensorList(tensors, count, [&](const TensorList& list, dim3 grid) {
+  return ForEachTensorList<TensorList>(tensors, count, [&](const TensorList& list, dim3 grid) {
     GradSumOfSquaresKernel<<<grid, kThreads, 0, stream>>>(list, state, clip);
   });
 }
@@ -480,7 +414,7 @@ cudaError_t LaunchSgdStep(const OptimizerTensor* tensors, int count, DType low_t
   cudaError_t result = cudaSuccess;
   const cudaError_t dispatched = DispatchType(low_type, [&](auto zero) {
     using T = decltype(zero);
-    result = ForEachTensorList(tensors, count, [&](const TensorList& list, dim3 grid) {
+    result = ForEachTensorList<TensorList>(tensors, count, [&](const TensorList& list, dim3 grid) {
       SgdStepKernel<T><<<grid, kThreads, 0, stream>>>(list, learning_rate, momentum, nesterov,
                                                       state, clip, skip_on_inf);
     });
@@ -498,7 +432,7 @@ cudaError_t LaunchAdamWStep(const OptimizerTensor* tensors, int count, DType low
   cudaError_t result = cudaSuccess;
   const cudaError_t dispatched = DispatchType(low_type, [&](auto zero) {
     using T = decltype(zero);
-    result = ForEachTensorList(tensors, count, [&](const TensorList& list, dim3 grid) {
+    result = ForEachTensorList<TensorList>(tensors, count, [&](const TensorList& list, dim3 grid) {
       AdamWStepKernel<T><<<grid, kThreads, 0, stream>>>(list, constants, state, clip, skip_on_inf);
     });
   });
