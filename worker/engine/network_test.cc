@@ -10,26 +10,13 @@
 #include "gtest/gtest.h"
 #include "worker/engine/backend.h"
 #include "worker/engine/network_test_util.h"
+#include "worker/engine/test_layers.h"
 
 namespace stoker {
 namespace {
 
 using namespace stoker::testing_util;  // NOLINT: test helpers
-using Kind = LayerConfig::Kind;
-
-LayerConfig Conv(int out_channels, int kernel, int stride, int padding) {
-  return {.kind = Kind::kConv2d,
-          .out_channels = out_channels,
-          .kernel = kernel,
-          .stride = stride,
-          .padding = padding};
-}
-LayerConfig Pool(int kernel, int stride, int padding) {
-  return {.kind = Kind::kMaxPool2d, .kernel = kernel, .stride = stride, .padding = padding};
-}
-LayerConfig Linear(int units) { return {.kind = Kind::kLinear, .units = units}; }
-LayerConfig Of(Kind kind) { return {.kind = kind}; }
-LayerConfig Dropout(float rate) { return {.kind = Kind::kDropout, .rate = rate}; }
+using namespace stoker::test_layers;   // NOLINT: Conv, Pool, Linear, Of, Dropout
 
 NetworkConfig PlainSgd(NetworkConfig config) {
   config.optimizer.momentum = 0;
@@ -37,77 +24,61 @@ NetworkConfig PlainSgd(NetworkConfig config) {
   return config;
 }
 
-// conv stride 2 pad 1 (7 -> 4), GELU, pool k3 s2 p1 (4 -> 2), Flatten, Linear, ReLU, Linear.
-NetworkConfig StridedNet() {
+// A tiny network for the gradient checks: 3 classes, batches of up to 4, plain SGD.
+NetworkConfig TinyNet(std::vector<int> input_shape, std::vector<LayerConfig> layers,
+                      uint64_t seed) {
   NetworkConfig config;
-  config.input_shape = {2, 7, 7};
-  config.layers = {Conv(3, 3, 2, 1), Of(Kind::kGelu), Pool(3, 2, 1), Of(Kind::kFlatten),
-                   Linear(5),        Of(Kind::kRelu), Linear(3)};
+  config.input_shape = std::move(input_shape);
+  config.layers = std::move(layers);
   config.classes = 3;
   config.max_batch = 4;
-  config.seed = 11;
+  config.seed = seed;
   return PlainSgd(config);
+}
+
+// conv stride 2 pad 1 (7 -> 4), GELU, pool k3 s2 p1 (4 -> 2), Flatten, Linear, ReLU, Linear.
+NetworkConfig StridedNet() {
+  return TinyNet({2, 7, 7},
+                 {Conv(3, 3, 2, 1), Of(Kind::kGelu), Pool(3, 2, 1), Of(Kind::kFlatten), Linear(5),
+                  Of(Kind::kRelu), Linear(3)},
+                 11);
 }
 
 // conv k3 (6 -> 4), ReLU, pool k2 (default stride 2: 4 -> 2), conv k2 pad 1 (2 -> 3), GELU,
 // Linear straight off [C, H, W], ReLU, Linear.
 NetworkConfig PaddedNet() {
-  NetworkConfig config;
-  config.input_shape = {1, 6, 6};
-  config.layers = {Conv(4, 3, 0, 0), Of(Kind::kRelu), Pool(2, 0, 0),   Conv(3, 2, 1, 1),
-                   Of(Kind::kGelu),  Linear(4),       Of(Kind::kRelu), Linear(3)};
-  config.classes = 3;
-  config.max_batch = 4;
-  config.seed = 12;
-  return PlainSgd(config);
+  return TinyNet({1, 6, 6},
+                 {Conv(4, 3, 0, 0), Of(Kind::kRelu), Pool(2, 0, 0), Conv(3, 2, 1, 1),
+                  Of(Kind::kGelu), Linear(4), Of(Kind::kRelu), Linear(3)},
+                 12);
 }
 
 // Flat input: Linear, GELU, Dropout(0), Linear.
 NetworkConfig FlatNet() {
-  NetworkConfig config;
-  config.input_shape = {6};
-  config.layers = {Linear(5), Of(Kind::kGelu), Dropout(0), Linear(3)};
-  config.classes = 3;
-  config.max_batch = 4;
-  config.seed = 13;
-  return PlainSgd(config);
+  return TinyNet({6}, {Linear(5), Of(Kind::kGelu), Dropout(0), Linear(3)}, 13);
 }
 
 // Elementwise layers between Flatten and Linear on a multi-channel image: conv k3 pad 1 (3 ch),
 // Flatten, GELU, Dropout(0), ReLU, Linear, Linear. The Linear must still see PyTorch's
 // [C, H, W] flattened order (this used to fail to build on the cpu).
 NetworkConfig FlattenThenElementwiseNet() {
-  NetworkConfig config;
-  config.input_shape = {2, 4, 4};
-  config.layers = {Conv(3, 3, 1, 1), Of(Kind::kFlatten), Of(Kind::kGelu), Dropout(0),
-                   Of(Kind::kRelu),  Linear(5),          Linear(3)};
-  config.classes = 3;
-  config.max_batch = 4;
-  config.seed = 14;
-  return PlainSgd(config);
+  return TinyNet({2, 4, 4},
+                 {Conv(3, 3, 1, 1), Of(Kind::kFlatten), Of(Kind::kGelu), Dropout(0),
+                  Of(Kind::kRelu), Linear(5), Linear(3)},
+                 14);
 }
 
 // Elementwise layers straight on a multi-channel input (kept in the caller's NCHW order):
 // ReLU, GELU, Dropout(0), conv k3 pad 1, ReLU, Linear off the image, Linear; and a ReLU then a
 // Linear straight off the input.
 NetworkConfig ElementwiseOnInputNet() {
-  NetworkConfig config;
-  config.input_shape = {3, 3, 3};
-  config.layers = {Of(Kind::kRelu), Of(Kind::kGelu), Dropout(0), Conv(2, 3, 1, 1),
-                   Of(Kind::kRelu), Linear(4),       Linear(3)};
-  config.classes = 3;
-  config.max_batch = 4;
-  config.seed = 15;
-  return PlainSgd(config);
+  return TinyNet({3, 3, 3},
+                 {Of(Kind::kRelu), Of(Kind::kGelu), Dropout(0), Conv(2, 3, 1, 1), Of(Kind::kRelu),
+                  Linear(4), Linear(3)},
+                 15);
 }
 NetworkConfig ReluThenLinearOnInputNet() {
-  NetworkConfig config;
-  config.input_shape = {3, 2, 2};
-  config.layers = {Of(Kind::kRelu), Linear(3)};
-  config.classes = 3;
-  config.max_batch = 4;
-  config.seed = 16;
-  return PlainSgd(config);
+  return TinyNet({3, 2, 2}, {Of(Kind::kRelu), Linear(3)}, 16);
 }
 
 int Features(const NetworkConfig& config) {

@@ -20,6 +20,7 @@
 #include "worker/engine/cuda/cuda_backend.h"
 #include "worker/engine/cuda/cuda_test_util.h"
 #include "worker/engine/cuda/dropout_hash.h"
+#include "worker/engine/test_layers.h"
 #ifdef STOKER_HAVE_CUDNN
 #include "worker/engine/cuda/cuda_network_internal.h"
 #endif
@@ -33,27 +34,13 @@ using cuda_testing::CudaBackend;
 using cuda_testing::CudaNetwork;
 using cuda_testing::Delta;
 using cuda_testing::ExpectTensorsNear;
-using Kind = LayerConfig::Kind;
+using namespace stoker::test_layers;  // NOLINT: Conv, Pool, Linear, Of, Dropout, Kind
 
 #ifdef STOKER_HAVE_CUDNN
 #define SKIP_WITHOUT_CUDNN()
 #else
 #define SKIP_WITHOUT_CUDNN() GTEST_SKIP() << "built without cuDNN"
 #endif
-
-LayerConfig Conv(int out_channels, int kernel, int stride, int padding) {
-  return {.kind = Kind::kConv2d,
-          .out_channels = out_channels,
-          .kernel = kernel,
-          .stride = stride,
-          .padding = padding};
-}
-LayerConfig Pool(int kernel, int stride = 0, int padding = 0) {
-  return {.kind = Kind::kMaxPool2d, .kernel = kernel, .stride = stride, .padding = padding};
-}
-LayerConfig Linear(int units) { return {.kind = Kind::kLinear, .units = units}; }
-LayerConfig Of(Kind kind) { return {.kind = kind}; }
-LayerConfig Dropout(float rate) { return {.kind = Kind::kDropout, .rate = rate}; }
 
 // examples/fashion-mnist-cnn.yaml's network and SGD (Nesterov, weight decay), smaller batches.
 NetworkConfig FashionCnn(Precision precision) {
