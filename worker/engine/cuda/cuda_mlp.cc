@@ -18,6 +18,7 @@
 #include "worker/engine/cuda/cuda_graph.h"
 #include "worker/engine/cuda/lt_gemm.h"
 #include "worker/engine/cuda/mlp_kernels.h"
+#include "worker/engine/cuda/step_state.h"
 #include "worker/engine/cuda/tensor_transfer.h"
 #include "worker/engine/plan_cache.h"
 
@@ -99,8 +100,6 @@ class CudaMlp final : public Model {
 
   absl::StatusOr<std::unique_ptr<Plan>> BuildPlan(int batch);
   absl::StatusOr<Plan*> PlanFor(int batch);
-  absl::StatusOr<std::unique_ptr<LtGemm>> MakeGemm(const GemmShape& shape,
-                                                   const GemmEpilogueArgs& epilogue) const;
   // Tries the fused epilogue (when enabled), else a plain GEMM. Sets *fused accordingly.
   absl::StatusOr<std::unique_ptr<LtGemm>> MakeGemmPreferFused(const GemmShape& shape,
                                                               const GemmEpilogueArgs& epilogue,
@@ -111,12 +110,12 @@ class CudaMlp final : public Model {
   absl::Status NormalizeStaged(int slot, int rows, bool features) const;
   // Everything TrainStep does on the compute stream after BatchStaging::Stage: reset the step
   // state, load the learning rate (from host_rate_), normalise, forward, loss, backward, [fp16:
-  // finite check], SGD, [fp16: loss-scale update], and the copy of the step state to host_state_.
+  // finite check], SGD, [fp16: loss-scale update], and the copy of the step state to the host.
   // Enqueues only, so it can be captured in a CUDA graph.
   absl::Status EnqueueTrainStep(const Plan& plan, int rows, int slot, bool features);
   absl::Status Forward(const Plan& plan, int rows);
   absl::Status Backward(const Plan& plan, int rows);
-  // Copies the step state to host_state_ and waits for it: the step's one host synchronisation.
+  // Copies the step state to the host and waits for it: the step's one host synchronisation.
   absl::Status FinishStep();
 
   const void* GemmWeight(const Layer& layer) const {
@@ -134,9 +133,8 @@ class CudaMlp final : public Model {
   std::vector<Layer> layers_;
   // Double-buffered staging: samples (uint8, or float features) and labels as they came.
   cuda::BatchStaging staging_;
-  DeviceBuffer state_;                     // cuda::StepState
-  cuda::StepState* host_state_ = nullptr;  // pinned
-  float* host_rate_ = nullptr;             // pinned: the next step's learning rate
+  cuda::StepStateBuffer state_;
+  float* host_rate_ = nullptr;  // pinned: the next step's learning rate
   std::vector<cuda::SgdTensor> sgd_tensors_;
   std::unique_ptr<Plan> full_plan_;
   PartialPlanCache<Plan> partial_plans_{kMaxPartialPlans};
@@ -148,7 +146,6 @@ CudaMlp::~CudaMlp() {
   cudaSetDevice(context_->device());
   cudaStreamSynchronize(context_->copy_stream());
   cudaStreamSynchronize(context_->compute_stream());
-  if (host_state_ != nullptr) cudaFreeHost(host_state_);
   if (host_rate_ != nullptr) cudaFreeHost(host_rate_);
 }
 
@@ -206,19 +203,10 @@ absl::Status CudaMlp::Init(int device) {
                             layer.bias_velocity.as<float>(), nullptr, layer.out, 0.0f});
   }
 
-  STOKER_CUDA_RETURN_IF_ERROR(
-      cudaMallocHost(reinterpret_cast<void**>(&host_state_), sizeof(cuda::StepState)));
   STOKER_CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&host_rate_), sizeof(float)));
   *host_rate_ = 0.0f;
-  STOKER_ASSIGN_BUFFER(state_, sizeof(cuda::StepState));
-  *host_state_ = cuda::StepState{};
-  host_state_->loss_scale = loss_scaling_ ? config_.loss_scale.initial : 1.0f;
-  host_state_->growth_interval = std::max(1, config_.loss_scale.growth_interval);
-  host_state_->growth_factor = config_.loss_scale.growth_factor;
-  host_state_->backoff_factor = config_.loss_scale.backoff_factor;
   const cudaStream_t stream = context_->compute_stream();
-  STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(state_.get(), host_state_, sizeof(cuda::StepState),
-                                              cudaMemcpyHostToDevice, stream));
+  STOKER_RETURN_IF_ERROR(state_.Init(loss_scaling_, config_.loss_scale, stream));
   // Momentum starts at zero, as in PyTorch.
   for (const Layer& layer : layers_) {
     STOKER_CUDA_RETURN_IF_ERROR(
@@ -233,23 +221,10 @@ absl::Status CudaMlp::Init(int device) {
   return SetParameters(InitialMlpParameters(config_));
 }
 
-absl::StatusOr<std::unique_ptr<LtGemm>> CudaMlp::MakeGemm(const GemmShape& shape,
-                                                          const GemmEpilogueArgs& epilogue) const {
-  return LtGemm::Create(context_->lt(), shape, epilogue, context_->workspace_bytes());
-}
-
 absl::StatusOr<std::unique_ptr<LtGemm>> CudaMlp::MakeGemmPreferFused(
     const GemmShape& shape, const GemmEpilogueArgs& epilogue, bool* fused) const {
-  *fused = false;
-  if (options_.fused_epilogues && epilogue.kind != GemmEpilogue::kNone) {
-    absl::StatusOr<std::unique_ptr<LtGemm>> gemm = MakeGemm(shape, epilogue);
-    if (gemm.ok()) {
-      *fused = true;
-      return gemm;
-    }
-    if (!absl::IsUnimplemented(gemm.status())) return gemm.status();
-  }
-  return MakeGemm(shape, GemmEpilogueArgs{});
+  return cuda::CreateGemmPreferFused(context_->lt(), shape, epilogue, context_->workspace_bytes(),
+                                     options_.fused_epilogues, fused);
 }
 
 absl::StatusOr<std::unique_ptr<Plan>> CudaMlp::BuildPlan(int batch) {
@@ -261,54 +236,30 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaMlp::BuildPlan(int batch) {
     Layer& layer = layers_[l];
     LayerGemms& gemms = plan->layers[l];
     const DType output_type = layer.relu ? type_ : DType::kF32;
+    const cuda::LinearGemmShapes shapes =
+        cuda::LinearShapes(layer.in, layer.out, batch, type_, output_type);
 
-    // Y^T[out, B] = W[out, in] X^T[in, B]: W is stored as column-major [in, out], used transposed.
-    GemmShape forward{.m = layer.out,
-                      .n = batch,
-                      .k = layer.in,
-                      .transpose_a = true,
-                      .transpose_b = false,
-                      .a_type = type_,
-                      .b_type = type_,
-                      .d_type = output_type};
     GemmEpilogueArgs forward_epilogue{
         .kind = layer.relu ? GemmEpilogue::kReluAuxBias : GemmEpilogue::kBias,
         .bias = layer.bias.as<float>(),
         .aux = layer.relu ? layer.relu_mask.get() : nullptr,
         .aux_ld = layer.relu ? cuda::ReluMaskLd(layer.out) : 0};
     absl::StatusOr<std::unique_ptr<LtGemm>> gemm =
-        MakeGemmPreferFused(forward, forward_epilogue, &gemms.forward_fused);
+        MakeGemmPreferFused(shapes.forward, forward_epilogue, &gemms.forward_fused);
     if (!gemm.ok()) return gemm.status();
     gemms.forward = *std::move(gemm);
 
-    // dW^T[in, out] = X^T[in, B] dY[B, out]: dY is stored as column-major [out, B], transposed.
-    GemmShape weight_grad{.m = layer.in,
-                          .n = layer.out,
-                          .k = batch,
-                          .transpose_a = false,
-                          .transpose_b = true,
-                          .a_type = type_,
-                          .b_type = type_,
-                          .d_type = DType::kF32};
     GemmEpilogueArgs weight_grad_epilogue;
     if (l == last) {
       weight_grad_epilogue = {.kind = GemmEpilogue::kBGradB, .bias = layer.bias_grad.as<float>()};
     }
-    gemm = MakeGemmPreferFused(weight_grad, weight_grad_epilogue, &gemms.bias_grad_fused);
+    gemm = MakeGemmPreferFused(shapes.weight_grad, weight_grad_epilogue, &gemms.bias_grad_fused);
     if (!gemm.ok()) return gemm.status();
     gemms.weight_grad = *std::move(gemm);
 
-    // dX^T[in, B] = W^T[in, out] dY^T[out, B], written as the layer below's output gradient.
+    // The input gradient is written as the layer below's output gradient.
     if (l == 0) continue;
     Layer& below = layers_[l - 1];
-    GemmShape input_grad{.m = layer.in,
-                         .n = batch,
-                         .k = layer.out,
-                         .transpose_a = false,
-                         .transpose_b = false,
-                         .a_type = type_,
-                         .b_type = type_,
-                         .d_type = type_};
     GemmEpilogueArgs input_grad_epilogue;
     // The ReLU mask exists only if the layer below's forward GEMM fused its epilogue.
     if (plan->layers[l - 1].forward_fused) {
@@ -317,7 +268,7 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaMlp::BuildPlan(int batch) {
                              .aux = below.relu_mask.get(),
                              .aux_ld = cuda::ReluMaskLd(below.out)};
     }
-    gemm = MakeGemmPreferFused(input_grad, input_grad_epilogue, &gemms.input_grad_fused);
+    gemm = MakeGemmPreferFused(shapes.input_grad, input_grad_epilogue, &gemms.input_grad_fused);
     if (!gemm.ok()) return gemm.status();
     gemms.input_grad = *std::move(gemm);
   }
@@ -381,18 +332,12 @@ absl::Status CudaMlp::Backward(const Plan& plan, int rows) {
   return absl::OkStatus();
 }
 
-absl::Status CudaMlp::FinishStep() {
-  const cudaStream_t stream = context_->compute_stream();
-  STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_state_, state_.get(), sizeof(cuda::StepState),
-                                              cudaMemcpyDeviceToHost, stream));
-  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  return absl::OkStatus();
-}
+absl::Status CudaMlp::FinishStep() { return state_.ReadBack(context_->compute_stream()); }
 
 absl::Status CudaMlp::EnqueueTrainStep(const Plan& plan, int rows, int slot, bool features) {
   const cudaStream_t stream = context_->compute_stream();
-  auto* state = state_.as<cuda::StepState>();
-  STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(state, 0, cuda::kStepStateResetBytes, stream));
+  cuda::StepState* state = state_.device();
+  STOKER_RETURN_IF_ERROR(state_.EnqueueReset(stream));
   STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&state->learning_rate, host_rate_, sizeof(float),
                                               cudaMemcpyHostToDevice, stream));
   STOKER_RETURN_IF_ERROR(NormalizeStaged(slot, rows, features));
@@ -415,9 +360,7 @@ absl::Status CudaMlp::EnqueueTrainStep(const Plan& plan, int rows, int slot, boo
       sgd_tensors_.data(), tensor_count, type_, static_cast<float>(config_.optimizer.momentum),
       config_.optimizer.nesterov, state, loss_scaling_, stream));
   if (loss_scaling_) STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchUpdateLossScale(state, stream));
-  STOKER_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host_state_, state, sizeof(cuda::StepState), cudaMemcpyDeviceToHost, stream));
-  return absl::OkStatus();
+  return state_.EnqueueReadBack(stream);
 }
 
 absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double learning_rate) {
@@ -462,9 +405,9 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
   STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
 
   StepResult result;
-  result.loss = static_cast<float>(host_state_->loss_sum / rows);
-  result.skipped = host_state_->found_inf != 0;
-  result.loss_scale = host_state_->loss_scale;
+  result.loss = static_cast<float>(state_.host().loss_sum / rows);
+  result.skipped = state_.host().found_inf != 0;
+  result.loss_scale = state_.host().loss_scale;
   return result;
 }
 
@@ -474,8 +417,7 @@ absl::StatusOr<EvalResult> CudaMlp::Evaluate(const BatchView& batch) {
   absl::StatusOr<Plan*> plan = PlanFor(batch.count);
   if (!plan.ok()) return plan.status();
   const cudaStream_t stream = context_->compute_stream();
-  auto* state = state_.as<cuda::StepState>();
-  STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(state, 0, cuda::kStepStateResetBytes, stream));
+  STOKER_RETURN_IF_ERROR(state_.EnqueueReset(stream));
   absl::StatusOr<int> slot =
       staging_.Stage(batch, context_->copy_stream(), context_->compute_stream());
   if (!slot.ok()) return slot.status();
@@ -484,12 +426,12 @@ absl::StatusOr<EvalResult> CudaMlp::Evaluate(const BatchView& batch) {
   const Layer& last = layers_.back();
   STOKER_CUDA_RETURN_IF_ERROR(
       cuda::LaunchSoftmaxCrossEntropy(last.output.as<float>(), staging_.labels(*slot), batch.count,
-                                      last.out, type_, nullptr, state, stream));
+                                      last.out, type_, nullptr, state_.device(), stream));
   STOKER_RETURN_IF_ERROR(staging_.Release(*slot, stream));
   STOKER_RETURN_IF_ERROR(FinishStep());
   EvalResult result;
-  result.loss_sum = host_state_->loss_sum;
-  result.correct = static_cast<int64_t>(host_state_->correct);
+  result.loss_sum = state_.host().loss_sum;
+  result.correct = static_cast<int64_t>(state_.host().correct);
   result.count = batch.count;
   return result;
 }
@@ -530,13 +472,8 @@ std::vector<NamedTensor> CudaMlp::OptimizerState() const {
   absl::StatusOr<std::vector<NamedTensor>> copies = cuda::DownloadTensors(*context_, Tensors(true));
   if (!copies.ok()) return {};
   if (loss_scaling_) {
-    cuda::StepState state{};
-    if (cudaMemcpyAsync(&state, state_.get(), sizeof(state), cudaMemcpyDeviceToHost,
-                        context_->compute_stream()) != cudaSuccess ||
-        cudaStreamSynchronize(context_->compute_stream()) != cudaSuccess) {
-      cudaGetLastError();
-      return {};
-    }
+    // The host copy is current: every step and SetOptimizerState end synchronised.
+    const cuda::StepState& state = state_.host();
     copies->push_back(
         {"loss_scale", {2}, {state.loss_scale, static_cast<float>(state.growth_tracker)}});
   }
@@ -552,15 +489,8 @@ absl::Status CudaMlp::SetOptimizerState(const std::vector<NamedTensor>& state) {
   }
   const std::vector<NamedTensor> momentum(state.begin(), state.end() - 1);
   STOKER_RETURN_IF_ERROR(cuda::UploadTensors(*context_, Tensors(true), momentum));
-  host_state_->loss_scale = state.back().values[0];
-  host_state_->growth_tracker = static_cast<int>(state.back().values[1]);
-  // Only the persistent fields; the per-step ones are reset by every step anyway.
-  const size_t offset = offsetof(cuda::StepState, loss_scale);
-  STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      state_.as<char>() + offset, reinterpret_cast<const char*>(host_state_) + offset,
-      sizeof(cuda::StepState) - offset, cudaMemcpyHostToDevice, context_->compute_stream()));
-  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(context_->compute_stream()));
-  return absl::OkStatus();
+  return state_.SetLossScale(state.back().values[0], static_cast<int>(state.back().values[1]),
+                             context_->compute_stream());
 }
 
 absl::Status CudaMlp::RefreshLowWeights() {

@@ -29,7 +29,6 @@ CudaNetwork::~CudaNetwork() {
   cudaSetDevice(context_->device());
   cudaStreamSynchronize(context_->copy_stream());
   cudaStreamSynchronize(context_->compute_stream());
-  if (host_state_ != nullptr) cudaFreeHost(host_state_);
 }
 
 absl::Status CudaNetwork::Init(int device) {
@@ -245,7 +244,7 @@ absl::Status CudaNetwork::Backward(const Plan& plan, int rows) {
 absl::Status CudaNetwork::ApplyOptimizer(float learning_rate) {
   const cudaStream_t stream = context_->compute_stream();
   const OptimizerConfig& opt = config_.optimizer;
-  auto* state = state_.as<cuda::StepState>();
+  cuda::StepState* state = state_.device();
   const int count = static_cast<int>(optimizer_tensors_.size());
   const cuda::OptimizerTensor* tensors = optimizer_tensors_.data();
   if (count == 0) {
@@ -290,13 +289,7 @@ absl::Status CudaNetwork::ApplyOptimizer(float learning_rate) {
   return absl::OkStatus();
 }
 
-absl::Status CudaNetwork::FinishStep() {
-  const cudaStream_t stream = context_->compute_stream();
-  STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_state_, state_.get(), sizeof(cuda::StepState),
-                                              cudaMemcpyDeviceToHost, stream));
-  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  return absl::OkStatus();
-}
+absl::Status CudaNetwork::FinishStep() { return state_.ReadBack(context_->compute_stream()); }
 
 absl::StatusOr<StepResult> CudaNetwork::TrainStep(const BatchView& batch, double learning_rate) {
   if (absl::Status status = ValidateBatch(config_, batch); !status.ok()) return status;
@@ -306,9 +299,9 @@ absl::StatusOr<StepResult> CudaNetwork::TrainStep(const BatchView& batch, double
   if (!plan.ok()) return plan.status();
   const int rows = batch.count;
   const cudaStream_t stream = context_->compute_stream();
-  auto* state = state_.as<cuda::StepState>();
+  cuda::StepState* state = state_.device();
 
-  STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(state, 0, cuda::kStepStateResetBytes, stream));
+  STOKER_RETURN_IF_ERROR(state_.EnqueueReset(stream));
   absl::StatusOr<int> slot = StageBatch(batch);
   if (!slot.ok()) return slot.status();
   STOKER_RETURN_IF_ERROR(Forward(**plan, rows, /*training=*/true));
@@ -332,9 +325,9 @@ absl::StatusOr<StepResult> CudaNetwork::TrainStep(const BatchView& batch, double
   STOKER_RETURN_IF_ERROR(FinishStep());
 
   StepResult result;
-  result.loss = static_cast<float>(host_state_->loss_sum / rows);
-  result.skipped = loss_scaling_ && host_state_->found_inf != 0;
-  result.loss_scale = host_state_->loss_scale;
+  result.loss = static_cast<float>(state_.host().loss_sum / rows);
+  result.skipped = loss_scaling_ && state_.host().found_inf != 0;
+  result.loss_scale = state_.host().loss_scale;
   if (!result.skipped) ++optimizer_steps_;
   return result;
 }
@@ -345,8 +338,8 @@ absl::StatusOr<EvalResult> CudaNetwork::Evaluate(const BatchView& batch) {
   absl::StatusOr<Plan*> plan = PlanFor(batch.count);
   if (!plan.ok()) return plan.status();
   const cudaStream_t stream = context_->compute_stream();
-  auto* state = state_.as<cuda::StepState>();
-  STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(state, 0, cuda::kStepStateResetBytes, stream));
+  cuda::StepState* state = state_.device();
+  STOKER_RETURN_IF_ERROR(state_.EnqueueReset(stream));
   absl::StatusOr<int> slot = StageBatch(batch);
   if (!slot.ok()) return slot.status();
   STOKER_RETURN_IF_ERROR(Forward(**plan, batch.count, /*training=*/false));
@@ -358,8 +351,8 @@ absl::StatusOr<EvalResult> CudaNetwork::Evaluate(const BatchView& batch) {
   STOKER_RETURN_IF_ERROR(staging_.Release(*slot, stream));
   STOKER_RETURN_IF_ERROR(FinishStep());
   EvalResult result;
-  result.loss_sum = host_state_->loss_sum;
-  result.correct = static_cast<int64_t>(host_state_->correct);
+  result.loss_sum = state_.host().loss_sum;
+  result.correct = static_cast<int64_t>(state_.host().correct);
   result.count = batch.count;
   return result;
 }

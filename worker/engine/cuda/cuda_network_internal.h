@@ -29,6 +29,7 @@
 #include "worker/engine/cuda/lt_gemm.h"
 #include "worker/engine/cuda/mlp_kernels.h"
 #include "worker/engine/cuda/network_kernels.h"
+#include "worker/engine/cuda/step_state.h"
 #include "worker/engine/cuda/tensor_transfer.h"
 #include "worker/engine/plan_cache.h"
 
@@ -162,7 +163,7 @@ class CudaNetwork final : public Model {
   absl::StatusOr<const float*> Logits(int rows);
   absl::Status Backward(const Plan& plan, int rows);
   absl::Status ApplyOptimizer(float learning_rate);
-  // Copies the step state to host_state_ and waits for it: the step's one host synchronisation.
+  // Copies the step state to the host and waits for it: the step's one host synchronisation.
   absl::Status FinishStep();
 
   // The storage of the logits (the input's when there are no layers).
@@ -197,9 +198,8 @@ class CudaNetwork final : public Model {
   DeviceBuffer logits_;  // [max_batch, classes] fp32 when the last activation is not fp32
   DeviceBuffer conv_workspace_;
   BatchStaging staging_;
-  DeviceBuffer state_;                     // cuda::StepState
-  DeviceBuffer clip_;                      // cuda::ClipState, when clipping
-  cuda::StepState* host_state_ = nullptr;  // pinned
+  StepStateBuffer state_;
+  DeviceBuffer clip_;  // cuda::ClipState, when clipping
   std::vector<cuda::OptimizerTensor> optimizer_tensors_;
   std::vector<cuda::SgdTensor> finite_check_tensors_;  // LaunchCheckFinite reads grad and size
   std::unique_ptr<Plan> full_plan_;

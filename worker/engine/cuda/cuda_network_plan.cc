@@ -164,18 +164,9 @@ absl::Status CudaNetwork::AllocateStepBuffers() {
                                         .scale = config_.input_scale,
                                         .shift = config_.input_shift,
                                         .type = type_}));
-  STOKER_CUDA_RETURN_IF_ERROR(
-      cudaMallocHost(reinterpret_cast<void**>(&host_state_), sizeof(cuda::StepState)));
-  STOKER_ASSIGN_BUFFER(state_, sizeof(cuda::StepState));
   if (clipping()) STOKER_ASSIGN_BUFFER(clip_, sizeof(cuda::ClipState));
-  *host_state_ = cuda::StepState{};
-  host_state_->loss_scale = loss_scaling_ ? config_.loss_scale.initial : 1.0f;
-  host_state_->growth_interval = std::max(1, config_.loss_scale.growth_interval);
-  host_state_->growth_factor = config_.loss_scale.growth_factor;
-  host_state_->backoff_factor = config_.loss_scale.backoff_factor;
   const cudaStream_t stream = context_->compute_stream();
-  STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(state_.get(), host_state_, sizeof(cuda::StepState),
-                                              cudaMemcpyHostToDevice, stream));
+  STOKER_RETURN_IF_ERROR(state_.Init(loss_scaling_, config_.loss_scale, stream));
   for (Param& param : params_) {
     const float weight_decay =
         param.is_weight ? static_cast<float>(config_.optimizer.weight_decay) : 0.0f;
@@ -190,17 +181,8 @@ absl::Status CudaNetwork::AllocateStepBuffers() {
 
 absl::StatusOr<std::unique_ptr<LtGemm>> CudaNetwork::MakeGemmPreferFused(
     const GemmShape& shape, const GemmEpilogueArgs& epilogue, bool* fused) const {
-  *fused = false;
-  if (options_.fused_epilogues && epilogue.kind != GemmEpilogue::kNone) {
-    absl::StatusOr<std::unique_ptr<LtGemm>> gemm =
-        LtGemm::Create(context_->lt(), shape, epilogue, context_->workspace_bytes());
-    if (gemm.ok()) {
-      *fused = true;
-      return gemm;
-    }
-    if (!absl::IsUnimplemented(gemm.status())) return gemm.status();
-  }
-  return LtGemm::Create(context_->lt(), shape, GemmEpilogueArgs{}, context_->workspace_bytes());
+  return cuda::CreateGemmPreferFused(context_->lt(), shape, epilogue, context_->workspace_bytes(),
+                                     options_.fused_epilogues, fused);
 }
 
 absl::StatusOr<std::unique_ptr<Plan>> CudaNetwork::BuildPlan(int batch) {
@@ -261,48 +243,23 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaNetwork::BuildPlan(int batch) {
         const int in_features = static_cast<int>(Product(in));
         const int units = c.units;
         const DType out_type = storage_[layer.out_storage].type;
-        // Row-major [rows, cols] buffers are column-major [cols, rows] to cuBLASLt (lt_gemm.h).
-        // Y^T[units, B] = W[units, in] X^T[in, B]: W is column-major [in, units], transposed.
-        const GemmShape forward{.m = units,
-                                .n = batch,
-                                .k = in_features,
-                                .transpose_a = true,
-                                .transpose_b = false,
-                                .a_type = type_,
-                                .b_type = type_,
-                                .d_type = out_type};
+        // The layout of the three GEMMs: cuda::LinearShapes (lt_gemm.h).
+        const cuda::LinearGemmShapes shapes =
+            cuda::LinearShapes(in_features, units, batch, type_, out_type);
         absl::StatusOr<std::unique_ptr<LtGemm>> gemm = MakeGemmPreferFused(
-            forward, {.kind = GemmEpilogue::kBias, .bias = bias.value.as<float>()},
+            shapes.forward, {.kind = GemmEpilogue::kBias, .bias = bias.value.as<float>()},
             &lp.forward_fused);
         if (!gemm.ok()) return gemm.status();
         lp.forward = *std::move(gemm);
-        // dW^T[in, units] = X^T[in, B] dY[B, units] (fp32): dY is column-major [units, B],
-        // transposed. BGRADB: the bias gradient is the column sums of dY over the batch.
-        const GemmShape weight_grad{.m = in_features,
-                                    .n = units,
-                                    .k = batch,
-                                    .transpose_a = false,
-                                    .transpose_b = true,
-                                    .a_type = type_,
-                                    .b_type = type_,
-                                    .d_type = DType::kF32};
-        gemm = MakeGemmPreferFused(weight_grad,
+        // BGRADB: the bias gradient is the column sums of dY over the batch.
+        gemm = MakeGemmPreferFused(shapes.weight_grad,
                                    {.kind = GemmEpilogue::kBGradB, .bias = bias.grad.as<float>()},
                                    &lp.bias_grad_fused);
         if (!gemm.ok()) return gemm.status();
         lp.weight_grad = *std::move(gemm);
         if (layer.needs_input_grad) {
-          // dX^T[in, B] = W^T[in, units] dY^T[units, B]: W is column-major [in, units] as is.
-          const GemmShape input_grad{.m = in_features,
-                                     .n = batch,
-                                     .k = units,
-                                     .transpose_a = false,
-                                     .transpose_b = false,
-                                     .a_type = type_,
-                                     .b_type = type_,
-                                     .d_type = type_};
           bool unused = false;
-          gemm = MakeGemmPreferFused(input_grad, GemmEpilogueArgs{}, &unused);
+          gemm = MakeGemmPreferFused(shapes.input_grad, GemmEpilogueArgs{}, &unused);
           if (!gemm.ok()) return gemm.status();
           lp.input_grad = *std::move(gemm);
         }

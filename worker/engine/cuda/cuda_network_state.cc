@@ -30,7 +30,8 @@ std::vector<std::pair<std::string, std::vector<float>>> CudaNetwork::ScalarState
       {"train_step", {static_cast<float>(train_steps_)}}};
   if (loss_scaling_) {
     scalars.push_back(
-        {"loss_scale", {host_state_->loss_scale, static_cast<float>(host_state_->growth_tracker)}});
+        {"loss_scale",
+         {state_.host().loss_scale, static_cast<float>(state_.host().growth_tracker)}});
   }
   return scalars;
 }
@@ -106,14 +107,9 @@ absl::Status CudaNetwork::SetOptimizerState(const std::vector<NamedTensor>& stat
   optimizer_steps_ = static_cast<int64_t>(state[first_scalar].values[0]);
   train_steps_ = static_cast<int64_t>(state[first_scalar + 1].values[0]);
   if (loss_scaling_) {
-    host_state_->loss_scale = state[first_scalar + 2].values[0];
-    host_state_->growth_tracker = static_cast<int>(state[first_scalar + 2].values[1]);
-    // Only the persistent fields; the per-step ones are reset by every step anyway.
-    const size_t offset = offsetof(cuda::StepState, loss_scale);
-    STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        state_.as<char>() + offset, reinterpret_cast<const char*>(host_state_) + offset,
-        sizeof(cuda::StepState) - offset, cudaMemcpyHostToDevice, context_->compute_stream()));
-    STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(context_->compute_stream()));
+    STOKER_RETURN_IF_ERROR(state_.SetLossScale(state[first_scalar + 2].values[0],
+                                               static_cast<int>(state[first_scalar + 2].values[1]),
+                                               context_->compute_stream()));
   }
   return absl::OkStatus();
 }

@@ -150,4 +150,49 @@ absl::Status LtGemm::Run(cublasLtHandle_t lt, const void* a, const void* b, void
   return absl::OkStatus();
 }
 
+LinearGemmShapes LinearShapes(int in, int out, int batch, DType type, DType forward_out) {
+  return {.forward = {.m = out,
+                      .n = batch,
+                      .k = in,
+                      .transpose_a = true,
+                      .transpose_b = false,
+                      .a_type = type,
+                      .b_type = type,
+                      .d_type = forward_out},
+          .weight_grad = {.m = in,
+                          .n = out,
+                          .k = batch,
+                          .transpose_a = false,
+                          .transpose_b = true,
+                          .a_type = type,
+                          .b_type = type,
+                          .d_type = DType::kF32},
+          .input_grad = {.m = in,
+                         .n = batch,
+                         .k = out,
+                         .transpose_a = false,
+                         .transpose_b = false,
+                         .a_type = type,
+                         .b_type = type,
+                         .d_type = type}};
+}
+
+absl::StatusOr<std::unique_ptr<LtGemm>> CreateGemmPreferFused(cublasLtHandle_t lt,
+                                                              const GemmShape& shape,
+                                                              const GemmEpilogueArgs& epilogue,
+                                                              size_t workspace_bytes,
+                                                              bool try_fused, bool* fused) {
+  *fused = false;
+  if (try_fused && epilogue.kind != GemmEpilogue::kNone) {
+    absl::StatusOr<std::unique_ptr<LtGemm>> gemm =
+        LtGemm::Create(lt, shape, epilogue, workspace_bytes);
+    if (gemm.ok()) {
+      *fused = true;
+      return gemm;
+    }
+    if (!absl::IsUnimplemented(gemm.status())) return gemm.status();
+  }
+  return LtGemm::Create(lt, shape, GemmEpilogueArgs{}, workspace_bytes);
+}
+
 }  // namespace stoker::cuda

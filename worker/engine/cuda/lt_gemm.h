@@ -53,6 +53,31 @@ struct GemmEpilogueArgs {
 // of 128.
 inline int64_t ReluMaskLd(int rows) { return (static_cast<int64_t>(rows) + 127) / 128 * 128; }
 
+// The three GEMMs of a Linear layer (in -> out features) on `batch` rows, as both cuda models
+// lay them out: row-major [rows, cols] buffers are column-major [cols, rows] to cuBLASLt, so
+//   forward      Y^T[out, B]  = W[out, in] X^T[in, B]     (W column-major [in, out], transposed)
+//   weight_grad  dW^T[in, out] = X^T[in, B] dY[B, out]    (dY column-major [out, B], transposed;
+//                                                          written in fp32)
+//   input_grad   dX^T[in, B]  = W^T[in, out] dY^T[out, B]
+// Inputs, weights and the input gradient are in `type`; the forward output in `forward_out`.
+struct LinearGemmShapes {
+  GemmShape forward;
+  GemmShape weight_grad;
+  GemmShape input_grad;
+};
+LinearGemmShapes LinearShapes(int in, int out, int batch, DType type, DType forward_out);
+
+class LtGemm;
+
+// LtGemm::Create with `epilogue` when `try_fused` and the epilogue is not kNone; when that is off,
+// or cuBLASLt has no fused algorithm (UNIMPLEMENTED), a plain GEMM, the caller then doing the
+// epilogue's work with its own kernels. *fused says which one it got.
+absl::StatusOr<std::unique_ptr<LtGemm>> CreateGemmPreferFused(cublasLtHandle_t lt,
+                                                              const GemmShape& shape,
+                                                              const GemmEpilogueArgs& epilogue,
+                                                              size_t workspace_bytes,
+                                                              bool try_fused, bool* fused);
+
 class LtGemm {
  public:
   // Builds the descriptors and asks cuBLASLt's heuristic for the best algorithm that fits in
