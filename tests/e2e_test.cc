@@ -58,6 +58,21 @@ TEST_F(EndToEndTest, TrainsFashionMnistSubsetToUsefulAccuracy) {
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back().type(), v1::EVENT_TYPE_FINISHED);
   for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(events[i].seq(), int64_t(i) + 1);
+
+  // The server holds the final checkpoint, so the worker drops its local copy (one per job would
+  // fill its disk); the logs stay, and the artifact is still served.
+  const std::string attempt_dir = cluster_.dir() + "/w1/" + job->id() + "-a1";
+  const std::string local = attempt_dir + "/checkpoint.safetensors";
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (std::filesystem::exists(local) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_FALSE(std::filesystem::exists(local));
+  EXPECT_TRUE(std::filesystem::exists(attempt_dir + "/trainer.log"));
+  CommandResult artifact =
+      cluster_.Cli("artifact " + job->id() + " -o " + cluster_.dir() + "/final.safetensors");
+  EXPECT_EQ(artifact.exit_code, 0) << artifact.output;
+  EXPECT_GT(std::filesystem::file_size(cluster_.dir() + "/final.safetensors"), 100000u);
 }
 
 TEST_F(EndToEndTest, CliSubmitFollowPrintsAccuracy) {

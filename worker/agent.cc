@@ -223,6 +223,7 @@ void Agent::StartJob(const v1::Assignment& assignment) {
         // Events arrive on the runner's reader thread.
         if (event.type() == v1::EVENT_TYPE_CHECKPOINT) {
           absl::Status s = UploadCheckpoint(*raw, event.progress());
+          raw->checkpoint_on_server.store(s.ok());
           raw->unsent_checkpoint.reset();
           if (absl::IsUnavailable(s)) {
             raw->unsent_checkpoint = event.progress();
@@ -363,11 +364,22 @@ void Agent::RunJob(RunningJob* job) {
         absl::SleepFor(absl::Seconds(1));
         continue;
       }
+      job->checkpoint_on_server.store(uploaded.ok());
       job->unsent_checkpoint.reset();
     }
     v1::CompleteJobResponse response;
     grpc::Status status = stub_->CompleteJob(Context(absl::Seconds(5)).get(), request, &response);
-    if (status.ok()) break;
+    if (status.ok()) {
+      // The server serves the checkpoint from now on (`stoker artifact`, a retry's resume): the
+      // local copies would only fill this worker's disk, one per job. Logs and job.pb stay. A
+      // checkpoint the server does not have is kept.
+      if (job->checkpoint_on_server.load()) {
+        std::error_code ignored;
+        std::filesystem::remove(job->runner->checkpoint_path(), ignored);
+        std::filesystem::remove(job->runner->dir() + "/resume.safetensors", ignored);
+      }
+      break;
+    }
     if (!IsUnreachable(status)) {
       Log(absl::StrCat("completion of ", job->assignment.job_id(),
                        " refused: ", status.error_message()));

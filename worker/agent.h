@@ -50,6 +50,9 @@ class Agent {
     std::vector<v1::JobEvent> pending;
     // The latest checkpoint, when its upload failed because the server was unreachable.
     std::optional<v1::TrainingProgress> unsent_checkpoint;
+    // The server holds the attempt's latest checkpoint: the local copy may go once the outcome
+    // is delivered.
+    std::atomic<bool> checkpoint_on_server{false};
   };
 
   bool Register(const std::atomic<bool>& stop);
