@@ -68,12 +68,12 @@ std::string ArchitectureJson(const NetworkConfig& config) {
       case LayerConfig::Kind::kConv2d:
         entry["out_channels"] = layer.out_channels;
         entry["kernel"] = layer.kernel;
-        entry["stride"] = layer.stride > 0 ? layer.stride : 1;
+        entry["stride"] = EffectiveStride(layer);
         entry["padding"] = layer.padding;
         break;
       case LayerConfig::Kind::kMaxPool2d:
         entry["kernel"] = layer.kernel;
-        entry["stride"] = layer.stride > 0 ? layer.stride : layer.kernel;
+        entry["stride"] = EffectiveStride(layer);
         entry["padding"] = layer.padding;
         break;
       case LayerConfig::Kind::kLinear:

@@ -253,6 +253,15 @@ absl::Status ValidateNetworkConfig(const NetworkConfig& config);
 absl::Status ValidateTrainingOptions(const OptimizerConfig& optimizer,
                                      const LossScaleConfig& loss_scale);
 
+// A Conv2d's or MaxPool2d's stride: LayerConfig::stride, or its default when 0 (1 for Conv2d, the
+// kernel size for MaxPool2d, as in PyTorch).
+int EffectiveStride(const LayerConfig& layer);
+
+// The network optimizer state's scalar entries, as a checkpoint brings them back: "loss_scale"
+// must hold {finite scale > 0, whole count >= 0}; a counter ("optimizer.step", "train_step") a
+// whole, finite value >= 0. INVALID_ARGUMENT naming the entry otherwise.
+absl::Status ValidateScalarState(const NamedTensor& entry);
+
 // ValidateBatch for a network (count, pointers, labels < classes).
 absl::Status ValidateBatch(const NetworkConfig& config, const BatchView& batch);
 

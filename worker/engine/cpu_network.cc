@@ -196,8 +196,7 @@ CpuNetwork::CpuNetwork(const NetworkConfig& config, std::vector<std::vector<int>
     layer.in_storage = storage_index_.back();
     layer.needs_input_grad = seen_parameters;
     const Kind kind = layer.config.kind;
-    layer.stride = layer.config.stride > 0 ? layer.config.stride
-                                           : (kind == Kind::kMaxPool2d ? layer.config.kernel : 1);
+    layer.stride = EffectiveStride(layer.config);
     if (kind == Kind::kConv2d || kind == Kind::kLinear) {
       layer.weight = next_param++;
       layer.bias = next_param++;
@@ -836,16 +835,7 @@ absl::Status CpuNetwork::SetOptimizerState(const std::vector<NamedTensor>& state
   }
   const size_t scalar_start = expected.size() - ScalarState().size();
   for (size_t i = scalar_start; i < state.size(); ++i) {
-    const std::vector<float>& v = state[i].values;
-    const bool is_scale = state[i].name == "loss_scale";
-    const bool ok = is_scale
-                        ? std::isfinite(v[0]) && v[0] > 0 && v[1] >= 0 && v[1] == std::floor(v[1])
-                        : std::isfinite(v[0]) && v[0] >= 0 && v[0] == std::floor(v[0]);
-    if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer state '", state[i].name, "' holds ", v[0],
-          is_scale ? "; expected a finite scale > 0 and a count" : "; expected a count"));
-    }
+    if (absl::Status s = ValidateScalarState(state[i]); !s.ok()) return s;
   }
   size_t i = 0;
   for (Param& param : params_) {

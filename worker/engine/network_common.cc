@@ -106,7 +106,7 @@ absl::StatusOr<std::vector<std::vector<int>>> NetworkShapes(const NetworkConfig&
           return invalid("padding ", layer.padding, " must be at most half the kernel (",
                          layer.kernel, ")");
         }
-        const int stride = layer.stride > 0 ? layer.stride : (conv ? 1 : layer.kernel);
+        const int stride = EffectiveStride(layer);
         if (layer.kernel > in[1] + 2 * layer.padding || layer.kernel > in[2] + 2 * layer.padding) {
           return invalid("kernel ", layer.kernel, " larger than input ", in[1], "x", in[2],
                          layer.padding > 0 ? absl::StrCat(" padded by ", layer.padding) : "");
@@ -295,6 +295,24 @@ int64_t NetworkForwardFlopsPerSample(const NetworkConfig& config) {
     }
   }
   return flops;
+}
+
+int EffectiveStride(const LayerConfig& layer) {
+  if (layer.stride > 0) return layer.stride;
+  return layer.kind == LayerConfig::Kind::kMaxPool2d ? layer.kernel : 1;
+}
+
+absl::Status ValidateScalarState(const NamedTensor& entry) {
+  const std::vector<float>& v = entry.values;
+  const bool is_scale = entry.name == "loss_scale";
+  const bool ok =
+      is_scale ? v.size() == 2 && std::isfinite(v[0]) && v[0] > 0 && v[1] >= 0 &&
+                     v[1] == std::floor(v[1])
+               : v.size() == 1 && std::isfinite(v[0]) && v[0] >= 0 && v[0] == std::floor(v[0]);
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("optimizer state '", entry.name, "' holds ", v.empty() ? 0.0f : v[0],
+                   is_scale ? "; expected a finite scale > 0 and a count" : "; expected a count"));
 }
 
 }  // namespace stoker

@@ -110,8 +110,7 @@ absl::Status CudaNetwork::BuildLayers() {
     layer.in_storage = current_storage;
     layer.needs_input_grad = seen_parameters;
     const Kind kind = layer.config.kind;
-    layer.stride = layer.config.stride > 0 ? layer.config.stride
-                                           : (kind == Kind::kMaxPool2d ? layer.config.kernel : 1);
+    layer.stride = EffectiveStride(layer.config);
     if (kind == Kind::kConv2d || kind == Kind::kLinear) {
       layer.weight = next_param++;
       layer.bias = next_param++;

@@ -92,16 +92,7 @@ absl::Status CudaNetwork::SetOptimizerState(const std::vector<NamedTensor>& stat
   if (absl::Status s = CheckTensorsMatch(refs, state); !s.ok()) return s;
   const size_t first_scalar = refs.size() - ScalarState().size();
   for (size_t i = first_scalar; i < state.size(); ++i) {
-    const std::vector<float>& v = state[i].values;
-    const bool is_scale = state[i].name == "loss_scale";
-    const bool ok = is_scale
-                        ? std::isfinite(v[0]) && v[0] > 0 && v[1] >= 0 && v[1] == std::floor(v[1])
-                        : std::isfinite(v[0]) && v[0] >= 0 && v[0] == std::floor(v[0]);
-    if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer state '", state[i].name, "' holds ", v[0],
-          is_scale ? "; expected a finite scale > 0 and a count" : "; expected a count"));
-    }
+    if (absl::Status s = ValidateScalarState(state[i]); !s.ok()) return s;
   }
   STOKER_RETURN_IF_ERROR(UploadTensors(*context_, refs, state));
   optimizer_steps_ = static_cast<int64_t>(state[first_scalar].values[0]);
