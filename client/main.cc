@@ -346,7 +346,7 @@ int Main(int argc, char** argv) {
     token = *read;
   }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      MakeChannelCredentials({.ca = options.tls_ca});
+      MakeChannelCredentials({.cert = "", .key = "", .ca = options.tls_ca});
   if (!credentials.ok()) {
     std::cerr << "stoker: " << credentials.status().message() << "\n";
     return kExitBadInput;

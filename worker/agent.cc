@@ -185,6 +185,7 @@ void Agent::ExportMetrics() {
     c.loader_busy_seconds = snapshot.loader_busy_ns / 1e9;
     c.loader_restarts_total = snapshot.loader_restarts_total;
     c.ring_filled_slots = snapshot.filled_slots;
+    c.loader_processes = snapshot.loader_processes;
     c.epoch = snapshot.epoch;
     if (snapshot.steps_total > 0) c.loss = snapshot.loss;
     // Only fp16 scales the loss; other precisions have no loss-scale series.

@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
     options.token = *token;
   }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      stoker::MakeChannelCredentials({.ca = tls_ca});
+      stoker::MakeChannelCredentials({.cert = "", .key = "", .ca = tls_ca});
   if (!credentials.ok()) {
     std::cerr << "stoker-worker: " << credentials.status().message() << "\n";
     return 2;

@@ -82,6 +82,7 @@ JobRunner::StatsSnapshot JobRunner::Snapshot() {
   snapshot.loader_batches_total = stats.loader_batches_total.load();
   snapshot.loader_restarts_total = stats.loader_restarts_total.load();
   snapshot.filled_slots = region_->FilledSlots();
+  snapshot.loader_processes = region_->ActiveLoaderCount();
   return snapshot;
 }
 

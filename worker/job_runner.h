@@ -63,6 +63,7 @@ class JobRunner {
              loader_restarts_total = 0, epoch = 0;
     double loss = 0, loss_scale = 1, eval_accuracy = 0;
     uint32_t filled_slots = 0;
+    uint32_t loader_processes = 0;  // loaders of the current era (loader.processes: auto moves it)
   };
   StatsSnapshot Snapshot();
 

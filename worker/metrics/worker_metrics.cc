@@ -134,6 +134,7 @@ struct WorkerMetrics::Impl {
   Family<Counter>* device_busy = nullptr;
   Family<Counter>* data_stall = nullptr;
   Family<Gauge>* ring_filled = nullptr;
+  Family<Gauge>* loader_processes = nullptr;
   Family<Counter>* loader_batches = nullptr;
   Family<Histogram>* loader_batch_seconds = nullptr;
   Family<Counter>* loader_restarts = nullptr;
@@ -156,6 +157,7 @@ struct WorkerMetrics::Impl {
     Counter* device_busy = nullptr;
     Counter* data_stall = nullptr;
     Gauge* ring_filled = nullptr;
+    Gauge* loader_processes = nullptr;
     Counter* loader_batches = nullptr;
     Histogram* loader_batch_seconds = nullptr;
     Counter* loader_restarts = nullptr;
@@ -205,6 +207,9 @@ struct WorkerMetrics::Impl {
                         "Time the device sat idle because the next batch was not ready.");
     ring_filled = &Build(prometheus::BuildGauge(), "stoker_ring_filled_slots",
                          "Ring slots holding a batch the trainer has not consumed yet.");
+    loader_processes = &Build(prometheus::BuildGauge(), "stoker_loader_processes",
+                              "Loader processes making the job's batches now (loader.processes: "
+                              "auto grows and shrinks it).");
     loader_batches = &Build(prometheus::BuildCounter(), "stoker_loader_batches_total",
                             "Batches the loaders wrote into the ring.");
     loader_batch_seconds = &Build(prometheus::BuildHistogram(), "stoker_loader_batch_seconds",
@@ -232,6 +237,7 @@ struct WorkerMetrics::Impl {
     series.device_busy = &device_busy->Add(l);
     series.data_stall = &data_stall->Add(l);
     series.ring_filled = &ring_filled->Add(l);
+    series.loader_processes = &loader_processes->Add(l);
     series.loader_batches = &loader_batches->Add(l);
     series.loader_batch_seconds =
         &loader_batch_seconds->Add(l, ToBoundaries(kLoaderBatchSecondsBounds));
@@ -247,6 +253,7 @@ struct WorkerMetrics::Impl {
     device_busy->Remove(series.device_busy);
     data_stall->Remove(series.data_stall);
     ring_filled->Remove(series.ring_filled);
+    loader_processes->Remove(series.loader_processes);
     loader_batches->Remove(series.loader_batches);
     loader_batch_seconds->Remove(series.loader_batch_seconds);
     loader_restarts->Remove(series.loader_restarts);
@@ -302,6 +309,7 @@ struct WorkerMetrics::Impl {
     series.h2d_bytes->Increment(
         static_cast<double>(Advance(now.h2d_bytes_total, &last.h2d_bytes_total)));
     series.ring_filled->Set(now.ring_filled_slots);
+    series.loader_processes->Set(now.loader_processes);
     series.epoch->Set(static_cast<double>(now.epoch));
     SetOptional(loss, series.labels, now.loss, &series.loss);
     SetOptional(loss_scale, series.labels, now.loss_scale, &series.loss_scale);

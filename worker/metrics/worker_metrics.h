@@ -50,8 +50,9 @@ struct JobCounters {
   uint64_t loader_restarts_total = 0;
   uint64_t h2d_bytes_total = 0;
   uint32_t ring_filled_slots = 0;
-  std::optional<double> loss;           // last training loss; empty before the first step
-  std::optional<double> loss_scale;     // empty when the job does not scale (fp32, bf16)
+  uint32_t loader_processes = 0;     // loaders making batches now (autotune grows and shrinks it)
+  std::optional<double> loss;        // last training loss; empty before the first step
+  std::optional<double> loss_scale;  // empty when the job does not scale (fp32, bf16)
   std::optional<double> eval_accuracy;  // 0..1; empty before the first evaluation
   uint64_t epoch = 0;
 

@@ -57,6 +57,7 @@ TEST(WorkerMetricsTest, ServesJobCountersOverHttp) {
   c.loader_restarts_total = 1;
   c.h2d_bytes_total = 1000;
   c.ring_filled_slots = 3;
+  c.loader_processes = 4;
   c.loss = 0.75;
   c.loss_scale = 65536;
   c.eval_accuracy = 0.5;
@@ -73,6 +74,7 @@ TEST(WorkerMetricsTest, ServesJobCountersOverHttp) {
   EXPECT_EQ(Value(*text, JobSeries("stoker_loader_restarts_total", "j1")), 1);
   EXPECT_EQ(Value(*text, JobSeries("stoker_h2d_bytes_total", "j1")), 1000);
   EXPECT_EQ(Value(*text, JobSeries("stoker_ring_filled_slots", "j1")), 3);
+  EXPECT_EQ(Value(*text, JobSeries("stoker_loader_processes", "j1")), 4);
   EXPECT_EQ(Value(*text, JobSeries("stoker_loss", "j1")), 0.75);
   EXPECT_EQ(Value(*text, JobSeries("stoker_loss_scale", "j1")), 65536);
   EXPECT_EQ(Value(*text, JobSeries("stoker_eval_accuracy_ratio", "j1")), 0.5);
