@@ -1,5 +1,6 @@
 // Training-step throughput of the cuda backend on a large MLP, bf16 and fp32 (fp16 too), and the
-// cuBLASLt GEMM ceiling for the model's dominant shape measured in the same run.
+// cuBLASLt GEMM ceiling for the model's dominant shape measured in the same run; the small-MLP
+// step with and without its CUDA graph; and the example CNN (cuDNN) in fp32, bf16 and fp16.
 // Prints key=value lines; tests/gpu/check.sh turns them into a table. Without a GPU it says so and
 // exits 0.
 //
@@ -100,6 +101,58 @@ double TimeSteps(const Flags& flags, Precision precision, const std::vector<uint
   *flops = StepFlops(config, flags.batch);
   *last_loss = std::to_string(loss);
   return seconds;
+}
+
+// Mean seconds per TrainStep of examples/fashion-mnist-cnn.yaml's network (2 conv + pool, cuDNN)
+// on 28x28 images at `batch`, or < 0 on error (printed).
+double TimeCnnSteps(Precision precision, int batch, int steps) {
+  NetworkConfig config;
+  config.input_shape = {1, 28, 28};
+  using Kind = LayerConfig::Kind;
+  config.layers = {
+      {.kind = Kind::kConv2d, .out_channels = 32, .kernel = 3, .padding = 1},
+      {.kind = Kind::kRelu},
+      {.kind = Kind::kMaxPool2d, .kernel = 2},
+      {.kind = Kind::kConv2d, .out_channels = 64, .kernel = 3, .padding = 1},
+      {.kind = Kind::kRelu},
+      {.kind = Kind::kMaxPool2d, .kernel = 2},
+      {.kind = Kind::kFlatten},
+      {.kind = Kind::kLinear, .units = 256},
+      {.kind = Kind::kRelu},
+      {.kind = Kind::kDropout, .rate = 0.3f},
+      {.kind = Kind::kLinear, .units = 10},
+  };
+  config.classes = 10;
+  config.max_batch = batch;
+  config.precision = precision;
+  config.optimizer.nesterov = true;
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(0);
+  if (!backend.ok()) return -1;
+  absl::StatusOr<std::unique_ptr<Model>> model = (*backend)->CreateNetwork(config);
+  if (!model.ok()) {
+    std::fprintf(stderr, "CreateNetwork(%s): %s\n", PrecisionName(precision),
+                 model.status().ToString().c_str());
+    return -1;
+  }
+  std::vector<uint8_t> samples(static_cast<size_t>(batch) * 28 * 28);
+  std::vector<uint8_t> labels(batch);
+  std::mt19937_64 rng(9);
+  for (uint8_t& p : samples) p = static_cast<uint8_t>(rng() >> 56);
+  for (uint8_t& l : labels) l = static_cast<uint8_t>(rng() % 10);
+  const BatchView view{samples.data(), labels.data(), batch};
+  for (int i = 0; i < 5; ++i) {
+    absl::StatusOr<StepResult> result = (*model)->TrainStep(view, 0.01);
+    if (!result.ok()) {
+      std::fprintf(stderr, "cnn TrainStep(%s): %s\n", PrecisionName(precision),
+                   result.status().ToString().c_str());
+      return -1;
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) {
+    if (!(*model)->TrainStep(view, 0.01).ok()) return -1;
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / steps;
 }
 
 // Mean seconds of one bf16 GEMM D[m, n] = A^T B with fp32 accumulation, timed with events.
@@ -249,6 +302,23 @@ int Main(int argc, char** argv) {
   }
   if (small_seconds[0] > 0 && small_seconds[1] > 0) {
     std::printf("speedup graphs_vs_eager_small=%.2f\n", small_seconds[0] / small_seconds[1]);
+  }
+
+  // The example CNN through the general network (cuDNN convolutions and pooling), batch 512.
+  constexpr int kCnnBatch = 512;
+  double cnn_seconds[3] = {-1, -1, -1};
+  for (int p = 0; p < 3; ++p) {
+    cnn_seconds[p] = TimeCnnSteps(precisions[p], kCnnBatch, 30);
+    if (cnn_seconds[p] > 0) {
+      std::printf("cnn precision=%s batch=%d ms=%.3f samples_per_s=%.0f\n",
+                  PrecisionName(precisions[p]), kCnnBatch, cnn_seconds[p] * 1e3,
+                  kCnnBatch / cnn_seconds[p]);
+    } else {
+      std::printf("cnn precision=%s error=1\n", PrecisionName(precisions[p]));
+    }
+  }
+  if (cnn_seconds[0] > 0 && cnn_seconds[1] > 0) {
+    std::printf("speedup cnn_bf16_vs_fp32=%.2f\n", cnn_seconds[0] / cnn_seconds[1]);
   }
   return 0;
 }

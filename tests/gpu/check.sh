@@ -73,7 +73,7 @@ fi
 grep -E "stoker: cuDNN" "$LOGS/configure.log" | tail -1
 targets=(cuda_conformance_test gpu_bench engine_test)
 grep -q "stoker: cuDNN not found" "$LOGS/configure.log" || targets+=(cuda_network_test)
-if ! timeout 240 cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" \
+if ! timeout 210 cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" \
     >"$LOGS/build.log" 2>&1; then
   log "build failed"; grep -E "error|Error" "$LOGS/build.log" | head -40; exit 1
 fi
@@ -105,7 +105,7 @@ timeout 20 python3 "$ROOT/scripts/pytorch_eval.py" --verify \
 safetensors_rc=$?
 cat "$LOGS/safetensors.log"
 log "gpu_bench"
-timeout 60 "$BUILD/cuda/bench_gpu/gpu_bench" >"$LOGS/gpu_bench.log" 2>&1
+timeout 90 "$BUILD/cuda/bench_gpu/gpu_bench" >"$LOGS/gpu_bench.log" 2>&1
 bench_rc=$?
 cat "$LOGS/gpu_bench.log"
 
@@ -136,6 +136,12 @@ value() {  # value LINE_PREFIX KEY
     echo "| $p | $(value "step precision=$p" ms) | $(value "step precision=$p" samples_per_s) | $(value "step precision=$p" tflops) |"
   done
   echo "| cuBLASLt bf16 GEMM $(value gemm shape) | $(value gemm ms) | | $(value gemm tflops) |"
+  echo
+  echo "| example CNN (cuDNN), batch 512 | step ms | samples/s |"
+  echo "|---|---|---|"
+  for p in fp32 bf16 fp16; do
+    echo "| $p | $(value "cnn precision=$p" ms) | $(value "cnn precision=$p" samples_per_s) |"
+  done
   echo
   echo "small MLP (784-784-10, batch 128, bf16) step ms: CUDA graph $(value "small precision=bf16 graphs=1" ms), kernel by kernel $(value "small precision=bf16 graphs=0" ms) ($(value speedup graphs_vs_eager_small)x)"
   echo
