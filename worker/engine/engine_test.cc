@@ -12,9 +12,16 @@
 
 #include "gtest/gtest.h"
 #include "worker/engine/backend.h"
+#include "worker/engine/network_test_util.h"
 
 namespace stoker {
 namespace {
+
+// The double-precision helpers the network tests use too (network_test_util.h).
+using testing_util::DoubleParams;
+using testing_util::RelativeDifference;
+using testing_util::StepGradient;
+using testing_util::ToDouble;
 
 struct Batch {
   std::vector<uint8_t> samples;
@@ -55,14 +62,6 @@ MlpConfig SmallConfig() {
   return config;
 }
 
-using DoubleParams = std::vector<std::vector<double>>;
-
-DoubleParams ToDouble(const std::vector<NamedTensor>& parameters) {
-  DoubleParams result;
-  for (const NamedTensor& t : parameters) result.emplace_back(t.values.begin(), t.values.end());
-  return result;
-}
-
 // Mean cross-entropy of the MLP in double precision (weights [out, in], then bias, per layer).
 double ReferenceLoss(const MlpConfig& config, const DoubleParams& params, const Batch& batch) {
   double loss = 0;
@@ -94,21 +93,6 @@ double ReferenceLoss(const MlpConfig& config, const DoubleParams& params, const 
   return loss / batch.count;
 }
 
-// The gradient the model applies, recovered from one plain SGD step: g = (w_before - w_after) / lr.
-DoubleParams ModelGradient(Model& model, const Batch& batch, double lr, float* loss) {
-  const DoubleParams before = ToDouble(model.Parameters());
-  absl::StatusOr<StepResult> step = model.TrainStep(batch.View(), lr);
-  EXPECT_TRUE(step.ok()) << step.status();
-  if (step.ok() && loss != nullptr) *loss = step->loss;
-  DoubleParams gradient = ToDouble(model.Parameters());
-  for (size_t t = 0; t < gradient.size(); ++t) {
-    for (size_t i = 0; i < gradient[t].size(); ++i) {
-      gradient[t][i] = (before[t][i] - gradient[t][i]) / lr;
-    }
-  }
-  return gradient;
-}
-
 // Gradient checks: the fp32 model's gradient against central differences of the double reference
 // (h = 1e-5) and of the model's own fp32 Evaluate (h = 1e-3, via SetParameters). Tolerance per
 // element: |g - fd| <= 1e-3 |fd| + 1e-5 against the double reference, <= 2e-2 |fd| + 2e-4 against
@@ -128,7 +112,7 @@ void CheckGradient(int count, uint64_t seed) {
   EXPECT_NEAR(eval->loss_sum / count, reference_loss, 1e-6 * reference_loss);
 
   float step_loss = 0;
-  const DoubleParams gradient = ModelGradient(*model, batch, /*lr=*/8.0, &step_loss);
+  const DoubleParams gradient = StepGradient(*model, batch.View(), /*lr=*/8.0, &step_loss);
   EXPECT_NEAR(step_loss, reference_loss, 1e-6 * reference_loss);
   ASSERT_TRUE(model->SetParameters(start).ok());
 
@@ -176,15 +160,6 @@ MlpConfig MnistShapedConfig(Precision precision) {
   return config;
 }
 
-double RelativeDifference(const std::vector<double>& a, const std::vector<double>& b) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (a[i] - b[i]) * (a[i] - b[i]);
-    norm += b[i] * b[i];
-  }
-  return std::sqrt(diff / norm);
-}
-
 // bf16 rounds inputs, weights and activations to 8 significant bits; the loss stays within 1e-2
 // relative of fp32 and each gradient tensor within 0.1 (relative L2 norm). For scale:
 // PyTorch 1.13's bf16 autocast differs from its fp32 by 5-8% on the hidden layers' gradients for
@@ -200,8 +175,8 @@ TEST(CpuMlpTest, Bf16StepAgreesWithFp32) {
   ASSERT_NE(bf16, nullptr);
   const Batch batch = RandomBatch(64, 784, 10, 5);
   float fp32_loss = 0, bf16_loss = 0;
-  const DoubleParams fp32_gradient = ModelGradient(*fp32, batch, 1.0, &fp32_loss);
-  const DoubleParams bf16_gradient = ModelGradient(*bf16, batch, 1.0, &bf16_loss);
+  const DoubleParams fp32_gradient = StepGradient(*fp32, batch.View(), 1.0, &fp32_loss);
+  const DoubleParams bf16_gradient = StepGradient(*bf16, batch.View(), 1.0, &bf16_loss);
   EXPECT_NEAR(bf16_loss, fp32_loss, 1e-2 * fp32_loss);
   EXPECT_NE(bf16_loss, fp32_loss);  // bf16 really ran in bf16
   for (size_t t = 0; t < fp32_gradient.size(); ++t) {
@@ -225,7 +200,7 @@ TEST(CpuMlpTest, OptimizerFollowsPyTorchSgd) {
     const Batch batch = RandomBatch(8, config.input_features, config.classes, 300 + step);
     const std::vector<NamedTensor> before = model->Parameters();
     ASSERT_TRUE(oracle->SetParameters(before).ok());
-    const DoubleParams gradient = ModelGradient(*oracle, batch, 8.0, nullptr);
+    const DoubleParams gradient = StepGradient(*oracle, batch.View(), 8.0, nullptr);
     ASSERT_TRUE(model->TrainStep(batch.View(), lr).ok());
     const std::vector<NamedTensor> after = model->Parameters();
     if (velocity.empty()) {

@@ -1,5 +1,6 @@
-// Shared by the network tests: random batches, model creation, and a double-precision reference
-// of a network's loss (PyTorch semantics) for finite differences.
+// Shared by the engine tests (MLP and network): random batches, model creation, a double-precision
+// reference of a network's loss (PyTorch semantics), and the gradient a model applies, for
+// finite differences.
 #ifndef STOKER_WORKER_ENGINE_NETWORK_TEST_UTIL_H_
 #define STOKER_WORKER_ENGINE_NETWORK_TEST_UTIL_H_
 
