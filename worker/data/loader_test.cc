@@ -171,6 +171,17 @@ class LoaderProcessTest : public ::testing::Test {
                           std::to_string(index), "--job", dir_.File("job.pb")});
   }
 
+  // Runs loader 0 of the job, expects exit code 2 (bad input) and returns what it printed.
+  std::string RunLoaderExpectingBadInput(const JobRegion& region) {
+    const pid_t pid = Spawn(
+        region,
+        {"--region-fd", std::to_string(region.fd()), "--index", "0", "--job", dir_.File("job.pb")},
+        dir_.File("stderr"));
+    EXPECT_EQ(ExitCode(pid), 2);
+    std::ifstream in(dir_.File("stderr"));
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  }
+
   // Exit code of `pid`, or -1 if it did not exit normally within the timeout.
   int ExitCode(pid_t pid, milliseconds timeout = milliseconds(5000)) {
     const int status = testing::WaitChild(pid, timeout);
@@ -278,13 +289,7 @@ TEST_F(LoaderProcessTest, SampleTypeMismatchExitsTwo) {
   data_ = FloatData(data_);  // the region expects float32; the job's IDX files are uint8
   auto region = MakeRegion(1, 2);
   ASSERT_NE(region, nullptr);
-  const pid_t pid = Spawn(
-      *region,
-      {"--region-fd", std::to_string(region->fd()), "--index", "0", "--job", dir_.File("job.pb")},
-      dir_.File("stderr"));
-  EXPECT_EQ(ExitCode(pid), 2);
-  std::ifstream in(dir_.File("stderr"));
-  const std::string message((std::istreambuf_iterator<char>(in)), {});
+  const std::string message = RunLoaderExpectingBadInput(*region);
   EXPECT_THAT(message, HasSubstr("samples are uint8 but the ring's slots hold float32 samples"));
 }
 
@@ -292,13 +297,7 @@ TEST_F(LoaderProcessTest, UnknownFormatExitsTwo) {
   WriteJob(dir_.File("images.gz"), dir_.File("labels"), 0, "hdf5");
   auto region = MakeRegion(1, 2);
   ASSERT_NE(region, nullptr);
-  const pid_t pid = Spawn(
-      *region,
-      {"--region-fd", std::to_string(region->fd()), "--index", "0", "--job", dir_.File("job.pb")},
-      dir_.File("stderr"));
-  EXPECT_EQ(ExitCode(pid), 2);
-  std::ifstream in(dir_.File("stderr"));
-  const std::string message((std::istreambuf_iterator<char>(in)), {});
+  const std::string message = RunLoaderExpectingBadInput(*region);
   EXPECT_THAT(message, HasSubstr("dataset format 'hdf5' is not supported"));
 }
 
@@ -340,13 +339,7 @@ TEST_F(LoaderProcessTest, CorruptDataExitsTwoNamingTheFile) {
   WriteJob(dir_.File("short-images"), dir_.File("labels"));
   auto region = MakeRegion(1, 2);
   ASSERT_NE(region, nullptr);
-  const pid_t pid = Spawn(
-      *region,
-      {"--region-fd", std::to_string(region->fd()), "--index", "0", "--job", dir_.File("job.pb")},
-      dir_.File("stderr"));
-  EXPECT_EQ(ExitCode(pid), 2);
-  std::ifstream in(dir_.File("stderr"));
-  const std::string message((std::istreambuf_iterator<char>(in)), {});
+  const std::string message = RunLoaderExpectingBadInput(*region);
   EXPECT_THAT(message, HasSubstr(dir_.File("short-images")));
   EXPECT_THAT(message, HasSubstr("expected 618 data bytes after offset 16, got 613"));
 }
