@@ -404,11 +404,8 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
   STOKER_RETURN_IF_ERROR(staging_.Release(*slot, stream));
   STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
 
-  StepResult result;
-  result.loss = static_cast<float>(state_.host().loss_sum / rows);
-  result.skipped = state_.host().found_inf != 0;
-  result.loss_scale = state_.host().loss_scale;
-  return result;
+  // found_inf is only ever set by the fp16 finite check.
+  return state_.TrainResult(rows, loss_scaling_);
 }
 
 absl::StatusOr<EvalResult> CudaMlp::Evaluate(const BatchView& batch) {
@@ -429,11 +426,7 @@ absl::StatusOr<EvalResult> CudaMlp::Evaluate(const BatchView& batch) {
                                       last.out, type_, nullptr, state_.device(), stream));
   STOKER_RETURN_IF_ERROR(staging_.Release(*slot, stream));
   STOKER_RETURN_IF_ERROR(FinishStep());
-  EvalResult result;
-  result.loss_sum = state_.host().loss_sum;
-  result.correct = static_cast<int64_t>(state_.host().correct);
-  result.count = batch.count;
-  return result;
+  return state_.EvaluateResult(batch.count);
 }
 
 std::vector<DeviceTensorRef> CudaMlp::Tensors(bool optimizer_state) const {

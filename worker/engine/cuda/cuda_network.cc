@@ -324,10 +324,7 @@ absl::StatusOr<StepResult> CudaNetwork::TrainStep(const BatchView& batch, double
   STOKER_RETURN_IF_ERROR(ApplyOptimizer(static_cast<float>(learning_rate)));
   STOKER_RETURN_IF_ERROR(FinishStep());
 
-  StepResult result;
-  result.loss = static_cast<float>(state_.host().loss_sum / rows);
-  result.skipped = loss_scaling_ && state_.host().found_inf != 0;
-  result.loss_scale = state_.host().loss_scale;
+  const StepResult result = state_.TrainResult(rows, loss_scaling_);
   if (!result.skipped) ++optimizer_steps_;
   return result;
 }
@@ -350,11 +347,7 @@ absl::StatusOr<EvalResult> CudaNetwork::Evaluate(const BatchView& batch) {
                                                               nullptr, state, stream));
   STOKER_RETURN_IF_ERROR(staging_.Release(*slot, stream));
   STOKER_RETURN_IF_ERROR(FinishStep());
-  EvalResult result;
-  result.loss_sum = state_.host().loss_sum;
-  result.correct = static_cast<int64_t>(state_.host().correct);
-  result.count = batch.count;
-  return result;
+  return state_.EvaluateResult(batch.count);
 }
 
 }  // namespace cuda::network_internal

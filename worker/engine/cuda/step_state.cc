@@ -42,6 +42,22 @@ absl::Status StepStateBuffer::ReadBack(cudaStream_t stream) const {
   return absl::OkStatus();
 }
 
+StepResult StepStateBuffer::TrainResult(int rows, bool loss_scaling) const {
+  StepResult result;
+  result.loss = static_cast<float>(host_->loss_sum / rows);
+  result.skipped = loss_scaling && host_->found_inf != 0;
+  result.loss_scale = host_->loss_scale;
+  return result;
+}
+
+EvalResult StepStateBuffer::EvaluateResult(int rows) const {
+  EvalResult result;
+  result.loss_sum = host_->loss_sum;
+  result.correct = static_cast<int64_t>(host_->correct);
+  result.count = rows;
+  return result;
+}
+
 absl::Status StepStateBuffer::SetLossScale(float scale, int growth_tracker, cudaStream_t stream) {
   host_->loss_scale = scale;
   host_->growth_tracker = growth_tracker;

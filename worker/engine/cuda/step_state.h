@@ -34,6 +34,11 @@ class StepStateBuffer {
   absl::Status EnqueueReadBack(cudaStream_t stream) const;
   // EnqueueReadBack, then waits for `stream`: a step's one host synchronisation.
   absl::Status ReadBack(cudaStream_t stream) const;
+  // The last read-back step as the Model contract reports it: mean loss over `rows`, skipped when
+  // loss scaling found an overflow, the scale in force.
+  StepResult TrainResult(int rows, bool loss_scaling) const;
+  // The last read-back evaluation of `rows` samples: summed loss and argmax hits.
+  EvalResult EvaluateResult(int rows) const;
   // Sets the persistent loss scale and clean-step count (a resumed run) on both copies and waits.
   absl::Status SetLossScale(float scale, int growth_tracker, cudaStream_t stream);
 
