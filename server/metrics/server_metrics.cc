@@ -1,7 +1,6 @@
 #include "server/metrics/server_metrics.h"
 
 #include <chrono>
-#include <exception>
 #include <utility>
 #include <vector>
 
@@ -9,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics_exposer.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
@@ -152,23 +152,17 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(
   Impl& impl = *metrics->impl_;
   impl.RegisterFamilies();
   if (!listen_address.empty()) {
-    try {
-      impl.exposer = std::make_unique<prometheus::Exposer>(listen_address);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("metrics: cannot serve on ", listen_address, ": ", e.what()));
-    }
+    absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer =
+        StartMetricsExposer(listen_address);
+    if (!exposer.ok()) return exposer.status();
+    impl.exposer = *std::move(exposer);
     impl.exposer->RegisterCollectable(metrics->impl_);  // the hook first
     impl.exposer->RegisterCollectable(impl.registry);
   }
   return metrics;
 }
 
-int ServerMetrics::Port() const {
-  if (impl_->exposer == nullptr) return 0;
-  std::vector<int> ports = impl_->exposer->GetListeningPorts();
-  return ports.empty() ? 0 : ports.front();
-}
+int ServerMetrics::Port() const { return MetricsExposerPort(impl_->exposer.get()); }
 
 void ServerMetrics::SetScrapeHook(std::function<void(ServerMetrics&)> hook) {
   absl::MutexLock lock(&impl_->mu);

@@ -1,7 +1,6 @@
 #include "worker/metrics/worker_metrics.h"
 
 #include <deque>
-#include <exception>
 #include <map>
 #include <set>
 #include <span>
@@ -10,6 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics_exposer.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/family.h"
@@ -366,22 +366,16 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
   impl.RegisterFamilies();
   if (!options.nvml_library.empty()) impl.nvml = Nvml::Load(options.nvml_library);
   if (!options.listen_address.empty()) {
-    try {
-      impl.exposer = std::make_unique<prometheus::Exposer>(options.listen_address);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("metrics: cannot serve on ", options.listen_address, ": ", e.what()));
-    }
+    absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer =
+        StartMetricsExposer(options.listen_address);
+    if (!exposer.ok()) return exposer.status();
+    impl.exposer = *std::move(exposer);
     impl.exposer->RegisterCollectable(impl.registry);
   }
   return metrics;
 }
 
-int WorkerMetrics::Port() const {
-  if (impl_->exposer == nullptr) return 0;
-  std::vector<int> ports = impl_->exposer->GetListeningPorts();
-  return ports.empty() ? 0 : ports.front();
-}
+int WorkerMetrics::Port() const { return MetricsExposerPort(impl_->exposer.get()); }
 
 std::string WorkerMetrics::NvmlStatus() const {
   if (impl_->nvml == nullptr) return "NVML disabled";
