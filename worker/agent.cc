@@ -71,6 +71,15 @@ std::unique_ptr<grpc::ClientContext> Agent::Context(absl::Duration timeout) {
   return context;
 }
 
+void Agent::AddRunningAttempts(
+    google::protobuf::RepeatedPtrField<v1::RunningAttempt>* running) const {
+  for (const auto& [id, job] : jobs_) {
+    v1::RunningAttempt* attempt = running->Add();
+    attempt->set_job_id(id);
+    attempt->set_attempt(job->assignment.attempt());
+  }
+}
+
 bool Agent::Register(const std::atomic<bool>& stop) {
   int tries = 0;
   while (!stop.load()) {
@@ -84,11 +93,7 @@ bool Agent::Register(const std::atomic<bool>& stop) {
     request.set_metrics_url(options_.metrics_url);
     {
       absl::MutexLock lock(&mu_);
-      for (const auto& [id, job] : jobs_) {
-        v1::RunningAttempt* running = request.add_running();
-        running->set_job_id(id);
-        running->set_attempt(job->assignment.attempt());
-      }
+      AddRunningAttempts(request.mutable_running());
     }
     v1::RegisterWorkerResponse response;
     grpc::Status status =
@@ -123,11 +128,7 @@ void Agent::Run(const std::atomic<bool>& stop) {
     request.set_worker_id(options_.worker_id);
     {
       absl::MutexLock lock(&mu_);
-      for (const auto& [id, job] : jobs_) {
-        v1::RunningAttempt* running = request.add_running();
-        running->set_job_id(id);
-        running->set_attempt(job->assignment.attempt());
-      }
+      AddRunningAttempts(request.mutable_running());
       const int free = std::max(0, options_.job_slots - static_cast<int>(jobs_.size()));
       request.set_free_slots(free);
       // One job at a time; a GPU job takes every GPU of this worker.

@@ -60,6 +60,9 @@ class Agent {
   void StartJob(const v1::Assignment& assignment);
   void RunJob(RunningJob* job);
   void ReapFinishedJobs();
+  // Lists the attempts this worker runs (register and heartbeat requests carry them).
+  void AddRunningAttempts(google::protobuf::RepeatedPtrField<v1::RunningAttempt>* running) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Publishes the running jobs' shared-memory counters to /metrics.
   void ExportMetrics();
   // Sends queued events for one attempt; returns false if the server says to stop it.

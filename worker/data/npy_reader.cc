@@ -245,16 +245,25 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(const std::string& name, const uint8_t*
   return header;
 }
 
+namespace {
+
+// DATA_LOSS unless a file of `file_bytes` holds exactly the data `header` describes.
+absl::Status CheckNpyDataSize(const std::string& name, const NpyHeader& header,
+                              uint64_t file_bytes) {
+  const uint64_t data_bytes = file_bytes - header.data_offset;
+  const uint64_t expected = header.element_count * NpyElementBytes(header.element);
+  if (data_bytes == expected) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      name, data_bytes < expected ? ": truncated" : ": unexpected trailing data", ": expected ",
+      expected, " data bytes after offset ", header.data_offset, ", got ", data_bytes));
+}
+
+}  // namespace
+
 absl::StatusOr<NpyArray> ParseNpyBytes(const std::string& name, std::vector<uint8_t> bytes) {
   absl::StatusOr<NpyHeader> header = ParseNpyHeader(name, bytes.data(), bytes.size());
   if (!header.ok()) return header.status();
-  const uint64_t data_bytes = bytes.size() - header->data_offset;
-  const uint64_t expected = header->element_count * NpyElementBytes(header->element);
-  if (data_bytes != expected) {
-    return absl::DataLossError(absl::StrCat(
-        name, data_bytes < expected ? ": truncated" : ": unexpected trailing data", ": expected ",
-        expected, " data bytes after offset ", header->data_offset, ", got ", data_bytes));
-  }
+  if (absl::Status s = CheckNpyDataSize(name, *header, bytes.size()); !s.ok()) return s;
   NpyArray array;
   array.header = *header;
   bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(header->data_offset));
@@ -291,12 +300,9 @@ absl::StatusOr<NpyHeader> ReadNpyFileHeader(const std::string& path) {
   prefix.resize(static_cast<size_t>(got));
   absl::StatusOr<NpyHeader> header = ParseNpyHeader(path, prefix.data(), prefix.size());
   if (!header.ok()) return header.status();
-  const uint64_t data_bytes = static_cast<uint64_t>(st.st_size) - header->data_offset;
-  const uint64_t expected = header->element_count * NpyElementBytes(header->element);
-  if (data_bytes != expected) {
-    return absl::DataLossError(absl::StrCat(
-        path, data_bytes < expected ? ": truncated" : ": unexpected trailing data", ": expected ",
-        expected, " data bytes after offset ", header->data_offset, ", got ", data_bytes));
+  if (absl::Status s = CheckNpyDataSize(path, *header, static_cast<uint64_t>(st.st_size));
+      !s.ok()) {
+    return s;
   }
   return header;
 }
