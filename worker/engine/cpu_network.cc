@@ -222,20 +222,11 @@ CpuNetwork::CpuNetwork(const NetworkConfig& config, std::vector<std::vector<int>
 }
 
 memory::desc CpuNetwork::ActivationMd(size_t index, int batch, DataType type) const {
-  // ReLU, GELU, Dropout and Flatten keep their input's memory layout (oneDNN's elementwise
-  // primitives write in their source's layout, and Flatten is an alias), so an activation is laid
-  // out as the nearest one before it that another kind of layer made: NHWC for images a layer
-  // made, the caller's NCHW for the network input. A Linear reads a [N, C, H, W] input with
-  // [out, C, H, W] weights, which is PyTorch's flattened order.
-  size_t origin = index;
-  while (origin > 0) {
-    const Kind kind = layers_[origin - 1].config.kind;
-    if (kind != Kind::kFlatten && kind != Kind::kRelu && kind != Kind::kGelu &&
-        kind != Kind::kDropout) {
-      break;
-    }
-    --origin;
-  }
+  // Laid out as its LayoutOrigin (oneDNN's elementwise primitives write in their source's layout,
+  // and Flatten is an alias): NHWC for images a layer made, the caller's NCHW for the network
+  // input. A Linear reads a [N, C, H, W] input with [out, C, H, W] weights, which is PyTorch's
+  // flattened order.
+  const size_t origin = LayoutOrigin(config_, index);
   const std::vector<int>& shape = shapes_[origin];
   if (shape.size() == 3) {
     // The input arrives as C, H, W per sample: NHWC only when that is the same memory (C = 1).

@@ -25,17 +25,9 @@ constexpr size_t kMaxConvWorkspaceBytes = size_t{256} << 20;
 
 DropoutLayout DropoutHashLayout(const NetworkConfig& config,
                                 const std::vector<std::vector<int>>& shapes, size_t layer_index) {
-  // As CpuNetwork::ActivationMd: back from the Dropout's input through Flatten and elementwise
-  // layers (which keep their input's memory layout) to the activation another layer made.
-  size_t source = layer_index;
-  while (source > 0) {
-    const Kind kind = config.layers[source - 1].kind;
-    if (kind != Kind::kFlatten && kind != Kind::kRelu && kind != Kind::kGelu &&
-        kind != Kind::kDropout) {
-      break;
-    }
-    --source;
-  }
+  // The cpu hashes the mask over its memory order, which is that of the Dropout input's
+  // LayoutOrigin (CpuNetwork::ActivationMd).
+  const size_t source = LayoutOrigin(config, layer_index);
   const std::vector<int>& shape = shapes[source];
   // The input arrives as C, H, W per sample and stays so on the cpu (NHWC only when C = 1, the
   // same memory): the identity.
