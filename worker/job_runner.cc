@@ -235,16 +235,23 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   bool cancelled = false;
   // Autotune window (loader.processes: auto).
   const bool autotune = assignment_.spec().loader().processes() == 0;
-  absl::Time window_start = absl::Now();
-  uint64_t window_stall_ns = region.stats().data_stall_ns_total.load();
-  uint64_t window_busy_ns = region.stats().device_busy_ns_total.load();
-  uint64_t window_loader_ns = region.stats().loader_busy_ns_total.load();
+  struct Window {
+    absl::Time start;
+    uint64_t stall_ns, busy_ns, loader_ns;
+  };
+  auto window_now = [&region] {
+    const JobStats& stats = region.stats();
+    return Window{absl::Now(), stats.data_stall_ns_total.load(), stats.device_busy_ns_total.load(),
+                  stats.loader_busy_ns_total.load()};
+  };
+  Window window = window_now();
   while (!trainer_exit && !fatal) {
-    if (autotune && absl::Now() - window_start >= absl::Seconds(2)) {
-      const uint64_t stall = region.stats().data_stall_ns_total.load() - window_stall_ns;
-      const uint64_t busy = region.stats().device_busy_ns_total.load() - window_busy_ns;
-      const uint64_t loader_busy = region.stats().loader_busy_ns_total.load() - window_loader_ns;
-      const double window_ns = absl::ToDoubleNanoseconds(absl::Now() - window_start);
+    if (autotune && absl::Now() - window.start >= absl::Seconds(2)) {
+      const Window now = window_now();
+      const uint64_t stall = now.stall_ns - window.stall_ns;
+      const uint64_t busy = now.busy_ns - window.busy_ns;
+      const uint64_t loader_busy = now.loader_ns - window.loader_ns;
+      const double window_ns = absl::ToDoubleNanoseconds(now.start - window.start);
       const int active = static_cast<int>(region.ActiveLoaderCount());
       if (busy > 0) {
         const double fraction = double(stall) / double(stall + busy);
@@ -270,10 +277,7 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
           }
         }
       }
-      window_start = absl::Now();
-      window_stall_ns = region.stats().data_stall_ns_total.load();
-      window_busy_ns = region.stats().device_busy_ns_total.load();
-      window_loader_ns = region.stats().loader_busy_ns_total.load();
+      window = window_now();
     }
     if (cancel_requested_.load()) {
       cancelled = true;
