@@ -214,6 +214,16 @@ absl::StatusOr<JobFile> ParseJobYaml(absl::string_view yaml, const std::string& 
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(source, ":", e.mark.line + 1, ": ", e.msg));
   }
+  // An mlp whose file names no `hidden` list gets the documented default; `hidden: []` asks for
+  // none (softmax regression). A repeated field cannot carry this default itself.
+  bool hidden_given = false;
+  if (const YAML::Node& top = root; top.IsMap()) {
+    const YAML::Node model = top["model"];
+    hidden_given = model.IsDefined() && model.IsMap() && model["hidden"].IsDefined();
+  }
+  if (file.spec.model().type() == "mlp" && !hidden_given) {
+    for (int width : kDefaultMlpHidden) file.spec.mutable_model()->add_hidden(width);
+  }
   return file;
 }
 

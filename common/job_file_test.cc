@@ -1,6 +1,7 @@
 #include "common/job_file.h"
 
 #include "common/job_spec.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace stoker {
@@ -110,6 +111,37 @@ TEST(JobFileTest, ExampleJobFileIsValid) {
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_TRUE(ValidateJobSpec(file->spec).ok()) << ValidateJobSpec(file->spec);
   EXPECT_EQ(file->spec.model().hidden_size(), 2);
+}
+
+TEST(JobFileTest, MlpHiddenDefaultsOnlyWhenLeftOut) {
+  absl::StatusOr<JobFile> file = ParseJobYaml("name: x\n", "d.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_THAT(file->spec.model().hidden(), testing::ElementsAre(256, 128));
+  file = ParseJobYaml("model: {type: mlp}\n", "d.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_THAT(file->spec.model().hidden(), testing::ElementsAre(256, 128));
+  file = ParseJobYaml("model: {type: mlp, hidden: []}\n", "d.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE(file->spec.model().hidden().empty());
+  file = ParseJobYaml("model: {type: mlp, hidden: [32]}\n", "d.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_THAT(file->spec.model().hidden(), testing::ElementsAre(32));
+
+  file = ParseJobYaml(
+      "model:\n  type: cnn\n  hidden: [32]\n  layers: [{type: flatten}, {type: linear, units: "
+      "10}]\n"
+      "dataset: {train_images: a, train_labels: b, test_images: c, test_labels: d}\n",
+      "c.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->spec.model().hidden_size(), 1);
+  absl::Status status = WithFileLocation(*file, ValidateJobSpec(file->spec));
+  EXPECT_NE(status.message().find("c.yaml:3:11: model.hidden: only for type mlp"),
+            std::string::npos)
+      << status;
+  file = ParseJobYaml(
+      "model:\n  type: cnn\n  layers: [{type: flatten}, {type: linear, units: 10}]\n", "c.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE(file->spec.model().hidden().empty());
 }
 
 TEST(JobFileTest, CnnLayersAreAListOfMappings) {

@@ -130,6 +130,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (model.type() == "cnn" && model.layers().empty()) {
     return FieldError("model.layers", "a cnn needs its list of layers");
   }
+  if (model.type() == "cnn" && !model.hidden().empty()) {
+    return FieldError("model.hidden", "only for type mlp (a cnn takes model.layers)");
+  }
   if (model.type() == "mlp" && !model.layers().empty()) {
     return FieldError("model.layers", "only for type cnn (an mlp takes model.hidden)");
   }

@@ -15,6 +15,9 @@ namespace stoker {
 // The spec a job file starts from: every key a job file leaves out takes its value from here.
 v1::JobSpec DefaultJobSpec();
 
+// The hidden widths of an mlp whose job file names none (ParseJobYaml fills them in).
+inline constexpr int kDefaultMlpHidden[] = {256, 128};
+
 // Checks ranges and names. Returns INVALID_ARGUMENT whose message starts with the dotted field
 // path, e.g. "train.batch_size: must be between 1 and 65536 (got -5)".
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);

@@ -39,14 +39,25 @@ TEST(JobSpecTest, EachBadFieldIsNamed) {
       {[](v1::JobSpec* s) { s->mutable_loader()->set_ring_slots(1); }, "loader.ring_slots:"},
       {[](v1::JobSpec* s) { s->mutable_train()->set_precision(static_cast<v1::Precision>(42)); },
        "train.precision:"},
-      {[](v1::JobSpec* s) { s->mutable_model()->set_type("cnn"); }, "model.layers:"},
       {[](v1::JobSpec* s) {
          s->mutable_model()->set_type("cnn");
+         s->mutable_model()->clear_hidden();
+       },
+       "model.layers:"},
+      {[](v1::JobSpec* s) {
+         s->mutable_model()->set_type("cnn");
+         s->mutable_model()->add_layers()->set_type("flatten");
+       },
+       "model.hidden:"},
+      {[](v1::JobSpec* s) {
+         s->mutable_model()->set_type("cnn");
+         s->mutable_model()->clear_hidden();
          s->mutable_model()->add_layers()->set_type("conv3d");
        },
        "model.layers[0].type:"},
       {[](v1::JobSpec* s) {
          s->mutable_model()->set_type("cnn");
+         s->mutable_model()->clear_hidden();
          v1::LayerSpec* conv = s->mutable_model()->add_layers();
          conv->set_type("conv2d");
          conv->set_kernel(3);
