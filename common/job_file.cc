@@ -69,6 +69,7 @@ class YamlMapper {
       reflection->ClearField(message, field);
       for (size_t i = 0; i < node.size(); ++i) {
         const std::string item_path = absl::StrCat(path, "[", i, "]");
+        out_->locations[item_path] = Location(node[i]);
         absl::Status s =
             field->type() == FieldDescriptor::TYPE_MESSAGE
                 ? MapMessage(node[i], reflection->AddMessage(message, field), item_path)
@@ -241,13 +242,15 @@ absl::StatusOr<JobFile> ReadJobFile(const std::string& path) {
 absl::Status WithFileLocation(const JobFile& file, const absl::Status& status) {
   if (status.ok()) return status;
   const absl::string_view message = status.message();
-  // Longest field path that the message starts with, e.g. "train.batch_size".
+  // Longest field path that the message starts with, e.g. "train.batch_size" or
+  // "model.layers[0]" of "model.layers[0] (conv2d): ...".
   const std::string* best_location = nullptr;
   size_t best_length = 0;
   for (const auto& [field, location] : file.locations) {
     if (field.size() > best_length && message.size() > field.size() &&
         message.substr(0, field.size()) == field &&
-        (message[field.size()] == ':' || message[field.size()] == '[')) {
+        (message[field.size()] == ':' || message[field.size()] == '[' ||
+         message[field.size()] == ' ')) {
       best_location = &location;
       best_length = field.size();
     }

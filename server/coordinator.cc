@@ -10,6 +10,9 @@
 #include "common/checkpoint.h"
 #include "common/job_spec.h"
 #include "server/scheduler.h"
+#include "worker/data/dataset.h"
+#include "worker/data/job_options.h"
+#include "worker/model_spec.h"
 
 namespace stoker {
 namespace {
@@ -22,6 +25,26 @@ absl::Status RequireId(const std::string& value, const char* field) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": longer than 256 characters"));
   }
   return absl::OkStatus();
+}
+
+// A cnn that cannot take the dataset's samples (a kernel larger than the image, an output that
+// is not one logit per class) is refused at submit rather than failing on a worker after its
+// wait in the queue. Only IDX and NPY files are probed here (headers and labels: milliseconds);
+// CSV, and files that cannot be read, are left to the worker, which names the byte or line.
+absl::Status CheckModelAgainstData(const v1::JobSpec& resolved) {
+  if (resolved.model().type() != "cnn") return absl::OkStatus();
+  const std::string& format = resolved.dataset().format();
+  if (format != "idx" && format != "npy") return absl::OkStatus();
+  absl::StatusOr<DatasetSummary> train =
+      ProbeDatasetFiles(TrainDatasetFiles(resolved), resolved.dataset().train_limit());
+  absl::StatusOr<DatasetSummary> test =
+      ProbeDatasetFiles(TestDatasetFiles(resolved), resolved.dataset().test_limit());
+  if (!train.ok() || !test.ok() || train->sample_dims != test->sample_dims) {
+    return absl::OkStatus();
+  }
+  // As the trainer counts them: at least 2, and every label of either split.
+  const int classes = std::max({2, train->classes, test->classes});
+  return ValidateModelForData(resolved, train->sample_dims, classes);
 }
 
 }  // namespace
@@ -66,6 +89,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(const v1::SubmitJobReq
   // The paths must exist under the server's data root (which deploy/ shares with the workers).
   v1::JobSpec resolved = request.spec();
   if (absl::Status s = ResolveDatasetPaths(options_.data_root, &resolved); !s.ok()) return s;
+  if (absl::Status s = CheckModelAgainstData(resolved); !s.ok()) return s;
 
   PendingSubmit me{&request};
   submit_mu_.Lock();

@@ -8,6 +8,7 @@
 #include <random>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "grpcpp/grpcpp.h"
@@ -125,7 +126,7 @@ TEST_F(EndToEndTest, BadJobFilesAreRefusedAndTheServerKeepsServing) {
   struct Case {
     std::string name, text, expected;
   };
-  const std::vector<Case> cases = {
+  std::vector<Case> cases = {
       {"unknown.yaml", replaced("  batch_size: 128", "  batch_size: 128\n  bach: 1"),
        "unknown field 'bach' in train"},
       {"negative.yaml", replaced("batch_size: 128", "batch_size: -5"),
@@ -139,6 +140,24 @@ TEST_F(EndToEndTest, BadJobFilesAreRefusedAndTheServerKeepsServing) {
       {"type.yaml", replaced("epochs: 10", "epochs: many"), "train.epochs: expected an integer"},
       {"syntax.yaml", good + "\nextra: {unclosed\n", "YAML syntax error"},
   };
+  // A cnn that cannot take 28x28 images is refused at submit (the server reads the data's
+  // headers), pointing at the layer, not after waiting in the queue.
+  std::ifstream cnn_in(STOKER_SOURCE_DIR "/examples/fashion-mnist-cnn.yaml");
+  const std::string cnn((std::istreambuf_iterator<char>(cnn_in)), std::istreambuf_iterator<char>());
+  auto cnn_with = [&](const std::string& from, const std::string& to) {
+    std::string text = cnn;
+    const size_t at = text.rfind(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return text.replace(at, from.size(), to);
+  };
+  cases.push_back(
+      {"kernel.yaml",
+       cnn_with("{type: conv2d, out_channels: 64, kernel: 3, padding: 1}",
+                "{type: conv2d, out_channels: 64, kernel: 20}"),
+       "kernel.yaml:16:7: model.layers[3] (conv2d): kernel 20 larger than input 14x14"});
+  cases.push_back({"logits.yaml", cnn_with("{type: linear, units: 10}", "{type: linear, units: 7}"),
+                   "logits.yaml:23:7: model.layers[10] (linear) gives [7]; the network must end "
+                   "in [classes] = [10] logits"});
   for (const Case& c : cases) {
     CommandResult result = cluster_.Cli("submit " + WriteFile(c.name, c.text));
     EXPECT_EQ(result.exit_code, 2) << c.name << ": " << result.output;
@@ -217,6 +236,31 @@ TEST_F(EndToEndTest, BadRequestsGetClearStatuses) {
   CommandResult bad_state = cluster_.Cli("list --state sleeping");
   EXPECT_EQ(bad_state.exit_code, 2);
   EXPECT_NE(bad_state.output.find("unknown state 'sleeping'"), std::string::npos);
+}
+
+TEST_F(EndToEndTest, AModelTooBigForTheMachineFailsAtOnceWithoutRetries) {
+  cluster_.StartWorker("w1");
+  // 16 hidden layers of 16384: 4.0e9 parameters, ~46 GiB to train; more than CI machines have.
+  v1::JobSpec huge = SmallFashionMnistJob(1, 2000, 500);
+  huge.mutable_model()->clear_hidden();
+  for (int i = 0; i < 16; ++i) huge.mutable_model()->add_hidden(16384);
+  absl::StatusOr<v1::Job> submitted = cluster_.Submit(huge);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  absl::StatusOr<v1::Job> failed = cluster_.WaitForFinal(submitted->id(), absl::Seconds(60));
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed->attempt(), 1) << "retrying cannot make it fit";
+  EXPECT_TRUE(absl::StartsWith(failed->error(), "model: training needs about 53.3 GiB (4039802890 parameters"))
+      << failed->error();
+  EXPECT_NE(failed->error().find("available; use a smaller model or batch_size"), std::string::npos)
+      << failed->error();
+
+  // The worker is fine and takes the next job.
+  absl::StatusOr<v1::Job> next = cluster_.Submit(SmallFashionMnistJob(1, 2000, 500));
+  ASSERT_TRUE(next.ok()) << next.status();
+  absl::StatusOr<v1::Job> done = cluster_.WaitForFinal(next->id(), absl::Seconds(60));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
 }
 
 TEST_F(EndToEndTest, CancelStopsARunningJobAndTheWorkerTakesTheNext) {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint.h"
 #include "common/job_spec.h"
@@ -346,8 +347,15 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   outcome.state = v1::JOB_STATE_FAILED;
   outcome.permanent = !trainer_exit->signaled && trainer_exit->code == kExitBadInput;
   const std::string tail = TailOfFile(trainer_log, 2000);
-  outcome.error = absl::StrCat("trainer ", trainer_exit->Describe(),
-                               tail.empty() ? "" : absl::StrCat(": ", tail));
+  if (outcome.permanent && !tail.empty()) {
+    // The trainer refused the job (bad data or model) and said why: that is the whole story.
+    absl::string_view message = tail;
+    absl::ConsumePrefix(&message, "stoker-trainer: ");
+    outcome.error = std::string(message);
+  } else {
+    outcome.error = absl::StrCat("trainer ", trainer_exit->Describe(),
+                                 tail.empty() ? "" : absl::StrCat(": ", tail));
+  }
   return outcome;
 }
 

@@ -2,6 +2,7 @@
 
 #include <numeric>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
@@ -96,6 +97,17 @@ std::string ArchitectureJson(const NetworkConfig& config) {
   return json.dump();
 }
 
+// RESOURCE_EXHAUSTED when the model would not fit in what `backend` has free, so a job that
+// is too big fails with both sizes rather than being killed by the kernel part way through.
+absl::Status CheckFits(const Backend& backend, const NetworkConfig& network) {
+  absl::StatusOr<int64_t> available = backend.AvailableMemoryBytes();
+  if (!available.ok()) return absl::OkStatus();  // cannot tell: the allocations will say
+  absl::StatusOr<TrainingFootprint> footprint = EstimateTrainingFootprint(network);
+  if (!footprint.ok()) return absl::OkStatus();  // Create* names the bad layer
+  const std::string where = backend.Name() == "cpu" ? "this machine" : "the GPU";
+  return CheckTrainingFits(*footprint, *available, where, network.max_batch);
+}
+
 }  // namespace
 
 OptimizerConfig OptimizerFromSpec(const v1::TrainSpec& train) {
@@ -113,29 +125,21 @@ OptimizerConfig OptimizerFromSpec(const v1::TrainSpec& train) {
   return config;
 }
 
-absl::StatusOr<BuiltModel> BuildModel(Backend& backend, const v1::JobSpec& spec,
-                                      const std::vector<int>& sample_dims, int classes) {
-  BuiltModel built;
-  built.precision = ToPrecision(spec.train().precision());
-  const int features =
-      std::accumulate(sample_dims.begin(), sample_dims.end(), 1, std::multiplies<int>());
-  if (spec.model().type() != "cnn") {
-    MlpConfig config;
-    config.input_features = features;
-    config.hidden.assign(spec.model().hidden().begin(), spec.model().hidden().end());
-    config.classes = classes;
-    config.max_batch = spec.train().batch_size();
-    config.precision = built.precision;
-    config.seed = static_cast<uint64_t>(spec.train().seed());
-    config.optimizer = OptimizerFromSpec(spec.train());
-    absl::StatusOr<std::unique_ptr<Model>> model = backend.CreateMlp(config);
-    if (!model.ok()) return model.status();
-    built.model = std::move(*model);
-    built.description = absl::StrCat("mlp ", features, "-", absl::StrJoin(config.hidden, "-"),
-                                     config.hidden.empty() ? "" : "-", classes);
-    built.architecture = ArchitectureJson(config);
-    return built;
-  }
+MlpConfig MlpConfigFromSpec(const v1::JobSpec& spec, int features, int classes) {
+  MlpConfig config;
+  config.input_features = features;
+  config.hidden.assign(spec.model().hidden().begin(), spec.model().hidden().end());
+  config.classes = classes;
+  config.max_batch = spec.train().batch_size();
+  config.precision = ToPrecision(spec.train().precision());
+  config.seed = static_cast<uint64_t>(spec.train().seed());
+  config.optimizer = OptimizerFromSpec(spec.train());
+  return config;
+}
+
+absl::StatusOr<NetworkConfig> NetworkConfigFromSpec(const v1::JobSpec& spec,
+                                                    const std::vector<int>& sample_dims,
+                                                    int classes) {
   NetworkConfig config;
   if (sample_dims.size() == 2) {
     config.input_shape = {1, sample_dims[0], sample_dims[1]};
@@ -146,24 +150,61 @@ absl::StatusOr<BuiltModel> BuildModel(Backend& backend, const v1::JobSpec& spec,
         absl::StrCat("model.type: a cnn takes single-channel images; these samples have ",
                      sample_dims.size(), " dimensions"));
   }
-  std::vector<std::string> names;
   for (int i = 0; i < spec.model().layers_size(); ++i) {
     absl::StatusOr<LayerConfig> layer = ToLayer(spec.model().layers(i), i);
     if (!layer.ok()) return layer.status();
     config.layers.push_back(*layer);
-    names.push_back(spec.model().layers(i).type());
   }
   config.classes = classes;
   config.max_batch = spec.train().batch_size();
-  config.precision = built.precision;
+  config.precision = ToPrecision(spec.train().precision());
   config.seed = static_cast<uint64_t>(spec.train().seed());
   config.optimizer = OptimizerFromSpec(spec.train());
-  absl::StatusOr<std::unique_ptr<Model>> model = backend.CreateNetwork(config);
+  return config;
+}
+
+absl::Status ValidateModelForData(const v1::JobSpec& spec, const std::vector<int>& sample_dims,
+                                  int classes) {
+  if (spec.model().type() != "cnn") return absl::OkStatus();
+  absl::StatusOr<NetworkConfig> config = NetworkConfigFromSpec(spec, sample_dims, classes);
+  if (!config.ok()) return config.status();
+  absl::Status status = ValidateNetworkConfig(*config);
+  if (status.ok()) return status;
+  // The engine names the layer ("layers[0] (conv2d): ..."); the job file calls it model.layers.
+  const absl::string_view message = status.message();
+  return absl::Status(status.code(), absl::StartsWith(message, "layers[")
+                                         ? absl::StrCat("model.", message)
+                                         : absl::StrCat("model: ", message));
+}
+
+absl::StatusOr<BuiltModel> BuildModel(Backend& backend, const v1::JobSpec& spec,
+                                      const std::vector<int>& sample_dims, int classes) {
+  BuiltModel built;
+  built.precision = ToPrecision(spec.train().precision());
+  const int features =
+      std::accumulate(sample_dims.begin(), sample_dims.end(), 1, std::multiplies<int>());
+  if (spec.model().type() != "cnn") {
+    const MlpConfig config = MlpConfigFromSpec(spec, features, classes);
+    if (absl::Status s = CheckFits(backend, NetworkFromMlp(config)); !s.ok()) return s;
+    absl::StatusOr<std::unique_ptr<Model>> model = backend.CreateMlp(config);
+    if (!model.ok()) return model.status();
+    built.model = std::move(*model);
+    built.description = absl::StrCat("mlp ", features, "-", absl::StrJoin(config.hidden, "-"),
+                                     config.hidden.empty() ? "" : "-", classes);
+    built.architecture = ArchitectureJson(config);
+    return built;
+  }
+  absl::StatusOr<NetworkConfig> config = NetworkConfigFromSpec(spec, sample_dims, classes);
+  if (!config.ok()) return config.status();
+  if (absl::Status s = CheckFits(backend, *config); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<Model>> model = backend.CreateNetwork(*config);
   if (!model.ok()) return model.status();
   built.model = std::move(*model);
+  std::vector<std::string> names;
+  for (const v1::LayerSpec& layer : spec.model().layers()) names.push_back(layer.type());
   built.description =
-      absl::StrCat("cnn ", absl::StrJoin(config.input_shape, "x"), " ", absl::StrJoin(names, "-"));
-  built.architecture = ArchitectureJson(config);
+      absl::StrCat("cnn ", absl::StrJoin(config->input_shape, "x"), " ", absl::StrJoin(names, "-"));
+  built.architecture = ArchitectureJson(*config);
   return built;
 }
 

@@ -27,8 +27,24 @@ struct BuiltModel {
 // The optimizer settings of `spec` (PyTorch defaults where a field is 0).
 OptimizerConfig OptimizerFromSpec(const v1::TrainSpec& train);
 
+// The engine's configs for `spec` (no backend needed): an mlp on `features` inputs, or a cnn on
+// samples of `sample_dims` ({H, W} images become {1, H, W}; INVALID_ARGUMENT for other ranks or
+// an unknown layer). Neither checks that the layers fit: ValidateModelForData and the backends do.
+MlpConfig MlpConfigFromSpec(const v1::JobSpec& spec, int features, int classes);
+absl::StatusOr<NetworkConfig> NetworkConfigFromSpec(const v1::JobSpec& spec,
+                                                    const std::vector<int>& sample_dims,
+                                                    int classes);
+
+// INVALID_ARGUMENT when a cnn cannot take samples of `sample_dims` with `classes` classes: a layer
+// that does not fit its input, or an output that is not `classes` logits. Messages start with the
+// job-file field ("model.layers[0] (conv2d): kernel 40 larger than input 28x28"). OK for an mlp,
+// which fits any input. The server runs it at submit, so such a job never waits in the queue.
+absl::Status ValidateModelForData(const v1::JobSpec& spec, const std::vector<int>& sample_dims,
+                                  int classes);
+
 // Builds the model on `backend`. `sample_dims` are the dimensions of one sample (e.g. {28, 28});
-// a cnn takes single-channel images ({H, W} becomes {1, H, W}). INVALID_ARGUMENT names the layer.
+// a cnn takes single-channel images ({H, W} becomes {1, H, W}). INVALID_ARGUMENT names the layer;
+// RESOURCE_EXHAUSTED when the model would not fit in the backend's free memory.
 absl::StatusOr<BuiltModel> BuildModel(Backend& backend, const v1::JobSpec& spec,
                                       const std::vector<int>& sample_dims, int classes);
 

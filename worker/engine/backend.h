@@ -202,6 +202,12 @@ class Backend {
     (void)config;
     return absl::UnimplementedError(Name() + " backend does not build networks");
   }
+  // Memory a new model could still take, in bytes: the machine's available memory (within this
+  // process's cgroup limit) for cpu, the device's free memory for cuda. UNIMPLEMENTED where the
+  // backend cannot tell.
+  virtual absl::StatusOr<int64_t> AvailableMemoryBytes() const {
+    return absl::UnimplementedError(Name() + " backend cannot tell its free memory");
+  }
 };
 
 // The oneDNN backend. Never fails on a machine oneDNN supports.
@@ -284,6 +290,24 @@ NetworkConfig NetworkFromMlp(const MlpConfig& mlp);
 // Multiply-adds x 2 of one sample's forward pass (Conv2d and Linear layers only); 0 for a bad
 // config.
 int64_t NetworkForwardFlopsPerSample(const NetworkConfig& config);
+
+// A training run's memory, roughly as either backend allocates it: fp32 master weights, their
+// gradients and optimizer state (1 slot for SGD with momentum, 2 for AdamW), a low-precision
+// weight copy for bf16/fp16, and max_batch samples of every activation with its gradient and a
+// low-precision copy. An estimate for refusing a model that cannot fit, not an exact figure.
+struct TrainingFootprint {
+  int64_t parameters = 0;
+  int64_t activations_per_sample = 0;  // values of every layer's output, input included
+  int64_t bytes = 0;
+};
+
+// The footprint of `config`; INVALID_ARGUMENT as NetworkShapes for a bad config.
+absl::StatusOr<TrainingFootprint> EstimateTrainingFootprint(const NetworkConfig& config);
+
+// OK when `footprint` fits in `available_bytes` (less a tenth kept for everything else);
+// RESOURCE_EXHAUSTED naming both sizes, the parameter count and the batch size otherwise.
+absl::Status CheckTrainingFits(const TrainingFootprint& footprint, int64_t available_bytes,
+                               const std::string& where, int max_batch);
 
 }  // namespace stoker
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "worker/engine/backend.h"
 
 namespace stoker {
@@ -295,6 +296,46 @@ int64_t NetworkForwardFlopsPerSample(const NetworkConfig& config) {
     }
   }
   return flops;
+}
+
+absl::StatusOr<TrainingFootprint> EstimateTrainingFootprint(const NetworkConfig& config) {
+  absl::StatusOr<std::vector<std::vector<int>>> shapes = NetworkShapes(config);
+  if (!shapes.ok()) return shapes.status();
+  TrainingFootprint footprint;
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    const LayerConfig& layer = config.layers[i];
+    const std::vector<int>& in = (*shapes)[i];
+    if (layer.kind == Kind::kConv2d) {
+      footprint.parameters +=
+          int64_t{layer.out_channels} * (int64_t{in[0]} * layer.kernel * layer.kernel + 1);
+    } else if (layer.kind == Kind::kLinear) {
+      footprint.parameters += int64_t{layer.units} * (Product(in) + 1);
+    }
+  }
+  for (const std::vector<int>& shape : *shapes) footprint.activations_per_sample += Product(shape);
+  const bool low_precision = config.precision != Precision::kFp32;
+  int64_t optimizer_slots = 0;
+  if (config.optimizer.type == OptimizerType::kAdamW) {
+    optimizer_slots = 2;
+  } else if (config.optimizer.momentum > 0) {
+    optimizer_slots = 1;
+  }
+  const int64_t per_parameter = 4 + 4 + 4 * optimizer_slots + (low_precision ? 2 : 0);
+  const int64_t per_activation = 4 + 4 + (low_precision ? 2 : 0);
+  footprint.bytes = footprint.parameters * per_parameter +
+                    int64_t{config.max_batch} * footprint.activations_per_sample * per_activation;
+  return footprint;
+}
+
+absl::Status CheckTrainingFits(const TrainingFootprint& footprint, int64_t available_bytes,
+                               const std::string& where, int max_batch) {
+  if (footprint.bytes <= available_bytes - available_bytes / 10) return absl::OkStatus();
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "training needs about %.1f GiB (%d parameters with their gradients and optimizer state, "
+      "activations for batch %d) but %s has %.1f GiB available; use a smaller model or "
+      "batch_size",
+      footprint.bytes / kGiB, footprint.parameters, max_batch, where, available_bytes / kGiB));
 }
 
 int EffectiveStride(const LayerConfig& layer) {

@@ -2,6 +2,7 @@
 // differences of a double reference, conv/pool shapes with padding and stride, bf16 and fp16
 // against fp32, dropout, determinism, resume exactness, fp16 loss scaling, and config errors.
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <string>
@@ -155,6 +156,62 @@ TEST(CpuNetworkTest, ShapesAndParameterNamesFollowPyTorch) {
   for (float v : params[0].values) EXPECT_LE(std::abs(v), bound);
   EXPECT_EQ(NetworkForwardFlopsPerSample(PaddedNet()),
             2 * (4 * 16 * 9) + 2 * (3 * 9 * 16) + 2 * 27 * 4 + 2 * 4 * 3);
+}
+
+TEST(NetworkFootprintTest, CountsEveryParameterAndActivation) {
+  for (const NetworkConfig& config : {StridedNet(), PaddedNet(), FlatNet()}) {
+    absl::StatusOr<TrainingFootprint> footprint = EstimateTrainingFootprint(config);
+    ASSERT_TRUE(footprint.ok()) << footprint.status();
+    int64_t parameters = 0;
+    for (const NamedTensor& tensor : InitialNetworkParameters(config)) {
+      parameters += static_cast<int64_t>(tensor.values.size());
+    }
+    EXPECT_EQ(footprint->parameters, parameters);
+  }
+  // StridedNet's activations: 98 + 48 + 48 + 12 + 12 + 5 + 5 + 3 values per sample.
+  NetworkConfig config = StridedNet();
+  config.precision = Precision::kBf16;
+  config.optimizer.type = OptimizerType::kAdamW;
+  absl::StatusOr<TrainingFootprint> footprint = EstimateTrainingFootprint(config);
+  ASSERT_TRUE(footprint.ok()) << footprint.status();
+  EXPECT_EQ(footprint->activations_per_sample, 98 + 48 + 48 + 12 + 12 + 5 + 5 + 3);
+  EXPECT_EQ(footprint->bytes, footprint->parameters * (4 + 4 + 8 + 2) +
+                                  config.max_batch * footprint->activations_per_sample * 10);
+
+  // The Fashion-MNIST MLP is tiny; 16 layers of 16384 are not (4.0e9 parameters).
+  MlpConfig mlp;
+  absl::StatusOr<TrainingFootprint> small = EstimateTrainingFootprint(NetworkFromMlp(mlp));
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->parameters, 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
+  EXPECT_TRUE(CheckTrainingFits(*small, int64_t{1} << 30, "this machine", 128).ok());
+  mlp.hidden.assign(16, 16384);
+  absl::StatusOr<TrainingFootprint> huge = EstimateTrainingFootprint(NetworkFromMlp(mlp));
+  ASSERT_TRUE(huge.ok()) << huge.status();
+  absl::Status refused = CheckTrainingFits(*huge, int64_t{24} << 30, "this machine", 128);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("training needs about 45.6 GiB (4039802890 parameters"),
+            std::string::npos)
+      << refused;
+  EXPECT_NE(refused.message().find("this machine has 24.0 GiB available"), std::string::npos)
+      << refused;
+  // A tenth of what is free is kept back.
+  TrainingFootprint exact{.bytes = 950};
+  EXPECT_FALSE(CheckTrainingFits(exact, 1000, "x", 1).ok());
+  EXPECT_TRUE(CheckTrainingFits(exact, 1056, "x", 1).ok());
+}
+
+TEST(CpuNetworkTest, CpuBackendKnowsItsAvailableMemory) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
+  ASSERT_TRUE(backend.ok());
+  absl::StatusOr<int64_t> available = (*backend)->AvailableMemoryBytes();
+  ASSERT_TRUE(available.ok()) << available.status();
+  EXPECT_GT(*available, int64_t{64} << 20);  // this process runs, so some is free
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t total_kib = 0;
+  meminfo >> key >> total_kib;
+  ASSERT_EQ(key, "MemTotal:");
+  EXPECT_LE(*available, total_kib * 1024);
 }
 
 // A small CNN shaped like the Fashion-MNIST one.

@@ -26,6 +26,12 @@ class CudaBackend final : public Backend {
 #endif
     return CreateCudaMlp(config, device_, options_);
   }
+  absl::StatusOr<int64_t> AvailableMemoryBytes() const override {
+    STOKER_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    size_t free_bytes = 0, total_bytes = 0;
+    STOKER_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return static_cast<int64_t>(free_bytes);
+  }
   absl::StatusOr<std::unique_ptr<Model>> CreateNetwork(const NetworkConfig& config) override {
 #ifdef STOKER_HAVE_CUDNN
     return CreateCudaNetwork(config, device_, options_);
