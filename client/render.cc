@@ -85,7 +85,11 @@ std::string JobDetails(const v1::Job& job) {
     rows.push_back({"queue position:", absl::StrCat(job.queue_position())});
     rows.push_back({"waiting:", job.waiting_reason()});
   }
-  rows.push_back({"attempt:", absl::StrCat(job.attempt())});
+  rows.push_back({"attempt:", absl::StrCat(job.attempt(),
+                                           job.released_attempts() > 0
+                                               ? absl::StrCat(" (", job.released_attempts(),
+                                                              " given back by a worker shutdown)")
+                                               : "")});
   rows.push_back({"worker:", job.worker_id().empty() ? "-" : job.worker_id()});
   rows.push_back({"priority:", absl::StrCat(job.spec().priority())});
   rows.push_back({"submitted:", Clock(job.submit_time_unix_ms())});

@@ -52,5 +52,16 @@ TEST(RenderTest, JobTableAlignsColumns) {
   EXPECT_NE(table.find("running"), std::string::npos);
 }
 
+TEST(RenderTest, JobDetailsCountAttemptsGivenBack) {
+  v1::Job job;
+  job.set_id("j-000002");
+  job.set_attempt(2);
+  EXPECT_NE(JobDetails(job).find("attempt:        2\n"), std::string::npos) << JobDetails(job);
+  job.set_released_attempts(1);
+  EXPECT_NE(JobDetails(job).find("attempt:        2 (1 given back by a worker shutdown)\n"),
+            std::string::npos)
+      << JobDetails(job);
+}
+
 }  // namespace
 }  // namespace stoker

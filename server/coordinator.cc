@@ -270,7 +270,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
 }
 
 absl::Status Coordinator::Requeue(v1::Job job, const std::string& reason) {
-  const int attempts_allowed = 1 + job.spec().max_retries();
+  const int attempts_allowed = 1 + job.spec().max_retries() + job.released_attempts();
   std::vector<v1::JobEvent> events;
   if (job.attempt() >= attempts_allowed) {
     job.set_state(v1::JOB_STATE_FAILED);
@@ -458,6 +458,10 @@ absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
     return job.status();
   }
   if (request.has_progress()) *job->mutable_progress() = request.progress();
+  if (request.state() == v1::JOB_STATE_FAILED && request.released()) {
+    job->set_released_attempts(job->released_attempts() + 1);
+    return Requeue(*job, absl::StrCat(request.error(), " (not counted against max_retries)"));
+  }
   if (request.state() == v1::JOB_STATE_FAILED && !request.permanent()) {
     return Requeue(*job, request.error());
   }

@@ -1,5 +1,8 @@
 // stoker-server: the job service. Parses flags, opens the store, serves gRPC until SIGINT/SIGTERM.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -84,6 +87,22 @@ int main(int argc, char** argv) {
               << "': " << error.message() << "\n";
     return 1;
   }
+  // One server per state directory: two would both schedule the same queue. The lock is held
+  // until the process exits (however it exits).
+  const std::string lock_path = state_dir + "/server.lock";
+  const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    std::string holder;
+    std::ifstream(lock_path) >> holder;
+    std::cerr << "stoker-server: state directory '" << state_dir << "' is in use by another "
+              << "stoker-server" << (holder.empty() ? "" : " (pid " + holder + ")")
+              << "; stop it or pass another --state-dir\n";
+    return 1;
+  }
+  if (ftruncate(lock_fd, 0) == 0) {
+    const std::string pid = std::to_string(getpid()) + "\n";
+    (void)!write(lock_fd, pid.data(), pid.size());
+  }
   absl::StatusOr<std::unique_ptr<stoker::JobStore>> store =
       stoker::JobStore::Open(state_dir + "/jobs.db");
   if (!store.ok()) {
@@ -139,6 +158,9 @@ int main(int argc, char** argv) {
   stoker::WorkerServiceImpl worker_service(&coordinator, &auth);
   grpc::ServerBuilder builder;
   int bound_port = 0;
+  // Without this gRPC sets SO_REUSEPORT, and a second server on the same port starts "fine" and
+  // takes half the connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(listen, *credentials, &bound_port);
   builder.RegisterService(&job_service);
   builder.RegisterService(&worker_service);
@@ -152,7 +174,8 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
-    std::cerr << "stoker-server: cannot listen on " << listen << "\n";
+    std::cerr << "stoker-server: cannot listen on " << listen
+              << " (is the port in use, or the address not one of this machine's?)\n";
     return 1;
   }
   std::cerr << "stoker-server: serving on port " << bound_port

@@ -304,5 +304,79 @@ TEST(FaultsTest, ArtifactIsTheFinalCheckpointAndResumeIsExact) {
   EXPECT_NE(missing.output.find("no job"), std::string::npos) << missing.output;
 }
 
+TEST(FaultsTest, AWorkerShutdownCheckpointsMidEpochGivesTheJobBackAndResumeIsExact) {
+  TestCluster cluster;
+  cluster.StartServer({"--lease-seconds", "2"});
+  const pid_t first = cluster.StartWorker("w1");
+  // No retries: a shutdown that counted as a failed attempt would fail the job.
+  v1::JobSpec spec = SlowJob(2);
+  spec.set_max_retries(0);
+  spec.mutable_loader()->set_delay_ms(40);  // ~1.9 s per epoch: time to stop it mid-epoch
+
+  absl::StatusOr<v1::Job> straight = cluster.Submit(spec);
+  ASSERT_TRUE(straight.ok());
+  absl::StatusOr<v1::Job> straight_done = cluster.WaitForFinal(straight->id(), absl::Seconds(60));
+  ASSERT_TRUE(straight_done.ok());
+  ASSERT_EQ(straight_done->state(), v1::JOB_STATE_SUCCEEDED) << straight_done->error();
+  const std::string straight_file = cluster.dir() + "/straight.safetensors";
+  ASSERT_EQ(cluster.Cli("artifact " + straight->id() + " -o " + straight_file).exit_code, 0);
+
+  absl::StatusOr<v1::Job> job = cluster.Submit(spec);
+  ASSERT_TRUE(job.ok());
+  absl::StatusOr<v1::Job> running = cluster.WaitFor(
+      job->id(), [](const v1::Job& j) { return j.progress().step() >= 10; }, absl::Seconds(60));
+  ASSERT_TRUE(running.ok()) << running.status();
+  cluster.KillWorker(first, SIGTERM);  // returns once w1 has exited
+
+  // Given back, not failed: queued again with its attempt not counted, and a checkpoint at the
+  // step the trainer had reached (past the last epoch-end one).
+  absl::StatusOr<v1::Job> released = cluster.WaitFor(
+      job->id(), [](const v1::Job& j) { return j.state() != v1::JOB_STATE_RUNNING; },
+      absl::Seconds(10));
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(released->state(), v1::JOB_STATE_QUEUED) << released->error();
+  EXPECT_EQ(released->released_attempts(), 1);
+  EXPECT_NE(released->error().find("worker w1 shut down (not counted against max_retries)"),
+            std::string::npos)
+      << released->error();
+  EXPECT_GE(released->checkpoint_step(), running->progress().step());
+  bool saw_stop = false;
+  for (const v1::JobEvent& event : cluster.History(job->id())) {
+    saw_stop =
+        saw_stop || absl::StrContains(event.message(),
+                                      absl::StrCat("stopped at step ", released->checkpoint_step(),
+                                                   " for the worker's shutdown"));
+  }
+  EXPECT_TRUE(saw_stop);
+
+  cluster.StartWorker("w2");
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(90));
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->attempt(), 2);
+  bool saw_resume = false;
+  for (const v1::JobEvent& event : cluster.History(job->id())) {
+    saw_resume =
+        saw_resume ||
+        (event.attempt() == 2 &&
+         absl::StrContains(event.message(), absl::StrCat("resumed from the checkpoint at step ",
+                                                         released->checkpoint_step())));
+  }
+  EXPECT_TRUE(saw_resume);
+
+  // Resuming mid-epoch gives the same weights as the straight run.
+  const std::string resumed_file = cluster.dir() + "/resumed.safetensors";
+  ASSERT_EQ(cluster.Cli("artifact " + job->id() + " -o " + resumed_file).exit_code, 0);
+  absl::StatusOr<Checkpoint> a = ReadCheckpoint(straight_file);
+  absl::StatusOr<Checkpoint> b = ReadCheckpoint(resumed_file);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->tensors.size(), b->tensors.size());
+  ASSERT_FALSE(a->tensors.empty());
+  for (size_t i = 0; i < a->tensors.size(); ++i) {
+    EXPECT_TRUE(a->tensors[i].values == b->tensors[i].values)
+        << a->tensors[i].name << " differs after a mid-epoch resume";
+  }
+}
+
 }  // namespace
 }  // namespace stoker::testing

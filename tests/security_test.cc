@@ -141,5 +141,26 @@ TEST(SecurityTest, InsecureRemoteListenersAreRefused) {
   std::filesystem::remove_all("/tmp/stoker-refused");
 }
 
+TEST(SecurityTest, ASecondServerOnTheSamePortOrStateDirectoryRefusesToStart) {
+  TestCluster cluster;
+  cluster.StartServer();
+  // gRPC would share the port (SO_REUSEPORT) and split the clients between two job stores.
+  CommandResult same_port =
+      RunCommand(absl::StrCat(STOKER_SERVER_PATH_FOR_TEST, " --listen ", cluster.address(),
+                              " --state-dir ", cluster.dir(), "/other"));
+  EXPECT_EQ(same_port.exit_code, 1) << same_port.output;
+  EXPECT_NE(same_port.output.find("cannot listen on " + cluster.address()), std::string::npos)
+      << same_port.output;
+  // Two servers on one job store would both schedule its queue.
+  CommandResult same_dir = RunCommand(absl::StrCat(
+      STOKER_SERVER_PATH_FOR_TEST, " --listen 127.0.0.1:0 --state-dir ", cluster.dir(), "/server"));
+  EXPECT_EQ(same_dir.exit_code, 1) << same_dir.output;
+  EXPECT_NE(same_dir.output.find("is in use by another stoker-server (pid "), std::string::npos)
+      << same_dir.output;
+  // The first one serves on.
+  CommandResult list = cluster.Cli("list");
+  EXPECT_EQ(list.exit_code, 0) << list.output;
+}
+
 }  // namespace
 }  // namespace stoker::testing

@@ -158,10 +158,25 @@ void Agent::Run(const std::atomic<bool>& stop) {
     const absl::Time next = absl::Now() + heartbeat_interval_;
     while (!stop.load() && absl::Now() < next) absl::SleepFor(absl::Milliseconds(20));
   }
-  // Shutting down: stop every attempt; the server requeues them (reported as retryable failures).
+  // Shutting down: every trainer checkpoints where it is and stops; the checkpoints are
+  // uploaded and the jobs given back (requeued without counting the attempt). Waits for that:
+  // each runner stops its trainer outright after RunnerOptions::drain_timeout.
   shutting_down_.store(true);
-  absl::MutexLock lock(&mu_);
-  for (auto& [id, job] : jobs_) job->runner->Cancel();
+  {
+    absl::MutexLock lock(&mu_);
+    if (!jobs_.empty()) Log(absl::StrCat("draining ", jobs_.size(), " job(s)"));
+    for (auto& [id, job] : jobs_) job->runner->Drain();
+  }
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      bool all_done = true;
+      for (const auto& [id, job] : jobs_) all_done = all_done && job->done.load();
+      if (all_done) break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ReapFinishedJobs();
 }
 
 void Agent::ExportMetrics() {
@@ -333,11 +348,12 @@ void Agent::RunJob(RunningJob* job) {
     }
   }
   if (outcome.error.empty()) outcome = job->runner->Run(resume_path);
-  if (outcome.state == v1::JOB_STATE_CANCELLED && shutting_down_.load()) {
-    // Not the user's cancel: the worker is going away, so the job should run elsewhere.
+  if (shutting_down_.load() && outcome.state != v1::JOB_STATE_SUCCEEDED &&
+      (outcome.released || outcome.state == v1::JOB_STATE_CANCELLED) && !outcome.permanent) {
+    // Not the user's cancel: the worker is going away, so the job runs on elsewhere.
     outcome.state = v1::JOB_STATE_FAILED;
+    outcome.released = true;
     outcome.error = absl::StrCat("worker ", options_.worker_id, " shut down");
-    outcome.permanent = false;
   }
   v1::CompleteJobRequest request;
   request.set_worker_id(options_.worker_id);
@@ -346,6 +362,7 @@ void Agent::RunJob(RunningJob* job) {
   request.set_state(outcome.state);
   request.set_error(outcome.error);
   request.set_permanent(outcome.permanent);
+  request.set_released(outcome.released);
   *request.mutable_progress() = outcome.progress;
   Log(absl::StrCat(job->assignment.job_id(), " attempt ", job->assignment.attempt(),
                    " ended: ", v1::JobState_Name(outcome.state),
@@ -353,7 +370,7 @@ void Agent::RunJob(RunningJob* job) {
   // Events, the last checkpoint and the outcome must reach the server, in that order; keep trying
   // while it is unreachable (for up to an hour, or a few seconds when this worker shuts down).
   const absl::Time give_up =
-      absl::Now() + (shutting_down_.load() ? absl::Seconds(3) : absl::Hours(1));
+      absl::Now() + (shutting_down_.load() ? absl::Seconds(10) : absl::Hours(1));
   while (absl::Now() < give_up) {
     if (!job->pending.empty() && SendEvents(job->assignment, job->pending) &&
         !job->pending.empty()) {

@@ -9,6 +9,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/auth.h"
 #include "worker/agent.h"
 #include "worker/metrics/nvml.h"
@@ -27,6 +28,15 @@ std::string SelfDirectory() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything starts a thread (gRPC does): every thread inherits the mask, so SIGINT and
+  // SIGTERM reach only the sigwait below and never kill the process outright.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
   CLI::App app{"stoker-worker: runs training jobs from a stoker-server on this machine"};
   stoker::AgentOptions options;
   char hostname[256] = {0};
@@ -54,6 +64,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--loader", options.runner.loader_path, "stoker-loader executable")
       ->capture_default_str();
+  double drain_seconds = absl::ToDoubleSeconds(options.runner.drain_timeout);
+  app.add_option("--drain-seconds", drain_seconds,
+                 "on SIGTERM/SIGINT, how long each trainer gets to checkpoint and stop before it "
+                 "is stopped outright; its job goes back to the queue either way")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
   std::string token_file, tls_ca, metrics_listen;
   app.add_option("--token-file", token_file, "file holding the server's bearer token");
   app.add_option("--tls-ca", tls_ca, "connect with TLS, trusting this CA certificate (PEM)");
@@ -61,6 +77,7 @@ int main(int argc, char** argv) {
                  "serve Prometheus /metrics on HOST:PORT (port 0 picks one; empty = off)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  options.runner.drain_timeout = absl::Seconds(drain_seconds);
 
   if (!token_file.empty()) {
     absl::StatusOr<std::string> token = stoker::ReadTokenFile(token_file);
@@ -93,19 +110,19 @@ int main(int argc, char** argv) {
   }
   options.runner.work_dir = std::filesystem::absolute(options.runner.work_dir).string();
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
   std::atomic<bool> stop{false};
   std::thread signal_thread([&] {
     int signal_number = 0;
     sigwait(&signals, &signal_number);
-    std::cerr << "stoker-worker: " << strsignal(signal_number) << ", shutting down\n";
+    std::cerr << "stoker-worker: " << strsignal(signal_number)
+              << ", shutting down: running jobs checkpoint and go back to the queue (a second "
+                 "signal stops at once)\n";
     stop.store(true);
+    sigwait(&signals, &signal_number);
+    // Trainers and loaders die with this process (PR_SET_PDEATHSIG); the server requeues the
+    // jobs when the lease runs out.
+    std::cerr << "stoker-worker: " << strsignal(signal_number) << " again, exiting now\n";
+    std::_Exit(1);
   });
   signal_thread.detach();
 

@@ -232,6 +232,7 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   }
 
   int restarts = 0;
+  std::optional<absl::Time> drain_started;
   std::optional<ExitInfo> trainer_exit;
   bool cancelled = false;
   // Autotune window (loader.processes: auto).
@@ -282,6 +283,16 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
     }
     if (cancel_requested_.load()) {
       cancelled = true;
+      break;
+    }
+    if (drain_requested_.load() && !drain_started) {
+      drain_started = absl::Now();
+      region.RequestCheckpointAndStop();
+    }
+    if (drain_started && absl::Now() - *drain_started > options_.drain_timeout) {
+      on_event_(
+          LogEvent(absl::StrCat("the trainer did not checkpoint and stop within ",
+                                absl::FormatDuration(options_.drain_timeout), "; stopping it")));
       break;
     }
     trainer_exit = TryReap(*trainer);
@@ -342,6 +353,12 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   }
   if (!trainer_exit->signaled && trainer_exit->code == kExitSuccess) {
     outcome.state = v1::JOB_STATE_SUCCEEDED;
+    return outcome;
+  }
+  if (drain_started) {
+    outcome.state = v1::JOB_STATE_FAILED;
+    outcome.released = true;
+    outcome.error = "drained";
     return outcome;
   }
   outcome.state = v1::JOB_STATE_FAILED;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "stoker.pb.h"
 #include "worker/data/ring_buffer.h"
 
@@ -21,12 +22,17 @@ struct RunnerOptions {
   std::string data_root;  // dataset paths resolve under it
   int cpu_count = 1;      // bounds loader.processes: auto
   int max_loader_restarts = 20;
+  // Drain(): how long the trainer gets to checkpoint and stop before it is stopped outright.
+  absl::Duration drain_timeout = absl::Seconds(30);
 };
 
 struct AttemptOutcome {
   v1::JobState state = v1::JOB_STATE_FAILED;
   std::string error;
   bool permanent = false;  // retrying cannot help (bad data or spec)
+  // Stopped by Drain() before it finished (state FAILED): the job should run on elsewhere, from
+  // the checkpoint the trainer wrote on its way out, without counting this attempt.
+  bool released = false;
   v1::TrainingProgress progress;
 };
 
@@ -54,6 +60,10 @@ class JobRunner {
   AttemptOutcome Run(const std::string& resume_checkpoint = "");
   // Asks a running attempt to stop (thread-safe); Run() then returns CANCELLED within ~2 s.
   void Cancel() { cancel_requested_.store(true); }
+  // The worker is shutting down (thread-safe): the trainer writes a checkpoint at the step it
+  // reached and stops (within RunnerOptions::drain_timeout, else it is stopped as by Cancel);
+  // Run() then returns FAILED with `released` set, unless the attempt had already finished.
+  void Drain() { drain_requested_.store(true); }
 
   // Counters of the running attempt, for export; zero before the region exists.
   struct StatsSnapshot {
@@ -81,6 +91,7 @@ class JobRunner {
   const std::string dir_;
   EventCallback on_event_;
   std::atomic<bool> cancel_requested_{false};
+  std::atomic<bool> drain_requested_{false};
   absl::Mutex region_mu_;
   JobRegion* region_ ABSL_GUARDED_BY(region_mu_) = nullptr;
 };

@@ -38,6 +38,9 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    // A process group of its own: a Ctrl-C in the agent's terminal goes to the agent, which
+    // drains its jobs (checkpoint, then stop), instead of killing trainers mid-step.
+    setpgid(0, 0);
     if (log_fd >= 0) {
       dup2(log_fd, STDOUT_FILENO);
       dup2(log_fd, STDERR_FILENO);

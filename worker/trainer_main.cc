@@ -240,7 +240,9 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
     events.Log(absl::StrCat("resumed from the checkpoint at step ", first_batch, " (epoch ",
                             first_batch / batches_per_epoch + 1, ")"));
   }
+  uint64_t last_checkpoint_step = first_batch;  // the server holds this step (or nothing at 0)
   auto checkpoint = [&](uint64_t step, int epoch) -> bool {
+    last_checkpoint_step = step;
     if (checkpoint_path.empty()) return true;
     if (absl::Status s = SaveCheckpoint(checkpoint_path, *built, step, epoch, last_accuracy, spec);
         !s.ok()) {
@@ -278,10 +280,31 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
     return p;
   };
 
+  // The worker is shutting down: keep what was trained (a checkpoint at `step`, the batches
+  // before it done), then stop; the job resumes from there on another worker.
+  auto checkpoint_and_stop = [&](uint64_t step) -> int {
+    if (step > last_checkpoint_step) {
+      const int epoch = static_cast<int>(step == 0 ? 1 : (step - 1) / batches_per_epoch + 1);
+      if (!checkpoint(step, epoch)) return 1;
+    }
+    events.Log(absl::StrCat("stopped at step ", step, " for the worker's shutdown"));
+    return kExitStopped;
+  };
+
   for (uint64_t b = first_batch; b < total_batches; ++b) {
     const int epoch = static_cast<int>(b / batches_per_epoch) + 1;
     const absl::Time wait_start = absl::Now();
-    absl::StatusOr<ReadableBatch> batch = region.WaitReadable(b, absl::Minutes(5));
+    // Waits up to 5 minutes for a loader, looking for a shutdown each second.
+    absl::StatusOr<ReadableBatch> batch = absl::DeadlineExceededError("");
+    while (true) {
+      batch = region.WaitReadable(b, absl::Seconds(1));
+      if (batch.ok() || !absl::IsDeadlineExceeded(batch.status())) break;
+      if (region.CheckpointAndStopRequested()) return checkpoint_and_stop(b);
+      if (absl::Now() - wait_start >= absl::Minutes(5)) {
+        batch = absl::DeadlineExceededError("no loader published it within 5 minutes");
+        break;
+      }
+    }
     const absl::Time got_batch = absl::Now();
     if (!batch.ok()) {
       if (absl::IsCancelled(batch.status())) return kExitStopped;
@@ -349,6 +372,9 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
       window_loss = 0;
       window_steps = window_samples = 0;
       window_stall_ns = 0;
+    }
+    if (b + 1 < total_batches && region.CheckpointAndStopRequested()) {
+      return checkpoint_and_stop(b + 1);
     }
   }
   return kExitSuccess;

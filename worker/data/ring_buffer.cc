@@ -28,7 +28,8 @@ namespace {
 // "STOKERRG" read as a little-endian integer.
 constexpr uint64_t kRegionMagic = 0x475252454b4f5453ull;
 // Bump whenever RegionHeader, RegionControl, SlotHeader, JobStats or the layout rules change.
-constexpr uint32_t kRegionVersion = 4;  // 2: sample_type; 3: loader eras; 4: slot waiters
+constexpr uint32_t kRegionVersion = 5;  // 2: sample_type; 3: loader eras; 4: slot waiters;
+                                        // 5: checkpoint_and_stop
 constexpr uint64_t kCacheLineBytes = 64;
 // Longest single futex sleep: every wait re-checks stop and peer liveness at least this often.
 constexpr auto kWaitTick = std::chrono::milliseconds(100);
@@ -76,6 +77,8 @@ struct RegionControl {
   // Entries below era_count are complete; an entry is written before era_count is raised.
   std::atomic<uint32_t> era_count;
   LoaderEra eras[kMaxLoaderEras];
+  // The agent is shutting down: the trainer checkpoints where it is, then stops.
+  std::atomic<uint32_t> checkpoint_and_stop;
 };
 
 // Per-slot words. `seq` encodes the slot's state for batch b (mod 2^32):
@@ -399,6 +402,14 @@ void JobRegion::RequestStop() {
 
 bool JobRegion::StopRequested() const {
   return impl_->control->stop.load(std::memory_order_acquire) != 0;
+}
+
+void JobRegion::RequestCheckpointAndStop() {
+  impl_->control->checkpoint_and_stop.store(1, std::memory_order_release);
+}
+
+bool JobRegion::CheckpointAndStopRequested() const {
+  return impl_->control->checkpoint_and_stop.load(std::memory_order_acquire) != 0;
 }
 
 void JobRegion::SetConsumerPid(pid_t pid) {

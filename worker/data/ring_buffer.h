@@ -101,6 +101,10 @@ class JobRegion {
   // Control block. Stop is sticky and wakes every waiter.
   void RequestStop();
   bool StopRequested() const;
+  // Sticky too, but wakes nobody: the trainer polls it between steps (and while it waits for a
+  // batch), writes a checkpoint at the step it reached, and exits. For a worker shutting down.
+  void RequestCheckpointAndStop();
+  bool CheckpointAndStopRequested() const;
   void SetConsumerPid(pid_t pid);
   pid_t ConsumerPid() const;
 
