@@ -125,6 +125,35 @@ TEST(PipelineFaultsTest, KilledLoaderIsRespawnedAndTrainingIsIdentical) {
   }
 }
 
+TEST(PipelineFaultsTest, AHungTrainerIsStoppedAndTheJobRetried) {
+  TestCluster cluster;
+  cluster.StartServer();
+  cluster.StartWorker("w1", {"--trainer-stall-seconds", "3"});
+  absl::StatusOr<v1::Job> job = cluster.Submit(SlowJob());
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(cluster
+                  .WaitFor(
+                      job->id(), [](const v1::Job& j) { return j.progress().step() >= 10; },
+                      absl::Seconds(60))
+                  .ok());
+  std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", "/" + job->id() + "-a1/"});
+  ASSERT_EQ(trainers.size(), 1u);
+  ASSERT_EQ(kill(trainers[0], SIGSTOP), 0);  // alive, holding its slot, doing nothing
+
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(60));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->attempt(), 2);
+  bool saw_watchdog = false;
+  for (const v1::JobEvent& event : cluster.History(job->id())) {
+    saw_watchdog =
+        saw_watchdog || (event.attempt() == 1 &&
+                         absl::StrContains(event.message(), "the trainer made no progress for"));
+  }
+  EXPECT_TRUE(saw_watchdog);
+  EXPECT_TRUE(FindProcesses({"/" + job->id() + "-a1/"}).empty()) << "the stopped trainer is gone";
+}
+
 TEST(PipelineFaultsTest, KilledTrainerTakesItsLoadersAndSharedMemoryWithIt) {
   TestCluster cluster;
   cluster.StartServer();

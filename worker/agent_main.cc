@@ -70,6 +70,12 @@ int main(int argc, char** argv) {
                  "is stopped outright; its job goes back to the queue either way")
       ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
+  double stall_seconds = absl::ToDoubleSeconds(options.runner.trainer_stall_timeout);
+  app.add_option("--trainer-stall-seconds", stall_seconds,
+                 "stop a trainer that neither steps nor reports for this long (the attempt fails "
+                 "and is retried); 0 = never")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   std::string token_file, tls_ca, metrics_listen;
   app.add_option("--token-file", token_file, "file holding the server's bearer token");
   app.add_option("--tls-ca", tls_ca, "connect with TLS, trusting this CA certificate (PEM)");
@@ -78,6 +84,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   options.runner.drain_timeout = absl::Seconds(drain_seconds);
+  options.runner.trainer_stall_timeout =
+      stall_seconds > 0 ? absl::Seconds(stall_seconds) : absl::InfiniteDuration();
 
   if (!token_file.empty()) {
     absl::StatusOr<std::string> token = stoker::ReadTokenFile(token_file);

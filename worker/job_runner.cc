@@ -198,12 +198,15 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   AttemptOutcome outcome;
   absl::Mutex progress_mu;
   v1::TrainingProgress last_epoch_progress;
+  // When the trainer last did something: an event, or a step (below). The watchdog reads it.
+  std::atomic<int64_t> last_event_ns{absl::GetCurrentTimeNanos()};
   std::thread reader([&] {
     google::protobuf::io::FileInputStream input(event_pipe[0]);
     input.SetCloseOnDelete(true);
     v1::JobEvent event;
     bool clean_eof = false;
     while (google::protobuf::util::ParseDelimitedFromZeroCopyStream(&event, &input, &clean_eof)) {
+      last_event_ns.store(absl::GetCurrentTimeNanos());
       if (event.type() == v1::EVENT_TYPE_EPOCH) {
         absl::MutexLock lock(&progress_mu);
         last_epoch_progress = event.progress();
@@ -247,7 +250,21 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
                   stats.loader_busy_ns_total.load()};
   };
   Window window = window_now();
+  uint64_t watched_steps = region.stats().steps_total.load();
+  absl::Time last_activity = absl::Now();
   while (!trainer_exit && !fatal) {
+    if (const uint64_t steps = region.stats().steps_total.load(); steps != watched_steps) {
+      watched_steps = steps;
+      last_activity = absl::Now();
+    }
+    last_activity = std::max(last_activity, absl::FromUnixNanos(last_event_ns.load()));
+    if (absl::Now() - last_activity > options_.trainer_stall_timeout) {
+      fatal = absl::StrCat("the trainer made no progress for ",
+                           absl::FormatDuration(absl::Now() - last_activity), " (", watched_steps,
+                           " steps done); stopped it");
+      on_event_(LogEvent(*fatal));
+      break;
+    }
     if (autotune && absl::Now() - window.start >= absl::Seconds(2)) {
       const Window now = window_now();
       const uint64_t stall = now.stall_ns - window.stall_ns;

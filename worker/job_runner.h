@@ -24,6 +24,11 @@ struct RunnerOptions {
   int max_loader_restarts = 20;
   // Drain(): how long the trainer gets to checkpoint and stop before it is stopped outright.
   absl::Duration drain_timeout = absl::Seconds(30);
+  // A trainer that neither steps nor reports for this long is hung (a stopped process, a wedged
+  // device, a deadlock): it is stopped and the attempt fails, to be retried. It reports at least
+  // once a second while it trains; only its start (test set, model) and end-of-epoch evaluation
+  // are silent. absl::InfiniteDuration() never gives up.
+  absl::Duration trainer_stall_timeout = absl::Minutes(10);
 };
 
 struct AttemptOutcome {
