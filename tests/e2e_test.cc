@@ -238,7 +238,7 @@ TEST_F(EndToEndTest, BadRequestsGetClearStatuses) {
   EXPECT_NE(bad_state.output.find("unknown state 'sleeping'"), std::string::npos);
 }
 
-TEST_F(EndToEndTest, AModelTooBigForTheMachineFailsAtOnceWithoutRetries) {
+TEST_F(EndToEndTest, AModelOrRingTooBigForTheMachineFailsAtOnceWithoutRetries) {
   cluster_.StartWorker("w1");
   // 16 hidden layers of 16384: 4.0e9 parameters, ~46 GiB to train; more than CI machines have.
   v1::JobSpec huge = SmallFashionMnistJob(1, 2000, 500);
@@ -254,6 +254,21 @@ TEST_F(EndToEndTest, AModelTooBigForTheMachineFailsAtOnceWithoutRetries) {
       << failed->error();
   EXPECT_NE(failed->error().find("available; use a smaller model or batch_size"), std::string::npos)
       << failed->error();
+
+  // The same for the data pipeline: 1024 ring slots of 65,536 samples would take ~49 GiB.
+  v1::JobSpec big_ring = SmallFashionMnistJob(10000, 0, 500);
+  big_ring.mutable_train()->set_batch_size(65536);
+  big_ring.mutable_loader()->set_ring_slots(1024);
+  absl::StatusOr<v1::Job> ring_job = cluster_.Submit(big_ring);
+  ASSERT_TRUE(ring_job.ok()) << ring_job.status();
+  absl::StatusOr<v1::Job> ring_failed = cluster_.WaitForFinal(ring_job->id(), absl::Seconds(60));
+  ASSERT_TRUE(ring_failed.ok()) << ring_failed.status();
+  EXPECT_EQ(ring_failed->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(ring_failed->attempt(), 1);
+  EXPECT_NE(ring_failed->error().find("plus a ring of 49.06 GiB (loader.ring_slots x "
+                                      "train.batch_size)"),
+            std::string::npos)
+      << ring_failed->error();
 
   // The worker is fine and takes the next job.
   absl::StatusOr<v1::Job> next = cluster_.Submit(SmallFashionMnistJob(1, 2000, 500));

@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -11,10 +13,12 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint.h"
 #include "common/job_spec.h"
+#include "common/system_memory.h"
 #include "google/protobuf/io/zero_copy_stream_impl.h"
 #include "google/protobuf/util/delimited_message_util.h"
 #include "worker/data/dataset.h"
@@ -105,8 +109,35 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
 
   // `auto` starts with one loader and grows while the trainer waits for data (see Supervise).
   const bool autotune = spec.loader().processes() == 0;
-  const int loader_count =
-      autotune ? AutoLoaderLimit(options_.cpu_count) : spec.loader().processes();
+  int loader_count = autotune ? AutoLoaderLimit(options_.cpu_count) : spec.loader().processes();
+  const uint64_t total_batches =
+      static_cast<uint64_t>(BatchesPerEpoch(shape->count, spec.train().batch_size())) *
+      spec.train().epochs();
+  // Memory: every loader holds its own copy of the training set, and the ring holds up to
+  // ring_slots batches. They may take half of what is available; the trainer sizes its model
+  // against what is left when it starts.
+  if (absl::StatusOr<int64_t> available = AvailableSystemMemoryBytes(); available.ok()) {
+    const double budget = *available / 2.0;
+    const double dataset_bytes = double(shape->count) * (shape->sample_bytes + 1);
+    const double ring_bytes =
+        double(std::min<uint64_t>(spec.loader().ring_slots(), total_batches)) *
+        spec.train().batch_size() * (shape->sample_bytes + 1);
+    if (autotune) {
+      const double affordable = std::floor((budget - ring_bytes) / dataset_bytes);
+      loader_count = static_cast<int>(std::clamp(affordable, 1.0, double(loader_count)));
+    }
+    if (ring_bytes + loader_count * dataset_bytes > budget) {
+      constexpr double kGiB = 1024.0 * 1024 * 1024;
+      return Failed(
+          absl::StrFormat("loader.processes: %d loader(s) each holding the %.2f GiB training set, "
+                          "plus a ring of %.2f GiB (loader.ring_slots x train.batch_size), need "
+                          "%.1f GiB; this machine has %.1f GiB available, half of it for the data "
+                          "pipeline: use fewer loader processes or ring slots, or a smaller batch",
+                          loader_count, dataset_bytes / kGiB, ring_bytes / kGiB,
+                          (ring_bytes + loader_count * dataset_bytes) / kGiB, *available / kGiB),
+          true);
+    }
+  }
   RingGeometry geometry;
   geometry.slot_count = spec.loader().ring_slots();
   geometry.batch_size = spec.train().batch_size();
@@ -114,9 +145,7 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   geometry.sample_type = shape->sample_type;
   geometry.loader_count = loader_count;
   geometry.initial_loaders = autotune ? 1 : loader_count;
-  geometry.total_batches =
-      static_cast<uint64_t>(BatchesPerEpoch(shape->count, spec.train().batch_size())) *
-      spec.train().epochs();
+  geometry.total_batches = total_batches;
   absl::StatusOr<std::unique_ptr<JobRegion>> region = JobRegion::Create(geometry);
   if (!region.ok()) return Failed(absl::StrCat("ring buffer: ", region.status().message()), false);
   if (!resume_checkpoint.empty()) {
