@@ -113,15 +113,22 @@ train: {epochs: 2, batch_size: 64, precision: fp32}
   EXPECT_NE(workers.output.find("alive"), std::string::npos) << workers.output;
 }
 
+// An example job file's text, and that text with the first (or last) `from` replaced by `to`.
+std::string ExampleText(const std::string& name) {
+  std::ifstream in(std::string(STOKER_SOURCE_DIR "/examples/") + name);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+std::string Replaced(std::string text, const std::string& from, const std::string& to,
+                     bool last = false) {
+  const size_t at = last ? text.rfind(from) : text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return at == std::string::npos ? text : text.replace(at, from.size(), to);
+}
+
 TEST_F(EndToEndTest, BadJobFilesAreRefusedAndTheServerKeepsServing) {
-  const std::string example = STOKER_SOURCE_DIR "/examples/fashion-mnist-mlp.yaml";
-  std::ifstream in(example);
-  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string good = ExampleText("fashion-mnist-mlp.yaml");
   auto replaced = [&](const std::string& from, const std::string& to) {
-    std::string text = good;
-    const size_t at = text.find(from);
-    EXPECT_NE(at, std::string::npos) << from;
-    return text.replace(at, from.size(), to);
+    return Replaced(good, from, to);
   };
   struct Case {
     std::string name, text, expected;
@@ -142,13 +149,9 @@ TEST_F(EndToEndTest, BadJobFilesAreRefusedAndTheServerKeepsServing) {
   };
   // A cnn that cannot take 28x28 images is refused at submit (the server reads the data's
   // headers), pointing at the layer, not after waiting in the queue.
-  std::ifstream cnn_in(STOKER_SOURCE_DIR "/examples/fashion-mnist-cnn.yaml");
-  const std::string cnn((std::istreambuf_iterator<char>(cnn_in)), std::istreambuf_iterator<char>());
+  const std::string cnn = ExampleText("fashion-mnist-cnn.yaml");
   auto cnn_with = [&](const std::string& from, const std::string& to) {
-    std::string text = cnn;
-    const size_t at = text.rfind(from);
-    EXPECT_NE(at, std::string::npos) << from;
-    return text.replace(at, from.size(), to);
+    return Replaced(cnn, from, to, /*last=*/true);
   };
   cases.push_back(
       {"kernel.yaml",
@@ -250,7 +253,8 @@ TEST_F(EndToEndTest, AModelOrRingTooBigForTheMachineFailsAtOnceWithoutRetries) {
   ASSERT_TRUE(failed.ok()) << failed.status();
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(failed->attempt(), 1) << "retrying cannot make it fit";
-  EXPECT_TRUE(absl::StartsWith(failed->error(), "model: training needs about 53.3 GiB (4039802890 parameters"))
+  EXPECT_TRUE(absl::StartsWith(failed->error(),
+                               "model: training needs about 53.3 GiB (4039802890 parameters"))
       << failed->error();
   EXPECT_NE(failed->error().find("available; use a smaller model or batch_size"), std::string::npos)
       << failed->error();

@@ -323,8 +323,7 @@ TEST(FaultsTest, AWorkerShutdownCheckpointsMidEpochGivesTheJobBackAndResumeIsExa
 
   absl::StatusOr<v1::Job> job = cluster.Submit(spec);
   ASSERT_TRUE(job.ok());
-  absl::StatusOr<v1::Job> running = cluster.WaitFor(
-      job->id(), [](const v1::Job& j) { return j.progress().step() >= 10; }, absl::Seconds(60));
+  absl::StatusOr<v1::Job> running = cluster.WaitForStep(job->id(), 10);
   ASSERT_TRUE(running.ok()) << running.status();
   cluster.KillWorker(first, SIGTERM);  // returns once w1 has exited
 

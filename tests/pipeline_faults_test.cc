@@ -79,11 +79,7 @@ TEST(PipelineFaultsTest, KilledLoaderIsRespawnedAndTrainingIsIdentical) {
 
   absl::StatusOr<v1::Job> disturbed = cluster.Submit(SlowJob());
   ASSERT_TRUE(disturbed.ok());
-  ASSERT_TRUE(cluster
-                  .WaitFor(
-                      disturbed->id(), [](const v1::Job& j) { return j.progress().step() >= 20; },
-                      absl::Seconds(60))
-                  .ok());
+  ASSERT_TRUE(cluster.WaitForStep(disturbed->id(), 20).ok());
   const std::string attempt_dir = "/" + disturbed->id() + "-a1/";
   std::vector<pid_t> loaders = FindProcesses({"stoker-loader", attempt_dir, "--index 1"});
   ASSERT_EQ(loaders.size(), 1u);
@@ -131,11 +127,7 @@ TEST(PipelineFaultsTest, AHungTrainerIsStoppedAndTheJobRetried) {
   cluster.StartWorker("w1", {"--trainer-stall-seconds", "3"});
   absl::StatusOr<v1::Job> job = cluster.Submit(SlowJob());
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(cluster
-                  .WaitFor(
-                      job->id(), [](const v1::Job& j) { return j.progress().step() >= 10; },
-                      absl::Seconds(60))
-                  .ok());
+  ASSERT_TRUE(cluster.WaitForStep(job->id(), 10).ok());
   std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", "/" + job->id() + "-a1/"});
   ASSERT_EQ(trainers.size(), 1u);
   ASSERT_EQ(kill(trainers[0], SIGSTOP), 0);  // alive, holding its slot, doing nothing
@@ -162,11 +154,7 @@ TEST(PipelineFaultsTest, KilledTrainerTakesItsLoadersAndSharedMemoryWithIt) {
   spec.set_max_retries(0);
   absl::StatusOr<v1::Job> job = cluster.Submit(spec);
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(cluster
-                  .WaitFor(
-                      job->id(), [](const v1::Job& j) { return j.progress().step() >= 10; },
-                      absl::Seconds(60))
-                  .ok());
+  ASSERT_TRUE(cluster.WaitForStep(job->id(), 10).ok());
   const std::string attempt_dir = "/" + job->id() + "-a1/";
   std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", attempt_dir});
   ASSERT_EQ(trainers.size(), 1u);

@@ -128,6 +128,12 @@ CommandResult TestCluster::Cli(const std::string& args) {
   return RunCommand(absl::StrCat(STOKER_CLI_PATH, " --server ", address(), " ", args));
 }
 
+absl::StatusOr<v1::Job> TestCluster::WaitForStep(const std::string& job_id, int64_t step,
+                                                 absl::Duration timeout) {
+  return WaitFor(
+      job_id, [step](const v1::Job& j) { return j.progress().step() >= step; }, timeout);
+}
+
 absl::StatusOr<v1::Job> TestCluster::WaitFor(const std::string& job_id,
                                              const std::function<bool(const v1::Job&)>& predicate,
                                              absl::Duration timeout) {

@@ -47,6 +47,9 @@ class TestCluster {
   // Polls GetJob until the job is in a final state or `timeout` passes.
   absl::StatusOr<v1::Job> WaitForFinal(const std::string& job_id, absl::Duration timeout);
   // Polls GetJob until `predicate` holds or `timeout` passes.
+  // Waits until the job has done at least `step` training steps.
+  absl::StatusOr<v1::Job> WaitForStep(const std::string& job_id, int64_t step,
+                                      absl::Duration timeout = absl::Seconds(60));
   absl::StatusOr<v1::Job> WaitFor(const std::string& job_id,
                                   const std::function<bool(const v1::Job&)>& predicate,
                                   absl::Duration timeout);

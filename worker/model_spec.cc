@@ -108,6 +108,16 @@ absl::Status CheckFits(const Backend& backend, const NetworkConfig& network) {
   return CheckTrainingFits(*footprint, *available, where, network.max_batch);
 }
 
+// The fields MlpConfig and NetworkConfig share: classes and everything from train.
+template <typename Config>
+void SetTrainingFields(const v1::JobSpec& spec, int classes, Config* config) {
+  config->classes = classes;
+  config->max_batch = spec.train().batch_size();
+  config->precision = ToPrecision(spec.train().precision());
+  config->seed = static_cast<uint64_t>(spec.train().seed());
+  config->optimizer = OptimizerFromSpec(spec.train());
+}
+
 }  // namespace
 
 OptimizerConfig OptimizerFromSpec(const v1::TrainSpec& train) {
@@ -129,11 +139,7 @@ MlpConfig MlpConfigFromSpec(const v1::JobSpec& spec, int features, int classes) 
   MlpConfig config;
   config.input_features = features;
   config.hidden.assign(spec.model().hidden().begin(), spec.model().hidden().end());
-  config.classes = classes;
-  config.max_batch = spec.train().batch_size();
-  config.precision = ToPrecision(spec.train().precision());
-  config.seed = static_cast<uint64_t>(spec.train().seed());
-  config.optimizer = OptimizerFromSpec(spec.train());
+  SetTrainingFields(spec, classes, &config);
   return config;
 }
 
@@ -155,11 +161,7 @@ absl::StatusOr<NetworkConfig> NetworkConfigFromSpec(const v1::JobSpec& spec,
     if (!layer.ok()) return layer.status();
     config.layers.push_back(*layer);
   }
-  config.classes = classes;
-  config.max_batch = spec.train().batch_size();
-  config.precision = ToPrecision(spec.train().precision());
-  config.seed = static_cast<uint64_t>(spec.train().seed());
-  config.optimizer = OptimizerFromSpec(spec.train());
+  SetTrainingFields(spec, classes, &config);
   return config;
 }
 
