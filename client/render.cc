@@ -99,6 +99,12 @@ std::string JobDetails(const v1::Job& job) {
                                             ", step ", p.step(), "/", p.total_steps())});
   rows.push_back({"loss:", absl::StrFormat("%.4f", p.loss())});
   rows.push_back({"test accuracy:", Accuracy(p.test_accuracy())});
+  // Where a retry or a requeued job resumes, and what `stoker artifact` downloads.
+  rows.push_back({"checkpoint:",
+                  job.checkpoint_step() > 0
+                      ? absl::StrFormat("step %d (epoch %d), %.1f MiB", job.checkpoint_step(),
+                                        job.checkpoint_epoch(), job.checkpoint_bytes() / 1048576.0)
+                      : "-"});
   if (!job.error().empty()) rows.push_back({"error:", job.error()});
   return Table(rows);
 }

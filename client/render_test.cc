@@ -52,11 +52,18 @@ TEST(RenderTest, JobTableAlignsColumns) {
   EXPECT_NE(table.find("running"), std::string::npos);
 }
 
-TEST(RenderTest, JobDetailsCountAttemptsGivenBack) {
+TEST(RenderTest, JobDetailsShowTheCheckpointAndAttemptsGivenBack) {
   v1::Job job;
   job.set_id("j-000002");
   job.set_attempt(2);
   EXPECT_NE(JobDetails(job).find("attempt:        2\n"), std::string::npos) << JobDetails(job);
+  EXPECT_NE(JobDetails(job).find("checkpoint:     -"), std::string::npos) << JobDetails(job);
+  job.set_checkpoint_step(1059);
+  job.set_checkpoint_epoch(3);
+  job.set_checkpoint_bytes(6598112);
+  EXPECT_NE(JobDetails(job).find("checkpoint:     step 1059 (epoch 3), 6.3 MiB"),
+            std::string::npos)
+      << JobDetails(job);
   job.set_released_attempts(1);
   EXPECT_NE(JobDetails(job).find("attempt:        2 (1 given back by a worker shutdown)\n"),
             std::string::npos)
