@@ -15,6 +15,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/render.h"
@@ -327,11 +328,22 @@ int Main(int argc, char** argv) {
   CLI::App* artifact =
       app.add_subcommand("artifact", "download a job's latest checkpoint (safetensors)");
   artifact->add_option("job_id", job_id, "job id")->required();
-  artifact->add_option("-o,--output", artifact_output, "file to write")->required();
+  artifact
+      ->add_option("-o,--output", artifact_output,
+                   "file to write (an existing directory gets JOB_ID.safetensors)")
+      ->required();
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (app.get_subcommands().empty() && !app.remaining().empty() &&
+        app.remaining().front().rfind('-', 0) != 0) {
+      std::vector<std::string> names;
+      for (const CLI::App* command : app.get_subcommands({})) names.push_back(command->get_name());
+      std::cerr << "stoker: unknown command '" << app.remaining().front()
+                << "' (commands: " << absl::StrJoin(names, ", ") << "; see --help)\n";
+      return kExitBadInput;
+    }
     const int code = app.exit(e);
     return code == 0 ? kExitOk : kExitBadInput;
   }
@@ -357,7 +369,14 @@ int Main(int argc, char** argv) {
   if (status->parsed()) return client.Status(job_id);
   if (logs->parsed()) return client.Watch(job_id, follow);
   if (cancel->parsed()) return client.Cancel(job_id);
-  if (artifact->parsed()) return client.Artifact(job_id, artifact_output);
+  if (artifact->parsed()) {
+    std::error_code ignored;
+    if (std::filesystem::is_directory(artifact_output, ignored)) {
+      artifact_output =
+          (std::filesystem::path(artifact_output) / (job_id + ".safetensors")).string();
+    }
+    return client.Artifact(job_id, artifact_output);
+  }
   return client.Workers();
 }
 

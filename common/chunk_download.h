@@ -45,7 +45,10 @@ inline absl::StatusOr<int64_t> DownloadChunksToFile(
   }
   std::error_code error;
   std::filesystem::rename(part, path, error);
-  if (error) return absl::InternalError(absl::StrCat("rename to ", path, ": ", error.message()));
+  if (error) {
+    std::filesystem::remove(part, ignored);
+    return absl::InternalError(absl::StrCat("rename to ", path, ": ", error.message()));
+  }
   return received;
 }
 

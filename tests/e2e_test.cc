@@ -171,6 +171,10 @@ TEST_F(EndToEndTest, BadJobFilesAreRefusedAndTheServerKeepsServing) {
   CommandResult missing_file = cluster_.Cli("submit /nonexistent/job.yaml");
   EXPECT_EQ(missing_file.exit_code, 2);
   EXPECT_NE(missing_file.output.find("cannot read job file"), std::string::npos);
+  CommandResult typo = cluster_.Cli("sumbit x.yaml");
+  EXPECT_EQ(typo.exit_code, 2);
+  EXPECT_NE(typo.output.find("unknown command 'sumbit' (commands: submit, list"), std::string::npos)
+      << typo.output;
 
   // Nothing was stored, and the server still answers.
   CommandResult list = cluster_.Cli("list");

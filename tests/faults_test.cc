@@ -299,6 +299,13 @@ TEST(FaultsTest, ArtifactIsTheFinalCheckpointAndResumeIsExact) {
   }
   EXPECT_EQ(a->metadata.at("step"), b->metadata.at("step"));
 
+  // -o naming a directory writes JOB_ID.safetensors in it, the same bytes.
+  ASSERT_EQ(cluster.Cli("artifact " + interrupted->id() + " -o " + cluster.dir()).exit_code, 0);
+  absl::StatusOr<Checkpoint> in_dir =
+      ReadCheckpoint(cluster.dir() + "/" + interrupted->id() + ".safetensors");
+  ASSERT_TRUE(in_dir.ok()) << in_dir.status();
+  EXPECT_EQ(in_dir->tensors.size(), b->tensors.size());
+
   CommandResult missing = cluster.Cli("artifact j-999999 -o " + cluster.dir() + "/x");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.output.find("no job"), std::string::npos) << missing.output;
