@@ -118,8 +118,8 @@ bool Agent::Register(const std::atomic<bool>& stop) {
   return false;
 }
 
-void Agent::Run(const std::atomic<bool>& stop) {
-  if (!Register(stop)) return;
+bool Agent::Run(const std::atomic<bool>& stop) {
+  if (!Register(stop)) return stop.load();
   absl::Time last_unreachable_log = absl::InfinitePast();
   while (!stop.load()) {
     ReapFinishedJobs();
@@ -150,7 +150,7 @@ void Agent::Run(const std::atomic<bool>& stop) {
     } else if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
       Log(absl::StrCat("server does not know this worker (", status.error_message(),
                        "); registering again"));
-      if (!Register(stop)) return;
+      if (!Register(stop)) return stop.load();
     } else if (absl::Now() - last_unreachable_log > absl::Seconds(10)) {
       Log(absl::StrCat("heartbeat failed: ", status.error_message()));
       last_unreachable_log = absl::Now();
@@ -177,6 +177,7 @@ void Agent::Run(const std::atomic<bool>& stop) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   ReapFinishedJobs();
+  return true;
 }
 
 void Agent::ExportMetrics() {

@@ -36,8 +36,10 @@ class Agent {
   Agent(AgentOptions options, WorkerMetrics* metrics);
   ~Agent();
 
-  // Runs until `stop` becomes true; then cancels running attempts and returns.
-  void Run(const std::atomic<bool>& stop);
+  // Runs until `stop` becomes true; then drains running attempts (each trainer checkpoints and
+  // its job goes back to the queue) and returns true. False when the server refused this worker
+  // (a bad token, say): nothing this agent does can work.
+  bool Run(const std::atomic<bool>& stop);
 
  private:
   struct RunningJob {

@@ -159,6 +159,5 @@ int main(int argc, char** argv) {
               << "\n";
   }
   stoker::Agent agent(options, metrics.get());
-  agent.Run(stop);
-  return 0;
+  return agent.Run(stop) ? 0 : 1;
 }
