@@ -91,6 +91,15 @@ TEST(SecurityTest, EveryRpcNeedsTheToken) {
   CommandResult weak = cluster.Cli("--token-file " + short_token + " list");
   EXPECT_EQ(weak.exit_code, 2);
   EXPECT_NE(weak.output.find("at least 16"), std::string::npos) << weak.output;
+
+  // A worker with the wrong token gives up at once and says so, exiting non-zero.
+  const std::string wrong = WriteFile(cluster.dir() + "/wrong", "wrong-token-wrong-token\n");
+  CommandResult worker = RunCommand(
+      absl::StrCat("timeout 20 ", STOKER_WORKER_PATH_FOR_TEST, " --server ", cluster.address(),
+                   " --token-file ", wrong, " --work-dir ", cluster.dir(), "/wrong-worker"));
+  EXPECT_EQ(worker.exit_code, 1) << worker.output;
+  EXPECT_NE(worker.output.find("registration refused: invalid bearer token"), std::string::npos)
+      << worker.output;
 }
 
 TEST(SecurityTest, TlsWithAThrowawayCaAndTokensRunsAJob) {
