@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checkpoint.h"
@@ -309,6 +310,39 @@ TEST(FaultsTest, ArtifactIsTheFinalCheckpointAndResumeIsExact) {
   CommandResult missing = cluster.Cli("artifact j-999999 -o " + cluster.dir() + "/x");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.output.find("no job"), std::string::npos) << missing.output;
+}
+
+TEST(FaultsTest, ACheckpointEveryStepUploadsOnlyWholeNewerSnapshots) {
+  TestCluster cluster;
+  cluster.StartServer();
+  cluster.StartWorker("w1");
+  // The trainer replaces its checkpoint file at every step, faster than uploads go: each upload
+  // must send one whole file under its own step, and skip what the server already has.
+  v1::JobSpec spec = SmallFashionMnistJob(2, 2000, 500);  // 16 steps per epoch
+  spec.mutable_checkpoint()->set_every_steps(1);
+  absl::StatusOr<v1::Job> job = cluster.Submit(spec);
+  ASSERT_TRUE(job.ok());
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(60));
+  ASSERT_TRUE(done.ok());
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->checkpoint_step(), 32);
+  EXPECT_EQ(done->checkpoint_epoch(), 2);
+  int64_t last_stored = 0;
+  for (const v1::JobEvent& event : cluster.History(job->id())) {
+    if (!absl::StartsWith(event.message(), "checkpoint stored: step ")) continue;
+    int64_t step = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(event.message().substr(24, event.message().find(',') - 24), &step))
+        << event.message();
+    EXPECT_GT(step, last_stored) << "stored steps only move forward";
+    last_stored = step;
+  }
+  EXPECT_EQ(last_stored, 32);
+  std::ifstream log(cluster.dir() + "/w1.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.find("upload"), std::string::npos) << text;
+  absl::StatusOr<Checkpoint> artifact =
+      ReadCheckpoint(cluster.dir() + "/w1/" + job->id() + "-a1/checkpoint.safetensors");
+  EXPECT_FALSE(artifact.ok()) << "the local copy goes once the server holds it";
 }
 
 TEST(FaultsTest, AWorkerShutdownCheckpointsMidEpochGivesTheJobBackAndResumeIsExact) {

@@ -5,12 +5,15 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
+#include "common/checkpoint.h"
 #include "common/chunk_download.h"
 #include "common/grpc_status.h"
 #include "grpcpp/grpcpp.h"
@@ -287,13 +290,40 @@ bool Agent::SendEvents(const v1::Assignment& assignment, std::vector<v1::JobEven
   return false;
 }
 
-absl::Status Agent::UploadCheckpoint(const RunningJob& job, const v1::TrainingProgress& at) {
+absl::Status Agent::UploadCheckpoint(RunningJob& job, const v1::TrainingProgress& at) {
+  // The trainer replaces its checkpoint file (atomically) at every checkpoint, and may do so again
+  // while an upload runs: upload a hard link to the inode as it is now, under the step its own
+  // metadata names, and skip it when the server already holds that step or a later one.
   const std::string path = job.runner->checkpoint_path();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  const std::string snapshot = path + ".upload";
+  std::error_code ignored;
+  std::filesystem::remove(snapshot, ignored);
+  if (link(path.c_str(), snapshot.c_str()) != 0) {
     Log(absl::StrCat("checkpoint ", path, " is missing; not uploaded"));
     return absl::NotFoundError(path);
   }
+  struct RemoveSnapshot {
+    const std::string& path;
+    ~RemoveSnapshot() {
+      std::error_code ignored;
+      std::filesystem::remove(path, ignored);
+    }
+  } remove_snapshot{snapshot};
+  int64_t step = at.step();
+  int epoch = at.epoch();
+  if (absl::StatusOr<std::map<std::string, std::string>> metadata =
+          ReadCheckpointMetadata(snapshot);
+      metadata.ok()) {
+    if (auto it = metadata->find("step"); it != metadata->end()) {
+      (void)absl::SimpleAtoi(it->second, &step);
+    }
+    if (auto it = metadata->find("epoch"); it != metadata->end()) {
+      (void)absl::SimpleAtoi(it->second, &epoch);
+    }
+  }
+  if (step <= job.uploaded_step.load()) return absl::OkStatus();
+  std::ifstream in(snapshot, std::ios::binary);
+  if (!in) return absl::NotFoundError(snapshot);
   auto context = Context(absl::Minutes(10));
   v1::UploadCheckpointResponse response;
   auto writer = stub_->UploadCheckpoint(context.get(), &response);
@@ -301,8 +331,8 @@ absl::Status Agent::UploadCheckpoint(const RunningJob& job, const v1::TrainingPr
   chunk.set_worker_id(options_.worker_id);
   chunk.set_job_id(job.assignment.job_id());
   chunk.set_attempt(job.assignment.attempt());
-  chunk.set_step(at.step());
-  chunk.set_epoch(at.epoch());
+  chunk.set_step(step);
+  chunk.set_epoch(epoch);
   std::string buffer(1 << 20, '\0');
   bool sent = true;
   do {
@@ -313,8 +343,11 @@ absl::Status Agent::UploadCheckpoint(const RunningJob& job, const v1::TrainingPr
   } while (sent && in);
   writer->WritesDone();
   grpc::Status status = writer->Finish();
-  if (status.ok()) return absl::OkStatus();
-  Log(absl::StrCat("checkpoint upload for ", job.assignment.job_id(), " at step ", at.step(),
+  if (status.ok()) {
+    job.uploaded_step.store(step);
+    return absl::OkStatus();
+  }
+  Log(absl::StrCat("checkpoint upload for ", job.assignment.job_id(), " at step ", step,
                    " failed: ", status.error_message()));
   if (IsUnreachable(status)) return absl::UnavailableError(status.error_message());
   return FromGrpcStatus(status);

@@ -55,6 +55,8 @@ class Agent {
     // The server holds the attempt's latest checkpoint: the local copy may go once the outcome
     // is delivered.
     std::atomic<bool> checkpoint_on_server{false};
+    // Step of the last checkpoint the server accepted (uploads of older files are skipped).
+    std::atomic<int64_t> uploaded_step{-1};
   };
 
   bool Register(const std::atomic<bool>& stop);
@@ -71,7 +73,7 @@ class Agent {
   bool SendEvents(const v1::Assignment& assignment, std::vector<v1::JobEvent>& pending);
   // Uploads the attempt's latest checkpoint. UNAVAILABLE when the server cannot be reached,
   // FAILED_PRECONDITION when the attempt is no longer this worker's.
-  absl::Status UploadCheckpoint(const RunningJob& job, const v1::TrainingProgress& at);
+  absl::Status UploadCheckpoint(RunningJob& job, const v1::TrainingProgress& at);
   // Fetches the checkpoint the assignment resumes from into `path`.
   absl::Status DownloadCheckpoint(const v1::Assignment& assignment, const std::string& path);
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout);
