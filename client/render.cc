@@ -105,7 +105,11 @@ std::string JobDetails(const v1::Job& job) {
                       ? absl::StrFormat("step %d (epoch %d), %.1f MiB", job.checkpoint_step(),
                                         job.checkpoint_epoch(), job.checkpoint_bytes() / 1048576.0)
                       : "-"});
-  if (!job.error().empty()) rows.push_back({"error:", job.error()});
+  if (!job.error().empty()) {
+    // A queued or running job's error is why its previous attempt ended, not a verdict.
+    const bool live = job.state() == v1::JOB_STATE_QUEUED || job.state() == v1::JOB_STATE_RUNNING;
+    rows.push_back({live ? "last attempt:" : "error:", job.error()});
+  }
   return Table(rows);
 }
 

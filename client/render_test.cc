@@ -52,22 +52,35 @@ TEST(RenderTest, JobTableAlignsColumns) {
   EXPECT_NE(table.find("running"), std::string::npos);
 }
 
+// The value of one "label:  value" row of JobDetails, or "(none)".
+std::string Row(const v1::Job& job, const std::string& label) {
+  const std::string details = JobDetails(job);
+  const size_t at = details.find("\n" + label + " ");
+  if (at == std::string::npos) return "(none)";
+  const size_t start = details.find_first_not_of(' ', at + label.size() + 2);
+  return details.substr(start, details.find('\n', start) - start);
+}
+
 TEST(RenderTest, JobDetailsShowTheCheckpointAndAttemptsGivenBack) {
   v1::Job job;
   job.set_id("j-000002");
   job.set_attempt(2);
-  EXPECT_NE(JobDetails(job).find("attempt:        2\n"), std::string::npos) << JobDetails(job);
-  EXPECT_NE(JobDetails(job).find("checkpoint:     -"), std::string::npos) << JobDetails(job);
+  EXPECT_EQ(Row(job, "attempt:"), "2");
+  EXPECT_EQ(Row(job, "checkpoint:"), "-");
   job.set_checkpoint_step(1059);
   job.set_checkpoint_epoch(3);
   job.set_checkpoint_bytes(6598112);
-  EXPECT_NE(JobDetails(job).find("checkpoint:     step 1059 (epoch 3), 6.3 MiB"),
-            std::string::npos)
-      << JobDetails(job);
+  EXPECT_EQ(Row(job, "checkpoint:"), "step 1059 (epoch 3), 6.3 MiB");
+  // A live job's error is why its last attempt ended; a failed job's is the verdict.
+  job.set_state(v1::JOB_STATE_QUEUED);
+  job.set_error("worker w1 shut down (not counted against max_retries)");
+  EXPECT_EQ(Row(job, "last attempt:"), job.error());
+  EXPECT_EQ(Row(job, "error:"), "(none)");
+  job.set_state(v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Row(job, "error:"), job.error());
+  EXPECT_EQ(Row(job, "last attempt:"), "(none)");
   job.set_released_attempts(1);
-  EXPECT_NE(JobDetails(job).find("attempt:        2 (1 given back by a worker shutdown)\n"),
-            std::string::npos)
-      << JobDetails(job);
+  EXPECT_EQ(Row(job, "attempt:"), "2 (1 given back by a worker shutdown)");
 }
 
 }  // namespace
