@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/checkpoint.h"
 #include "common/job_spec.h"
 #include "server/scheduler.h"
@@ -28,9 +29,10 @@ absl::Status RequireId(const std::string& value, const char* field) {
 }
 
 // A cnn that cannot take the dataset's samples (a kernel larger than the image, an output that
-// is not one logit per class) is refused at submit rather than failing on a worker after its
-// wait in the queue. Only IDX and NPY files are probed here (headers and labels: milliseconds);
-// CSV, and files that cannot be read, are left to the worker, which names the byte or line.
+// is not one logit per class, a test set shaped unlike the training set) is refused at submit
+// rather than failing on a worker after its wait in the queue. Only IDX and NPY files are probed
+// here (headers and labels: milliseconds); CSV, and files that cannot be read, are left to the
+// worker, which names the byte or line.
 absl::Status CheckModelAgainstData(const v1::JobSpec& resolved) {
   if (resolved.model().type() != "cnn") return absl::OkStatus();
   const std::string& format = resolved.dataset().format();
@@ -39,8 +41,14 @@ absl::Status CheckModelAgainstData(const v1::JobSpec& resolved) {
       ProbeDatasetFiles(TrainDatasetFiles(resolved), resolved.dataset().train_limit());
   absl::StatusOr<DatasetSummary> test =
       ProbeDatasetFiles(TestDatasetFiles(resolved), resolved.dataset().test_limit());
-  if (!train.ok() || !test.ok() || train->sample_dims != test->sample_dims) {
-    return absl::OkStatus();
+  if (!train.ok() || !test.ok()) return absl::OkStatus();
+  if (train->sample_dims != test->sample_dims || train->sample_type != test->sample_type) {
+    auto describe = [](const DatasetSummary& d) {
+      return absl::StrCat(absl::StrJoin(d.sample_dims, "x"), " ", SampleTypeName(d.sample_type));
+    };
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.test_images: samples of ", describe(*test),
+                     ", but the training samples are ", describe(*train)));
   }
   // As the trainer counts them: at least 2, and every label of either split.
   const int classes = std::max({2, train->classes, test->classes});

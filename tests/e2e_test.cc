@@ -426,6 +426,36 @@ TEST_F(EndToEndTest, TrainsOnCsvAndNpyFloatFeatures) {
     EXPECT_GT(done->progress().test_accuracy(), 0.95) << spec.name();
   }
 
+  // A cnn is checked against NPY data at submit: a test set shaped unlike the training set, and
+  // samples that are not single-channel images, are refused before they are queued.
+  v1::JobSpec cnn = npy;
+  cnn.mutable_model()->clear_hidden();
+  cnn.mutable_model()->set_type("cnn");
+  cnn.mutable_model()->add_layers()->set_type("flatten");
+  cnn.mutable_model()->add_layers()->set_type("linear");
+  cnn.mutable_model()->mutable_layers(1)->set_units(3);
+  const std::vector<float> images(600 * 4 * 4 * 2, 0.5f);
+  WriteNpy(root + "/rgb-x.npy", "<f4", "(600, 4, 4, 2)", images.data(),
+           images.size() * sizeof(float));
+  v1::JobSpec mismatched = cnn;
+  mismatched.mutable_dataset()->set_train_images("rgb-x.npy");
+  absl::StatusOr<v1::Job> refused = cluster_.Submit(mismatched);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_EQ(refused.status().message(),
+            "dataset.test_images: samples of 8 float32, but the training samples are 4x4x2 "
+            "float32");
+  mismatched.mutable_dataset()->set_test_images("rgb-x.npy");
+  mismatched.mutable_dataset()->set_test_labels("train-y.npy");
+  refused = cluster_.Submit(mismatched);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_EQ(refused.status().message(),
+            "model.type: a cnn takes single-channel images; these samples have 3 dimensions");
+  absl::StatusOr<v1::Job> flat = cluster_.Submit(cnn);  // a Flatten-Linear cnn on 8 features
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  absl::StatusOr<v1::Job> flat_done = cluster_.WaitForFinal(flat->id(), absl::Seconds(60));
+  ASSERT_TRUE(flat_done.ok());
+  EXPECT_EQ(flat_done->state(), v1::JOB_STATE_SUCCEEDED) << flat_done->error();
+
   // A ragged CSV row fails the job, naming the file and line; the worker carries on.
   std::ofstream(root + "/ragged.csv") << "label,a,b\n0,1,2\n1,3\n";
   v1::JobSpec ragged = csv;
