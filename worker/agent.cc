@@ -382,13 +382,8 @@ void Agent::RunJob(RunningJob* job) {
     }
   }
   if (outcome.error.empty()) outcome = job->runner->Run(resume_path);
-  if (shutting_down_.load() && outcome.state != v1::JOB_STATE_SUCCEEDED &&
-      (outcome.released || outcome.state == v1::JOB_STATE_CANCELLED) && !outcome.permanent) {
-    // Not the user's cancel: the worker is going away, so the job runs on elsewhere.
-    outcome.state = v1::JOB_STATE_FAILED;
-    outcome.released = true;
-    outcome.error = absl::StrCat("worker ", options_.worker_id, " shut down");
-  }
+  // Drained for this worker's shutdown: the job runs on elsewhere.
+  if (outcome.released) outcome.error = absl::StrCat("worker ", options_.worker_id, " shut down");
   v1::CompleteJobRequest request;
   request.set_worker_id(options_.worker_id);
   request.set_job_id(job->assignment.job_id());

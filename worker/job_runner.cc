@@ -227,7 +227,8 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   AttemptOutcome outcome;
   absl::Mutex progress_mu;
   v1::TrainingProgress last_epoch_progress;
-  // When the trainer last did something: an event, or a step (below). The watchdog reads it.
+  // When the trainer last reported; it reports at least once a second while it steps. The
+  // watchdog reads it.
   std::atomic<int64_t> last_event_ns{absl::GetCurrentTimeNanos()};
   std::thread reader([&] {
     google::protobuf::io::FileInputStream input(event_pipe[0]);
@@ -279,18 +280,11 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
                   stats.loader_busy_ns_total.load()};
   };
   Window window = window_now();
-  uint64_t watched_steps = region.stats().steps_total.load();
-  absl::Time last_activity = absl::Now();
   while (!trainer_exit && !fatal) {
-    if (const uint64_t steps = region.stats().steps_total.load(); steps != watched_steps) {
-      watched_steps = steps;
-      last_activity = absl::Now();
-    }
-    last_activity = std::max(last_activity, absl::FromUnixNanos(last_event_ns.load()));
-    if (absl::Now() - last_activity > options_.trainer_stall_timeout) {
-      fatal = absl::StrCat("the trainer made no progress for ",
-                           absl::FormatDuration(absl::Now() - last_activity), " (", watched_steps,
-                           " steps done); stopped it");
+    if (const absl::Duration silent = absl::Now() - absl::FromUnixNanos(last_event_ns.load());
+        silent > options_.trainer_stall_timeout) {
+      fatal = absl::StrCat("the trainer made no progress for ", absl::FormatDuration(silent), " (",
+                           region.stats().steps_total.load(), " steps done); stopped it");
       on_event_(LogEvent(*fatal));
       break;
     }
@@ -403,8 +397,7 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   }
   if (drain_started) {
     outcome.state = v1::JOB_STATE_FAILED;
-    outcome.released = true;
-    outcome.error = "drained";
+    outcome.released = true;  // the agent says why: its shutdown
     return outcome;
   }
   outcome.state = v1::JOB_STATE_FAILED;

@@ -284,7 +284,7 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
   // before it done), then stop; the job resumes from there on another worker.
   auto checkpoint_and_stop = [&](uint64_t step) -> int {
     if (step > last_checkpoint_step) {
-      const int epoch = static_cast<int>(step == 0 ? 1 : (step - 1) / batches_per_epoch + 1);
+      const int epoch = static_cast<int>((step - 1) / batches_per_epoch + 1);  // step's batch
       if (!checkpoint(step, epoch)) return 1;
     }
     events.Log(absl::StrCat("stopped at step ", step, " for the worker's shutdown"));

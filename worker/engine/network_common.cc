@@ -36,6 +36,14 @@ int WindowOutput(int size, int kernel, int stride, int padding) {
   return (size + 2 * padding - kernel) / stride + 1;
 }
 
+// The weight shape of a Conv2d ([out_c, in_c, k, k]) or Linear ([units, in_features]) on input
+// `in`, as PyTorch lays it out; empty for a layer without parameters. Its bias is [shape[0]].
+std::vector<int64_t> WeightShape(const LayerConfig& layer, const std::vector<int>& in) {
+  if (layer.kind == Kind::kConv2d) return {layer.out_channels, in[0], layer.kernel, layer.kernel};
+  if (layer.kind == Kind::kLinear) return {layer.units, Product(in)};
+  return {};
+}
+
 }  // namespace
 
 const char* LayerKindName(LayerConfig::Kind kind) {
@@ -238,16 +246,8 @@ std::vector<NamedTensor> InitialNetworkParameters(const NetworkConfig& config) {
   std::mt19937_64 rng(config.seed);
   std::vector<NamedTensor> parameters;
   for (size_t i = 0; i < config.layers.size(); ++i) {
-    const LayerConfig& layer = config.layers[i];
-    const std::vector<int>& in = (*shapes)[i];
-    std::vector<int64_t> weight_shape;
-    if (layer.kind == Kind::kConv2d) {
-      weight_shape = {layer.out_channels, in[0], layer.kernel, layer.kernel};
-    } else if (layer.kind == Kind::kLinear) {
-      weight_shape = {layer.units, Product(in)};
-    } else {
-      continue;
-    }
+    const std::vector<int64_t> weight_shape = WeightShape(config.layers[i], (*shapes)[i]);
+    if (weight_shape.empty()) continue;
     const int64_t fan_in = Product(std::vector<int>(weight_shape.begin() + 1, weight_shape.end()));
     const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
     NamedTensor weight{absl::StrCat("layers.", i, ".weight"), weight_shape, {}};
@@ -303,14 +303,11 @@ absl::StatusOr<TrainingFootprint> EstimateTrainingFootprint(const NetworkConfig&
   if (!shapes.ok()) return shapes.status();
   TrainingFootprint footprint;
   for (size_t i = 0; i < config.layers.size(); ++i) {
-    const LayerConfig& layer = config.layers[i];
-    const std::vector<int>& in = (*shapes)[i];
-    if (layer.kind == Kind::kConv2d) {
-      footprint.parameters +=
-          int64_t{layer.out_channels} * (int64_t{in[0]} * layer.kernel * layer.kernel + 1);
-    } else if (layer.kind == Kind::kLinear) {
-      footprint.parameters += int64_t{layer.units} * (Product(in) + 1);
-    }
+    const std::vector<int64_t> weight_shape = WeightShape(config.layers[i], (*shapes)[i]);
+    if (weight_shape.empty()) continue;
+    int64_t weights = 1;
+    for (int64_t d : weight_shape) weights *= d;
+    footprint.parameters += weights + weight_shape[0];  // and the bias
   }
   for (const std::vector<int>& shape : *shapes) footprint.activations_per_sample += Product(shape);
   const bool low_precision = config.precision != Precision::kFp32;
