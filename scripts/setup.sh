@@ -5,8 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# libdnnl-dev's CMake config calls find_package(OpenCL REQUIRED), but the package only recommends
+# the OpenCL headers and loader: with --no-install-recommends they must be named here.
 packages=(
-  cmake ninja-build g++ pkg-config
+  cmake ninja-build g++ pkg-config ocl-icd-opencl-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libsqlite3-dev libdnnl-dev libyaml-cpp-dev
   libcli11-dev zlib1g-dev nlohmann-json3-dev libssl-dev
