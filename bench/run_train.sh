@@ -29,7 +29,7 @@ seconds="${SECONDS_PER_CONFIG:-3}"
 repeats="${REPEATS:-3}"
 thread_counts="${THREADS:-2}"
 
-# No OpenBLAS threads competing with PyTorch's OpenMP ones (see shared/TOOLCHAIN.md).
+# No OpenBLAS threads competing with PyTorch's OpenMP ones (see docs/toolchain.md).
 export OPENBLAS_NUM_THREADS=1
 
 log="$(mktemp)"

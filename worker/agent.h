@@ -1,6 +1,6 @@
 // The worker agent: registers this machine's devices with the server, keeps its lease with
 // heartbeats, runs each assignment in a JobRunner and reports events and the outcome. It links
-// no CUDA, so it can serve /metrics (see shared/TOOLCHAIN.md, pitfall 1).
+// no CUDA, so it can serve /metrics (docs/toolchain.md, pitfall 1).
 #ifndef STOKER_WORKER_AGENT_H_
 #define STOKER_WORKER_AGENT_H_
 

@@ -1,5 +1,5 @@
 // The server's Prometheus endpoint: jobs and workers by state, queue wait, requeues, heartbeat
-// ages, and per-RPC request counts and latencies (DESIGN.md, "Metrics").
+// ages, and per-RPC request counts and latencies (README.md, "Metrics reference").
 //
 // Usage (server main):
 //   auto metrics = ServerMetrics::Create("0.0.0.0:9100");

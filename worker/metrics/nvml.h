@@ -1,6 +1,6 @@
 // GPU readings from NVIDIA's management library, loaded at run time.
 //
-// The worker agent links no CUDA (see DESIGN.md), and a machine without a driver has no
+// The worker agent links no CUDA (README.md, "Architecture"), and a machine without a driver has no
 // libnvidia-ml.so.1 at all, so the library is opened with dlopen() and the few entry points used
 // are declared here. A missing library, missing symbols or a failing nvmlInit all mean the same
 // thing to the caller: no GPUs to report. None of them is an error.

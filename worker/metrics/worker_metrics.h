@@ -1,12 +1,12 @@
 // The worker agent's Prometheus endpoint: GPU readings from NVML and each running job's counters,
-// which the trainer and loaders publish in the job's shared memory (DESIGN.md, "Metrics").
+// which the trainer and loaders publish in the job's shared memory (README.md, "Metrics reference").
 //
 // Usage (agent):
 //   auto metrics = WorkerMetrics::Create({.worker_id = id, .listen_address = "0.0.0.0:9101"});
 //   every ~1 s, even with no jobs:  (*metrics)->Update(snapshots_of_running_jobs);
 //   when an attempt ends for good:   (*metrics)->JobEnded(job_id);
 //
-// This class must live in a process that does not link cuBLAS (TOOLCHAIN.md, pitfall 1).
+// This class must live in a process that does not link cuBLAS (docs/toolchain.md, pitfall 1).
 #ifndef STOKER_WORKER_METRICS_WORKER_METRICS_H_
 #define STOKER_WORKER_METRICS_WORKER_METRICS_H_
 
