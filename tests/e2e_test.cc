@@ -54,7 +54,12 @@ TEST_F(EndToEndTest, TrainsFashionMnistSubsetToUsefulAccuracy) {
   // The stored history replays: three evaluated epochs, then the end.
   std::vector<v1::JobEvent> events = cluster_.History(job->id());
   int epochs = 0;
-  for (const v1::JobEvent& event : events) epochs += event.type() == v1::EVENT_TYPE_EPOCH;
+  for (const v1::JobEvent& event : events) {
+    if (event.type() != v1::EVENT_TYPE_EPOCH) continue;
+    ++epochs;
+    // An epoch event carries progress only, never the message of a log line before it.
+    EXPECT_EQ(event.message(), "") << "epoch event " << event.seq();
+  }
   EXPECT_EQ(epochs, 3);
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back().type(), v1::EVENT_TYPE_FINISHED);

@@ -233,9 +233,12 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   std::thread reader([&] {
     google::protobuf::io::FileInputStream input(event_pipe[0]);
     input.SetCloseOnDelete(true);
-    v1::JobEvent event;
     bool clean_eof = false;
-    while (google::protobuf::util::ParseDelimitedFromZeroCopyStream(&event, &input, &clean_eof)) {
+    // The parse merges into `event`: it is cleared after each one, or an event would inherit the
+    // fields (such as a log line's message) of the one before.
+    for (v1::JobEvent event;
+         google::protobuf::util::ParseDelimitedFromZeroCopyStream(&event, &input, &clean_eof);
+         event.Clear()) {
       last_event_ns.store(absl::GetCurrentTimeNanos());
       if (event.type() == v1::EVENT_TYPE_EPOCH) {
         absl::MutexLock lock(&progress_mu);
