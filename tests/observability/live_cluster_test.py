@@ -7,7 +7,10 @@ loopback while real jobs train.
    GPU and fp16 loss-scale series that a CPU-only machine cannot have.
 2. The stall demonstration, read from the worker's /metrics counters: with one slow loader
    (loader.delay_ms) the input-bound fraction rate(stall) / rate(stall + busy) is above 0.5; with
-   enough loader processes it drops below 0.1.
+   enough loader processes it drops below 0.1. The loader delay is derived from a step measured on
+   this machine at this moment (6 steps' worth), so a loaded or fast machine changes the delay,
+   not the outcome: one loader then supplies a sixth of what the trainer consumes, sixteen supply
+   2.7 times as much.
 
 Usage: live_cluster_test.py --bin-dir BUILD_DIR --source-dir REPO
 """
@@ -128,6 +131,30 @@ loader: {{processes: {loaders}, ring_slots: 16, delay_ms: {delay}}}
 """
 
 
+def step_seconds(cluster, job_id, window_s):
+    """Mean compute time of one training step over `window_s` (busy seconds / steps)."""
+    before = scrape(cluster.worker_metrics)
+    time.sleep(window_s)
+    after = scrape(cluster.worker_metrics)
+    busy = (counter_sum(after, "stoker_device_busy_seconds_total", job_id) -
+            counter_sum(before, "stoker_device_busy_seconds_total", job_id))
+    steps = (counter_sum(after, "stoker_step_seconds_count", job_id) -
+             counter_sum(before, "stoker_step_seconds_count", job_id))
+    if steps <= 0:
+        sys.exit(f"{job_id}: no step in {window_s} s")
+    return busy / steps
+
+
+def wait_ring_filled(cluster, job_id, slots, timeout=60):
+    """Waits until the ring holds `slots` filled slots: every loader has started and caught up."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if counter_sum(scrape(cluster.worker_metrics), "stoker_ring_filled_slots", job_id) >= slots:
+            return
+        time.sleep(0.2)
+    sys.exit(f"{job_id}: the ring never held {slots} filled slots in {timeout} s")
+
+
 def input_bound_fraction(cluster, job_id, window_s):
     """rate(stall) / rate(stall + busy) over `window_s`, from two scrapes of the worker."""
     before = scrape(cluster.worker_metrics)
@@ -170,15 +197,30 @@ def main():
         cluster.cli("cancel", job)
         cluster.wait_final(job, 30)
 
-        # 2. Stall demonstration: the same job with one slow loader, then with eight.
+        # 2. Stall demonstration. First the step this machine takes now, with loaders that never
+        # wait; then the same job with one slow loader and with sixteen, each loader sleeping six
+        # steps' worth per batch.
+        stall_job = dict(train_limit=60000, hidden="[1024, 1024]", epochs=20, batch=256,
+                         precision="fp32")
+        job = cluster.submit(JOB.format(name="stall-calibrate", loaders=8, delay=0, **stall_job),
+                             "stall-calibrate")
+        cluster.wait_running(job)
+        time.sleep(2)
+        step_ms = 1000 * step_seconds(cluster, job, 4)
+        cluster.cli("cancel", job)
+        cluster.wait_final(job, 30)
+        delay_ms = min(max(round(6 * step_ms), 20), 5000)
+        print(f"stall demonstration: step {step_ms:.1f} ms, loader.delay_ms {delay_ms}")
         fractions = {}
-        for loaders in (1, 8):
+        for loaders in (1, 16):
             name = f"stall-{loaders}"
-            job = cluster.submit(JOB.format(name=name, train_limit=60000, hidden="[1024, 1024]",
-                                            epochs=20, batch=256, loaders=loaders, delay=60,
-                                            precision="fp32"), name)
+            job = cluster.submit(JOB.format(name=name, loaders=loaders, delay=delay_ms, **stall_job),
+                                 name)
             cluster.wait_running(job)
-            time.sleep(3)  # loader start-up (each unzips the dataset) is not the steady state
+            if loaders == 1:
+                time.sleep(3)  # loader start-up (it unzips the dataset) is not the steady state
+            else:
+                wait_ring_filled(cluster, job, 8)  # all sixteen started and ahead of the trainer
             fraction, stall, busy = input_bound_fraction(cluster, job, 6)
             fractions[loaders] = fraction
             print(f"{name}: input-bound fraction {fraction:.3f} "
@@ -187,8 +229,9 @@ def main():
             cluster.wait_final(job, 30)
         if not fractions[1] > 0.5:
             failures.append(f"one slow loader: input-bound fraction {fractions[1]:.3f}, want > 0.5")
-        if not fractions[8] < 0.1:
-            failures.append(f"eight loaders: input-bound fraction {fractions[8]:.3f}, want < 0.1")
+        if not fractions[16] < 0.1:
+            failures.append(f"sixteen loaders: input-bound fraction {fractions[16]:.3f}, "
+                            "want < 0.1")
     finally:
         cluster.down()
         if failures:
