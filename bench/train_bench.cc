@@ -1,6 +1,9 @@
 // Measures TrainStep throughput of the cpu backend's MLP (fp32 and bf16) on synthetic uint8
 // batches, and the raw oneDNN matmul throughput of the first layer's shape, in one process. Prints
-// key=value lines for bench/run_train.sh.
+// key=value lines for bench/run_train.sh. `--paths=mlp,network --rounds=N` measures the same MLP
+// through the MLP fast path (CreateMlp) and through the general network
+// (CreateNetwork(NetworkFromMlp)), alternating N times so that both see the same machine load
+// (bench/run_model_path.sh).
 #include <omp.h>
 
 #include <cstdint>
@@ -23,6 +26,9 @@ ABSL_FLAG(int, batch, 128, "samples per TrainStep");
 ABSL_FLAG(std::string, hidden, "256,128", "hidden widths, comma-separated");
 ABSL_FLAG(int, threads, 2, "OpenMP threads (oneDNN and the element-wise loops)");
 ABSL_FLAG(std::string, precisions, "fp32,bf16", "precisions to measure");
+ABSL_FLAG(std::string, paths, "mlp",
+          "model paths to measure: mlp (CreateMlp), network (CreateNetwork(NetworkFromMlp))");
+ABSL_FLAG(int, rounds, 1, "times each precision and path is measured, alternating paths");
 
 namespace stoker {
 namespace {
@@ -70,8 +76,8 @@ struct Dataset {
 };
 
 // Returns 1 on failure (after printing why).
-int BenchTraining(Precision precision, const std::vector<int>& hidden, int batch, double seconds,
-                  const Dataset& data, int batches_in_pool) {
+int BenchTraining(Precision precision, absl::string_view path, const std::vector<int>& hidden,
+                  int batch, double seconds, const Dataset& data, int batches_in_pool) {
   MlpConfig config;
   config.hidden = hidden;
   config.max_batch = batch;
@@ -81,9 +87,11 @@ int BenchTraining(Precision precision, const std::vector<int>& hidden, int batch
     std::fprintf(stderr, "cpu backend: %s\n", backend.status().ToString().c_str());
     return 1;
   }
-  absl::StatusOr<std::unique_ptr<Model>> model = (*backend)->CreateMlp(config);
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      path == "network" ? (*backend)->CreateNetwork(NetworkFromMlp(config))
+                        : (*backend)->CreateMlp(config);
   if (!model.ok()) {
-    std::fprintf(stderr, "CreateMlp(%s): %s\n", PrecisionName(precision),
+    std::fprintf(stderr, "%s model (%s): %s\n", std::string(path).c_str(), PrecisionName(precision),
                  model.status().ToString().c_str());
     return 1;
   }
@@ -118,10 +126,10 @@ int BenchTraining(Precision precision, const std::vector<int>& hidden, int batch
   const double samples_per_second = batch / step_seconds;
   const double gflops = 3.0 * MlpForwardFlopsPerSample(config) * samples_per_second / 1e9;
   std::printf(
-      "stoker precision=%s threads=%d batch=%d steps=%lld step_us=%.1f samples_per_s=%.0f "
-      "train_gflops=%.1f last_loss=%.4f\n",
-      PrecisionName(precision), omp_get_max_threads(), batch, static_cast<long long>(steps),
-      step_seconds * 1e6, samples_per_second, gflops, loss);
+      "stoker precision=%s path=%s threads=%d batch=%d steps=%lld step_us=%.1f "
+      "samples_per_s=%.0f train_gflops=%.1f last_loss=%.4f\n",
+      PrecisionName(precision), std::string(path).c_str(), omp_get_max_threads(), batch,
+      static_cast<long long>(steps), step_seconds * 1e6, samples_per_second, gflops, loss);
   return 0;
 }
 
@@ -151,11 +159,24 @@ int Main() {
   for (uint8_t& p : data.samples) p = static_cast<uint8_t>(rng() >> 56);
   for (uint8_t& l : data.labels) l = static_cast<uint8_t>(rng() % kClasses);
 
+  const std::vector<std::string> paths = absl::StrSplit(absl::GetFlag(FLAGS_paths), ',');
+  for (const std::string& path : paths) {
+    if (path != "mlp" && path != "network") {
+      std::fprintf(stderr, "--paths: unknown path '%s' (mlp or network)\n", path.c_str());
+      return 1;
+    }
+  }
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_precisions), ',')) {
     const Precision precision = name == "bf16"   ? Precision::kBf16
                                 : name == "fp16" ? Precision::kFp16
                                                  : Precision::kFp32;
-    if (BenchTraining(precision, hidden, batch, seconds, data, kPoolBatches) != 0) return 1;
+    for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+      for (const std::string& path : paths) {
+        if (BenchTraining(precision, path, hidden, batch, seconds, data, kPoolBatches) != 0) {
+          return 1;
+        }
+      }
+    }
   }
   return 0;
 }
