@@ -1,8 +1,9 @@
 // Training-step throughput of the cuda backend on a large MLP, bf16 and fp32 (fp16 too), and the
 // cuBLASLt GEMM ceiling for the model's dominant shape measured in the same run; the small-MLP
 // step with and without its CUDA graph; and the example CNN (cuDNN) in fp32, bf16 and fp16.
-// Prints key=value lines; tests/gpu/check.sh turns them into a table. Without a GPU it says so and
-// exits 0.
+// Prints key=value lines; tests/gpu/check.sh turns them into a table. Exits 1 when anything
+// failed (no device, a model that cannot be built, a failed step or GEMM, a graph that did not
+// replay), after printing what it measured.
 //
 //   gpu_bench [--width 4096] [--hidden_layers 3] [--batch 4096] [--steps 30] [--warmup 5]
 #include <cuda_runtime_api.h>
@@ -56,10 +57,11 @@ double StepFlops(const MlpConfig& config, int batch) {
   return 3 * forward - first_layer;
 }
 
-// Mean seconds per TrainStep (each ends with its host synchronisation), or < 0 on error.
+// Mean seconds per TrainStep (each ends with its host synchronisation), or < 0 on error (printed).
+// `counters` (optional) receives the model's CudaModelCounters.
 double TimeSteps(const Flags& flags, Precision precision, const std::vector<uint8_t>& samples,
                  const std::vector<uint8_t>& labels, double* flops, std::string* last_loss,
-                 const CudaBackendOptions& options = {}) {
+                 const CudaBackendOptions& options = {}, CudaModelCounters* counters = nullptr) {
   MlpConfig config;
   config.input_features = flags.width;
   config.hidden.assign(flags.hidden_layers, flags.width);
@@ -93,13 +95,21 @@ double TimeSteps(const Flags& flags, Precision precision, const std::vector<uint
   float loss = 0;
   for (int i = 0; i < flags.steps; ++i) {
     absl::StatusOr<StepResult> result = (*model)->TrainStep(batch, 1e-4);
-    if (!result.ok()) return -1;
+    if (!result.ok()) {
+      std::fprintf(stderr, "TrainStep(%s): %s\n", PrecisionName(precision),
+                   result.status().ToString().c_str());
+      return -1;
+    }
     loss = result->loss;
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / flags.steps;
   *flops = StepFlops(config, flags.batch);
   *last_loss = std::to_string(loss);
+  if (counters != nullptr) {
+    absl::StatusOr<CudaModelCounters> model_counters = GetCudaModelCounters(**model);
+    if (model_counters.ok()) *counters = *std::move(model_counters);
+  }
   return seconds;
 }
 
@@ -127,7 +137,10 @@ double TimeCnnSteps(Precision precision, int batch, int steps) {
   config.precision = precision;
   config.optimizer.nesterov = true;
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(0);
-  if (!backend.ok()) return -1;
+  if (!backend.ok()) {
+    std::fprintf(stderr, "CreateCudaBackend: %s\n", backend.status().ToString().c_str());
+    return -1;
+  }
   absl::StatusOr<std::unique_ptr<Model>> model = (*backend)->CreateNetwork(config);
   if (!model.ok()) {
     std::fprintf(stderr, "CreateNetwork(%s): %s\n", PrecisionName(precision),
@@ -150,7 +163,12 @@ double TimeCnnSteps(Precision precision, int batch, int steps) {
   }
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) {
-    if (!(*model)->TrainStep(view, 0.01).ok()) return -1;
+    absl::StatusOr<StepResult> result = (*model)->TrainStep(view, 0.01);
+    if (!result.ok()) {
+      std::fprintf(stderr, "cnn TrainStep(%s): %s\n", PrecisionName(precision),
+                   result.status().ToString().c_str());
+      return -1;
+    }
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / steps;
 }
@@ -159,7 +177,10 @@ double TimeCnnSteps(Precision precision, int batch, int steps) {
 double TimeGemm(int m, int n, int k, int iterations) {
   absl::StatusOr<std::unique_ptr<cuda::DeviceContext>> context =
       cuda::DeviceContext::Create(0, size_t{32} << 20);
-  if (!context.ok()) return -1;
+  if (!context.ok()) {
+    std::fprintf(stderr, "DeviceContext: %s\n", context.status().ToString().c_str());
+    return -1;
+  }
   cuda::GemmShape shape{.m = m,
                         .n = n,
                         .k = k,
@@ -177,7 +198,10 @@ double TimeGemm(int m, int n, int k, int iterations) {
   absl::StatusOr<cuda::DeviceBuffer> a = cuda::DeviceBuffer::Allocate(size_t{2} * m * k);
   absl::StatusOr<cuda::DeviceBuffer> b = cuda::DeviceBuffer::Allocate(size_t{2} * k * n);
   absl::StatusOr<cuda::DeviceBuffer> d = cuda::DeviceBuffer::Allocate(size_t{2} * m * n);
-  if (!a.ok() || !b.ok() || !d.ok()) return -1;
+  if (!a.ok() || !b.ok() || !d.ok()) {
+    std::fprintf(stderr, "GEMM buffers: out of device memory\n");
+    return -1;
+  }
   const cudaStream_t stream = (*context)->compute_stream();
   // Small random-looking bf16 values (0x3c00..0x3cff is ~0.0078..0.0156): zeros would flatter the
   // tensor cores' power draw.
@@ -186,6 +210,7 @@ double TimeGemm(int m, int n, int k, int iterations) {
   for (uint16_t& v : host) v = static_cast<uint16_t>(0x3c00 | (rng() & 0xff) | ((rng() & 1) << 15));
   if (cudaMemcpy(a->get(), host.data(), a->bytes(), cudaMemcpyHostToDevice) != cudaSuccess ||
       cudaMemcpy(b->get(), host.data(), b->bytes(), cudaMemcpyHostToDevice) != cudaSuccess) {
+    std::fprintf(stderr, "GEMM inputs: %s\n", cudaGetErrorString(cudaGetLastError()));
     return -1;
   }
   auto run = [&]() {
@@ -193,18 +218,27 @@ double TimeGemm(int m, int n, int k, int iterations) {
                         (*context)->workspace_bytes(), stream);
   };
   for (int i = 0; i < 5; ++i) {
-    if (!run().ok()) return -1;
+    if (absl::Status status = run(); !status.ok()) {
+      std::fprintf(stderr, "GEMM: %s\n", status.ToString().c_str());
+      return -1;
+    }
   }
   cudaEvent_t start = nullptr, stop = nullptr;
-  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) return -1;
-  cudaEventRecord(start, stream);
-  for (int i = 0; i < iterations; ++i) {
-    if (!run().ok()) return -1;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess ||
+      cudaEventRecord(start, stream) != cudaSuccess) {
+    std::fprintf(stderr, "GEMM events: %s\n", cudaGetErrorString(cudaGetLastError()));
+    return -1;
   }
-  cudaEventRecord(stop, stream);
+  for (int i = 0; i < iterations; ++i) {
+    if (absl::Status status = run(); !status.ok()) {
+      std::fprintf(stderr, "GEMM: %s\n", status.ToString().c_str());
+      return -1;
+    }
+  }
   float ms = 0;
-  if (cudaEventSynchronize(stop) != cudaSuccess ||
+  if (cudaEventRecord(stop, stream) != cudaSuccess || cudaEventSynchronize(stop) != cudaSuccess ||
       cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
+    std::fprintf(stderr, "GEMM timing: %s\n", cudaGetErrorString(cudaGetLastError()));
     return -1;
   }
   cudaEventDestroy(start);
@@ -213,13 +247,17 @@ double TimeGemm(int m, int n, int k, int iterations) {
 }
 
 int Main(int argc, char** argv) {
-  if (CudaDeviceCount() == 0) {
-    std::printf("skipped=no CUDA device\n");
-    return 0;
+  if (absl::Status device = CudaDeviceStatus(); !device.ok()) {
+    std::printf("error=%s\n", std::string(device.message()).c_str());
+    return 1;
   }
+  int errors = 0;
   const Flags flags = ParseFlags(argc, argv);
   cudaDeviceProp props{};
-  cudaGetDeviceProperties(&props, 0);
+  if (const cudaError_t error = cudaGetDeviceProperties(&props, 0); error != cudaSuccess) {
+    std::printf("error=cudaGetDeviceProperties: %s\n", cudaGetErrorString(error));
+    return 1;
+  }
   std::printf("device name=\"%s\" sms=%d cc=%d.%d\n", props.name, props.multiProcessorCount,
               props.major, props.minor);
   std::printf("config width=%d hidden_layers=%d batch=%d classes=%d steps=%d\n", flags.width,
@@ -231,23 +269,38 @@ int Main(int argc, char** argv) {
   for (uint8_t& p : samples) p = static_cast<uint8_t>(rng() >> 56);
   for (uint8_t& l : labels) l = static_cast<uint8_t>(rng() % flags.classes);
   // Pinned, as the trainer pins its ring: the copy is then a true asynchronous DMA.
-  const bool pinned = RegisterHostRegion(samples.data(), samples.size()).ok();
+  PinnedHostRegion pinned_samples;
+  const bool pinned = pinned_samples.Register(samples.data(), samples.size()).ok();
 
   double seconds[3] = {-1, -1, -1};
   const Precision precisions[3] = {Precision::kFp32, Precision::kBf16, Precision::kFp16};
   for (int p = 0; p < 3; ++p) {
     double flops = 0;
     std::string loss;
-    seconds[p] = TimeSteps(flags, precisions[p], samples, labels, &flops, &loss);
+    CudaModelCounters counters;
+    seconds[p] = TimeSteps(flags, precisions[p], samples, labels, &flops, &loss, {}, &counters);
     if (seconds[p] < 0) {
       std::printf("step precision=%s error=1\n", PrecisionName(precisions[p]));
+      ++errors;
       continue;
     }
-    std::printf("step precision=%s ms=%.3f samples_per_s=%.0f tflops=%.1f last_loss=%s pinned=%d\n",
-                PrecisionName(precisions[p]), seconds[p] * 1e3, flags.batch / seconds[p],
-                flops / seconds[p] / 1e12, loss.c_str(), pinned ? 1 : 0);
+    std::printf(
+        "step precision=%s ms=%.3f samples_per_s=%.0f tflops=%.1f last_loss=%s pinned=%d "
+        "fused_gemms=%lld plain_gemms=%lld graph_replays=%lld eager_steps=%lld\n",
+        PrecisionName(precisions[p]), seconds[p] * 1e3, flags.batch / seconds[p],
+        flops / seconds[p] / 1e12, loss.c_str(), pinned ? 1 : 0,
+        static_cast<long long>(counters.fused_gemms), static_cast<long long>(counters.plain_gemms),
+        static_cast<long long>(counters.graph_replays),
+        static_cast<long long>(counters.eager_steps));
+    for (const std::string& reason : counters.fallbacks) {
+      std::printf("fallback precision=%s reason=\"%s\"\n", PrecisionName(precisions[p]),
+                  reason.c_str());
+    }
   }
-  if (pinned) (void)UnregisterHostRegion(samples.data());
+  if (absl::Status status = pinned_samples.Release(); !status.ok()) {
+    std::printf("error=%s\n", status.ToString().c_str());
+    ++errors;
+  }
 
   // The dominant GEMM: a hidden layer's forward, [width x width] weights times a batch.
   const double gemm_seconds = TimeGemm(flags.width, flags.batch, flags.width, 50);
@@ -265,6 +318,7 @@ int Main(int argc, char** argv) {
     }
   } else {
     std::printf("gemm precision=bf16 error=1\n");
+    ++errors;
   }
   if (seconds[0] > 0 && seconds[1] > 0) {
     std::printf("speedup bf16_vs_fp32=%.2f\n", seconds[0] / seconds[1]);
@@ -291,13 +345,26 @@ int Main(int argc, char** argv) {
     small.hidden_layers = 1;
     double flops = 0;
     std::string loss;
-    small_seconds[graphs] =
-        TimeSteps(small, Precision::kBf16, samples, small_labels, &flops, &loss, options);
+    CudaModelCounters counters;
+    small_seconds[graphs] = TimeSteps(small, Precision::kBf16, samples, small_labels, &flops, &loss,
+                                      options, &counters);
     if (small_seconds[graphs] > 0) {
-      std::printf("small precision=bf16 graphs=%d width=784 batch=128 ms=%.4f\n", graphs,
-                  small_seconds[graphs] * 1e3);
+      std::printf(
+          "small precision=bf16 graphs=%d width=784 batch=128 ms=%.4f graph_replays=%lld "
+          "eager_steps=%lld\n",
+          graphs, small_seconds[graphs] * 1e3, static_cast<long long>(counters.graph_replays),
+          static_cast<long long>(counters.eager_steps));
+      // A graph run that replayed nothing measured kernel-by-kernel launches twice.
+      if (graphs == 1 && counters.graph_replays == 0) {
+        std::printf("small precision=bf16 graphs=1 error=no graph was replayed\n");
+        for (const std::string& reason : counters.fallbacks) {
+          std::printf("fallback reason=\"%s\"\n", reason.c_str());
+        }
+        ++errors;
+      }
     } else {
       std::printf("small precision=bf16 graphs=%d error=1\n", graphs);
+      ++errors;
     }
   }
   if (small_seconds[0] > 0 && small_seconds[1] > 0) {
@@ -315,12 +382,14 @@ int Main(int argc, char** argv) {
                   kCnnBatch / cnn_seconds[p]);
     } else {
       std::printf("cnn precision=%s error=1\n", PrecisionName(precisions[p]));
+      ++errors;
     }
   }
   if (cnn_seconds[0] > 0 && cnn_seconds[1] > 0) {
     std::printf("speedup cnn_bf16_vs_fp32=%.2f\n", cnn_seconds[0] / cnn_seconds[1]);
   }
-  return 0;
+  if (errors > 0) std::printf("errors=%d\n", errors);
+  return errors > 0 ? 1 : 0;
 }
 
 }  // namespace

@@ -2,9 +2,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/cuda_mlp.h"
+#include "worker/engine/cuda/model_counters.h"
 #ifdef STOKER_HAVE_CUDNN
 #include "worker/engine/cuda/cuda_network.h"
 #endif
@@ -58,14 +63,48 @@ int CudaDeviceCount() {
   return count;
 }
 
+absl::Status CudaDeviceStatus() {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device: cudaGetDeviceCount failed: ", cudaGetErrorName(error), " (",
+                     static_cast<int>(error), "): ", cudaGetErrorString(error)));
+  }
+  if (count == 0) return absl::FailedPreconditionError("no CUDA device: the runtime sees none");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CudaModelCounters> GetCudaModelCounters(const Model& model) {
+  const auto* counting = dynamic_cast<const cuda::CountingModel*>(&model);
+  if (counting == nullptr) {
+    return absl::InvalidArgumentError("not a model of the cuda backend");
+  }
+  return counting->counters();
+}
+
+namespace cuda {
+
+void CountingModel::NoteFallback(const std::string& reason) {
+  constexpr size_t kMaxReasons = 32;
+  std::vector<std::string>& reasons = counters_.fallbacks;
+  if (std::find(reasons.begin(), reasons.end(), reason) != reasons.end()) return;
+  if (reasons.size() >= kMaxReasons) return;
+  reasons.push_back(reason);
+  std::fprintf(stderr, "stoker cuda: fallback: %s\n", reason.c_str());
+}
+
+}  // namespace cuda
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_index) {
   return CreateCudaBackend(device_index, CudaBackendOptions{});
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_index,
                                                            const CudaBackendOptions& options) {
+  if (absl::Status status = CudaDeviceStatus(); !status.ok()) return status;
   const int count = CudaDeviceCount();
-  if (count == 0) return absl::FailedPreconditionError("no CUDA device");
   if (device_index < 0 || device_index >= count) {
     return absl::InvalidArgumentError(
         absl::StrCat("device_index must be in [0, ", count, "), got ", device_index));
@@ -84,6 +123,31 @@ absl::Status RegisterHostRegion(void* ptr, size_t bytes) {
 
 absl::Status UnregisterHostRegion(void* ptr) {
   if (CudaDeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  STOKER_CUDA_RETURN_IF_ERROR(cudaHostUnregister(ptr));
+  return absl::OkStatus();
+}
+
+PinnedHostRegion::PinnedHostRegion(PinnedHostRegion&& other) noexcept
+    : ptr_(std::exchange(other.ptr_, nullptr)) {}
+
+PinnedHostRegion& PinnedHostRegion::operator=(PinnedHostRegion&& other) noexcept {
+  if (this != &other) {
+    (void)Release();
+    ptr_ = std::exchange(other.ptr_, nullptr);
+  }
+  return *this;
+}
+
+absl::Status PinnedHostRegion::Register(void* ptr, size_t bytes) {
+  STOKER_RETURN_IF_ERROR(Release());
+  STOKER_RETURN_IF_ERROR(RegisterHostRegion(ptr, bytes));
+  ptr_ = ptr;
+  return absl::OkStatus();
+}
+
+absl::Status PinnedHostRegion::Release() {
+  if (ptr_ == nullptr) return absl::OkStatus();
+  void* ptr = std::exchange(ptr_, nullptr);
   STOKER_CUDA_RETURN_IF_ERROR(cudaHostUnregister(ptr));
   return absl::OkStatus();
 }

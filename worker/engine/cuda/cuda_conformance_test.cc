@@ -2,8 +2,10 @@
 // inputs: forward loss, one and two optimizer steps (parameters and momentum), Evaluate, 20 steps
 // of training, in fp32 (tolerance 1e-4: cuBLASLt runs with CUBLAS_COMPUTE_32F, no TF32) and bf16
 // (1e-2), with the fused cuBLASLt epilogues and with the fallback kernels; fp16 loss scaling
-// (skip and halve on overflow, growth after N clean steps). Every test but the first skips
-// without a device; the first checks the clean failure on machines without one.
+// (skip and halve on overflow, growth after N clean steps); that the fast paths (fused epilogues,
+// CUDA graph replays) really ran where they must (GetCudaModelCounters). Every test but the first
+// two skips without a device (fails with STOKER_REQUIRE_CUDA=1); the first checks the clean
+// failure on machines without one, and the calls that succeed on machines with one.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -22,6 +24,7 @@ namespace stoker {
 namespace {
 
 using cuda_testing::Batch;
+using cuda_testing::Counters;
 using cuda_testing::CpuMlp;
 using cuda_testing::CudaMlp;
 using cuda_testing::Delta;
@@ -42,9 +45,31 @@ MlpConfig TestConfig(Precision precision) {
   return config;
 }
 
+// All the fast-path counters of a model, for failure messages.
+std::string Describe(const CudaModelCounters& c) {
+  std::string text = "fused_gemms=" + std::to_string(c.fused_gemms) +
+                     " plain_gemms=" + std::to_string(c.plain_gemms) +
+                     " graph_replays=" + std::to_string(c.graph_replays) +
+                     " eager_steps=" + std::to_string(c.eager_steps) +
+                     " graph_captures=" + std::to_string(c.graph_captures);
+  for (const std::string& reason : c.fallbacks) text += "\n  fallback: " + reason;
+  return text;
+}
+
 TEST(CudaBackendNoDeviceTest, FailsCleanlyWithoutDevice) {
-  if (CudaDeviceCount() > 0) GTEST_SKIP() << "this machine has a CUDA device";
+  if (CudaDeviceCount() > 0) {
+    // Not a skip (tests/gpu/check.sh fails on any): with a device the same calls succeed, and a
+    // device index out of range is refused.
+    EXPECT_TRUE(CudaDeviceStatus().ok()) << CudaDeviceStatus();
+    EXPECT_TRUE(CreateCudaBackend(0).ok());
+    EXPECT_EQ(CreateCudaBackend(CudaDeviceCount()).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    return;
+  }
   EXPECT_EQ(CudaDeviceCount(), 0);
+  const absl::Status device = CudaDeviceStatus();
+  EXPECT_EQ(device.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(device.message().find("no CUDA device"), std::string::npos) << device;
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(0);
   ASSERT_FALSE(backend.ok());
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -54,6 +79,13 @@ TEST(CudaBackendNoDeviceTest, FailsCleanlyWithoutDevice) {
             absl::StatusCode::kFailedPrecondition);
   // Asking twice gives the same answer: the first failure left no sticky error behind.
   EXPECT_EQ(CudaDeviceCount(), 0);
+}
+
+// Anywhere: only the cuda backend's models have counters.
+TEST(CudaModelCountersTest, CpuModelHasNone) {
+  std::unique_ptr<Model> cpu = CpuMlp(TestConfig(Precision::kFp32));
+  ASSERT_TRUE(cpu);
+  EXPECT_EQ(GetCudaModelCounters(*cpu).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // (precision, fused epilogues)
@@ -181,6 +213,36 @@ TEST_P(CudaConformanceTest, ResumeFromParametersAndOptimizerState) {
   ExpectTensorsNear(second->OptimizerState(), first->OptimizerState(), 1e-6, "resumed momentum");
 }
 
+// Results cannot tell a fused epilogue or a graph replay from its fallback, so count them: the
+// first step of a batch size runs kernel by kernel (the warm-up), the next ones replay a graph
+// captured from the second on. On sm_90 (the H100/H200 the service targets) in bf16 the fused
+// variant must fuse and replay; elsewhere a fallback is allowed but logged.
+TEST_P(CudaConformanceTest, FastPathsRunWhereExpected) {
+  SKIP_WITHOUT_DEVICE();
+  const MlpConfig config = TestConfig(precision());
+  std::unique_ptr<Model> gpu = CudaMlp(config, options());
+  ASSERT_TRUE(gpu);
+  for (int step = 0; step < 3; ++step) {
+    const Batch batch = RandomBatch(64, config.input_features, config.classes, 60 + step);
+    ASSERT_TRUE(gpu->TrainStep(batch.View(), 0.05).ok());
+  }
+  const CudaModelCounters counters = Counters(*gpu);
+  EXPECT_EQ(counters.graph_replays + counters.eager_steps, 3) << Describe(counters);
+  EXPECT_GE(counters.eager_steps, 1) << "the first step must run eagerly\n" << Describe(counters);
+  EXPECT_GT(counters.fused_gemms + counters.plain_gemms, 0) << Describe(counters);
+  if (!options().fused_epilogues) {
+    EXPECT_EQ(counters.fused_gemms, 0) << Describe(counters);
+  }
+  if (cuda_testing::DeviceComputeCapability() == 90 && precision() == Precision::kBf16) {
+    EXPECT_EQ(counters.eager_steps, 1) << Describe(counters);
+    EXPECT_EQ(counters.graph_replays, 2) << Describe(counters);
+    if (options().fused_epilogues) {
+      // Some shapes may still fall back (logged, listed here); none fusing at all is a bug.
+      EXPECT_GT(counters.fused_gemms, 0) << Describe(counters);
+    }
+  }
+}
+
 TEST_P(CudaConformanceTest, RejectsBadInput) {
   SKIP_WITHOUT_DEVICE();
   const MlpConfig config = TestConfig(precision());
@@ -229,6 +291,11 @@ TEST(CudaGraphTest, GraphStepsEqualKernelByKernelSteps) {
       ASSERT_TRUE(b.ok()) << b.status();
       EXPECT_EQ(a->loss, b->loss) << PrecisionName(precision) << " step " << step;
     }
+    // Otherwise this test compares eager with eager: the graphed model must have replayed.
+    const CudaModelCounters graphed_counters = Counters(*graphed);
+    EXPECT_GT(graphed_counters.graph_replays, 0) << PrecisionName(precision) << "\n"
+                                                 << Describe(graphed_counters);
+    EXPECT_EQ(Counters(*eager).graph_replays, 0);
     const std::vector<NamedTensor> pa = graphed->Parameters(), pb = eager->Parameters();
     const std::vector<NamedTensor> sa = graphed->OptimizerState(), sb = eager->OptimizerState();
     ASSERT_EQ(pa.size(), pb.size());
@@ -370,6 +437,28 @@ TEST(CudaHostRegionTest, RegisterAndUnregister) {
   ASSERT_TRUE(RegisterHostRegion(region.data(), region.size()).ok());
   EXPECT_FALSE(RegisterHostRegion(region.data(), region.size()).ok());  // already registered
   EXPECT_TRUE(UnregisterHostRegion(region.data()).ok());
+}
+
+// The trainer's ring: unregistered when the holder goes, so the mapping can be unmapped.
+TEST(CudaHostRegionTest, PinnedHostRegionUnregistersOnDestruction) {
+  SKIP_WITHOUT_DEVICE();
+  std::vector<uint8_t> region(1 << 20);
+  {
+    PinnedHostRegion pinned;
+    ASSERT_TRUE(pinned.Register(region.data(), region.size()).ok());
+    EXPECT_TRUE(pinned.pinned());
+    EXPECT_FALSE(RegisterHostRegion(region.data(), region.size()).ok());  // held
+    PinnedHostRegion moved = std::move(pinned);
+    EXPECT_TRUE(moved.pinned());
+  }
+  // Registering again works only because the destructor unregistered it.
+  ASSERT_TRUE(RegisterHostRegion(region.data(), region.size()).ok());
+  EXPECT_TRUE(UnregisterHostRegion(region.data()).ok());
+  PinnedHostRegion released;
+  ASSERT_TRUE(released.Register(region.data(), region.size()).ok());
+  EXPECT_TRUE(released.Release().ok());
+  EXPECT_FALSE(released.pinned());
+  EXPECT_TRUE(released.Release().ok());  // nothing held: a no-op
 }
 
 }  // namespace

@@ -18,6 +18,8 @@
 #include "worker/engine/cuda/cuda_graph.h"
 #include "worker/engine/cuda/lt_gemm.h"
 #include "worker/engine/cuda/mlp_kernels.h"
+#include "worker/engine/cuda/model_counters.h"
+#include "worker/engine/cuda/network_kernels.h"
 #include "worker/engine/cuda/step_state.h"
 #include "worker/engine/cuda/tensor_transfer.h"
 #include "worker/engine/plan_cache.h"
@@ -48,6 +50,12 @@ struct Layer {
   DeviceBuffer weight_velocity;
   DeviceBuffer bias_velocity;
   DeviceBuffer weight_low;  // bf16/fp16 only: the copy the GEMMs read
+  // bf16/fp16 hidden layers only, in the compute type as cuBLASLt wants them beside a
+  // compute-type output (lt_gemm.h): the bias the fused forward epilogue adds (written by the
+  // optimizer with the master), and the bias gradient of the fused DRELU_BGRAD epilogue (widened
+  // into bias_grad).
+  DeviceBuffer bias_low;
+  DeviceBuffer bias_grad_low;
   // [max_batch, out]: ReLU output in the compute type for hidden layers, fp32 logits for the last.
   DeviceBuffer output;
   DeviceBuffer output_grad;  // [max_batch, out] compute type: dLoss/d(pre-activation) (scaled)
@@ -64,16 +72,27 @@ struct LayerGemms {
   bool input_grad_fused = false;       // the layer below's ReLU backward and bias grad fused
 };
 
+// GEMMs enqueued, by whether their epilogue was fused (CudaModelCounters).
+struct GemmCounts {
+  int64_t fused = 0;
+  int64_t plain = 0;
+};
+
 struct Plan {
   int batch = 0;
   std::vector<LayerGemms> layers;
   // TrainStep's device work for this batch size, captured per staging buffer (the buffer's
   // address is baked into the graph) and per input kind (uint8 samples or float features).
   cuda::GraphExec step_graphs[2][2];  // [staging slot][features]
-  bool graph_failed = false;          // a capture failed once: run this plan kernel by kernel
+  GemmCounts graph_gemms[2][2];       // the GEMMs each graph replays
+  // A step of this batch size and input kind ran kernel by kernel: the kernels it needs are
+  // loaded (lazy module loading) and cuBLASLt has run each GEMM once, so neither happens inside
+  // a capture. Captures start from the second step.
+  bool warmed_up[2] = {false, false};  // [features]
+  bool graph_failed = false;           // a capture failed once: run this plan kernel by kernel
 };
 
-class CudaMlp final : public Model {
+class CudaMlp final : public cuda::CountingModel {
  public:
   CudaMlp(const MlpConfig& config, const CudaBackendOptions& options)
       : config_(config),
@@ -100,11 +119,18 @@ class CudaMlp final : public Model {
 
   absl::StatusOr<std::unique_ptr<Plan>> BuildPlan(int batch);
   absl::StatusOr<Plan*> PlanFor(int batch);
-  // Tries the fused epilogue (when enabled), else a plain GEMM. Sets *fused accordingly.
+  // Tries the fused epilogue (when enabled), else a plain GEMM (noting why). Sets *fused
+  // accordingly.
   absl::StatusOr<std::unique_ptr<LtGemm>> MakeGemmPreferFused(const GemmShape& shape,
                                                               const GemmEpilogueArgs& epilogue,
-                                                              bool* fused) const;
+                                                              bool* fused);
+  // Enqueues the GEMM and counts it in pending_gemms_.
   absl::Status RunGemm(const LtGemm& gemm, const void* a, const void* b, void* d) const;
+  // Adds `gemms` to the counters.
+  void CountGemms(const GemmCounts& gemms) {
+    counters_.fused_gemms += gemms.fused;
+    counters_.plain_gemms += gemms.plain;
+  }
 
   // Enqueues the normalisation of staging slot `slot` (rows samples) into input_.
   absl::Status NormalizeStaged(int slot, int rows, bool features) const;
@@ -139,6 +165,9 @@ class CudaMlp final : public Model {
   std::unique_ptr<Plan> full_plan_;
   PartialPlanCache<Plan> partial_plans_{kMaxPartialPlans};
   std::optional<float> injected_gradient_;
+  // GEMMs enqueued since the last reset: counted when they run (eagerly), or per replay of the
+  // graph they were captured into.
+  mutable GemmCounts pending_gemms_;
 };
 
 CudaMlp::~CudaMlp() {
@@ -183,6 +212,10 @@ absl::Status CudaMlp::Init(int device) {
     if (type_ != DType::kF32) {
       STOKER_ASSIGN_BUFFER(layer.weight_low,
                            static_cast<size_t>(layer.out) * layer.in * compute_bytes);
+      if (layer.relu) {
+        STOKER_ASSIGN_BUFFER(layer.bias_low, static_cast<size_t>(layer.out) * compute_bytes);
+        STOKER_ASSIGN_BUFFER(layer.bias_grad_low, static_cast<size_t>(layer.out) * compute_bytes);
+      }
     }
     const size_t outputs = max_batch * layer.out;
     STOKER_ASSIGN_BUFFER(layer.output, outputs * (layer.relu ? compute_bytes : sizeof(float)));
@@ -200,7 +233,8 @@ absl::Status CudaMlp::Init(int device) {
                             layer.weight_velocity.as<float>(), layer.weight_low.get(),
                             static_cast<int64_t>(layer.out) * layer.in, weight_decay});
     sgd_tensors_.push_back({layer.bias.as<float>(), layer.bias_grad.as<float>(),
-                            layer.bias_velocity.as<float>(), nullptr, layer.out, 0.0f});
+                            layer.bias_velocity.as<float>(), layer.bias_low.get(), layer.out,
+                            0.0f});
   }
 
   STOKER_CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&host_rate_), sizeof(float)));
@@ -222,9 +256,13 @@ absl::Status CudaMlp::Init(int device) {
 }
 
 absl::StatusOr<std::unique_ptr<LtGemm>> CudaMlp::MakeGemmPreferFused(
-    const GemmShape& shape, const GemmEpilogueArgs& epilogue, bool* fused) const {
-  return cuda::CreateGemmPreferFused(context_->lt(), shape, epilogue, context_->workspace_bytes(),
-                                     options_.fused_epilogues, fused);
+    const GemmShape& shape, const GemmEpilogueArgs& epilogue, bool* fused) {
+  std::string why_not_fused;
+  absl::StatusOr<std::unique_ptr<LtGemm>> gemm =
+      cuda::CreateGemmPreferFused(context_->lt(), shape, epilogue, context_->workspace_bytes(),
+                                  options_.fused_epilogues, fused, &why_not_fused);
+  if (!why_not_fused.empty()) NoteFallback(why_not_fused);
+  return gemm;
 }
 
 absl::StatusOr<std::unique_ptr<Plan>> CudaMlp::BuildPlan(int batch) {
@@ -239,9 +277,10 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaMlp::BuildPlan(int batch) {
     const cuda::LinearGemmShapes shapes =
         cuda::LinearShapes(layer.in, layer.out, batch, type_, output_type);
 
+    // The bias in the output's type (lt_gemm.h): the fp32 master for the fp32 logits.
     GemmEpilogueArgs forward_epilogue{
         .kind = layer.relu ? GemmEpilogue::kReluAuxBias : GemmEpilogue::kBias,
-        .bias = layer.bias.as<float>(),
+        .bias = output_type == DType::kF32 ? layer.bias.get() : layer.bias_low.get(),
         .aux = layer.relu ? layer.relu_mask.get() : nullptr,
         .aux_ld = layer.relu ? cuda::ReluMaskLd(layer.out) : 0};
     absl::StatusOr<std::unique_ptr<LtGemm>> gemm =
@@ -251,7 +290,8 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaMlp::BuildPlan(int batch) {
 
     GemmEpilogueArgs weight_grad_epilogue;
     if (l == last) {
-      weight_grad_epilogue = {.kind = GemmEpilogue::kBGradB, .bias = layer.bias_grad.as<float>()};
+      // dW is fp32, so is the bias gradient.
+      weight_grad_epilogue = {.kind = GemmEpilogue::kBGradB, .bias = layer.bias_grad.get()};
     }
     gemm = MakeGemmPreferFused(shapes.weight_grad, weight_grad_epilogue, &gemms.bias_grad_fused);
     if (!gemm.ok()) return gemm.status();
@@ -261,12 +301,15 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaMlp::BuildPlan(int batch) {
     if (l == 0) continue;
     Layer& below = layers_[l - 1];
     GemmEpilogueArgs input_grad_epilogue;
-    // The ReLU mask exists only if the layer below's forward GEMM fused its epilogue.
-    if (plan->layers[l - 1].forward_fused) {
-      input_grad_epilogue = {.kind = GemmEpilogue::kDReluBGrad,
-                             .bias = below.bias_grad.as<float>(),
-                             .aux = below.relu_mask.get(),
-                             .aux_ld = cuda::ReluMaskLd(below.out)};
+    // The ReLU mask exists only if the layer below's forward GEMM fused its epilogue. The fused
+    // bias gradient comes out in dX's type: fine in bf16 (fp32's range), but in fp16 the batch
+    // sum of loss-scaled gradients can pass 65504, so fp16 sums them in fp32 with its own kernel.
+    if (plan->layers[l - 1].forward_fused && type_ != DType::kF16) {
+      input_grad_epilogue = {
+          .kind = GemmEpilogue::kDReluBGrad,
+          .bias = type_ == DType::kF32 ? below.bias_grad.get() : below.bias_grad_low.get(),
+          .aux = below.relu_mask.get(),
+          .aux_ld = cuda::ReluMaskLd(below.out)};
     }
     gemm = MakeGemmPreferFused(shapes.input_grad, input_grad_epilogue, &gemms.input_grad_fused);
     if (!gemm.ok()) return gemm.status();
@@ -280,6 +323,7 @@ absl::StatusOr<Plan*> CudaMlp::PlanFor(int batch) {
 }
 
 absl::Status CudaMlp::RunGemm(const LtGemm& gemm, const void* a, const void* b, void* d) const {
+  ++(gemm.epilogue() == GemmEpilogue::kNone ? pending_gemms_.plain : pending_gemms_.fused);
   return gemm.Run(context_->lt(), a, b, d, context_->workspace(), context_->workspace_bytes(),
                   context_->compute_stream());
 }
@@ -327,6 +371,10 @@ absl::Status CudaMlp::Backward(const Plan& plan, int rows) {
       STOKER_CUDA_RETURN_IF_ERROR(
           cuda::LaunchReluBackwardBiasGrad(below.output_grad.get(), below.output.get(), type_, rows,
                                            below.out, below.bias_grad.as<float>(), stream));
+    } else if (type_ != DType::kF32) {
+      // The epilogue wrote the bias gradient in the compute type; the optimizer reads fp32.
+      STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchConvertToF32(
+          below.bias_grad_low.get(), type_, below.out, below.bias_grad.as<float>(), stream));
     }
   }
   return absl::OkStatus();
@@ -380,25 +428,45 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
   *host_rate_ = static_cast<float>(learning_rate);
   const bool graph =
       options_.cuda_graphs && !(*plan)->graph_failed && !injected_gradient_.has_value();
+  const int kind = features ? 1 : 0;
   bool enqueued = false;
   if (graph) {
-    cuda::GraphExec& exec = (*plan)->step_graphs[*slot][features ? 1 : 0];
-    if (!exec) {
+    cuda::GraphExec& exec = (*plan)->step_graphs[*slot][kind];
+    GemmCounts& exec_gemms = (*plan)->graph_gemms[*slot][kind];
+    // The first step of each batch size and input kind runs kernel by kernel (the warm-up).
+    if (!exec && (*plan)->warmed_up[kind]) {
+      pending_gemms_ = {};
       absl::StatusOr<cuda::GraphExec> captured = cuda::GraphExec::Capture(
           stream, [&] { return EnqueueTrainStep(**plan, rows, *slot, features); });
       if (captured.ok()) {
         exec = *std::move(captured);
+        exec_gemms = pending_gemms_;
+        ++counters_.graph_captures;
       } else {
         // Kernel by kernel from now on for this batch size; the step itself still runs below.
         (*plan)->graph_failed = true;
+        NoteFallback(absl::StrCat("CUDA graph capture of the ", rows,
+                                  "-sample training step failed, that batch size runs kernel by "
+                                  "kernel: ",
+                                  captured.status().message()));
       }
+      pending_gemms_ = {};
     }
     if (exec) {
       STOKER_RETURN_IF_ERROR(exec.Launch(stream));
       enqueued = true;
+      ++counters_.graph_replays;
+      CountGemms(exec_gemms);
     }
   }
-  if (!enqueued) STOKER_RETURN_IF_ERROR(EnqueueTrainStep(**plan, rows, *slot, features));
+  if (!enqueued) {
+    pending_gemms_ = {};
+    STOKER_RETURN_IF_ERROR(EnqueueTrainStep(**plan, rows, *slot, features));
+    CountGemms(pending_gemms_);
+    pending_gemms_ = {};
+    ++counters_.eager_steps;
+    (*plan)->warmed_up[kind] = true;
+  }
   injected_gradient_.reset();
   // Nothing reads the staging slot after this step; the copy stream may refill it.
   STOKER_RETURN_IF_ERROR(staging_.Release(*slot, stream));
@@ -419,7 +487,10 @@ absl::StatusOr<EvalResult> CudaMlp::Evaluate(const BatchView& batch) {
       staging_.Stage(batch, context_->copy_stream(), context_->compute_stream());
   if (!slot.ok()) return slot.status();
   STOKER_RETURN_IF_ERROR(NormalizeStaged(*slot, batch.count, batch.features != nullptr));
+  pending_gemms_ = {};
   STOKER_RETURN_IF_ERROR(Forward(**plan, batch.count));
+  CountGemms(pending_gemms_);
+  pending_gemms_ = {};
   const Layer& last = layers_.back();
   STOKER_CUDA_RETURN_IF_ERROR(
       cuda::LaunchSoftmaxCrossEntropy(last.output.as<float>(), staging_.labels(*slot), batch.count,
@@ -493,6 +564,10 @@ absl::Status CudaMlp::RefreshLowWeights() {
     STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchConvertFromF32(
         layer.weight.as<float>(), static_cast<int64_t>(layer.out) * layer.in, type_,
         layer.weight_low.get(), stream));
+    if (layer.bias_low.get() != nullptr) {
+      STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchConvertFromF32(layer.bias.as<float>(), layer.out,
+                                                             type_, layer.bias_low.get(), stream));
+    }
   }
   STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return absl::OkStatus();

@@ -10,7 +10,10 @@
 //   input    dX^T[in, B]  = W^T[in, out] dY^T[out, B]    (DRELU_BGRAD: ReLU backward of the layer
 //            below through its mask, and its bias gradient)
 // When cuBLASLt has no fused algorithm for a shape (or CudaBackendOptions::fused_epilogues is
-// false), that GEMM runs plain and a small kernel does the epilogue's work.
+// false), that GEMM runs plain and a small kernel does the epilogue's work (the reason is
+// logged). Epilogue biases are in the GEMM output's type (lt_gemm.h): bf16/fp16 hidden layers
+// keep a compute-type copy of their bias, and widen the fused bias gradient to fp32; fp16 sums
+// its bias gradients in fp32 with its own kernel instead (a fused fp16 sum could overflow).
 //
 // One TrainStep: the copy stream copies the batch (uint8 pixels or float features, and labels)
 // into one of two staging buffers, after the compute stream has released that buffer (event);
@@ -20,7 +23,10 @@
 // device memory), [fp16: loss-scale update], and the copy of the 32-byte step state (loss,
 // overflow flag, scale) to pinned host memory. The body is captured once per batch size,
 // staging buffer and input kind as a CUDA graph and replayed with one launch
-// (CudaBackendOptions::cuda_graphs; kernel by kernel when off or when a capture fails). The only
+// (CudaBackendOptions::cuda_graphs; kernel by kernel when off or when a capture fails, which is
+// logged). The first step of each batch size and input kind runs kernel by kernel: a warm-up, so
+// that lazy module loading and cuBLASLt's first use of each GEMM happen outside any capture.
+// GetCudaModelCounters reports fused GEMMs, replays and eager steps. The only
 // host wait is one cudaStreamSynchronize at the end of the step: StepResult needs the loss.
 // Plans (GEMM descriptors, algorithms, graphs) are built once per batch size: max_batch at
 // creation, a few others on first use.

@@ -55,7 +55,8 @@ absl::Status CudaNetwork::Init(int device) {
   return SetParameters(initial);
 }
 
-absl::Status CudaNetwork::RunGemm(const LtGemm& gemm, const void* a, const void* b, void* d) const {
+absl::Status CudaNetwork::RunGemm(const LtGemm& gemm, const void* a, const void* b, void* d) {
+  ++(gemm.epilogue() == GemmEpilogue::kNone ? counters_.plain_gemms : counters_.fused_gemms);
   return gemm.Run(context_->lt(), a, b, d, context_->workspace(), context_->workspace_bytes(),
                   context_->compute_stream());
 }
@@ -171,11 +172,23 @@ absl::Status CudaNetwork::Backward(const Plan& plan, int rows) {
         const cuda::ConvolutionPlan& conv = *lp.conv;
         Param& weight = params_[layer.weight];
         void* dw = type_ == DType::kF32 ? weight.grad.get() : layer.weight_grad_low.get();
+        // cuDNN writes a 16-bit dW in the compute type. With fp16 loss scaling a scaled dW
+        // overflows 65504 as soon as |dW| > 65504 / scale (~1 at 65536), which the cpu, keeping
+        // gradients in fp32, does not: so cuDNN computes the unscaled dW (alpha = 1 / scale;
+        // the host copy of the scale is current, every step ends with its read-back), and the
+        // widening multiplies the scale back in fp32, so that the optimizer's unscaling (all
+        // gradients alike, gradients[i] / scale) applies once. The scale is a power of two:
+        // both products are exact but for fp16's rounding of dW itself.
+        const float filter_alpha = loss_scaling_ ? 1.0f / state_.host().loss_scale : 1.0f;
         STOKER_CUDNN_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(
-            cudnn_.get(), &alpha, conv.x.get(), x, conv.y.get(), dy, conv.backward_filter.get(),
-            conv.backward_filter_algo, conv_workspace_.get(), conv_workspace_.bytes(), &beta,
-            layer.filter.get(), dw));
-        if (type_ != DType::kF32) {
+            cudnn_.get(), &filter_alpha, conv.x.get(), x, conv.y.get(), dy,
+            conv.backward_filter.get(), conv.backward_filter_algo, conv_workspace_.get(),
+            conv_workspace_.bytes(), &beta, layer.filter.get(), dw));
+        if (loss_scaling_) {
+          STOKER_CUDA_RETURN_IF_ERROR(
+              cuda::LaunchConvertToF32Scaled(dw, type_, weight.size, &state_.device()->loss_scale,
+                                             weight.grad.as<float>(), stream));
+        } else if (type_ != DType::kF32) {
           STOKER_CUDA_RETURN_IF_ERROR(
               cuda::LaunchConvertToF32(dw, type_, weight.size, weight.grad.as<float>(), stream));
         }
@@ -323,6 +336,7 @@ absl::StatusOr<StepResult> CudaNetwork::TrainStep(const BatchView& batch, double
   }
   STOKER_RETURN_IF_ERROR(ApplyOptimizer(static_cast<float>(learning_rate)));
   STOKER_RETURN_IF_ERROR(FinishStep());
+  ++counters_.eager_steps;  // the network captures no CUDA graphs
 
   const StepResult result = state_.TrainResult(rows, loss_scaling_);
   if (!result.skipped) ++optimizer_steps_;

@@ -4,12 +4,17 @@
 //
 // Layout: activations NCHW (or [N, features]) in the compute type (fp32, bf16 or fp16); the
 // logits are fp32 (straight from a final Linear in fp32/bf16, converted otherwise). fp32 master
-// weights; in bf16/fp16 the optimizer also writes the compute-type copy of each weight that the
-// layers read (biases are always read in fp32). Gradients of the parameters are fp32.
+// weights; in bf16/fp16 the optimizer also writes the compute-type copy of each parameter: the
+// layers read the weights' copies, and a fused Linear epilogue with a compute-type output adds
+// the bias copy (cuBLASLt's rule, lt_gemm.h); other biases are read in fp32. Gradients of the
+// parameters are fp32. GetCudaModelCounters counts fused and plain GEMMs (no CUDA graphs here).
 //   Conv2d     cuDNN legacy convolution (fp32 compute: FLOAT, PSEUDO_BFLOAT16, PSEUDO_HALF
-//              configurations; no TF32 in fp32), algorithms from cuDNN's heuristics once per
-//              batch size, workspace allocated with the plan; bias and its gradient by kernels.
-//              cuDNN writes 16-bit weight gradients in the compute type; a kernel widens them.
+//              configurations; no TF32 and only GEMM-family algorithms in fp32), algorithms from
+//              cuDNN's heuristics once per batch size, workspace allocated with the plan; bias
+//              and its gradient by kernels. cuDNN writes 16-bit weight gradients in the compute
+//              type; a kernel widens them. fp16 computes them unscaled (alpha = 1 / loss scale,
+//              no overflow of a scaled dW) and the widening scales them back in fp32, so the
+//              optimizer unscales every gradient alike, once.
 //   MaxPool2d  cuDNN pooling (CUDNN_POOLING_MAX_DETERMINISTIC, padding ignored as in PyTorch),
 //              or network_kernels' own when cuDNN refuses the data type.
 //   Linear     cuBLASLt (LtGemm), with the bias / bias-gradient epilogues where available.

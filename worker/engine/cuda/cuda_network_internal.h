@@ -28,6 +28,7 @@
 #include "worker/engine/cuda/dtype.h"
 #include "worker/engine/cuda/lt_gemm.h"
 #include "worker/engine/cuda/mlp_kernels.h"
+#include "worker/engine/cuda/model_counters.h"
 #include "worker/engine/cuda/network_kernels.h"
 #include "worker/engine/cuda/step_state.h"
 #include "worker/engine/cuda/tensor_transfer.h"
@@ -67,7 +68,9 @@ struct Param {
   DeviceBuffer grad;       // fp32
   DeviceBuffer state1;     // SGD momentum or AdamW exp_avg
   DeviceBuffer state2;     // AdamW exp_avg_sq
-  DeviceBuffer low;        // weights in bf16/fp16: the copy the layers read
+  // bf16/fp16: the compute-type copy the layers read (weights), or the bias a fused Linear
+  // epilogue adds to a compute-type output (biases; lt_gemm.h). Written with the master.
+  DeviceBuffer low;
 };
 
 // One activation and its gradient ([max_batch, per-sample shape]); Flatten's output is its
@@ -116,7 +119,7 @@ struct Plan {
 };
 
 // The Model of cuda_network.h (see there for the layout and the step).
-class CudaNetwork final : public Model {
+class CudaNetwork final : public CountingModel {
  public:
   CudaNetwork(const NetworkConfig& config, std::vector<std::vector<int>> shapes, bool mlp_names,
               const CudaBackendOptions& options)
@@ -151,10 +154,12 @@ class CudaNetwork final : public Model {
   absl::StatusOr<Plan*> PlanFor(int batch);
   absl::Status ProbePooling();
 
+  // Notes why, when the fused epilogue falls back.
   absl::StatusOr<std::unique_ptr<LtGemm>> MakeGemmPreferFused(const GemmShape& shape,
                                                               const GemmEpilogueArgs& epilogue,
-                                                              bool* fused) const;
-  absl::Status RunGemm(const LtGemm& gemm, const void* a, const void* b, void* d) const;
+                                                              bool* fused);
+  // Enqueues and counts the GEMM (CudaModelCounters).
+  absl::Status RunGemm(const LtGemm& gemm, const void* a, const void* b, void* d);
 
   // Enqueues the batch copy and the input conversion; returns the staging slot.
   absl::StatusOr<int> StageBatch(const BatchView& batch);

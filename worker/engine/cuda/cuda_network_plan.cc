@@ -60,9 +60,8 @@ absl::Status CudaNetwork::BuildLayers() {
       STOKER_ASSIGN_BUFFER(param.state2, bytes);
       STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(param.state2.get(), 0, bytes, stream));
     }
-    if (param.is_weight && type_ != DType::kF32) {
-      STOKER_ASSIGN_BUFFER(param.low, param.size * compute_bytes);
-    }
+    // Biases too: a Linear's fused epilogue adds the bias in its output's type (lt_gemm.h).
+    if (type_ != DType::kF32) STOKER_ASSIGN_BUFFER(param.low, param.size * compute_bytes);
     params_.push_back(std::move(param));
   }
 
@@ -171,9 +170,13 @@ absl::Status CudaNetwork::AllocateStepBuffers() {
 }
 
 absl::StatusOr<std::unique_ptr<LtGemm>> CudaNetwork::MakeGemmPreferFused(
-    const GemmShape& shape, const GemmEpilogueArgs& epilogue, bool* fused) const {
-  return cuda::CreateGemmPreferFused(context_->lt(), shape, epilogue, context_->workspace_bytes(),
-                                     options_.fused_epilogues, fused);
+    const GemmShape& shape, const GemmEpilogueArgs& epilogue, bool* fused) {
+  std::string why_not_fused;
+  absl::StatusOr<std::unique_ptr<LtGemm>> gemm =
+      cuda::CreateGemmPreferFused(context_->lt(), shape, epilogue, context_->workspace_bytes(),
+                                  options_.fused_epilogues, fused, &why_not_fused);
+  if (!why_not_fused.empty()) NoteFallback(why_not_fused);
+  return gemm;
 }
 
 absl::StatusOr<std::unique_ptr<Plan>> CudaNetwork::BuildPlan(int batch) {
@@ -237,14 +240,17 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaNetwork::BuildPlan(int batch) {
         // The layout of the three GEMMs: cuda::LinearShapes (lt_gemm.h).
         const cuda::LinearGemmShapes shapes =
             cuda::LinearShapes(in_features, units, batch, type_, out_type);
+        // The bias in the output's type (lt_gemm.h): the master, or its compute-type copy.
         absl::StatusOr<std::unique_ptr<LtGemm>> gemm = MakeGemmPreferFused(
-            shapes.forward, {.kind = GemmEpilogue::kBias, .bias = bias.value.as<float>()},
+            shapes.forward,
+            {.kind = GemmEpilogue::kBias,
+             .bias = out_type == DType::kF32 ? bias.value.get() : bias.low.get()},
             &lp.forward_fused);
         if (!gemm.ok()) return gemm.status();
         lp.forward = *std::move(gemm);
-        // BGRADB: the bias gradient is the column sums of dY over the batch.
+        // BGRADB: the bias gradient is the column sums of dY over the batch, fp32 as dW is.
         gemm = MakeGemmPreferFused(shapes.weight_grad,
-                                   {.kind = GemmEpilogue::kBGradB, .bias = bias.grad.as<float>()},
+                                   {.kind = GemmEpilogue::kBGradB, .bias = bias.grad.get()},
                                    &lp.bias_grad_fused);
         if (!gemm.ok()) return gemm.status();
         lp.weight_grad = *std::move(gemm);

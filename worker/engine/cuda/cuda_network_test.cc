@@ -4,8 +4,9 @@
 // are summation order only); bf16 and fp16 1e-2 for losses and evaluation, 2e-2 for parameter
 // updates and optimizer state (the roundings of a 16-bit CNN compound over four layers, and
 // cuDNN writes 16-bit weight gradients). Dropout masks are the cpu's bit for bit, so parameters
-// track the cpu through dropout. Every test skips without a device except the first, which checks
-// the clean failure there; DropoutHashTest checks the host side of the mask anywhere.
+// track the cpu through dropout. Every test skips without a device (fails with
+// STOKER_REQUIRE_CUDA=1) except the first, which checks the clean failure there (and the
+// successful calls with one); DropoutHashTest checks the host side of the mask anywhere.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -151,7 +152,11 @@ void ExpectTrainingTracksCpu(const NetworkConfig& config, int steps, double lear
 }
 
 TEST(CudaNetworkNoDeviceTest, FailsCleanlyWithoutDevice) {
-  if (CudaDeviceCount() > 0) GTEST_SKIP() << "this machine has a CUDA device";
+  if (CudaDeviceCount() > 0) {
+    // Not a skip (tests/gpu/check.sh fails on any): with a device the backend is there.
+    EXPECT_TRUE(CreateCudaBackend(0).ok());
+    return;
+  }
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(0);
   ASSERT_FALSE(backend.ok());
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -238,6 +243,25 @@ TEST_P(CudaNetworkTest, InitialParametersAndStateEqualCpu) {
   ASSERT_TRUE(cpu && gpu);
   ExpectTensorsNear(gpu->Parameters(), cpu->Parameters(), 0.0, "initial parameters");
   ExpectTensorsNear(gpu->OptimizerState(), cpu->OptimizerState(), 0.0, "initial state");
+}
+
+// The Linear layers' cuBLASLt epilogues (bias, bias gradient) must fuse on sm_90 in bf16, or the
+// conformance tests above compare the fallback kernels only; elsewhere a fallback is logged.
+TEST_P(CudaNetworkTest, LinearEpiloguesFuseOnSm90Bf16) {
+  SKIP_WITHOUT_DEVICE();
+  SKIP_WITHOUT_CUDNN();
+  const NetworkConfig config = FashionCnn(GetParam());
+  std::unique_ptr<Model> gpu = CudaNetwork(config);
+  ASSERT_TRUE(gpu);
+  ASSERT_TRUE(gpu->TrainStep(RandomBatch(config, config.max_batch, 70).View(), 0.05).ok());
+  const CudaModelCounters counters = cuda_testing::Counters(*gpu);
+  std::string fallbacks;
+  for (const std::string& reason : counters.fallbacks) fallbacks += "\n  " + reason;
+  EXPECT_EQ(counters.eager_steps, 1);
+  EXPECT_GT(counters.fused_gemms + counters.plain_gemms, 0);
+  if (cuda_testing::DeviceComputeCapability() == 90 && GetParam() == Precision::kBf16) {
+    EXPECT_GT(counters.fused_gemms, 0) << "plain " << counters.plain_gemms << fallbacks;
+  }
 }
 
 TEST_P(CudaNetworkTest, EvaluateMatchesCpu) {
@@ -422,6 +446,18 @@ TEST(CudaNetworkMlpTest, MlpNeedingNetworkRoutesLikeCpu) {
   }
 }
 
+// fp16 with a large loss scale (2^18: scaled conv weight gradients above 65504 / 2^18 = 0.25
+// would overflow fp16; the logits' scaled gradient stays below 2^18 / 32 = 8192): the cuda
+// network computes conv weight gradients unscaled and widens them, so it skips exactly the steps
+// the cpu (fp32 gradients) skips, and tracks it.
+TEST(CudaNetworkFp16Test, LargeLossScaleTracksCpu) {
+  SKIP_WITHOUT_DEVICE();
+  SKIP_WITHOUT_CUDNN();
+  NetworkConfig config = FashionCnn(Precision::kFp16);
+  config.loss_scale.initial = 262144.0f;
+  ExpectTrainingTracksCpu(config, 3, 0.05);
+}
+
 // GradScaler: an injected inf skips the step on both backends (no parameter, momentum or
 // optimizer.step change) and halves the scale; clean steps grow it every growth_interval.
 TEST(CudaNetworkFp16Test, InjectedInfSkipsStepAndHalvesScale) {
@@ -524,7 +560,10 @@ TEST(CudaNetworkErrorsTest, RefusesBadConfigsBatchesAndTensors) {
 TEST(CudaNetworkBuildTest, WithoutCudnnNetworksAreUnimplemented) {
   SKIP_WITHOUT_DEVICE();
 #ifdef STOKER_HAVE_CUDNN
-  GTEST_SKIP() << "built with cuDNN";
+  // Built with cuDNN (not a skip: tests/gpu/check.sh fails on any): the network is built.
+  std::unique_ptr<Backend> backend = CudaBackend();
+  ASSERT_TRUE(backend);
+  EXPECT_TRUE(backend->CreateNetwork(GeluDropoutNet(Precision::kFp32)).ok());
 #else
   std::unique_ptr<Backend> backend = CudaBackend();
   ASSERT_TRUE(backend);

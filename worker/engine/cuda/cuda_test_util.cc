@@ -1,11 +1,37 @@
 #include "worker/engine/cuda/cuda_test_util.h"
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 #include <utility>
 
 namespace stoker::cuda_testing {
+
+bool CudaRequired() {
+  const char* value = std::getenv("STOKER_REQUIRE_CUDA");
+  return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
+}
+
+int DeviceComputeCapability() {
+  if (CudaDeviceCount() == 0) return 0;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return 10 * major + minor;
+}
+
+CudaModelCounters Counters(const Model& model) {
+  absl::StatusOr<CudaModelCounters> counters = GetCudaModelCounters(model);
+  EXPECT_TRUE(counters.ok()) << counters.status();
+  return counters.ok() ? *std::move(counters) : CudaModelCounters{};
+}
 
 BatchView Batch::View() const {
   BatchView view{samples.empty() ? nullptr : samples.data(), labels.data(), count};

@@ -12,11 +12,30 @@
 #include "worker/engine/backend.h"
 #include "worker/engine/cuda/cuda_backend.h"
 
-// Skips the test on a machine without a CUDA device.
-#define SKIP_WITHOUT_DEVICE() \
-  if (::stoker::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device"
+// Skips the test on a machine without a CUDA device, or fails it, with the CUDA error, when
+// STOKER_REQUIRE_CUDA=1 (tests/gpu/check.sh sets it: on a GPU machine a device the runtime cannot
+// see must not turn every test into a pass).
+#define SKIP_WITHOUT_DEVICE()                                                      \
+  do {                                                                             \
+    const ::absl::Status stoker_device_status_ = ::stoker::CudaDeviceStatus();     \
+    if (!stoker_device_status_.ok()) {                                             \
+      if (::stoker::cuda_testing::CudaRequired()) {                                \
+        FAIL() << "STOKER_REQUIRE_CUDA=1 but " << stoker_device_status_.message(); \
+      }                                                                            \
+      GTEST_SKIP() << stoker_device_status_.message();                             \
+    }                                                                              \
+  } while (0)
 
 namespace stoker::cuda_testing {
+
+// True when the environment variable STOKER_REQUIRE_CUDA is set to anything but "" or "0".
+bool CudaRequired();
+
+// Device 0's compute capability as 10 * major + minor (90 for sm_90), or 0 without a device.
+int DeviceComputeCapability();
+
+// The model's CudaModelCounters (a test failure, and empty counters, for a non-cuda model).
+CudaModelCounters Counters(const Model& model);
 
 // A batch that owns its data: uint8 samples or float features, and labels.
 struct Batch {

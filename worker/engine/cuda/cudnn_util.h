@@ -143,9 +143,10 @@ struct ConvolutionShape {
 // Builds the descriptors (cross-correlation, fp32 compute: the PSEUDO_HALF / PSEUDO_BFLOAT16
 // configurations for 16-bit types) and picks, with cuDNN's heuristics (the *_v7 getters), the
 // fastest algorithm of each direction that needs at most `max_workspace_bytes`, preferring
-// deterministic ones for the backward passes. fp32 never uses tensor cores (no TF32: results
-// match the cpu to ~1e-6). INTERNAL when cuDNN offers no algorithm; checks that cuDNN's output
-// size is the expected one.
+// deterministic ones for the backward passes. fp32 never uses tensor cores (no TF32) and only
+// GEMM-family algorithms (forward IMPLICIT_GEMM, IMPLICIT_PRECOMP_GEMM, GEMM; backward ALGO_0,
+// ALGO_1; no Winograd or FFT): results match the cpu to ~1e-6. INTERNAL when cuDNN offers no
+// such algorithm; checks that cuDNN's output size is the expected one.
 absl::StatusOr<ConvolutionPlan> PlanConvolution(cudnnHandle_t handle,
                                                 cudnnFilterDescriptor_t filter,
                                                 const ConvolutionShape& shape,

@@ -2,6 +2,8 @@
 
 #include <library_types.h>
 
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "worker/engine/cuda/cuda_check.h"
 
@@ -34,6 +36,34 @@ cublasLtEpilogue_t LtEpilogue(GemmEpilogue kind) {
       return CUBLASLT_EPILOGUE_BGRADB;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+const char* EpilogueName(GemmEpilogue kind) {
+  switch (kind) {
+    case GemmEpilogue::kNone:
+      return "none";
+    case GemmEpilogue::kBias:
+      return "BIAS";
+    case GemmEpilogue::kReluAuxBias:
+      return "RELU_AUX_BIAS";
+    case GemmEpilogue::kDReluBGrad:
+      return "DRELU_BGRAD";
+    case GemmEpilogue::kBGradB:
+      return "BGRADB";
+  }
+  return "?";
+}
+
+const char* DTypeName(DType type) {
+  switch (type) {
+    case DType::kF32:
+      return "f32";
+    case DType::kBf16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+  }
+  return "?";
 }
 
 template <typename T>
@@ -74,9 +104,8 @@ absl::StatusOr<std::unique_ptr<LtGemm>> LtGemm::Create(cublasLtHandle_t lt, cons
   const uint32_t lt_epilogue = LtEpilogue(epilogue.kind);
   STOKER_RETURN_IF_ERROR(SetDescAttribute(gemm->desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, lt_epilogue));
   if (needs_bias) {
-    // fp32 bias and bias gradients whatever D's type: the bias is the fp32 master, and gradients
-    // are accumulated in fp32.
-    const int32_t bias_type = CUDA_R_32F;
+    // The documented rule (lt_gemm.h): the bias and the bias gradient are in D's type.
+    const int32_t bias_type = CudaType(shape.d_type);
     STOKER_RETURN_IF_ERROR(
         SetDescAttribute(gemm->desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type));
     void* bias = epilogue.bias;
@@ -116,14 +145,26 @@ absl::StatusOr<std::unique_ptr<LtGemm>> LtGemm::Create(cublasLtHandle_t lt, cons
                                            gemm->d_layout_, gemm->d_layout_, preference, 1, &result,
                                            &found);
   cublasLtMatmulPreferenceDestroy(preference);
-  if (heuristic_status == CUBLAS_STATUS_NOT_SUPPORTED ||
-      (heuristic_status == CUBLAS_STATUS_SUCCESS &&
-       (found == 0 || result.state != CUBLAS_STATUS_SUCCESS))) {
-    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for m=", shape.m,
-                                                 " n=", shape.n, " k=", shape.k,
-                                                 " epilogue=", static_cast<int>(epilogue.kind)));
+  const std::string what =
+      absl::StrCat("m=", shape.m, " n=", shape.n, " k=", shape.k, " types ",
+                   DTypeName(shape.a_type), "/", DTypeName(shape.b_type), "->",
+                   DTypeName(shape.d_type), " epilogue ", EpilogueName(epilogue.kind));
+  if (heuristic_status == CUBLAS_STATUS_ALLOC_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cublasLtMatmulAlgoGetHeuristic ran out of memory for ", what));
   }
-  STOKER_CUBLAS_RETURN_IF_ERROR(heuristic_status);
+  // Any other failure of the heuristic (NOT_SUPPORTED, INVALID_VALUE for a combination this
+  // cuBLASLt does not take, ...) means "no algorithm here": callers fall back.
+  if (heuristic_status != CUBLAS_STATUS_SUCCESS) {
+    return absl::UnimplementedError(absl::StrCat("cublasLtMatmulAlgoGetHeuristic failed for ", what,
+                                                 ": ", cublasLtGetStatusName(heuristic_status),
+                                                 ": ", cublasLtGetStatusString(heuristic_status)));
+  }
+  if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cuBLASLt has no algorithm for ", what,
+        found == 0 ? std::string() : absl::StrCat(": ", cublasLtGetStatusName(result.state))));
+  }
   gemm->algo_ = result.algo;
   gemm->algo_workspace_bytes_ = result.workspaceSize;
   return gemm;
@@ -177,12 +218,11 @@ LinearGemmShapes LinearShapes(int in, int out, int batch, DType type, DType forw
                          .d_type = type}};
 }
 
-absl::StatusOr<std::unique_ptr<LtGemm>> CreateGemmPreferFused(cublasLtHandle_t lt,
-                                                              const GemmShape& shape,
-                                                              const GemmEpilogueArgs& epilogue,
-                                                              size_t workspace_bytes,
-                                                              bool try_fused, bool* fused) {
+absl::StatusOr<std::unique_ptr<LtGemm>> CreateGemmPreferFused(
+    cublasLtHandle_t lt, const GemmShape& shape, const GemmEpilogueArgs& epilogue,
+    size_t workspace_bytes, bool try_fused, bool* fused, std::string* why_not_fused) {
   *fused = false;
+  why_not_fused->clear();
   if (try_fused && epilogue.kind != GemmEpilogue::kNone) {
     absl::StatusOr<std::unique_ptr<LtGemm>> gemm =
         LtGemm::Create(lt, shape, epilogue, workspace_bytes);
@@ -190,7 +230,11 @@ absl::StatusOr<std::unique_ptr<LtGemm>> CreateGemmPreferFused(cublasLtHandle_t l
       *fused = true;
       return gemm;
     }
-    if (!absl::IsUnimplemented(gemm.status())) return gemm.status();
+    // Out of memory is out of memory for the plain GEMM too; anything else (a refused descriptor
+    // attribute, a failed heuristic, no algorithm) leaves the epilogue to the caller's kernels.
+    if (absl::IsResourceExhausted(gemm.status())) return gemm.status();
+    *why_not_fused = absl::StrCat("cuBLASLt epilogue ", EpilogueName(epilogue.kind),
+                                  " not fused: ", gemm.status().message());
   }
   return LtGemm::Create(lt, shape, GemmEpilogueArgs{}, workspace_bytes);
 }

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,19 +32,23 @@ struct GemmShape {
   DType d_type = DType::kF32;
 };
 
+// The bias and the bias gradient are vectors of D's type (shape.d_type): cuBLASLt's documented
+// rule (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE and _BIAS_POINTER: "same type as the
+// elements of output matrix (Dtype)", the IMMA and fp8 kernels excepted; bias gradients "the
+// same type as the output elements"). A bf16 D takes a bf16 bias and writes a bf16 bias gradient.
 enum class GemmEpilogue {
   kNone,
-  kBias,         // D = AB + bias (bias: fp32 [m], broadcast over columns)
+  kBias,         // D = AB + bias (bias: [m], broadcast over columns)
   kReluAuxBias,  // D = relu(AB + bias); bit mask of D > 0 written to `aux`
-  kDReluBGrad,   // D = AB * mask(aux); bias = row sums of D (fp32 [m])
-  kBGradB,       // D = AB; bias = column sums of op(B) over k (fp32 [n])
+  kDReluBGrad,   // D = AB * mask(aux); bias = row sums of D ([m])
+  kBGradB,       // D = AB; bias = column sums of op(B) over k ([n])
 };
 
 struct GemmEpilogueArgs {
   GemmEpilogue kind = GemmEpilogue::kNone;
-  // fp32 bias (kBias, kReluAuxBias) or bias gradient output (kDReluBGrad, kBGradB). Fixed at
-  // creation: the plans bind buffers that live as long as the model.
-  float* bias = nullptr;
+  // Bias (kBias, kReluAuxBias) or bias gradient output (kDReluBGrad, kBGradB), in D's type. Fixed
+  // at creation: the plans bind buffers that live as long as the model.
+  void* bias = nullptr;
   // ReLU bit mask, one bit per element of D, `aux_ld` bits per column (a multiple of 128).
   void* aux = nullptr;
   int64_t aux_ld = 0;
@@ -70,19 +75,20 @@ LinearGemmShapes LinearShapes(int in, int out, int batch, DType type, DType forw
 class LtGemm;
 
 // LtGemm::Create with `epilogue` when `try_fused` and the epilogue is not kNone; when that is off,
-// or cuBLASLt has no fused algorithm (UNIMPLEMENTED), a plain GEMM, the caller then doing the
-// epilogue's work with its own kernels. *fused says which one it got.
-absl::StatusOr<std::unique_ptr<LtGemm>> CreateGemmPreferFused(cublasLtHandle_t lt,
-                                                              const GemmShape& shape,
-                                                              const GemmEpilogueArgs& epilogue,
-                                                              size_t workspace_bytes,
-                                                              bool try_fused, bool* fused);
+// or the fused GEMM cannot be made for any reason but memory (RESOURCE_EXHAUSTED is returned), a
+// plain GEMM, the caller then doing the epilogue's work with its own kernels. *fused says which
+// one it got; when a fused GEMM was tried and refused, *why_not_fused says why (else it is
+// cleared), for the caller to log.
+absl::StatusOr<std::unique_ptr<LtGemm>> CreateGemmPreferFused(
+    cublasLtHandle_t lt, const GemmShape& shape, const GemmEpilogueArgs& epilogue,
+    size_t workspace_bytes, bool try_fused, bool* fused, std::string* why_not_fused);
 
 class LtGemm {
  public:
   // Builds the descriptors and asks cuBLASLt's heuristic for the best algorithm that fits in
-  // `workspace_bytes`. UNIMPLEMENTED when cuBLASLt has no algorithm for this combination (callers
-  // then fall back to kNone plus their own kernels); INVALID_ARGUMENT for a bad shape.
+  // `workspace_bytes`. UNIMPLEMENTED, naming cuBLASLt's status, when the heuristic fails or finds
+  // no algorithm for this combination (callers then fall back to kNone plus their own kernels);
+  // RESOURCE_EXHAUSTED when cuBLASLt runs out of memory; INVALID_ARGUMENT for a bad shape.
   static absl::StatusOr<std::unique_ptr<LtGemm>> Create(cublasLtHandle_t lt, const GemmShape& shape,
                                                         const GemmEpilogueArgs& epilogue,
                                                         size_t workspace_bytes);

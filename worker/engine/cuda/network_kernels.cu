@@ -133,6 +133,12 @@ __global__ void ConvertToF32Kernel(const T* src, int64_t n, float* dst) {
   STOKER_GRID_STRIDE_LOOP(i, n) { dst[i] = ToFloat(src[i]); }
 }
 
+template <typename T>
+__global__ void ConvertToF32ScaledKernel(const T* src, int64_t n, const float* scale, float* dst) {
+  const float factor = *scale;
+  STOKER_GRID_STRIDE_LOOP(i, n) { dst[i] = __fmul_rn(ToFloat(src[i]), factor); }
+}
+
 // Index (in the plane) of the first maximum of output window (oh, ow), padding skipped; the
 // first NaN wins over any number.
 template <typename T>
@@ -362,6 +368,16 @@ cudaError_t LaunchConvertToF32(const void* src, DType type, int64_t n, float* ds
     using T = decltype(zero);
     ConvertToF32Kernel<T>
         <<<ElementwiseBlocks(n), kThreads, 0, stream>>>(static_cast<const T*>(src), n, dst);
+  });
+}
+
+cudaError_t LaunchConvertToF32Scaled(const void* src, DType type, int64_t n, const float* scale,
+                                     float* dst, cudaStream_t stream) {
+  if (src == nullptr || scale == nullptr || dst == nullptr || n <= 0) return cudaErrorInvalidValue;
+  return DispatchType(type, [&](auto zero) {
+    using T = decltype(zero);
+    ConvertToF32ScaledKernel<T>
+        <<<ElementwiseBlocks(n), kThreads, 0, stream>>>(static_cast<const T*>(src), n, scale, dst);
   });
 }
 

@@ -49,6 +49,10 @@ cudaError_t LaunchDropoutBackward(const void* dy, const uint8_t* keep, void* dx,
 // dst[i] = float(src[i]).
 cudaError_t LaunchConvertToF32(const void* src, DType type, int64_t n, float* dst,
                                cudaStream_t stream);
+// dst[i] = float(src[i]) * *scale, `scale` a device scalar read when the kernel runs (e.g.
+// &StepState::loss_scale: a gradient computed unscaled, put back on the loss scale's footing).
+cudaError_t LaunchConvertToF32Scaled(const void* src, DType type, int64_t n, const float* scale,
+                                     float* dst, cudaStream_t stream);
 
 // Max pooling of NCHW planes ([planes, height, width] -> [planes, out_height, out_width]), padded
 // positions ignored (PyTorch), NaN propagated. Used where cuDNN's pooling refuses a data type.
