@@ -24,6 +24,7 @@
 #include "common/grpc_status.h"
 #include "common/job_file.h"
 #include "common/job_spec.h"
+#include "common/utf8.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "stoker.grpc.pb.h"
@@ -84,6 +85,10 @@ class Client {
   }
 
   int Submit(const std::string& path, bool follow, const std::string& request_id) {
+    if (absl::Status s = CheckUtf8("--request-id", request_id); !s.ok()) {
+      std::cerr << "stoker: " << s.message() << "\n";
+      return kExitBadInput;
+    }
     absl::StatusOr<JobFile> file = ReadJobFile(path);
     if (!file.ok()) {
       std::cerr << "stoker: " << file.status().message() << "\n";
@@ -285,6 +290,10 @@ class Client {
 int Main(int argc, char** argv) {
   CLI::App app{"stoker: submit and watch training jobs on a Stoker server"};
   app.require_subcommand(1);
+  // Global flags are taken before or after the command (`stoker list -o json`): a subcommand
+  // passes options it does not know to the app. A command's own option of the same name
+  // (artifact's -o FILE) wins after the command.
+  app.fallthrough();
   Options options;
   if (const char* env = std::getenv("STOKER_SERVER"); env != nullptr && *env != '\0') {
     options.server = env;
@@ -348,6 +357,11 @@ int Main(int argc, char** argv) {
     return code == 0 ? kExitOk : kExitBadInput;
   }
 
+  // Job ids travel as protobuf strings, which must be UTF-8.
+  if (absl::Status s = CheckUtf8("job id", job_id); !s.ok()) {
+    std::cerr << "stoker: " << s.message() << "\n";
+    return kExitBadInput;
+  }
   std::string token;
   if (!options.token_file.empty()) {
     absl::StatusOr<std::string> read = ReadTokenFile(options.token_file);

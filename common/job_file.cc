@@ -1,8 +1,8 @@
 #include "common/job_file.h"
 
+#include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -229,14 +229,22 @@ absl::StatusOr<JobFile> ParseJobYaml(absl::string_view yaml, const std::string& 
 }
 
 absl::StatusOr<JobFile> ReadJobFile(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, not a job file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read job file '", path, "'"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (text.str().size() > (1 << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": job file larger than 1 MiB"));
+  // Read at most one byte past the limit: /dev/zero or a huge file must not fill the memory.
+  std::string text(kMaxJobFileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) return absl::NotFoundError(absl::StrCat("cannot read job file '", path, "'"));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxJobFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": job file larger than ", kMaxJobFileBytes >> 20, " MiB"));
   }
-  return ParseJobYaml(text.str(), path);
+  return ParseJobYaml(text, path);
 }
 
 absl::Status WithFileLocation(const JobFile& file, const absl::Status& status) {

@@ -4,6 +4,7 @@
 #ifndef STOKER_COMMON_JOB_FILE_H_
 #define STOKER_COMMON_JOB_FILE_H_
 
+#include <cstddef>
 #include <map>
 #include <string>
 
@@ -23,7 +24,10 @@ struct JobFile {
 
 // Parses YAML text. `source` names it in messages. Unset keys keep DefaultJobSpec()'s values.
 absl::StatusOr<JobFile> ParseJobYaml(absl::string_view yaml, const std::string& source);
-// Reads and parses a file; NOT_FOUND if it cannot be read.
+// Largest job file read.
+inline constexpr size_t kMaxJobFileBytes = size_t{1} << 20;
+// Reads and parses a file; NOT_FOUND if it cannot be read, INVALID_ARGUMENT for a directory or a
+// file larger than kMaxJobFileBytes (of which no more than kMaxJobFileBytes + 1 bytes are read).
 absl::StatusOr<JobFile> ReadJobFile(const std::string& path);
 
 // Prefixes a validation error whose message starts with a field path ("train.batch_size: ...")

@@ -168,5 +168,29 @@ TEST(JobFileTest, MissingFileIsNotFound) {
   EXPECT_EQ(ReadJobFile("/nonexistent/job.yaml").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(JobFileTest, DirectoriesAndEndlessFilesAreRefusedByName) {
+  absl::StatusOr<JobFile> dir = ReadJobFile("/tmp");
+  ASSERT_FALSE(dir.ok());
+  EXPECT_EQ(dir.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dir.status().message(), "/tmp: is a directory, not a job file");
+  // /dev/zero never ends: only the limit + 1 bytes are read (this used to read until the memory
+  // ran out).
+  absl::StatusOr<JobFile> zero = ReadJobFile("/dev/zero");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_EQ(zero.status().message(), "/dev/zero: job file larger than 1 MiB");
+}
+
+TEST(JobFileTest, TextThatIsNotUtf8IsNamedWithItsLine) {
+  // yaml-cpp passes the bytes through; validation names the field, and its line, before the
+  // spec is serialised (which fails on it, with only a log line).
+  absl::StatusOr<JobFile> file =
+      ParseJobYaml("name: x\ndataset:\n  train_images: \"caf\xe9/train.gz\"\n", "latin1.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const absl::Status status = WithFileLocation(*file, ValidateJobSpec(file->spec));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "latin1.yaml:3:17: dataset.train_images: not valid UTF-8 (byte 0xe9 at offset 3)");
+}
+
 }  // namespace
 }  // namespace stoker

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/utf8.h"
 
 namespace stoker {
 namespace {
@@ -66,6 +67,8 @@ v1::JobSpec DefaultJobSpec() {
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  // First: a string that is not UTF-8 cannot even be serialised (proto3), so name it here.
+  if (absl::Status s = CheckUtf8Fields(spec); !s.ok()) return s;
   const std::string& name = spec.name();
   if (name.empty() || name.size() > 128) {
     return FieldError("name", absl::StrCat("must be 1 to 128 characters (got ", name.size(), ")"));

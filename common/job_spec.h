@@ -18,8 +18,8 @@ v1::JobSpec DefaultJobSpec();
 // The hidden widths of an mlp whose job file names none (ParseJobYaml fills them in).
 inline constexpr int kDefaultMlpHidden[] = {256, 128};
 
-// Checks ranges and names. Returns INVALID_ARGUMENT whose message starts with the dotted field
-// path, e.g. "train.batch_size: must be between 1 and 65536 (got -5)".
+// Checks ranges, names and that every string is UTF-8. Returns INVALID_ARGUMENT whose message
+// starts with the dotted field path, e.g. "train.batch_size: must be between 1 and 65536 (got -5)".
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
 // Resolves `relative` (a job-file dataset path) under `data_root`. Refuses empty paths, '..'
