@@ -4,11 +4,14 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/utf8.h"
 
@@ -249,19 +252,20 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
 absl::StatusOr<std::string> ResolveUnderDataRoot(const std::string& data_root,
                                                  const std::string& relative,
                                                  absl::string_view field) {
+  // Messages name the path as the job wrote it: never the data root's absolute location, nor
+  // where a symlink leads (both are the server's business, and the user can do nothing with them).
   if (absl::Status s = CheckPathText(field, relative); !s.ok()) return s;
   for (absl::string_view part : absl::StrSplit(relative, '/')) {
     if (part == "..") {
       return FieldError(field, absl::StrCat("path '", relative,
                                             "' contains '..'; dataset paths must stay inside the "
-                                            "data root ",
-                                            data_root));
+                                            "data root"));
     }
   }
   char root_buf[PATH_MAX];
   if (realpath(data_root.c_str(), root_buf) == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("data root '", data_root, "' does not exist or cannot be read"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": the data root does not exist or cannot be read (check --data-root)"));
   }
   const std::string root = root_buf;
   std::string joined = relative;
@@ -270,17 +274,16 @@ absl::StatusOr<std::string> ResolveUnderDataRoot(const std::string& data_root,
     return root == "/" || path == root || absl::StartsWith(path, root + "/");
   };
   if (!inside(std::filesystem::path(joined).lexically_normal().string())) {
-    return FieldError(field, absl::StrCat("path '", relative, "' is outside the data root ", root));
+    return FieldError(field, absl::StrCat("path '", relative, "' is outside the data root"));
   }
   char real_buf[PATH_MAX];
   if (realpath(joined.c_str(), real_buf) == nullptr) {
-    return FieldError(field,
-                      absl::StrCat("file '", relative, "' not found under the data root ", root));
+    return FieldError(field, absl::StrCat("file '", relative, "' not found under the data root"));
   }
   if (!inside(real_buf)) {
-    return FieldError(
-        field, absl::StrCat("path '", relative, "' resolves to ", real_buf,
-                            ", outside the data root ", root, " (symlinks may not leave it)"));
+    return FieldError(field, absl::StrCat("path '", relative,
+                                          "' leads out of the data root through a symlink "
+                                          "(symlinks may not leave it)"));
   }
   if (!std::filesystem::is_regular_file(real_buf)) {
     return FieldError(field, absl::StrCat("path '", relative, "' is not a regular file"));
@@ -300,6 +303,23 @@ absl::Status ResolveDatasetPaths(const std::string& data_root, v1::JobSpec* spec
     *path = *resolved;
   }
   return absl::OkStatus();
+}
+
+std::string DatasetPathsAsWritten(absl::string_view message, const v1::JobSpec& written,
+                                  const v1::JobSpec& resolved) {
+  const v1::DatasetSpec& w = written.dataset();
+  const v1::DatasetSpec& r = resolved.dataset();
+  std::vector<std::pair<std::string, std::string>> replacements;
+  for (auto [from, to] : {std::pair{&r.train_images(), &w.train_images()},
+                          std::pair{&r.train_labels(), &w.train_labels()},
+                          std::pair{&r.test_images(), &w.test_images()},
+                          std::pair{&r.test_labels(), &w.test_labels()}}) {
+    if (!from->empty() && *from != *to) replacements.emplace_back(*from, *to);
+  }
+  // absl::StrReplaceAll takes the longest path where two start at the same place.
+  std::vector<std::pair<absl::string_view, absl::string_view>> views(replacements.begin(),
+                                                                     replacements.end());
+  return absl::StrReplaceAll(message, views);
 }
 
 std::string JobStateName(v1::JobState state) {

@@ -33,6 +33,12 @@ absl::StatusOr<std::string> ResolveUnderDataRoot(const std::string& data_root,
 // Resolves every dataset path of `spec` in place (see ResolveUnderDataRoot).
 absl::Status ResolveDatasetPaths(const std::string& data_root, v1::JobSpec* spec);
 
+// `message` (an error about the files of `resolved`, the spec ResolveDatasetPaths made of
+// `written`) with each resolved absolute path put back as the job wrote it, so that errors shown
+// to users name their own paths, not the data root or where symlinks lead.
+std::string DatasetPathsAsWritten(absl::string_view message, const v1::JobSpec& written,
+                                  const v1::JobSpec& resolved);
+
 // "queued", "running", "succeeded", "failed", "cancelled".
 std::string JobStateName(v1::JobState state);
 // True for SUCCEEDED, FAILED and CANCELLED.

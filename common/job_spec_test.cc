@@ -109,11 +109,39 @@ TEST_F(DataRootTest, RefusesEscapes) {
     ASSERT_FALSE(path.ok()) << bad;
     EXPECT_EQ(path.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(path.status().message().find("dataset.train_images"), std::string::npos);
+    // The path as written, never the server's data root or where a symlink leads.
+    EXPECT_NE(path.status().message().find("'" + bad + "'"), std::string::npos) << path.status();
+    if (bad[0] != '/') {
+      EXPECT_EQ(path.status().message().find(base_.string()), std::string::npos) << path.status();
+    }
   }
+  EXPECT_EQ(ResolveUnderDataRoot(root_, "escape", "dataset.train_images").status().message(),
+            "dataset.train_images: path 'escape' leads out of the data root through a symlink "
+            "(symlinks may not leave it)");
   absl::StatusOr<std::string> missing = ResolveUnderDataRoot(root_, "sub/none.bin", "f");
   ASSERT_FALSE(missing.ok());
-  EXPECT_NE(missing.status().message().find("not found"), std::string::npos);
+  EXPECT_EQ(missing.status().message(), "f: file 'sub/none.bin' not found under the data root");
   EXPECT_FALSE(ResolveUnderDataRoot(root_, "sub", "f").ok());  // a directory
+  absl::StatusOr<std::string> no_root = ResolveUnderDataRoot(root_ + "/none", "sub/data.bin", "f");
+  ASSERT_FALSE(no_root.ok());
+  EXPECT_EQ(no_root.status().message().find(root_), std::string::npos) << no_root.status();
+}
+
+TEST_F(DataRootTest, ErrorsAboutResolvedFilesNameThePathsAsWritten) {
+  std::filesystem::create_symlink("sub/data.bin", base_ / "root" / "link.bin");
+  std::ofstream(base_ / "root" / "sub" / "other.bin") << "y";
+  v1::JobSpec written = DefaultJobSpec();
+  written.mutable_dataset()->set_train_images("link.bin");
+  written.mutable_dataset()->set_train_labels("sub/other.bin");
+  written.mutable_dataset()->set_test_images("sub/other.bin");
+  written.mutable_dataset()->set_test_labels("sub/other.bin");
+  v1::JobSpec resolved = written;
+  ASSERT_TRUE(ResolveDatasetPaths(root_, &resolved).ok());
+  const std::string real = resolved.dataset().train_images();
+  EXPECT_EQ(real, std::filesystem::canonical(base_ / "root/sub/data.bin").string());
+  // The file as the job named it: not its absolute path, nor the symlink's target.
+  EXPECT_EQ(DatasetPathsAsWritten(real + ": truncated at offset 16", written, resolved),
+            "link.bin: truncated at offset 16");
 }
 
 }  // namespace

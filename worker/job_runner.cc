@@ -105,7 +105,9 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   }
   absl::StatusOr<DatasetSummary> shape =
       ProbeDatasetFiles(TrainDatasetFiles(spec), spec.dataset().train_limit());
-  if (!shape.ok()) return Failed(std::string(shape.status().message()), true);
+  if (!shape.ok()) {
+    return Failed(DatasetPathsAsWritten(shape.status().message(), assignment_.spec(), spec), true);
+  }
 
   // `auto` starts with one loader and grows while the trainer waits for data (see Supervise).
   const bool autotune = spec.loader().processes() == 0;
@@ -181,6 +183,8 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   }
   AttemptOutcome outcome =
       Supervise(**region, job_file, resume_checkpoint, loader_count, shape->classes);
+  // Loader and trainer errors name the files as the job wrote them, not under the data root.
+  outcome.error = DatasetPathsAsWritten(outcome.error, assignment_.spec(), spec);
   {
     absl::MutexLock lock(&region_mu_);
     region_ = nullptr;
