@@ -1,5 +1,6 @@
 #include "common/job_file.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -190,6 +191,18 @@ TEST(JobFileTest, TextThatIsNotUtf8IsNamedWithItsLine) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(),
             "latin1.yaml:3:17: dataset.train_images: not valid UTF-8 (byte 0xe9 at offset 3)");
+}
+
+TEST(JobFileTest, ClassesAreADatasetField) {
+  absl::StatusOr<JobFile> file = ParseJobYaml("dataset:\n  classes: 10\n", "c.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->spec.dataset().classes(), 10);
+  for (int bad : {1, 257, -3}) {
+    v1::JobSpec spec = ParseJobYaml(kGoodJob, "good.yaml")->spec;
+    spec.mutable_dataset()->set_classes(bad);
+    EXPECT_EQ(ValidateJobSpec(spec).message(),
+              absl::StrCat("dataset.classes: must be between 2 and 256 (got ", bad, ")"));
+  }
 }
 
 }  // namespace

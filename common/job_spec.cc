@@ -119,6 +119,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (absl::Status s = CheckRange("dataset.test_limit", data.test_limit(), 0, INT32_MAX); !s.ok()) {
     return s;
   }
+  // Labels are bytes: at most 256 classes. 0 = counted from the training labels.
+  if (data.classes() != 0) {
+    if (absl::Status s = CheckRange("dataset.classes", data.classes(), 2, 256); !s.ok()) return s;
+  }
 
   const v1::ModelSpec& model = spec.model();
   if (absl::Status s = CheckOneOf("model.type", model.type(), {"mlp", "cnn"}); !s.ok()) return s;

@@ -32,16 +32,30 @@ absl::Status RequireId(const std::string& value, const char* field) {
 // is not one logit per class, a test set shaped unlike the training set) is refused at submit
 // rather than failing on a worker after its wait in the queue. Only IDX and NPY files are probed
 // here (headers and labels: milliseconds); CSV, and files that cannot be read, are left to the
-// worker, which names the byte or line.
-absl::Status CheckModelAgainstData(const v1::JobSpec& resolved) {
-  if (resolved.model().type() != "cnn") return absl::OkStatus();
+// worker, which names the byte or line. Labels outside dataset.classes are refused here too
+// (OUT_OF_RANGE from the probe), naming the file as the job wrote it; a job that does not declare
+// dataset.classes (and is not a cnn) is not probed, and a bad label fails it on the worker.
+absl::Status CheckModelAgainstData(const v1::JobSpec& written, const v1::JobSpec& resolved) {
   const std::string& format = resolved.dataset().format();
   if (format != "idx" && format != "npy") return absl::OkStatus();
+  if (resolved.model().type() != "cnn" && resolved.dataset().classes() == 0) {
+    return absl::OkStatus();
+  }
   absl::StatusOr<DatasetSummary> train =
       ProbeDatasetFiles(TrainDatasetFiles(resolved), resolved.dataset().train_limit());
-  absl::StatusOr<DatasetSummary> test =
-      ProbeDatasetFiles(TestDatasetFiles(resolved), resolved.dataset().test_limit());
-  if (!train.ok() || !test.ok()) return absl::OkStatus();
+  absl::StatusOr<DatasetSummary> test = absl::UnknownError("");
+  if (train.ok()) {
+    test = ProbeDatasetFiles(TestDatasetFiles(resolved, train->classes),
+                             resolved.dataset().test_limit());
+  }
+  for (auto [field, probe] :
+       {std::pair{"dataset.train_labels", &train}, std::pair{"dataset.test_labels", &test}}) {
+    if (absl::IsOutOfRange(probe->status())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", DatasetPathsAsWritten(probe->status().message(), written, resolved)));
+    }
+  }
+  if (resolved.model().type() != "cnn" || !train.ok() || !test.ok()) return absl::OkStatus();
   if (train->sample_dims != test->sample_dims || train->sample_type != test->sample_type) {
     auto describe = [](const DatasetSummary& d) {
       return absl::StrCat(absl::StrJoin(d.sample_dims, "x"), " ", SampleTypeName(d.sample_type));
@@ -97,7 +111,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(const v1::SubmitJobReq
   // The paths must exist under the server's data root (which deploy/ shares with the workers).
   v1::JobSpec resolved = request.spec();
   if (absl::Status s = ResolveDatasetPaths(options_.data_root, &resolved); !s.ok()) return s;
-  if (absl::Status s = CheckModelAgainstData(resolved); !s.ok()) return s;
+  if (absl::Status s = CheckModelAgainstData(request.spec(), resolved); !s.ok()) return s;
 
   PendingSubmit me{&request};
   submit_mu_.Lock();

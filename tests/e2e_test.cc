@@ -162,9 +162,9 @@ TEST_F(EndToEndTest, BadJobFilesAreRefusedAndTheServerKeepsServing) {
       {"kernel.yaml",
        cnn_with("{type: conv2d, out_channels: 64, kernel: 3, padding: 1}",
                 "{type: conv2d, out_channels: 64, kernel: 20}"),
-       "kernel.yaml:16:7: model.layers[3] (conv2d): kernel 20 larger than input 14x14"});
+       "kernel.yaml:17:7: model.layers[3] (conv2d): kernel 20 larger than input 14x14"});
   cases.push_back({"logits.yaml", cnn_with("{type: linear, units: 10}", "{type: linear, units: 7}"),
-                   "logits.yaml:23:7: model.layers[10] (linear) gives [7]; the network must end "
+                   "logits.yaml:24:7: model.layers[10] (linear) gives [7]; the network must end "
                    "in [classes] = [10] logits"});
   for (const Case& c : cases) {
     CommandResult result = cluster_.Cli("submit " + WriteFile(c.name, c.text));

@@ -178,7 +178,8 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
 
   // The test set is read once, up front; training batches come from the loaders.
   const v1::DatasetSpec& data = spec.dataset();
-  absl::StatusOr<LabeledSamples> test = LoadDataset(TestDatasetFiles(spec), data.test_limit());
+  absl::StatusOr<LabeledSamples> test =
+      LoadDataset(TestDatasetFiles(spec, train_classes), data.test_limit());
   if (!test.ok()) {
     std::cerr << "stoker-trainer: test set: " << test.status().message() << "\n";
     return kExitBadInput;

@@ -2,6 +2,7 @@
 #include "worker/data/dataset.h"
 
 #include <algorithm>
+#include <array>
 #include <climits>
 
 #include "absl/status/status.h"
@@ -117,6 +118,44 @@ int MaxLabelPlusOne(const std::vector<uint8_t>& labels, int64_t count) {
   return labels.begin() == end ? 0 : *std::max_element(labels.begin(), end) + 1;
 }
 
+// The class count of the first `count` labels under files.classes (see DatasetFiles). A label
+// outside the classes would otherwise grow the model silently: one label of 200 made a
+// 10-class job a 201-class one.
+absl::StatusOr<int> CountClasses(const DatasetFiles& files, const std::vector<uint8_t>& labels,
+                                 int64_t count) {
+  const std::string& path = files.labels_path.empty() ? files.samples_path : files.labels_path;
+  const int64_t n = std::min<int64_t>(count, labels.size());
+  if (files.classes > 0) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (labels[i] < files.classes) continue;
+      return absl::OutOfRangeError(absl::StrCat(
+          path, ": sample index ", i, " has label ", labels[i],
+          files.classes_declared
+              ? absl::StrCat("; dataset.classes is ", files.classes, ", so labels must be 0 to ",
+                             files.classes - 1)
+              : absl::StrCat(", but the training labels give classes 0 to ", files.classes - 1,
+                             " (declare dataset.classes if the test set has more)")));
+    }
+    return files.classes;
+  }
+  const int classes = MaxLabelPlusOne(labels, n);
+  if (!files.every_class_present) return classes;
+  std::array<bool, 256> present{};
+  for (int64_t i = 0; i < n; ++i) present[labels[i]] = true;
+  int missing = 0;
+  while (missing < classes && present[missing]) ++missing;
+  if (missing == classes) return classes;
+  int next = missing;
+  while (!present[next]) ++next;  // present[classes - 1] holds
+  int64_t first = 0;
+  while (labels[first] <= missing) ++first;
+  return absl::OutOfRangeError(absl::StrCat(
+      path, ": sample index ", first, " has label ", labels[first], ", but no sample has label ",
+      missing, next - 1 > missing ? absl::StrCat(" to ", next - 1) : "",
+      ": a wrong label? Without dataset.classes the classes are 0 to the largest label and each "
+      "must occur; set dataset.classes to allow classes with no training sample"));
+}
+
 }  // namespace
 
 absl::StatusOr<int> FeatureCount(const std::string& path, const std::vector<int>& dims,
@@ -150,15 +189,23 @@ absl::Status FinishLabeledSamples(const std::string& path, LabeledSamples& data)
 absl::StatusOr<LabeledSamples> LoadDataset(const DatasetFiles& files, int64_t limit) {
   absl::StatusOr<Format> format = ParseFormat(files);
   if (!format.ok()) return format.status();
+  absl::StatusOr<LabeledSamples> data = absl::InternalError("unreachable");
   switch (*format) {
     case Format::kIdx:
-      return LoadIdxDataset(files.samples_path, files.labels_path, limit);
+      data = LoadIdxDataset(files.samples_path, files.labels_path, limit);
+      break;
     case Format::kNpy:
-      return LoadNpyDataset(files, limit);
+      data = LoadNpyDataset(files, limit);
+      break;
     case Format::kCsv:
-      return ReadCsvFile(files.samples_path, CsvOptionsOf(files, limit));
+      data = ReadCsvFile(files.samples_path, CsvOptionsOf(files, limit));
+      break;
   }
-  return absl::InternalError("unreachable");
+  if (!data.ok()) return data;
+  absl::StatusOr<int> classes = CountClasses(files, data->labels, data->count);
+  if (!classes.ok()) return classes.status();
+  data->classes = *classes;
+  return data;
 }
 
 absl::StatusOr<DatasetSummary> ProbeDatasetFiles(const DatasetFiles& files, int64_t limit) {
@@ -226,7 +273,9 @@ absl::StatusOr<DatasetSummary> ProbeDatasetFiles(const DatasetFiles& files, int6
   if (summary.count <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(files.samples_path, ": holds no samples"));
   }
-  summary.classes = MaxLabelPlusOne(labels, summary.count);
+  absl::StatusOr<int> classes = CountClasses(files, labels, summary.count);
+  if (!classes.ok()) return classes.status();
+  summary.classes = *classes;
   return summary;
 }
 

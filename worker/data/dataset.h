@@ -21,7 +21,7 @@ struct LabeledSamples {
   std::vector<int> sample_dims;  // e.g. {28, 28}
   std::vector<uint8_t> samples;  // count * sample_bytes, row-major; float32 is little-endian
   std::vector<uint8_t> labels;   // count
-  int classes = 0;               // max(label) + 1
+  int classes = 0;               // max(label) + 1 (DatasetFiles::classes through LoadDataset)
 };
 
 // Whether the first row of a CSV file names the columns.
@@ -42,12 +42,22 @@ struct DatasetFiles {
   // csv only: the label's column, 0-based; negative counts from the end (-1 = the last column).
   int label_column = 0;
   CsvHeader csv_header = CsvHeader::kAuto;
+  // The class count: every label must be below it (else OUT_OF_RANGE naming the file, the first
+  // such sample's index and its label), and it is the `classes` reported. 0: the largest label
+  // + 1, and with every_class_present each class below that must occur among the samples kept
+  // (OUT_OF_RANGE naming the first sample above a class that never occurs).
+  int classes = 0;
+  bool every_class_present = false;
+  // Whether a nonzero `classes` is the job's dataset.classes or what its training labels gave
+  // (for the test split of a job that does not declare it); only changes the message.
+  bool classes_declared = true;
 };
 
 // Reads a dataset whole. `limit` > 0 keeps only the first `limit` samples. IDX and uint8 NPY give
 // kUint8 samples, float32 NPY and CSV give kFloat32. Fails (naming the file, and the byte offset
 // or line of the problem) on a corrupt or truncated file, counts that disagree, an empty dataset,
-// labels outside [0, 255] or an unknown format.
+// labels outside [0, 255] or an unknown format; OUT_OF_RANGE on labels that break
+// DatasetFiles::classes.
 absl::StatusOr<LabeledSamples> LoadDataset(const DatasetFiles& files, int64_t limit);
 
 // What the agent needs to size a job's ring, read cheaply: headers and labels only for IDX and NPY
@@ -59,7 +69,7 @@ struct DatasetSummary {
   int features = 0;
   int sample_bytes = 0;
   std::vector<int> sample_dims;
-  int classes = 0;  // max(label) + 1 over the samples kept
+  int classes = 0;  // DatasetFiles::classes, or max(label) + 1 over the samples kept
 };
 absl::StatusOr<DatasetSummary> ProbeDatasetFiles(const DatasetFiles& files, int64_t limit);
 

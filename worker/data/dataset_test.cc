@@ -139,6 +139,44 @@ TEST_F(DatasetTest, LimitKeepsTheFirstSamplesAndCountsTheirClasses) {
   EXPECT_EQ(LoadAndProbe(Files("npy", "u8.npy", "labels.npy"), 100).count, kCount);
 }
 
+// One label of 200 in a 10-class dataset used to make it a 201-class one, silently. Labels are
+// checked against the declared class count, or, without one, may not skip classes.
+TEST_F(DatasetTest, LabelsOutsideTheClassesAreRefusedNamingTheFirstSample) {
+  for (DatasetFiles files : {Files("idx", "images.gz", "labels.idx"),
+                             Files("npy", "u8.npy", "labels.npy"), Files("csv", "data.csv", "")}) {
+    SCOPED_TRACE(files.samples_path);
+    const std::string labels_file =
+        files.labels_path.empty() ? files.samples_path : files.labels_path;
+    files.classes = 10;  // labels 4, 0, 2, 2, 1
+    EXPECT_EQ(LoadAndProbe(files, 0).classes, 10);
+    files.classes = 3;
+    for (const absl::Status& status :
+         {LoadDataset(files, 0).status(), ProbeDatasetFiles(files, 0).status()}) {
+      EXPECT_EQ(status.code(), absl::StatusCode::kOutOfRange);
+      EXPECT_EQ(status.message(), labels_file +
+                                      ": sample index 0 has label 4; dataset.classes "
+                                      "is 3, so labels must be 0 to 2");
+    }
+    files.classes_declared = false;  // the test split of a job that does not declare classes
+    EXPECT_THAT(LoadDataset(files, 0).status().message(),
+                HasSubstr("has label 4, but the training labels give classes 0 to 2"));
+
+    files.classes = 0;
+    files.every_class_present = true;  // the training split of such a job: no class skipped
+    for (const absl::Status& status :
+         {LoadDataset(files, 0).status(), ProbeDatasetFiles(files, 0).status()}) {
+      EXPECT_EQ(status.code(), absl::StatusCode::kOutOfRange);
+      EXPECT_THAT(status.message(), HasSubstr(labels_file + ": sample index 0 has label 4, but "
+                                                            "no sample has label 3: a wrong "
+                                                            "label?"));
+    }
+    EXPECT_THAT(ProbeDatasetFiles(files, 3).status().message(),
+                HasSubstr("sample index 0 has label 4, but no sample has label 1:"));
+    files.every_class_present = false;
+    EXPECT_EQ(LoadAndProbe(files, 0).classes, 5);  // as before: the largest label + 1
+  }
+}
+
 TEST_F(DatasetTest, RejectsBadFileSets) {
   EXPECT_THAT(LoadDataset(Files("parquet", "u8.npy", "labels.npy"), 0).status().message(),
               HasSubstr("dataset format 'parquet' is not supported"));

@@ -1,5 +1,7 @@
 #include "worker/data/job_options.h"
 
+#include <algorithm>
+
 namespace stoker {
 namespace {
 
@@ -13,17 +15,27 @@ DatasetFiles FilesOf(const v1::DatasetSpec& dataset, const std::string& samples,
   files.csv_header = dataset.csv_header() == "yes"  ? CsvHeader::kPresent
                      : dataset.csv_header() == "no" ? CsvHeader::kAbsent
                                                     : CsvHeader::kAuto;
+  files.classes = dataset.classes();
   return files;
 }
 
 }  // namespace
 
 DatasetFiles TrainDatasetFiles(const v1::JobSpec& spec) {
-  return FilesOf(spec.dataset(), spec.dataset().train_images(), spec.dataset().train_labels());
+  DatasetFiles files =
+      FilesOf(spec.dataset(), spec.dataset().train_images(), spec.dataset().train_labels());
+  files.every_class_present = files.classes == 0;
+  return files;
 }
 
-DatasetFiles TestDatasetFiles(const v1::JobSpec& spec) {
-  return FilesOf(spec.dataset(), spec.dataset().test_images(), spec.dataset().test_labels());
+DatasetFiles TestDatasetFiles(const v1::JobSpec& spec, int train_classes) {
+  DatasetFiles files =
+      FilesOf(spec.dataset(), spec.dataset().test_images(), spec.dataset().test_labels());
+  if (files.classes == 0 && train_classes > 0) {
+    files.classes = std::max(2, train_classes);  // as the trainer sizes the model
+    files.classes_declared = false;
+  }
+  return files;
 }
 
 LoaderOptions LoaderOptionsFromSpec(const v1::JobSpec& spec, uint32_t index) {

@@ -13,9 +13,12 @@
 namespace stoker {
 
 // dataset.format and train_images/train_labels (csv: train_images only). Paths as in the spec.
+// Labels are checked against dataset.classes; without it, every class up to the largest training
+// label must occur (see DatasetFiles::classes).
 DatasetFiles TrainDatasetFiles(const v1::JobSpec& spec);
-// The same for test_images/test_labels.
-DatasetFiles TestDatasetFiles(const v1::JobSpec& spec);
+// The same for test_images/test_labels. Test labels must be below dataset.classes, or, where the
+// job does not declare it, below `train_classes` (what the training labels gave; 0 = unchecked).
+DatasetFiles TestDatasetFiles(const v1::JobSpec& spec, int train_classes = 0);
 
 // Loader `index`'s options: train.seed, loader.delay_ms, and augmentation (off until the proto
 // carries it).
