@@ -49,6 +49,16 @@ int main(int argc, char** argv) {
   app.add_option("--tls-key", tls.key, "private key of --tls-cert (PEM)");
   app.add_flag("--insecure", insecure,
                "allow plaintext and/or no token on a non-loopback address (trusted networks only)");
+  stoker::StreamLimits stream_limits;
+  app.add_option("--max-streams-per-client", stream_limits.per_client,
+                 "open WatchJob/GetArtifact streams one client address may hold; more are "
+                 "refused (RESOURCE_EXHAUSTED)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--max-streams", stream_limits.total,
+                 "open WatchJob/GetArtifact streams on the whole server")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::string token;
@@ -154,7 +164,7 @@ int main(int argc, char** argv) {
   }
 
   const stoker::ServerAuth auth(token);
-  stoker::JobServiceImpl job_service(&coordinator, &auth);
+  stoker::JobServiceImpl job_service(&coordinator, &auth, stream_limits);
   stoker::WorkerServiceImpl worker_service(&coordinator, &auth);
   grpc::ServerBuilder builder;
   int bound_port = 0;
