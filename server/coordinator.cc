@@ -1,10 +1,14 @@
 #include "server/coordinator.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -19,6 +23,25 @@ namespace stoker {
 namespace {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+void Log(const std::string& message) { std::cerr << "stoker-server: " << message << std::endl; }
+
+// A duration for messages, to a tenth of a second ("9.7s").
+std::string Rounded(absl::Duration d) {
+  return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(100)));
+}
+
+// Free bytes on the file system of `dir` (or of its parent while `dir` does not exist yet), as an
+// unprivileged writer sees them; -1 when neither can be read.
+int64_t FreeBytes(const std::string& dir) {
+  for (const std::string& path : {dir, std::filesystem::path(dir).parent_path().string()}) {
+    struct statvfs fs;
+    if (!path.empty() && statvfs(path.c_str(), &fs) == 0) {
+      return static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+    }
+  }
+  return -1;
+}
 
 absl::Status RequireId(const std::string& value, const char* field) {
   if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": is required"));
@@ -92,6 +115,7 @@ absl::Status Coordinator::Recover() {
     worker.info.set_worker_id(job.worker_id());
     worker.last_heartbeat = absl::Now();
     worker.restored = true;
+    worker.grace_until = absl::Now() + std::max(options_.restart_grace, options_.lease);
     worker.running.insert(job.id());
   }
   return absl::OkStatus();
@@ -272,9 +296,30 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     return absl::InvalidArgumentError("devices: a worker registers 1 to 64 devices");
   }
   absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (auto it = workers_.find(request.worker_id()); it != workers_.end() && !it->second.lost &&
+                                                    !it->second.restored &&
+                                                    it->second.instance != request.instance()) {
+    const WorkerEntry& holder = it->second;
+    const absl::Duration left = options_.lease - (now - holder.last_heartbeat);
+    if (!request.previous_instance().empty() && request.previous_instance() == holder.instance) {
+      // Its successor on the same work directory: the old process is gone (it held the lock).
+      Log(absl::StrCat("worker ", request.worker_id(), " restarted (instance ", request.instance(),
+                       " replaces ", holder.instance, ")"));
+    } else if (left > absl::ZeroDuration()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker id ", request.worker_id(), " is in use by a live worker",
+          holder.info.hostname().empty() ? "" : absl::StrCat(" on ", holder.info.hostname()),
+          " (last heartbeat ", Rounded(now - holder.last_heartbeat), " ago; its lease expires in ",
+          Rounded(left),
+          " unless it sends another); stop that worker or choose another "
+          "--worker-id"));
+    }
+  }
   WorkerEntry& worker = workers_[request.worker_id()];
   worker.info = request;
-  worker.last_heartbeat = absl::Now();
+  worker.instance = request.instance();
+  worker.last_heartbeat = now;
   worker.lost = false;
   worker.restored = false;
   // Jobs the server believes run there but the worker does not have are lost: requeue them.
@@ -294,6 +339,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
 absl::Status Coordinator::Requeue(v1::Job job, const std::string& reason) {
   const int attempts_allowed = 1 + job.spec().max_retries() + job.released_attempts();
   std::vector<v1::JobEvent> events;
+  job.clear_waiting_reason();
   if (job.attempt() >= attempts_allowed) {
     job.set_state(v1::JOB_STATE_FAILED);
     job.set_end_time_unix_ms(NowMs());
@@ -384,6 +430,11 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     return absl::NotFoundError(absl::StrCat("worker ", request.worker_id(),
                                             " is not registered (server restarted or lease "
                                             "expired); register again"));
+  }
+  if (it->second.instance != request.instance()) {
+    return absl::NotFoundError(absl::StrCat("worker ", request.worker_id(),
+                                            " is registered by another process (instance ",
+                                            it->second.instance, "); register again"));
   }
   WorkerEntry& worker = it->second;
   worker.last_heartbeat = absl::Now();
@@ -487,6 +538,20 @@ absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
   if (request.state() == v1::JOB_STATE_FAILED && !request.permanent()) {
     return Requeue(*job, request.error());
   }
+  if (request.state() == v1::JOB_STATE_SUCCEEDED) {
+    const int64_t final_step =
+        std::max<int64_t>({1, request.progress().step(), request.progress().total_steps()});
+    if (job->checkpoint_step() < final_step) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job->id(), " attempt ", request.attempt(),
+          " cannot succeed before the server stores its final weights (step ", final_step,
+          "); it holds ",
+          job->checkpoint_step() > 0 ? absl::StrCat("step ", job->checkpoint_step()) : "none",
+          ": upload the final checkpoint first"));
+    }
+  }
+  job->clear_waiting_reason();
+  write_failure_event_time_.erase(job->id());
   job->set_state(request.state());
   job->set_end_time_unix_ms(NowMs());
   job->set_error(request.error());
@@ -542,8 +607,8 @@ absl::Status Coordinator::CommitCheckpoint(const v1::CheckpointChunk& first_chun
   const bool synced = fd >= 0 && fsync(fd) == 0;
   if (fd >= 0) close(fd);
   if (!synced) {
-    std::filesystem::remove(upload_path);
-    return absl::InternalError(absl::StrCat("cannot fsync ", upload_path));
+    // A file system that allocates late (NFS, ext4 delalloc) reports a full disk only here.
+    return CheckpointWriteFailed(first_chunk, upload_path, errno);
   }
 
   absl::MutexLock lock(&mu_);
@@ -568,11 +633,50 @@ absl::Status Coordinator::CommitCheckpoint(const v1::CheckpointChunk& first_chun
   job->set_checkpoint_step(first_chunk.step());
   job->set_checkpoint_epoch(first_chunk.epoch());
   job->set_checkpoint_bytes(bytes);
+  job->clear_waiting_reason();  // set while uploads failed
+  write_failure_event_time_.erase(job->id());
   return SaveAndNotify(
       *job, {MakeEvent(v1::EVENT_TYPE_LOG,
                        absl::StrCat("checkpoint stored: step ", first_chunk.step(), ", epoch ",
                                     first_chunk.epoch(), ", ", bytes, " bytes"),
                        first_chunk.attempt())});
+}
+
+absl::Status Coordinator::CheckpointWriteFailed(const v1::CheckpointChunk& first_chunk,
+                                                const std::string& upload_path, int error_number) {
+  std::error_code ignored;
+  std::filesystem::remove(upload_path, ignored);
+  const bool full = error_number == ENOSPC || error_number == EDQUOT;
+  const int64_t free_bytes = FreeBytes(options_.checkpoint_dir);
+  const std::string cause =
+      absl::StrCat("the server cannot write checkpoints to ", options_.checkpoint_dir, ": ",
+                   error_number != 0 ? std::strerror(error_number) : "write failed",
+                   free_bytes >= 0 ? absl::StrCat(" (", free_bytes, " bytes free)") : "");
+  Log(absl::StrCat("checkpoint of job ", first_chunk.job_id(), " at step ", first_chunk.step(),
+                   " not stored: ", cause));
+  absl::MutexLock lock(&mu_);
+  if (observer_ != nullptr) observer_->CheckpointWriteFailed();
+  absl::StatusOr<v1::Job> job =
+      FencedJob(first_chunk.worker_id(), first_chunk.job_id(), first_chunk.attempt());
+  if (job.ok()) {
+    // The job says why it does not finish; its history says so once a minute at most.
+    const bool final_step =
+        job->progress().total_steps() > 0 && first_chunk.step() >= job->progress().total_steps();
+    const std::string what = final_step
+                                 ? absl::StrCat("final weights (step ", first_chunk.step(), ")")
+                                 : absl::StrCat("checkpoint at step ", first_chunk.step());
+    job->set_waiting_reason(
+        absl::StrCat(what, " not stored: ", cause, "; the worker keeps the file and retries"));
+    std::vector<v1::JobEvent> events;
+    absl::Time& last_event = write_failure_event_time_[job->id()];
+    if (absl::Now() - last_event >= absl::Minutes(1)) {
+      last_event = absl::Now();
+      events.push_back(MakeEvent(v1::EVENT_TYPE_LOG, job->waiting_reason(), first_chunk.attempt()));
+    }
+    if (absl::Status s = SaveAndNotify(*job, std::move(events)); !s.ok()) return s;
+  }
+  const std::string message = absl::StrCat("checkpoint not stored: ", cause);
+  return full ? absl::ResourceExhaustedError(message) : absl::InternalError(message);
 }
 
 absl::StatusOr<std::string> Coordinator::CheckpointForAttempt(const std::string& worker_id,
@@ -602,6 +706,7 @@ absl::StatusOr<std::string> Coordinator::ArtifactPath(const std::string& job_id)
 
 CoordinatorSnapshot Coordinator::Snapshot() {
   CoordinatorSnapshot snapshot;
+  snapshot.checkpoint_dir_free_bytes = FreeBytes(options_.checkpoint_dir);
   absl::MutexLock lock(&mu_);
   if (absl::StatusOr<std::map<v1::JobState, int64_t>> counts = store_->CountByState();
       counts.ok()) {
@@ -625,16 +730,28 @@ void Coordinator::ExpireLeases() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   for (auto& [worker_id, worker] : workers_) {
-    if (worker.lost || now - worker.last_heartbeat <= options_.lease) continue;
+    if (worker.lost) continue;
+    // A worker the server knew before its restart has the grace period to come back, however
+    // short the lease.
+    if (worker.restored ? now <= worker.grace_until
+                        : now - worker.last_heartbeat <= options_.lease) {
+      continue;
+    }
     worker.lost = true;
+    const std::string why =
+        worker.restored
+            ? absl::StrCat("worker ", worker_id, " lost (did not register again within ",
+                           Rounded(std::max(options_.restart_grace, options_.lease)),
+                           " of the server's restart)")
+            : absl::StrCat("worker ", worker_id, " lost (no heartbeat for ",
+                           absl::FormatDuration(now - worker.last_heartbeat), ")");
     for (const std::string& job_id : std::set<std::string>(worker.running)) {
       absl::StatusOr<v1::Job> job = store_->Get(job_id);
       if (!job.ok() || job->state() != v1::JOB_STATE_RUNNING || job->worker_id() != worker_id) {
         continue;
       }
       // On a store error the job stays RUNNING and the next sweep tries again.
-      (void)Requeue(*job, absl::StrCat("worker ", worker_id, " lost (no heartbeat for ",
-                                       absl::FormatDuration(now - worker.last_heartbeat), ")"));
+      (void)Requeue(*job, why);
     }
   }
 }

@@ -29,6 +29,8 @@ class CoordinatorObserver {
   virtual void JobAssigned(double queue_wait_seconds) = 0;
   // A running attempt was lost (worker gone, failure) and the job went back to the queue.
   virtual void JobRequeued() = 0;
+  // A checkpoint upload could not be written to the checkpoint directory (full disk, I/O error).
+  virtual void CheckpointWriteFailed() {}
 };
 
 // The coordinator's state for gauges, read on each metrics scrape.
@@ -37,6 +39,9 @@ struct CoordinatorSnapshot {
   double oldest_queued_job_age_seconds = 0;
   std::map<std::string, int64_t> workers_by_state;      // "alive", "lost", "reconnecting"
   std::map<std::string, double> heartbeat_age_seconds;  // by worker id
+  // Bytes an unprivileged writer may still use on the checkpoint directory's file system
+  // (statvfs f_bavail); -1 when it cannot be read.
+  int64_t checkpoint_dir_free_bytes = -1;
 };
 
 struct CoordinatorOptions {
@@ -44,6 +49,10 @@ struct CoordinatorOptions {
   std::string data_root = "/usr/share/datasets";
   // A worker that has not sent a heartbeat for this long loses its jobs back to the queue.
   absl::Duration lease = absl::Seconds(10);
+  // After a restart, workers that ran jobs (RUNNING in the store) get this long, or one lease if
+  // that is longer, to register again before their jobs are requeued. A worker needs a few
+  // seconds to notice the restart; a short lease alone would cost its jobs an attempt.
+  absl::Duration restart_grace = absl::Seconds(30);
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // Checkpoints of jobs are kept here, one file per job (<job>.safetensors).
   std::string checkpoint_dir = ".stoker/server/checkpoints";
@@ -53,8 +62,9 @@ class Coordinator {
  public:
   Coordinator(std::unique_ptr<JobStore> store, CoordinatorOptions options);
 
-  // Call once at start: jobs that were RUNNING when the server stopped keep their worker for one
-  // lease; if that worker does not come back in time they are requeued.
+  // Call once at start: jobs that were RUNNING when the server stopped keep their worker for
+  // options.restart_grace (at least one lease); if it does not register again in that time they
+  // are requeued.
   absl::Status Recover();
 
   // --- JobService
@@ -71,11 +81,19 @@ class Coordinator {
                                                           bool* job_finished);
 
   // --- WorkerService
+  // Registers (or re-registers) a worker. ALREADY_EXISTS while another instance of the same
+  // worker id holds a live lease (unless the request names it as its stopped predecessor in
+  // previous_instance): two processes under one id would requeue each other's jobs.
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
       const v1::RegisterWorkerRequest& request);
+  // NOT_FOUND when the worker is not registered, its lease ran out, or another instance holds
+  // its id: the worker should register again.
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
       const v1::ReportProgressRequest& request);
+  // Ends an attempt. SUCCEEDED is refused (FAILED_PRECONDITION) while the server does not hold
+  // the checkpoint of the final step (request.progress): a job succeeds only once its final
+  // weights are stored.
   absl::Status CompleteJob(const v1::CompleteJobRequest& request);
 
   // --- Checkpoints. An upload is written to the path StartCheckpointUpload returns, then
@@ -84,6 +102,12 @@ class Coordinator {
                                                     const std::string& job_id, int attempt);
   absl::Status CommitCheckpoint(const v1::CheckpointChunk& first_chunk,
                                 const std::string& upload_path, int64_t bytes);
+  // An upload could not be written (`error_number`: errno of the failed write, 0 if unknown).
+  // Counts and logs it, tells the job why it cannot go on (event and waiting_reason), and
+  // returns the status for the worker: RESOURCE_EXHAUSTED for a full disk or quota, INTERNAL
+  // otherwise. Either way the worker keeps its file and retries.
+  absl::Status CheckpointWriteFailed(const v1::CheckpointChunk& first_chunk,
+                                     const std::string& upload_path, int error_number);
   // The checkpoint a worker resumes the attempt from (fenced).
   absl::StatusOr<std::string> CheckpointForAttempt(const std::string& worker_id,
                                                    const std::string& job_id, int attempt);
@@ -104,8 +128,12 @@ class Coordinator {
     v1::RegisterWorkerRequest info;
     absl::Time last_heartbeat;
     bool lost = false;
-    // Restored from the store after a restart; must register again before heartbeats count.
+    // Restored from the store after a restart; must register again before heartbeats count, and
+    // before `grace_until` or its jobs are requeued.
     bool restored = false;
+    absl::Time grace_until = absl::InfinitePast();
+    // The registered process (RegisterWorkerRequest.instance); "" for a restored entry.
+    std::string instance;
     std::set<std::string> running;  // job ids the server placed there
   };
 
@@ -140,6 +168,8 @@ class Coordinator {
   absl::CondVar events_changed_;
   std::unique_ptr<JobStore> store_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
+  // When each job last got an event for a failed checkpoint write (one a minute at most).
+  std::map<std::string, absl::Time> write_failure_event_time_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   CoordinatorObserver* observer_ = nullptr;
 };

@@ -20,6 +20,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/test_cluster.h"
+#include "worker/metrics/http_get_for_test.h"
 
 namespace stoker::testing {
 namespace {
@@ -415,6 +416,223 @@ TEST(FaultsTest, AWorkerShutdownCheckpointsMidEpochGivesTheJobBackAndResumeIsExa
   for (size_t i = 0; i < a->tensors.size(); ++i) {
     EXPECT_TRUE(a->tensors[i].values == b->tensors[i].values)
         << a->tensors[i].name << " differs after a mid-epoch resume";
+  }
+}
+
+// The whole text of a file ("" if it cannot be read).
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::optional<double> ServerMetric(TestCluster& cluster, const std::string& series) {
+  absl::StatusOr<std::string> text = HttpGetForTest(cluster.ServerMetricsPort());
+  if (!text.ok()) return std::nullopt;
+  return MetricValueForTest(*text, series);
+}
+
+// Issue 12.3: with the checkpoint directory on a full file system the job used to end SUCCEEDED
+// without its final weights (the artifact was an early checkpoint, or missing), and nothing said
+// so. Now it waits, says why, and succeeds once the space is back and the worker's retry stores
+// them.
+TEST(FaultsTest, AFullServerDiskHoldsTheJobUntilItsFinalWeightsAreStored) {
+  TestCluster cluster;
+  const std::string checkpoints = cluster.dir() + "/server/checkpoints";
+  std::filesystem::create_directories(checkpoints);
+  // 256 KiB: smaller than one checkpoint of this job (~0.8 MB), so no upload fits.
+  CommandResult mounted = RunCommand("mount -t tmpfs -o size=256k tmpfs " + checkpoints);
+  if (mounted.exit_code != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs to fill the server's disk (needs root): "
+                 << mounted.output;
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { RunCommand("umount -l " + dir); }
+  } unmount{checkpoints};
+  cluster.StartServer({"--metrics-listen", "127.0.0.1:0"});
+  cluster.StartWorker("w1");
+  absl::StatusOr<v1::Job> job = cluster.Submit(SmallFashionMnistJob(2, 2000, 500));  // 32 steps
+  ASSERT_TRUE(job.ok()) << job.status();
+
+  // Trained to the end, it cannot finish: the server has no room for the final weights.
+  absl::StatusOr<v1::Job> waiting = cluster.WaitFor(
+      job->id(),
+      [](const v1::Job& j) {
+        return IsFinal(j.state()) ||
+               absl::StrContains(j.waiting_reason(), "final weights (step 32) not stored");
+      },
+      absl::Seconds(60));
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  ASSERT_EQ(waiting->state(), v1::JOB_STATE_RUNNING)
+      << "ended without its final weights stored (checkpoint step " << waiting->checkpoint_step()
+      << ")";
+  EXPECT_NE(waiting->waiting_reason().find("No space left on device"), std::string::npos)
+      << waiting->waiting_reason();
+  EXPECT_NE(waiting->waiting_reason().find("the worker keeps the file and retries"),
+            std::string::npos)
+      << waiting->waiting_reason();
+  absl::SleepFor(absl::Seconds(3));  // a retry or two later, still waiting
+  absl::StatusOr<v1::Job> still = cluster.WaitFor(
+      job->id(), [](const v1::Job&) { return true; }, absl::Seconds(5));
+  ASSERT_TRUE(still.ok());
+  EXPECT_EQ(still->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(still->attempt(), 1);
+  // Said in its history, in the server's log, and in its metrics.
+  bool event_says_so = false;
+  for (const v1::JobEvent& event : cluster.History(job->id())) {
+    event_says_so = event_says_so || absl::StrContains(event.message(),
+                                                       "not stored: the server "
+                                                       "cannot write checkpoints");
+  }
+  EXPECT_TRUE(event_says_so);
+  const std::string server_log = ReadAll(cluster.dir() + "/server.log");
+  EXPECT_NE(server_log.find("not stored: the server cannot write checkpoints to " + checkpoints +
+                            ": No space left on device"),
+            std::string::npos)
+      << server_log;
+  EXPECT_GE(ServerMetric(cluster, "stoker_server_checkpoint_write_failures_total").value_or(0), 2);
+  EXPECT_LT(ServerMetric(cluster, "stoker_server_checkpoint_dir_free_bytes").value_or(1e12),
+            256 * 1024 + 1);
+  CommandResult status = cluster.Cli("--output json status " + job->id());
+  EXPECT_NE(status.output.find("final weights (step 32) not stored"), std::string::npos)
+      << status.output;
+
+  // Space again: the worker's next retry stores the final weights and the job succeeds.
+  CommandResult grown = RunCommand("mount -o remount,size=64m " + checkpoints);
+  ASSERT_EQ(grown.exit_code, 0) << grown.output;
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(60));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->attempt(), 1);
+  EXPECT_EQ(done->checkpoint_step(), 32);
+  EXPECT_EQ(done->waiting_reason(), "");
+  const std::string artifact_file = cluster.dir() + "/final.safetensors";
+  CommandResult artifact = cluster.Cli("artifact " + job->id() + " -o " + artifact_file);
+  ASSERT_EQ(artifact.exit_code, 0) << artifact.output;
+  absl::StatusOr<Checkpoint> weights = ReadCheckpoint(artifact_file);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ(weights->metadata.at("step"), "32");
+}
+
+// A worker that is up and registered; false after `timeout`.
+bool WaitUntilRegistered(TestCluster& cluster, const std::string& worker_id,
+                         absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    grpc::ClientContext context;
+    v1::ListWorkersResponse workers;
+    if (cluster.jobs().ListWorkers(&context, v1::ListWorkersRequest(), &workers).ok()) {
+      for (const v1::WorkerStatus& worker : workers.workers()) {
+        if (worker.worker_id() == worker_id && worker.state() == "alive") return true;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+// Issue 12.4: a second worker under a live worker's id used to be accepted; each one's heartbeats
+// then requeued the other's jobs until they all failed.
+TEST(FaultsTest, ASecondWorkerWithALiveWorkersIdIsRefused) {
+  TestCluster cluster;
+  cluster.StartServer();
+  cluster.StartWorker("w1");
+  ASSERT_TRUE(WaitUntilRegistered(cluster, "w1", absl::Seconds(10)));
+
+  // Elsewhere (another work directory, as on another machine): the server refuses it.
+  const pid_t elsewhere =
+      cluster.StartWorker("w1", {"--work-dir", cluster.dir() + "/w1-elsewhere"});
+  std::optional<int> code = cluster.WaitWorkerExit(elsewhere, absl::Seconds(10));
+  ASSERT_TRUE(code.has_value()) << "the second w1 was accepted and runs";
+  EXPECT_EQ(*code, 1);
+  const std::string log = ReadAll(cluster.dir() + "/w1.log");
+  EXPECT_NE(log.find("registration refused: worker id w1 is in use by a live worker"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("its lease expires in"), std::string::npos) << log;
+
+  // On the same machine and work directory: refused before it calls the server.
+  const pid_t same_dir = cluster.StartWorker("w1");
+  code = cluster.WaitWorkerExit(same_dir, absl::Seconds(10));
+  ASSERT_TRUE(code.has_value()) << "the third w1 runs";
+  EXPECT_EQ(*code, 1);
+  EXPECT_NE(ReadAll(cluster.dir() + "/w1.log")
+                .find("worker id w1 is already running from work "
+                      "directory"),
+            std::string::npos);
+
+  // The first one works on undisturbed.
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<v1::Job> job = cluster.Submit(SmallFashionMnistJob(1, 1000, 200));
+    ASSERT_TRUE(job.ok());
+    ids.push_back(job->id());
+  }
+  for (const std::string& id : ids) {
+    absl::StatusOr<v1::Job> done = cluster.WaitForFinal(id, absl::Seconds(60));
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+    EXPECT_EQ(done->attempt(), 1);
+  }
+}
+
+// Refusing a live id must not lock out the same worker restarted at once after a SIGKILL: its
+// predecessor still has a live lease, but the work directory proves it is gone.
+TEST(FaultsTest, AWorkerKilledAndRestartedUnderItsIdIsBackAtOnce) {
+  TestCluster cluster;
+  cluster.StartServer({"--lease-seconds", "30"});
+  const pid_t first = cluster.StartWorker("w1");
+  absl::StatusOr<v1::Job> job = cluster.Submit(SlowJob(2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(cluster.WaitForStep(job->id(), 5).ok());
+  cluster.KillWorker(first, SIGKILL);
+  const absl::Time restarted = absl::Now();
+  cluster.StartWorker("w1");
+  // Its new registration requeues the job it no longer has, and it takes it again.
+  absl::StatusOr<v1::Job> again = cluster.WaitFor(
+      job->id(), [](const v1::Job& j) { return j.attempt() == 2; }, absl::Seconds(10));
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << ReadAll(cluster.dir() + "/w1.log");
+  const absl::Duration back = absl::Now() - restarted;
+  std::cerr << "restarted worker took its job again after " << back << "\n";
+  EXPECT_LT(back, absl::Seconds(10)) << "it waited for the old lease (30 s)";
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(60));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->worker_id(), "w1");
+}
+
+// Issue 12.5: a restarted server gave its workers one lease to come back; they needed ~5 s, so
+// with --lease-seconds 3 the running job lost an attempt and went back to an old checkpoint.
+TEST(FaultsTest, AServerRestartWithAShortLeaseCostsTheRunningJobNothing) {
+  TestCluster cluster;
+  cluster.StartServer({"--lease-seconds", "3"});
+  cluster.StartWorker("w1");
+  v1::JobSpec spec = SlowJob(4);
+  spec.mutable_loader()->set_delay_ms(40);  // ~1.9 s per epoch
+  absl::StatusOr<v1::Job> job = cluster.Submit(spec);
+  ASSERT_TRUE(job.ok());
+  absl::StatusOr<v1::Job> checkpointed = cluster.WaitFor(
+      job->id(), [](const v1::Job& j) { return j.checkpoint_epoch() >= 1; }, absl::Seconds(60));
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.status();
+  ASSERT_EQ(checkpointed->state(), v1::JOB_STATE_RUNNING);
+
+  cluster.KillServer(SIGKILL);
+  absl::SleepFor(absl::Seconds(1));  // down for a while; the worker trains on
+  cluster.StartServer({"--lease-seconds", "3"});
+  const absl::Time restarted = absl::Now();
+  ASSERT_TRUE(WaitUntilRegistered(cluster, "w1", absl::Seconds(30)));
+  const absl::Duration reregistered = absl::Now() - restarted;
+  std::cerr << "w1 registered again " << reregistered << " after the server restarted\n";
+  EXPECT_LT(reregistered, absl::Seconds(4)) << "a reconnecting worker retries fast";
+
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(90));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->attempt(), 1) << done->error();
+  for (const v1::JobEvent& event : cluster.History(job->id())) {
+    EXPECT_FALSE(absl::StrContains(event.message(), "requeued")) << event.message();
+    EXPECT_FALSE(absl::StrContains(event.message(), "resumed from the checkpoint"))
+        << event.message();
   }
 }
 

@@ -105,13 +105,37 @@ void TestCluster::StartServer(const std::vector<std::string>& extra_flags) {
 
 pid_t TestCluster::StartWorker(const std::string& worker_id,
                                const std::vector<std::string>& extra_flags) {
-  std::vector<std::string> argv = {STOKER_WORKER_PATH,    "--server", address(),
-                                   "--worker-id",         worker_id,  "--work-dir",
-                                   dir_ + "/" + worker_id};
+  std::vector<std::string> argv = {STOKER_WORKER_PATH, "--server", address(), "--worker-id",
+                                   worker_id};
+  if (std::find(extra_flags.begin(), extra_flags.end(), "--work-dir") == extra_flags.end()) {
+    argv.insert(argv.end(), {"--work-dir", dir_ + "/" + worker_id});
+  }
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   const pid_t pid = SpawnLogged(argv, dir_ + "/" + worker_id + ".log");
   worker_pids_.push_back(pid);
   return pid;
+}
+
+std::optional<int> TestCluster::WaitWorkerExit(pid_t pid, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) != pid) {
+    if (absl::Now() > deadline) return std::nullopt;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  std::erase(worker_pids_, pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int TestCluster::ServerMetricsPort() const {
+  std::ifstream log(dir_ + "/server.log");
+  const std::string needle = "metrics on port ";
+  int port = 0;
+  for (std::string line; std::getline(log, line);) {
+    const size_t at = line.find(needle);
+    if (at != std::string::npos) port = std::atoi(line.c_str() + at + needle.size());
+  }
+  return port;
 }
 
 void TestCluster::KillServer(int signal_number) {

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,8 +32,14 @@ class TestCluster {
 
   // Starts the server (on a free port) and waits until it serves.
   void StartServer(const std::vector<std::string>& extra_flags = {});
-  // Starts one worker named `worker_id`.
+  // Starts one worker named `worker_id`, in work directory DIR/`worker_id` unless `extra_flags`
+  // names a --work-dir.
   pid_t StartWorker(const std::string& worker_id, const std::vector<std::string>& extra_flags = {});
+  // Waits up to `timeout` for a worker started here to exit; its exit code (-1 for a signal), or
+  // nothing if it still runs.
+  std::optional<int> WaitWorkerExit(pid_t pid, absl::Duration timeout);
+  // The server's --metrics-listen port, read from its log ("metrics on port N"); 0 if none.
+  int ServerMetricsPort() const;
   void KillServer(int signal_number);
   void KillWorker(pid_t pid, int signal_number);
 

@@ -1,11 +1,16 @@
 #include "worker/agent.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <random>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -31,7 +36,97 @@ bool IsUnreachable(const grpc::Status& status) {
          status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
+// The server answered but could not store an upload (a full disk): the file is kept and sent
+// again later.
+bool IsStorageFailure(const absl::Status& status) {
+  return absl::IsResourceExhausted(status) || absl::IsInternal(status);
+}
+
+std::mt19937_64& Random() {
+  thread_local std::mt19937_64 random{std::random_device{}()};
+  return random;
+}
+
+// Delays between retries: `first`, doubling up to `most`, each drawn from [d/2, d] so that the
+// workers of a restarted server do not all call at the same moment.
+class Backoff {
+ public:
+  Backoff(absl::Duration first, absl::Duration most) : first_(first), most_(most), next_(first) {}
+  absl::Duration Next() {
+    const absl::Duration d = next_;
+    next_ = std::min(next_ * 2, most_);
+    return d * std::uniform_real_distribution<double>(0.5, 1.0)(Random());
+  }
+  void Reset() { next_ = first_; }
+
+ private:
+  const absl::Duration first_, most_;
+  absl::Duration next_;
+};
+
+// Sleeps `d` in small steps, returning early once `stop` is set.
+void SleepUnlessStopped(absl::Duration d, const std::atomic<bool>& stop) {
+  const absl::Time until = absl::Now() + d;
+  while (!stop.load() && absl::Now() < until) {
+    absl::SleepFor(std::min(absl::Milliseconds(20), until - absl::Now()));
+  }
+}
+
+// The channel reconnects within 200 ms to 2 s of the server coming back (gRPC's default backoff
+// starts at 1 s and grows by 1.6 to 2 minutes: a restarted server waited ~5 s for its workers).
+grpc::ChannelArguments ChannelArgs() {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  return args;
+}
+
 }  // namespace
+
+absl::StatusOr<WorkerInstance> ClaimWorkerInstance(const std::string& work_dir,
+                                                   const std::string& worker_id) {
+  std::string name = worker_id;
+  for (char& c : name) {
+    if (!isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
+  }
+  const std::string path = absl::StrCat(work_dir, "/.worker-", name, ".lock");
+  WorkerInstance claim;
+  claim.lock_fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (claim.lock_fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  std::string content(256, '\0');
+  const ssize_t n = pread(claim.lock_fd, content.data(), content.size(), 0);
+  content.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  // "PID INSTANCE\n"
+  const size_t space = content.find(' ');
+  const std::string holder_pid = content.substr(0, space);
+  if (flock(claim.lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    close(claim.lock_fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker id ", worker_id, " is already running from work directory ", work_dir,
+                     holder_pid.empty() ? "" : absl::StrCat(" (pid ", holder_pid, ")"),
+                     "; stop it or choose another --worker-id"));
+  }
+  if (space != std::string::npos) {
+    claim.previous_instance =
+        std::string(absl::StripAsciiWhitespace(absl::string_view(content).substr(space + 1)));
+  }
+  claim.instance = absl::StrCat(absl::Hex(Random()(), absl::kZeroPad16),
+                                absl::Hex(Random()(), absl::kZeroPad16));
+  const std::string record = absl::StrCat(getpid(), " ", claim.instance, "\n");
+  if (ftruncate(claim.lock_fd, 0) != 0 ||
+      pwrite(claim.lock_fd, record.data(), record.size(), 0) !=
+          static_cast<ssize_t>(record.size()) ||
+      fsync(claim.lock_fd) != 0) {
+    const int error = errno;
+    close(claim.lock_fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(error)));
+  }
+  return claim;
+}
 
 v1::Device DescribeCpu() {
   v1::Device device;
@@ -54,9 +149,10 @@ v1::Device DescribeCpu() {
 Agent::Agent(AgentOptions options, WorkerMetrics* metrics)
     : options_(std::move(options)),
       metrics_(metrics),
-      channel_(grpc::CreateChannel(
+      channel_(grpc::CreateCustomChannel(
           options_.server_address,
-          options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials())),
+          options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(),
+          ChannelArgs())),
       stub_(v1::WorkerService::NewStub(channel_)) {}
 
 Agent::~Agent() {
@@ -67,8 +163,9 @@ Agent::~Agent() {
   }
 }
 
-std::unique_ptr<grpc::ClientContext> Agent::Context(absl::Duration timeout) {
+std::unique_ptr<grpc::ClientContext> Agent::Context(absl::Duration timeout, bool wait_for_ready) {
   auto context = std::make_unique<grpc::ClientContext>();
+  context->set_wait_for_ready(wait_for_ready);
   context->set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout));
   AddToken(*context, options_.token);
   return context;
@@ -85,9 +182,12 @@ void Agent::AddRunningAttempts(
 
 bool Agent::Register(const std::atomic<bool>& stop) {
   int tries = 0;
+  Backoff backoff(absl::Milliseconds(200), absl::Seconds(2));
   while (!stop.load()) {
     v1::RegisterWorkerRequest request;
     request.set_worker_id(options_.worker_id);
+    request.set_instance(options_.instance);
+    request.set_previous_instance(options_.previous_instance);
     char hostname[256] = {0};
     gethostname(hostname, sizeof(hostname) - 1);
     request.set_hostname(hostname);
@@ -100,7 +200,7 @@ bool Agent::Register(const std::atomic<bool>& stop) {
     }
     v1::RegisterWorkerResponse response;
     grpc::Status status =
-        stub_->RegisterWorker(Context(absl::Seconds(5)).get(), request, &response);
+        stub_->RegisterWorker(Context(absl::Seconds(2), true).get(), request, &response);
     if (status.ok()) {
       heartbeat_interval_ =
           absl::Milliseconds(std::max<int64_t>(100, response.heartbeat_interval_ms()));
@@ -116,7 +216,7 @@ bool Agent::Register(const std::atomic<bool>& stop) {
       Log(absl::StrCat("waiting for the server at ", options_.server_address, ": ",
                        status.error_message()));
     }
-    absl::SleepFor(absl::Milliseconds(500));
+    SleepUnlessStopped(backoff.Next(), stop);
   }
   return false;
 }
@@ -124,11 +224,15 @@ bool Agent::Register(const std::atomic<bool>& stop) {
 bool Agent::Run(const std::atomic<bool>& stop) {
   if (!Register(stop)) return stop.load();
   absl::Time last_unreachable_log = absl::InfinitePast();
+  // While the server cannot be reached, heartbeats are retried sooner than the interval, so a
+  // restarted server hears from this worker (and learns that it must register again) quickly.
+  Backoff unreachable_backoff(absl::Milliseconds(200), absl::Seconds(2));
   while (!stop.load()) {
     ReapFinishedJobs();
     ExportMetrics();
     v1::HeartbeatRequest request;
     request.set_worker_id(options_.worker_id);
+    request.set_instance(options_.instance);
     {
       absl::MutexLock lock(&mu_);
       AddRunningAttempts(request.mutable_running());
@@ -138,7 +242,14 @@ bool Agent::Run(const std::atomic<bool>& stop) {
       request.set_free_gpus(jobs_.empty() ? static_cast<int>(options_.gpus.size()) : 0);
     }
     v1::HeartbeatResponse response;
-    grpc::Status status = stub_->Heartbeat(Context(absl::Seconds(5)).get(), request, &response);
+    grpc::Status status =
+        stub_->Heartbeat(Context(absl::Seconds(3), true).get(), request, &response);
+    absl::Duration wait = heartbeat_interval_;
+    if (IsUnreachable(status)) {
+      wait = std::min(wait, unreachable_backoff.Next());
+    } else {
+      unreachable_backoff.Reset();
+    }
     if (status.ok()) {
       for (const v1::RunningAttempt& stop_attempt : response.stop()) {
         absl::MutexLock lock(&mu_);
@@ -158,8 +269,7 @@ bool Agent::Run(const std::atomic<bool>& stop) {
       Log(absl::StrCat("heartbeat failed: ", status.error_message()));
       last_unreachable_log = absl::Now();
     }
-    const absl::Time next = absl::Now() + heartbeat_interval_;
-    while (!stop.load() && absl::Now() < next) absl::SleepFor(absl::Milliseconds(20));
+    SleepUnlessStopped(wait, stop);
   }
   // Shutting down: every trainer checkpoints where it is and stops; the checkpoints are
   // uploaded and the jobs given back (requeued without counting the attempt). Waits for that:
@@ -246,7 +356,9 @@ void Agent::StartJob(const v1::Assignment& assignment) {
           absl::Status s = UploadCheckpoint(*raw, event.progress());
           raw->checkpoint_on_server.store(s.ok());
           raw->unsent_checkpoint.reset();
-          if (absl::IsUnavailable(s)) {
+          // Not stored (server unreachable, or its disk full): the file stays here and goes with
+          // the next checkpoint's upload, or before the attempt completes.
+          if (absl::IsUnavailable(s) || IsStorageFailure(s)) {
             raw->unsent_checkpoint = event.progress();
           } else if (absl::IsFailedPrecondition(s)) {
             raw->runner->Cancel();
@@ -398,8 +510,10 @@ void Agent::RunJob(RunningJob* job) {
                    outcome.error.empty() ? "" : absl::StrCat(" (", outcome.error, ")")));
   // Events, the last checkpoint and the outcome must reach the server, in that order; keep trying
   // while it is unreachable (for up to an hour, or a few seconds when this worker shuts down).
-  const absl::Time give_up =
-      absl::Now() + (shutting_down_.load() ? absl::Seconds(10) : absl::Hours(1));
+  // Final weights the server cannot store (its disk is full) are kept and sent again for as long
+  // as that lasts: the job succeeds only once the server holds them.
+  absl::Time give_up = absl::Now() + (shutting_down_.load() ? absl::Seconds(10) : absl::Hours(1));
+  Backoff storage_backoff(absl::Seconds(1), absl::Seconds(15));
   while (absl::Now() < give_up) {
     if (!job->pending.empty() && SendEvents(job->assignment, job->pending) &&
         !job->pending.empty()) {
@@ -411,6 +525,21 @@ void Agent::RunJob(RunningJob* job) {
       if (absl::IsUnavailable(uploaded)) {
         absl::SleepFor(absl::Seconds(1));
         continue;
+      }
+      if (IsStorageFailure(uploaded) && request.state() == v1::JOB_STATE_SUCCEEDED) {
+        if (!shutting_down_.load()) {
+          give_up = std::max(give_up, absl::Now() + absl::Hours(1));
+          absl::SleepFor(storage_backoff.Next());
+          continue;
+        }
+        // This worker is going away with weights the server could not store: give the job back
+        // (uncounted); it resumes from the checkpoint the server holds.
+        request.set_state(v1::JOB_STATE_FAILED);
+        request.set_released(true);
+        request.set_error(absl::StrCat("worker ", options_.worker_id,
+                                       " shut down before the server could store the final "
+                                       "weights (",
+                                       uploaded.message(), ")"));
       }
       job->checkpoint_on_server.store(uploaded.ok());
       job->unsent_checkpoint.reset();

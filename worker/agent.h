@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/security/credentials.h"
 #include "stoker.grpc.pb.h"
@@ -28,7 +29,24 @@ struct AgentOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: plaintext
   std::string metrics_url;                                // advertised to the server
   std::vector<v1::Device> gpus;  // found through NVML; jobs asking for GPUs run on them
+  // This process and the one that ran before it with the same id and work directory (see
+  // ClaimWorkerInstance); sent with each registration, `instance` with each heartbeat.
+  std::string instance;
+  std::string previous_instance;
 };
+
+// This process's claim on `worker_id` in `work_dir`: an exclusive lock on
+// `work_dir/.worker-<id>.lock`, held until the process exits, which holds a fresh random instance
+// name. `previous_instance` is the one the file held: that process is gone (its lock was free),
+// so the server may give its id to this one at once. FAILED_PRECONDITION naming the pid when
+// another live process holds the lock (the same worker id started twice on this directory).
+struct WorkerInstance {
+  std::string instance;
+  std::string previous_instance;
+  int lock_fd = -1;  // kept open (and locked) for the life of the process
+};
+absl::StatusOr<WorkerInstance> ClaimWorkerInstance(const std::string& work_dir,
+                                                   const std::string& worker_id);
 
 class Agent {
  public:
@@ -59,6 +77,8 @@ class Agent {
     std::atomic<int64_t> uploaded_step{-1};
   };
 
+  // Registers until the server answers, retrying 200 ms doubling to 2 s (with jitter) while it
+  // cannot be reached. False when it refuses (a bad token, the worker id in use) or on `stop`.
   bool Register(const std::atomic<bool>& stop);
   void HeartbeatOnce();
   void StartJob(const v1::Assignment& assignment);
@@ -72,11 +92,16 @@ class Agent {
   // Sends queued events for one attempt; returns false if the server says to stop it.
   bool SendEvents(const v1::Assignment& assignment, std::vector<v1::JobEvent>& pending);
   // Uploads the attempt's latest checkpoint. UNAVAILABLE when the server cannot be reached,
-  // FAILED_PRECONDITION when the attempt is no longer this worker's.
+  // RESOURCE_EXHAUSTED or INTERNAL when it could not store the file (a full disk: try again
+  // later), FAILED_PRECONDITION when the attempt is no longer this worker's.
   absl::Status UploadCheckpoint(RunningJob& job, const v1::TrainingProgress& at);
   // Fetches the checkpoint the assignment resumes from into `path`.
   absl::Status DownloadCheckpoint(const v1::Assignment& assignment, const std::string& path);
-  std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout);
+  // A call context with the token and a deadline. `wait_for_ready`: while the server cannot be
+  // reached the call waits (until the deadline) for the channel to connect instead of failing at
+  // once; the waiting call also drives the reconnection, which otherwise gRPC notices only on
+  // its 5 s backup poll.
+  std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout, bool wait_for_ready = false);
 
   AgentOptions options_;
   WorkerMetrics* metrics_;

@@ -72,8 +72,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   double stall_seconds = absl::ToDoubleSeconds(options.runner.trainer_stall_timeout);
   app.add_option("--trainer-stall-seconds", stall_seconds,
-                 "stop a trainer that neither steps nor reports for this long (the attempt fails "
-                 "and is retried); 0 = never")
+                 "stop a job whose pipeline is silent this long: no step, evaluation, checkpoint "
+                 "or loader batch (a stopped trainer or loader, a deadlock); the attempt fails "
+                 "and is retried; 0 = never")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   std::string token_file, tls_ca, metrics_listen;
@@ -117,6 +118,16 @@ int main(int argc, char** argv) {
     return 1;
   }
   options.runner.work_dir = std::filesystem::absolute(options.runner.work_dir).string();
+  // One live process per worker id and work directory; the id passes to this process at once
+  // when the one before it is gone (see ClaimWorkerInstance).
+  absl::StatusOr<stoker::WorkerInstance> claim =
+      stoker::ClaimWorkerInstance(options.runner.work_dir, options.worker_id);
+  if (!claim.ok()) {
+    std::cerr << "stoker-worker: " << claim.status().message() << "\n";
+    return 1;
+  }
+  options.instance = claim->instance;
+  options.previous_instance = claim->previous_instance;
 
   std::atomic<bool> stop{false};
   std::thread signal_thread([&] {

@@ -73,12 +73,16 @@ struct ServerMetrics::Impl : public prometheus::Collectable {
   Family<Gauge>* workers = nullptr;
   Family<Counter>* requeued = nullptr;
   Family<Gauge>* heartbeat_age = nullptr;
+  Family<Counter>* checkpoint_write_failures = nullptr;
+  Family<Gauge>* checkpoint_dir_free = nullptr;
   Family<Counter>* rpc_requests = nullptr;
   Family<Histogram>* rpc_duration = nullptr;
 
   Gauge* oldest_queued_gauge = nullptr;
   Histogram* queue_wait_histogram = nullptr;
   Counter* requeued_counter = nullptr;
+  Counter* checkpoint_write_failures_counter = nullptr;
+  Gauge* checkpoint_dir_free_gauge = nullptr;
 
   mutable absl::Mutex mu;
   std::function<void(ServerMetrics&)> hook ABSL_GUARDED_BY(mu);
@@ -124,6 +128,15 @@ struct ServerMetrics::Impl : public prometheus::Collectable {
                          .Name("stoker_worker_heartbeat_age_seconds")
                          .Help("Seconds since the worker's last heartbeat.")
                          .Register(*registry);
+    checkpoint_write_failures =
+        &prometheus::BuildCounter()
+             .Name("stoker_server_checkpoint_write_failures_total")
+             .Help("Checkpoint uploads the server could not write (full disk, quota, I/O error).")
+             .Register(*registry);
+    checkpoint_dir_free = &prometheus::BuildGauge()
+                               .Name("stoker_server_checkpoint_dir_free_bytes")
+                               .Help("Free bytes on the checkpoint directory's file system.")
+                               .Register(*registry);
     rpc_requests = &prometheus::BuildCounter()
                         .Name("stoker_rpc_requests_total")
                         .Help("RPCs answered, by method and status code.")
@@ -135,6 +148,7 @@ struct ServerMetrics::Impl : public prometheus::Collectable {
     oldest_queued_gauge = &oldest_queued->Add({});
     queue_wait_histogram = &queue_wait->Add({}, kQueueWaitBounds);
     requeued_counter = &requeued->Add({});
+    checkpoint_write_failures_counter = &checkpoint_write_failures->Add({});
     absl::MutexLock lock(&mu);
     for (const char* state : kJobStates) jobs_by_state[state] = &jobs->Add({{"state", state}});
   }
@@ -215,6 +229,19 @@ void ServerMetrics::SetHeartbeatAges(const std::map<std::string, double>& age_se
     if (gauge == nullptr) gauge = &impl_->heartbeat_age->Add({{"worker", worker}});
     gauge->Set(age);
   }
+}
+
+void ServerMetrics::CheckpointWriteFailed() {
+  impl_->checkpoint_write_failures_counter->Increment();
+}
+
+void ServerMetrics::SetCheckpointDirFreeBytes(int64_t bytes) {
+  if (bytes < 0) return;
+  absl::MutexLock lock(&impl_->mu);
+  if (impl_->checkpoint_dir_free_gauge == nullptr) {
+    impl_->checkpoint_dir_free_gauge = &impl_->checkpoint_dir_free->Add({});
+  }
+  impl_->checkpoint_dir_free_gauge->Set(static_cast<double>(bytes));
 }
 
 void ServerMetrics::RecordRpc(absl::string_view method, int code, double seconds) {

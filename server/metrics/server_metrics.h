@@ -8,7 +8,8 @@
 //     m.SetHeartbeatAges(...);
 //   });
 //   builder.experimental().SetInterceptorCreators(...MakeRpcMetricsInterceptorFactory(metrics));
-//   coordinator: ObserveQueueWait() when a job leaves the queue, JobRequeued() on each requeue.
+//   coordinator: ObserveQueueWait() when a job leaves the queue, JobRequeued() on each requeue,
+//   CheckpointWriteFailed() when an upload cannot be stored.
 #ifndef STOKER_SERVER_METRICS_SERVER_METRICS_H_
 #define STOKER_SERVER_METRICS_SERVER_METRICS_H_
 
@@ -59,6 +60,13 @@ class ServerMetrics {
   // stoker_worker_heartbeat_age_seconds{worker}: seconds since each worker's last heartbeat.
   // Replaces the whole set: workers not in the map lose their series.
   void SetHeartbeatAges(const std::map<std::string, double>& age_seconds_by_worker);
+  // stoker_server_checkpoint_write_failures_total: checkpoint uploads the server could not write
+  // (full disk, quota, I/O error). Each failed upload counts once; the worker retries.
+  void CheckpointWriteFailed();
+  // stoker_server_checkpoint_dir_free_bytes: free bytes on the file system of the checkpoint
+  // directory (statvfs f_bavail). The series appears with the first value; a negative value
+  // (could not be read) leaves it as it was.
+  void SetCheckpointDirFreeBytes(int64_t bytes);
   // stoker_rpc_requests_total{method,code} and stoker_rpc_duration_seconds{method}. `method` is
   // "Service/Method" (a gRPC path "/pkg.Service/Method" is shortened to that); `code` is a gRPC
   // status code number. After 64 distinct methods, further ones are counted as "other".

@@ -75,6 +75,20 @@ TEST(ServerMetricsTest, HeartbeatAgesFollowTheWorkerSet) {
   EXPECT_FALSE(absl::StrContains(text, "w2")) << text;
 }
 
+TEST(ServerMetricsTest, CheckpointWriteFailuresAndFreeBytes) {
+  auto metrics = Make();
+  std::string text = metrics->Scrape();
+  EXPECT_EQ(Value(text, "stoker_server_checkpoint_write_failures_total"), 0) << text;
+  EXPECT_FALSE(absl::StrContains(text, "stoker_server_checkpoint_dir_free_bytes ")) << text;
+  metrics->CheckpointWriteFailed();
+  metrics->CheckpointWriteFailed();
+  metrics->SetCheckpointDirFreeBytes(4096);
+  metrics->SetCheckpointDirFreeBytes(-1);  // unreadable: keeps the last value
+  text = metrics->Scrape();
+  EXPECT_EQ(Value(text, "stoker_server_checkpoint_write_failures_total"), 2) << text;
+  EXPECT_EQ(Value(text, "stoker_server_checkpoint_dir_free_bytes"), 4096) << text;
+}
+
 TEST(ServerMetricsTest, RpcCountsAndDurations) {
   auto metrics = Make();
   metrics->RecordRpc("/stoker.v1.JobService/SubmitJob", 0, 0.002);

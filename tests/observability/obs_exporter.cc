@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
     m.SetOldestQueuedJobAge(12);
     m.SetWorkerCounts({{"alive", 1}});
     m.SetHeartbeatAges({{"obs-worker", 0.4}});
+    m.SetCheckpointDirFreeBytes(int64_t{50} << 30);
   });
 
   stoker::JobCounters job;
