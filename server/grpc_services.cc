@@ -1,5 +1,6 @@
 #include "server/grpc_services.h"
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 
@@ -252,6 +253,7 @@ grpc::Status WorkerServiceImpl::UploadCheckpoint(grpc::ServerContext* context,
   int64_t bytes = 0;
   {
     std::ofstream out(*upload_path, std::ios::binary | std::ios::trunc);
+    int write_errno = out ? 0 : errno;  // of the first failure: a full disk is ENOSPC
     v1::CheckpointChunk chunk = first;
     do {
       bytes += static_cast<int64_t>(chunk.data().size());
@@ -262,12 +264,15 @@ grpc::Status WorkerServiceImpl::UploadCheckpoint(grpc::ServerContext* context,
                             absl::StrCat("checkpoint larger than ", kMaxCheckpointBytes, " bytes"));
       }
       out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
-    } while (reader->Read(&chunk));
+      if (!out && write_errno == 0) write_errno = errno;
+    } while (out && reader->Read(&chunk));
     out.flush();
+    if (!out && write_errno == 0) write_errno = errno;
+    out.close();
+    if (!out && write_errno == 0) write_errno = errno;
     if (!out) {
-      out.close();
-      std::filesystem::remove(*upload_path);
-      return grpc::Status(grpc::StatusCode::INTERNAL, "cannot write the checkpoint");
+      // Counted, logged and shown on the job; the worker keeps its file and retries.
+      return ToGrpcStatus(coordinator_->CheckpointWriteFailed(first, *upload_path, write_errno));
     }
   }
   response->set_bytes(bytes);

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   std::string data_root = "/usr/share/datasets";
   std::string port_file;
   double lease_seconds = 10;
+  double restart_grace_seconds = 30;
   app.add_option("--listen", listen, "address:port to serve gRPC on (port 0 picks a free one)")
       ->capture_default_str();
   app.add_option("--state-dir", state_dir, "directory of the job store (jobs.db)")
@@ -36,6 +37,11 @@ int main(int argc, char** argv) {
   app.add_option("--lease-seconds", lease_seconds,
                  "a worker silent this long loses its jobs back to the queue")
       ->check(CLI::Range(1.0, 3600.0))
+      ->capture_default_str();
+  app.add_option("--restart-grace-seconds", restart_grace_seconds,
+                 "after a restart, workers that ran jobs have this long (at least one lease) to "
+                 "register again before their jobs are requeued")
+      ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
   app.add_option("--port-file", port_file, "write the bound port to this file once serving");
   std::string token_file, metrics_listen;
@@ -122,6 +128,7 @@ int main(int argc, char** argv) {
   stoker::CoordinatorOptions options;
   options.data_root = data_root;
   options.lease = absl::Seconds(lease_seconds);
+  options.restart_grace = absl::Seconds(restart_grace_seconds);
   options.checkpoint_dir = state_dir + "/checkpoints";
   stoker::Coordinator coordinator(std::move(*store), options);
   if (absl::Status s = coordinator.Recover(); !s.ok()) {
@@ -137,6 +144,7 @@ int main(int argc, char** argv) {
       metrics_->ObserveQueueWait(queue_wait_seconds);
     }
     void JobRequeued() override { metrics_->JobRequeued(); }
+    void CheckpointWriteFailed() override { metrics_->CheckpointWriteFailed(); }
 
    private:
     stoker::ServerMetrics* metrics_;
@@ -157,6 +165,7 @@ int main(int argc, char** argv) {
       m.SetOldestQueuedJobAge(snapshot.oldest_queued_job_age_seconds);
       m.SetWorkerCounts(snapshot.workers_by_state);
       m.SetHeartbeatAges(snapshot.heartbeat_age_seconds);
+      m.SetCheckpointDirFreeBytes(snapshot.checkpoint_dir_free_bytes);
     });
     observer = std::make_unique<MetricsObserver>(metrics.get());
     coordinator.SetObserver(observer.get());
