@@ -25,7 +25,10 @@ int JobMethodIndex(const char* method) {
 // The one request of a streamed call, read as bytes: its strings are checked (naming the field)
 // before it is parsed, which would fail on the first one that is not UTF-8 without saying where.
 template <typename Request, typename Stream>
-grpc::Status ReadCheckedRequest(Stream* stream, Request* request) {
+grpc::Status ReadCheckedRequest(const ServerAuth& auth, grpc::ServerContext* context,
+                                Stream* stream, Request* request) {
+  // The token first: a caller without it learns nothing about its request.
+  if (grpc::Status denied = auth.Check(*context); !denied.ok()) return denied;
   grpc::ByteBuffer buffer;
   if (!stream->Read(&buffer)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message");
@@ -127,7 +130,9 @@ JobServiceImpl::JobServiceImpl(Coordinator* coordinator, const ServerAuth* auth,
             [this, handler](grpc::ServerContext* context,
                             grpc::ServerUnaryStreamer<grpc::ByteBuffer, Response>* stream) {
               Request request;
-              if (grpc::Status s = ReadCheckedRequest(stream, &request); !s.ok()) return s;
+              if (grpc::Status s = ReadCheckedRequest(*auth_, context, stream, &request); !s.ok()) {
+                return s;
+              }
               Response response;
               grpc::Status status = (this->*handler)(context, &request, &response);
               if (status.ok()) stream->Write(response);
@@ -144,7 +149,9 @@ JobServiceImpl::JobServiceImpl(Coordinator* coordinator, const ServerAuth* auth,
           [this](grpc::ServerContext* context,
                  grpc::ServerSplitStreamer<grpc::ByteBuffer, v1::JobEvent>* stream) {
             v1::WatchJobRequest request;
-            if (grpc::Status s = ReadCheckedRequest(stream, &request); !s.ok()) return s;
+            if (grpc::Status s = ReadCheckedRequest(*auth_, context, stream, &request); !s.ok()) {
+              return s;
+            }
             return Watch(context, request, stream);
           }));
   MarkMethodStreamed(
@@ -153,7 +160,9 @@ JobServiceImpl::JobServiceImpl(Coordinator* coordinator, const ServerAuth* auth,
           [this](grpc::ServerContext* context,
                  grpc::ServerSplitStreamer<grpc::ByteBuffer, v1::CheckpointChunk>* stream) {
             v1::GetArtifactRequest request;
-            if (grpc::Status s = ReadCheckedRequest(stream, &request); !s.ok()) return s;
+            if (grpc::Status s = ReadCheckedRequest(*auth_, context, stream, &request); !s.ok()) {
+              return s;
+            }
             return Artifact(context, request, stream);
           }));
 }
