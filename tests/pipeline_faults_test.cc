@@ -80,7 +80,7 @@ TEST(PipelineFaultsTest, KilledLoaderIsRespawnedAndTrainingIsIdentical) {
   absl::StatusOr<v1::Job> disturbed = cluster.Submit(SlowJob());
   ASSERT_TRUE(disturbed.ok());
   ASSERT_TRUE(cluster.WaitForStep(disturbed->id(), 20).ok());
-  const std::string attempt_dir = "/" + disturbed->id() + "-a1/";
+  const std::string attempt_dir = cluster.dir() + "/w1/" + disturbed->id() + "-a1/";
   std::vector<pid_t> loaders = FindProcesses({"stoker-loader", attempt_dir, "--index 1"});
   ASSERT_EQ(loaders.size(), 1u);
   ASSERT_EQ(kill(loaders[0], SIGKILL), 0);
@@ -128,7 +128,9 @@ TEST(PipelineFaultsTest, AHungTrainerIsStoppedAndTheJobRetried) {
   absl::StatusOr<v1::Job> job = cluster.Submit(SlowJob());
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(cluster.WaitForStep(job->id(), 10).ok());
-  std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", "/" + job->id() + "-a1/"});
+  // This cluster's work directory too: job ids repeat across clusters on one machine.
+  const std::string attempt_dir = cluster.dir() + "/w1/" + job->id() + "-a1/";
+  std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", attempt_dir});
   ASSERT_EQ(trainers.size(), 1u);
   ASSERT_EQ(kill(trainers[0], SIGSTOP), 0);  // alive, holding its slot, doing nothing
 
@@ -143,7 +145,73 @@ TEST(PipelineFaultsTest, AHungTrainerIsStoppedAndTheJobRetried) {
                          absl::StrContains(event.message(), "the trainer made no progress for"));
   }
   EXPECT_TRUE(saw_watchdog);
-  EXPECT_TRUE(FindProcesses({"/" + job->id() + "-a1/"}).empty()) << "the stopped trainer is gone";
+  EXPECT_TRUE(FindProcesses({attempt_dir}).empty()) << "the stopped trainer is gone";
+}
+
+// Issue 12: a loader stopped in its tracks (alive, making nothing) used to leave the trainer
+// waiting 5 minutes for its batch, and the agent's watchdog watched only the trainer. The whole
+// pipeline falls silent instead, and the error names the batch and the loader that owes it.
+TEST(PipelineFaultsTest, AStoppedLoaderIsFoundNamingTheBatchAndTheLoader) {
+  TestCluster cluster;
+  cluster.StartServer();
+  cluster.StartWorker("w1", {"--trainer-stall-seconds", "3"});
+  absl::StatusOr<v1::Job> job = cluster.Submit(SlowJob());
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(cluster.WaitForStep(job->id(), 10).ok());
+  // This cluster's work directory too: job ids repeat across clusters on one machine.
+  const std::string attempt_dir = cluster.dir() + "/w1/" + job->id() + "-a1/";
+  std::vector<pid_t> loaders = FindProcesses({"stoker-loader", attempt_dir, "--index 1"});
+  ASSERT_EQ(loaders.size(), 1u);
+  const absl::Time stopped = absl::Now();
+  ASSERT_EQ(kill(loaders[0], SIGSTOP), 0);
+
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(60));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->attempt(), 2);
+  std::string watchdog;
+  for (const v1::JobEvent& event : cluster.History(job->id())) {
+    if (event.attempt() == 1 && absl::StrContains(event.message(), "made no progress")) {
+      watchdog = event.message();
+    }
+  }
+  EXPECT_TRUE(absl::StrContains(watchdog, "the pipeline made no progress for")) << watchdog;
+  EXPECT_TRUE(absl::StrContains(watchdog, "the trainer waits for batch ")) << watchdog;
+  EXPECT_TRUE(absl::StrContains(watchdog, " of loader 1 (pid ")) << watchdog;
+  EXPECT_LT(absl::Now() - stopped, absl::Seconds(50));
+  EXPECT_TRUE(FindProcesses({attempt_dir}).empty()) << "the stopped loader is gone";
+}
+
+// Issue 12: the trainer says nothing while it evaluates, so with a short --trainer-stall-seconds
+// an evaluation longer than that was taken for a hang. It beats for every test batch now.
+TEST(PipelineFaultsTest, ALongEvaluationDoesNotTripTheWatchdog) {
+  TestCluster cluster;
+  cluster.StartServer();
+  cluster.StartWorker("w1", {"--trainer-stall-seconds", "1"});
+  // 10000 test samples through two 4096-wide layers: seconds of evaluation on 2 cores, each
+  // 128-sample batch a fraction of a second.
+  v1::JobSpec spec = SmallFashionMnistJob(1, 512, 10000);
+  spec.mutable_train()->set_precision(v1::PRECISION_FP32);
+  spec.mutable_model()->clear_hidden();
+  spec.mutable_model()->add_hidden(4096);
+  spec.mutable_model()->add_hidden(4096);
+  spec.set_max_retries(0);
+  absl::StatusOr<v1::Job> job = cluster.Submit(spec);
+  ASSERT_TRUE(job.ok());
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(120));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->attempt(), 1);
+  int64_t training_started_ms = 0, epoch_done_ms = 0;
+  for (const v1::JobEvent& event : cluster.History(job->id())) {
+    EXPECT_FALSE(absl::StrContains(event.message(), "made no progress")) << event.message();
+    if (absl::StartsWith(event.message(), "training on "))
+      training_started_ms = event.time_unix_ms();
+    if (event.type() == v1::EVENT_TYPE_EPOCH) epoch_done_ms = event.time_unix_ms();
+  }
+  // The trainer sent no event for longer than the watchdog's limit (4 quick steps, then the
+  // evaluation): a watchdog that only listened to events would have stopped it.
+  EXPECT_GT(epoch_done_ms - training_started_ms, 1500);
 }
 
 TEST(PipelineFaultsTest, KilledTrainerTakesItsLoadersAndSharedMemoryWithIt) {
@@ -155,7 +223,7 @@ TEST(PipelineFaultsTest, KilledTrainerTakesItsLoadersAndSharedMemoryWithIt) {
   absl::StatusOr<v1::Job> job = cluster.Submit(spec);
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(cluster.WaitForStep(job->id(), 10).ok());
-  const std::string attempt_dir = "/" + job->id() + "-a1/";
+  const std::string attempt_dir = cluster.dir() + "/w1/" + job->id() + "-a1/";
   std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", attempt_dir});
   ASSERT_EQ(trainers.size(), 1u);
   ASSERT_EQ(FindProcesses({"stoker-loader", attempt_dir}).size(), 2u);

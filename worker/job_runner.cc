@@ -54,7 +54,14 @@ int AutoLoaderLimit(int cpu_count) {
 
 int AutotuneLoaderCount(int current, int limit, double input_bound_fraction,
                         double loader_busy_per_second) {
-  if (input_bound_fraction > 0.10) return std::max(current, std::min(limit, 2 * current));
+  // Busy loader-seconds per second and loader: above this, loaders are what the trainer waits on.
+  constexpr double kBottleneckBusy = 0.6;
+  if (input_bound_fraction > 0.10) {
+    if (current > 0 && loader_busy_per_second > kBottleneckBusy * current) {
+      return std::max(current, std::min(limit, 2 * current));
+    }
+    return current;
+  }
   const int half = current / 2;
   if (input_bound_fraction < 0.02 && half >= 1 && loader_busy_per_second <= 0.5 * half) {
     return half;
@@ -287,15 +294,47 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
                   stats.loader_busy_ns_total.load()};
   };
   Window window = window_now();
+  // The watchdog: when the pipeline last showed a sign of work (a heartbeat or an event).
+  uint64_t last_beats = region.stats().heartbeats_total.load();
+  absl::Time last_beat = absl::Now();
+  // An autotune change asked for and not yet applied by the trainer: what to log once it is.
+  std::optional<std::string> pending_change;
   while (!trainer_exit && !fatal) {
-    if (const absl::Duration silent = absl::Now() - absl::FromUnixNanos(last_event_ns.load());
+    if (const uint64_t beats = region.stats().heartbeats_total.load(); beats != last_beats) {
+      last_beats = beats;
+      last_beat = absl::Now();
+    }
+    if (const absl::Duration silent =
+            absl::Now() - std::max(last_beat, absl::FromUnixNanos(last_event_ns.load()));
         silent > options_.trainer_stall_timeout) {
-      fatal = absl::StrCat("the trainer made no progress for ", absl::FormatDuration(silent), " (",
-                           region.stats().steps_total.load(), " steps done); stopped it");
+      const uint64_t next = region.stats().consumer_next_batch.load();
+      if (next < region.geometry().total_batches && !region.IsPublished(next)) {
+        // The trainer waits for a batch and no loader works on it: name the one that owes it.
+        const uint32_t k = region.LoaderFor(next);
+        fatal =
+            absl::StrCat("the pipeline made no progress for ", absl::FormatDuration(silent),
+                         ": the trainer waits for batch ", next, " of loader ", k,
+                         loaders[k] ? absl::StrCat(" (pid ", *loaders[k], "), which made nothing")
+                                    : " (not running)",
+                         "; stopped the attempt");
+      } else {
+        fatal = absl::StrCat("the trainer made no progress for ", absl::FormatDuration(silent),
+                             " (", region.stats().steps_total.load(), " steps done",
+                             next < region.geometry().total_batches
+                                 ? absl::StrCat(", its next batch ", next, " waiting in the ring")
+                                 : "",
+                             "); stopped it");
+      }
       on_event_(LogEvent(*fatal));
       break;
     }
-    if (autotune && absl::Now() - window.start >= absl::Seconds(2)) {
+    if (pending_change && region.ActiveLoaderCount() == region.RequestedLoaderCount()) {
+      // The trainer appended the era: the change is in effect from its first batch.
+      on_event_(LogEvent(absl::StrCat(*pending_change, " from batch ", region.ActiveEraStart())));
+      pending_change.reset();
+      window = window_now();  // measure the new count from here
+    }
+    if (autotune && !pending_change && absl::Now() - window.start >= absl::Seconds(2)) {
       const Window now = window_now();
       const uint64_t stall = now.stall_ns - window.stall_ns;
       const uint64_t busy = now.busy_ns - window.busy_ns;
@@ -306,24 +345,17 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
         const double fraction = double(stall) / double(stall + busy);
         const int wanted =
             AutotuneLoaderCount(active, loader_count, fraction, double(loader_busy) / window_ns);
-        const uint64_t start =
-            region.stats().consumer_next_batch.load() + region.geometry().slot_count;
-        if (wanted != active && start < region.geometry().total_batches &&
-            region.ChangeLoaderCount(start, static_cast<uint32_t>(wanted)).ok()) {
-          on_event_(LogEvent(absl::StrCat(
-              "autotune: input-bound ", static_cast<int>(100 * fraction + 0.5),
-              "% of the last window, loaders busy ",
-              static_cast<int>(100 * double(loader_busy) / window_ns / active + 0.5),
-              "% each; loader processes ", active, " -> ", wanted, " from batch ", start)));
-          for (int k = 0; k < wanted && !fatal; ++k) {
-            if (loaders[k]) continue;
-            absl::StatusOr<pid_t> pid = spawn_loader(k);
-            if (pid.ok()) {
-              loaders[k] = *pid;
-            } else {
-              fatal = std::string(pid.status().message());
-            }
-          }
+        // The trainer appends the era at its next release (JobRegion::RequestLoaderCount); the
+        // loaders it needs are started below once it is in the table.
+        if (wanted != active &&
+            region.stats().consumer_next_batch.load() + region.geometry().slot_count <
+                region.geometry().total_batches &&
+            region.RequestLoaderCount(static_cast<uint32_t>(wanted)).ok()) {
+          pending_change =
+              absl::StrCat("autotune: input-bound ", static_cast<int>(100 * fraction + 0.5),
+                           "% of the last window, loaders busy ",
+                           static_cast<int>(100 * double(loader_busy) / window_ns / active + 0.5),
+                           "% each; loader processes ", active, " -> ", wanted);
         }
       }
       window = window_now();
@@ -365,6 +397,18 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
       region.stats().loader_restarts_total.fetch_add(1);
       on_event_(LogEvent(absl::StrCat("loader ", k, " ", loader_exit->Describe(),
                                       "; respawned (restart ", restarts, ")")));
+      absl::StatusOr<pid_t> pid = spawn_loader(k);
+      if (pid.ok()) {
+        loaders[k] = *pid;
+      } else {
+        fatal = std::string(pid.status().message());
+      }
+    }
+    // Every loader that owes a batch runs: one of a new era, and one that left an era and is
+    // given batches again by a later one (perhaps before it even exited). After the reaping
+    // above, so a loader that ended just now is seen as not running.
+    for (int k = 0; k < loader_count && !fatal; ++k) {
+      if (loaders[k] || !region.LoaderNeeded(static_cast<uint32_t>(k))) continue;
       absl::StatusOr<pid_t> pid = spawn_loader(k);
       if (pid.ok()) {
         loaders[k] = *pid;

@@ -24,11 +24,13 @@ struct RunnerOptions {
   int max_loader_restarts = 20;
   // Drain(): how long the trainer gets to checkpoint and stop before it is stopped outright.
   absl::Duration drain_timeout = absl::Seconds(30);
-  // A trainer that neither steps nor reports for this long is hung (a stopped process, a wedged
-  // device, a deadlock): it is stopped and the attempt fails, to be retried. It reports at least
-  // once a second while it trains; only its start (test set, model) and end-of-epoch evaluation
-  // are silent. absl::InfiniteDuration() never gives up.
-  absl::Duration trainer_stall_timeout = absl::Minutes(10);
+  // A job whose pipeline is silent this long is hung (a stopped trainer or loader, a wedged
+  // device, a deadlock): it is stopped and the attempt fails, to be retried. Silent means nothing
+  // raised JobStats::heartbeats_total and the trainer sent no event: the trainer beats for every
+  // step and at least once a second while it starts, evaluates or writes a checkpoint, a loader
+  // for every batch and while it loads its data, but neither while it only waits for the other.
+  // absl::InfiniteDuration() never gives up.
+  absl::Duration trainer_stall_timeout = absl::Seconds(30);
 };
 
 struct AttemptOutcome {
@@ -47,9 +49,12 @@ int AutoLoaderLimit(int cpu_count);
 // `loader.processes: auto`: the next loader count, or `current` to keep it, from what the last
 // window measured: the input-bound fraction (time the trainer waited for data / (waited +
 // computed)) and the loaders' busy time per second of wall time (1.0 = one loader always busy).
-// Doubles while the trainer waits more than 10% of the time, up to `limit`. Halves when the
-// trainer waited less than 2% of the time and half the loaders would still be at most 50% busy,
-// so the cores go back to the trainer; the gap between the two rules keeps it from oscillating.
+// Doubles while the trainer waits more than 10% of the time and the loaders are the bottleneck
+// (each busy more than 60% of the window), up to `limit`: when they idle while the trainer waits,
+// the stall is not theirs (a loader starting up, a stopped process) and more cannot help. Halves
+// when the trainer waited less than 2% of the time and half the loaders would still be at most
+// 50% busy, so the cores go back to the trainer; the gap between the rules keeps it from
+// oscillating.
 int AutotuneLoaderCount(int current, int limit, double input_bound_fraction,
                         double loader_busy_per_second);
 

@@ -75,25 +75,49 @@ absl::Status RunLoader(JobRegion& region, const LabeledSamples& data,
   if (absl::Status s = ValidateAugment(options.augment, data.sample_dims); !s.ok()) return s;
   BatchMaker maker(data, geometry.batch_size, options.seed, options.augment);
   JobStats& stats = region.stats();
-  // The loader eras decide which batches are ours; they may change while we run, so ownership is
-  // checked again once a slot is free (a new era never starts at a batch whose slot is free).
-  uint64_t batch =
-      region.NextBatchFor(options.index, stats.consumer_next_batch.load(std::memory_order_acquire));
-  for (; batch < geometry.total_batches; batch = region.NextBatchFor(options.index, batch + 1)) {
-    if (region.IsPublished(batch)) continue;  // made by this loader's previous incarnation
-    absl::StatusOr<WritableBatch> slot = region.WaitWritable(batch, absl::InfiniteDuration());
-    if (absl::IsFailedPrecondition(slot.status())) continue;  // published meanwhile
-    if (!slot.ok()) return slot.status();
-    if (region.NextBatchFor(options.index, batch) != batch) continue;  // another loader's now
-    const auto start = std::chrono::steady_clock::now();
-    const uint32_t count = maker.Make(batch, slot->samples, slot->labels);
-    if (options.delay_ms > 0) absl::SleepFor(absl::Milliseconds(options.delay_ms));
-    region.Publish(batch, count);
-    const auto busy = std::chrono::steady_clock::now() - start;
-    stats.loader_batches_total.fetch_add(1, std::memory_order_relaxed);
-    stats.loader_busy_ns_total.fetch_add(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(busy).count(),
-        std::memory_order_relaxed);
+  // The loader eras decide which batches are ours, and eras may be appended while we run. `from`
+  // is our position: every batch before it is made or not ours. A batch that looks like ours is
+  // only a candidate until its slot has been freed for it (or it was published): from then on the
+  // owners of it and of every batch before it are final (ring_buffer.h), so we derive again, from
+  // `from`, what we own. That finds a batch an era appended meanwhile gave us before the
+  // candidate, and drops a candidate that is no longer ours. While the slot is not free we derive
+  // again every 100 ms too: with more loaders than slots a candidate can lie more than a ring
+  // ahead of a batch a new era gives us, and its slot is freed only after that batch is made.
+  const uint64_t total = geometry.total_batches;
+  uint64_t from = stats.consumer_next_batch.load(std::memory_order_acquire);
+  uint64_t batch = region.NextBatchFor(options.index, from);
+  while (batch < total) {
+    // Published already: by this loader's previous incarnation (a respawn), or while we waited.
+    absl::StatusOr<WritableBatch> slot = region.IsPublished(batch)
+                                             ? absl::FailedPreconditionError("published")
+                                             : region.WaitWritable(batch, absl::Milliseconds(100));
+    if (absl::IsDeadlineExceeded(slot.status())) {
+      batch = region.NextBatchFor(options.index, from);  // a candidate still; wait again
+      continue;
+    }
+    if (!slot.ok() && !absl::IsFailedPrecondition(slot.status())) return slot.status();
+    if (const uint64_t owned = region.NextBatchFor(options.index, from); owned != batch) {
+      batch = owned;  // ours instead of the candidate (earlier or later): wait for that one
+      continue;
+    }
+    if (slot.ok()) {
+      const auto start = std::chrono::steady_clock::now();
+      const uint32_t count = maker.Make(batch, slot->samples, slot->labels);
+      // The artificial delay, in slices with a heartbeat each: a loader that sleeps is working.
+      for (int left_ms = options.delay_ms; left_ms > 0; left_ms -= 1000) {
+        absl::SleepFor(absl::Milliseconds(std::min(left_ms, 1000)));
+        stats.heartbeats_total.fetch_add(1, std::memory_order_relaxed);
+      }
+      region.Publish(batch, count);
+      const auto busy = std::chrono::steady_clock::now() - start;
+      stats.loader_batches_total.fetch_add(1, std::memory_order_relaxed);
+      stats.loader_busy_ns_total.fetch_add(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(busy).count(),
+          std::memory_order_relaxed);
+      stats.heartbeats_total.fetch_add(1, std::memory_order_relaxed);
+    }
+    from = batch + 1;
+    batch = region.NextBatchFor(options.index, from);
   }
   return absl::OkStatus();
 }

@@ -54,8 +54,11 @@ struct LoaderOptions {
 
 // Fills the region's slots with this loader's batches, starting with the first one the consumer
 // has not released (so a respawned loader resumes with the batch it owed) and skipping batches
-// already published. Counts loader_batches_total and loader_busy_ns_total.
-// Returns OK after the job's last batch; CANCELLED on stop; ABORTED when the consumer died;
+// already published. Which batches are its own follows the region's loader eras, re-derived after
+// every slot wait (see JobRegion::NextBatchFor). Counts loader_batches_total and
+// loader_busy_ns_total, and raises heartbeats_total for each batch (and each second of delay).
+// Returns OK once the era table leaves it nothing to make (the job's end, or eras without it:
+// the agent starts it again if a later era gives it batches); CANCELLED on stop; ABORTED when the consumer died;
 // INVALID_ARGUMENT when the data or options do not fit the region's geometry (sample size or
 // type) or the augmentation does not fit the samples' shape.
 absl::Status RunLoader(JobRegion& region, const LabeledSamples& data, const LoaderOptions& options);

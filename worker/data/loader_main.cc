@@ -20,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "stoker.pb.h"
 #include "worker/data/dataset.h"
+#include "worker/data/heartbeat.h"
 #include "worker/data/job_options.h"
 #include "worker/data/loader.h"
 #include "worker/data/ring_buffer.h"
@@ -133,8 +134,11 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
 
-  absl::StatusOr<stoker::LabeledSamples> data =
-      stoker::LoadDataset(stoker::TrainDatasetFiles(spec), spec.dataset().train_limit());
+  absl::StatusOr<stoker::LabeledSamples> data = [&] {
+    // Loading a large dataset takes a while; the job is not hung meanwhile.
+    const stoker::ScopedHeartbeat beating((*region)->stats().heartbeats_total);
+    return stoker::LoadDataset(stoker::TrainDatasetFiles(spec), spec.dataset().train_limit());
+  }();
   if (!data.ok()) return Fail(kExitDataError, prefix, data.status());
 
   const stoker::LoaderOptions options =

@@ -28,8 +28,9 @@ namespace {
 // "STOKERRG" read as a little-endian integer.
 constexpr uint64_t kRegionMagic = 0x475252454b4f5453ull;
 // Bump whenever RegionHeader, RegionControl, SlotHeader, JobStats or the layout rules change.
-constexpr uint32_t kRegionVersion = 5;  // 2: sample_type; 3: loader eras; 4: slot waiters;
-                                        // 5: checkpoint_and_stop
+constexpr uint32_t kRegionVersion = 6;  // 2: sample_type; 3: loader eras; 4: slot waiters;
+                                        // 5: checkpoint_and_stop; 6: requested_loaders and
+                                        // heartbeats_total (the consumer appends eras)
 constexpr uint64_t kCacheLineBytes = 64;
 // Longest single futex sleep: every wait re-checks stop and peer liveness at least this often.
 constexpr auto kWaitTick = std::chrono::milliseconds(100);
@@ -74,11 +75,14 @@ struct LoaderEra {
 struct RegionControl {
   std::atomic<uint32_t> stop;
   std::atomic<int32_t> consumer_pid;  // 0 = not set
-  // Entries below era_count are complete; an entry is written before era_count is raised.
+  // Entries below era_count are complete; an entry is written before era_count is raised. Only
+  // the consumer appends entries (see JobRegion::RequestLoaderCount).
   std::atomic<uint32_t> era_count;
   LoaderEra eras[kMaxLoaderEras];
   // The agent is shutting down: the trainer checkpoints where it is, then stops.
   std::atomic<uint32_t> checkpoint_and_stop;
+  // The loader count the agent asked for (0 = none); the consumer appends the era.
+  std::atomic<uint32_t> requested_loaders;
 };
 
 // Per-slot words. `seq` encodes the slot's state for batch b (mod 2^32):
@@ -219,6 +223,24 @@ struct JobRegion::Impl {
   // Waits until the slot of `batch` is at `2*batch + phase` (phase 0: free for the producer,
   // phase 1: holding the batch for the consumer).
   absl::Status WaitForPhase(uint64_t batch, uint32_t phase, absl::Duration timeout) const;
+
+  // Appends the era "from `start_batch` on, `loader_count` loaders" if it changes anything and
+  // fits: after the latest era's start, before the job's end, with room in the table. The caller
+  // is the consumer, and calls it before any slot is freed for `start_batch` or a later batch.
+  bool AppendEra(uint64_t start_batch, uint32_t loader_count) {
+    const uint32_t eras = control->era_count.load(std::memory_order_relaxed);
+    if (eras >= kMaxLoaderEras || start_batch >= geometry.total_batches ||
+        start_batch <= control->eras[eras - 1].start_batch.load(std::memory_order_relaxed) ||
+        loader_count == control->eras[eras - 1].loader_count.load(std::memory_order_relaxed)) {
+      return false;
+    }
+    control->eras[eras].start_batch.store(start_batch, std::memory_order_relaxed);
+    control->eras[eras].loader_count.store(loader_count, std::memory_order_relaxed);
+    // Release: a process that sees the new count sees the entry. The slot store that later frees
+    // a slot for start_batch is sequenced after this, so whoever sees that slot free sees the era.
+    control->era_count.store(eras + 1, std::memory_order_release);
+    return true;
+  }
 };
 
 absl::Status JobRegion::Impl::WaitForPhase(uint64_t batch, uint32_t phase,
@@ -448,6 +470,12 @@ absl::StatusOr<ReadableBatch> JobRegion::WaitReadable(uint64_t batch, absl::Dura
 
 void JobRegion::Release(uint64_t batch) {
   SlotHeader* slot = impl_->Slot(batch);
+  // The agent's requested loader count becomes an era that starts at the batch this release
+  // frees a slot for, appended before the slot is freed (the invariant in the header).
+  if (const uint32_t wanted = impl_->control->requested_loaders.load(std::memory_order_acquire);
+      wanted != 0) {
+    impl_->AppendEra(batch + impl_->geometry.slot_count, wanted);
+  }
   slot->seq.store(static_cast<uint32_t>(2 * (batch + impl_->geometry.slot_count)),
                   std::memory_order_seq_cst);
   // consumer_next_batch only grows, so a restarted loader never goes back to a released batch.
@@ -491,10 +519,38 @@ uint64_t JobRegion::NextBatchFor(uint32_t index, uint64_t from) const {
   return total;
 }
 
+uint32_t JobRegion::LoaderFor(uint64_t batch) const {
+  const RegionControl& control = *impl_->control;
+  const uint32_t eras = std::min(control.era_count.load(std::memory_order_acquire), kMaxLoaderEras);
+  uint32_t e = eras - 1;
+  while (e > 0 && control.eras[e].start_batch.load(std::memory_order_relaxed) > batch) --e;
+  return static_cast<uint32_t>(batch %
+                               control.eras[e].loader_count.load(std::memory_order_relaxed));
+}
+
 uint32_t JobRegion::ActiveLoaderCount() const {
   const RegionControl& control = *impl_->control;
   const uint32_t eras = std::min(control.era_count.load(std::memory_order_acquire), kMaxLoaderEras);
   return control.eras[eras - 1].loader_count.load(std::memory_order_relaxed);
+}
+
+uint64_t JobRegion::ActiveEraStart() const {
+  const RegionControl& control = *impl_->control;
+  const uint32_t eras = std::min(control.era_count.load(std::memory_order_acquire), kMaxLoaderEras);
+  return control.eras[eras - 1].start_batch.load(std::memory_order_relaxed);
+}
+
+absl::Status JobRegion::RequestLoaderCount(uint32_t loader_count) {
+  if (loader_count == 0 || loader_count > impl_->geometry.loader_count) {
+    return absl::InvalidArgumentError(absl::StrCat("loader count ", loader_count, " is outside 1..",
+                                                   impl_->geometry.loader_count));
+  }
+  impl_->control->requested_loaders.store(loader_count, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+uint32_t JobRegion::RequestedLoaderCount() const {
+  return impl_->control->requested_loaders.load(std::memory_order_acquire);
 }
 
 absl::Status JobRegion::ChangeLoaderCount(uint64_t start_batch, uint32_t loader_count) {
@@ -518,6 +574,17 @@ absl::Status JobRegion::ChangeLoaderCount(uint64_t start_batch, uint32_t loader_
   control.eras[eras].loader_count.store(loader_count, std::memory_order_relaxed);
   control.era_count.store(eras + 1, std::memory_order_release);
   return absl::OkStatus();
+}
+
+bool JobRegion::LoaderNeeded(uint32_t index) const {
+  const uint64_t total = impl_->geometry.total_batches;
+  // Published batches lie within one ring of the consumer, so this looks at most slot_count + 1.
+  for (uint64_t batch =
+           NextBatchFor(index, impl_->stats->consumer_next_batch.load(std::memory_order_acquire));
+       batch < total; batch = NextBatchFor(index, batch + 1)) {
+    if (!IsPublished(batch)) return true;
+  }
+  return false;
 }
 
 }  // namespace stoker

@@ -53,6 +53,12 @@ struct JobStats {
   std::atomic<uint64_t> loss_bits{0};
   std::atomic<uint64_t> loss_scale_bits{0};
   std::atomic<uint64_t> eval_accuracy_bits{0};
+  // The pipeline's heartbeat: raised by whoever does work, never by a process that only waits.
+  // The trainer raises it for each step and at least once a second while it starts, evaluates or
+  // writes a checkpoint; a loader for each batch it makes and at least once a second while it
+  // loads its data or sleeps its loader.delay_ms. When it stops moving, nothing in the job is
+  // doing anything: the agent's watchdog ends the attempt (RunnerOptions::trainer_stall_timeout).
+  std::atomic<uint64_t> heartbeats_total{0};
 };
 
 void StoreDouble(std::atomic<uint64_t>& cell, double value);
@@ -131,15 +137,43 @@ class JobRegion {
   // Loader eras. Batch contents never depend on which loader makes them, so the number of
   // loaders can change while the job runs without changing the batch stream.
   //
+  // The era table says "from batch S on (until the next era's start), loader b % K makes batch
+  // b". Protocol invariant: an era starting at S is in the table before the slot of batch S is
+  // first freed for S (Release of S - slot_count). So once a process has seen the slot of batch b
+  // free for b (or b published), the owner of every batch <= b is final in the table it reads
+  // next; nothing can change it any more. Each batch then has exactly one maker, and a loader that
+  // re-derives what it owns from its own position after every slot wait (RunLoader does) can
+  // neither miss a batch it owns nor make one it does not. Eras that start later may still be
+  // appended, so "nothing left for loader k" is not final: the agent starts loader k again when
+  // LoaderNeeded(k) says it owes a batch and it is not running.
+  //
   // The first batch >= `from` that loader `index` makes, or total_batches when none is left.
   uint64_t NextBatchFor(uint32_t index, uint64_t from) const;
-  // Loaders in the latest era.
+  // The loader that makes `batch` according to the table now (final once its slot was freed for
+  // it, see above).
+  uint32_t LoaderFor(uint64_t batch) const;
+  // Loaders in the latest era, and the batch it starts at.
   uint32_t ActiveLoaderCount() const;
-  // Agent only: from `start_batch` on, `loader_count` loaders (1..geometry.loader_count) make the
-  // batches. FAILED_PRECONDITION unless start_batch >= consumer_next_batch + slot_count (so no
-  // loader can be writing a batch of the new era yet) and after the latest era's start, or when
-  // the era table is full. Producers re-check ownership after each wait, so the switch is safe.
+  uint64_t ActiveEraStart() const;
+  // Agent side: asks for `loader_count` loaders (1..geometry.loader_count, else
+  // INVALID_ARGUMENT). The consumer applies it in its next Release(b) whose slot_count-th
+  // successor is past the latest era's start: it appends the era "from b + slot_count on" just
+  // before it frees that slot, which keeps the invariant above whatever the agent's timing. A
+  // later request replaces one not yet applied. Nothing is appended once the table is full (64
+  // eras). ActiveLoaderCount() shows when it took effect.
+  absl::Status RequestLoaderCount(uint32_t loader_count);
+  // The count last asked for with RequestLoaderCount (0 = none yet).
+  uint32_t RequestedLoaderCount() const;
+  // Consumer side (its thread only, or before it runs): from `start_batch` on, `loader_count`
+  // loaders (1..geometry.loader_count) make the batches. FAILED_PRECONDITION unless start_batch >=
+  // consumer_next_batch + slot_count (no slot can be free for a batch of the new era yet) and
+  // after the latest era's start, or when the era table is full. Called from any other thread
+  // while the consumer releases it would break the invariant: the agent uses RequestLoaderCount.
   absl::Status ChangeLoaderCount(uint64_t start_batch, uint32_t loader_count);
+  // Whether loader `index` owes a batch: it makes (by the table now) a batch at or after the
+  // consumer's position that is not published yet. The agent starts a loader that owes a batch
+  // and is not running, whichever era the batch is in.
+  bool LoaderNeeded(uint32_t index) const;
 
   // Slots currently holding a published, unreleased batch.
   uint32_t FilledSlots() const;

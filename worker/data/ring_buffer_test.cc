@@ -110,6 +110,55 @@ TEST(JobRegionTest, LoaderErasDecideWhoMakesEachBatch) {
   }
 }
 
+// The agent asks; the consumer appends the era at the batch its next release frees a slot for,
+// so no loader can have seen a slot of the new era free under the old table.
+TEST(JobRegionTest, RequestedLoaderCountStartsWhereTheNextReleaseFreesASlot) {
+  RingGeometry g = SmallGeometry(4, 4, 100);
+  g.initial_loaders = 1;
+  auto region = MustCreate(g);
+  ASSERT_NE(region, nullptr);
+  EXPECT_EQ(region->RequestLoaderCount(5).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(region->RequestedLoaderCount(), 0u);
+  ASSERT_TRUE(region->RequestLoaderCount(3).ok());
+  EXPECT_EQ(region->ActiveLoaderCount(), 1u) << "not before the consumer applies it";
+  EXPECT_FALSE(region->LoaderNeeded(1));
+  for (uint64_t b = 0; b < 2; ++b) {
+    absl::StatusOr<WritableBatch> slot = region->WaitWritable(b, absl::Seconds(1));
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    region->Publish(b, 1);
+  }
+  ASSERT_TRUE(region->WaitReadable(0, absl::Seconds(1)).ok());
+  region->Release(0);  // frees the slot for batch 4: the era starts there
+  EXPECT_EQ(region->ActiveLoaderCount(), 3u);
+  EXPECT_EQ(region->ActiveEraStart(), 4u);
+  EXPECT_EQ(region->LoaderFor(3), 0u);
+  EXPECT_EQ(region->LoaderFor(4), 1u);
+  EXPECT_EQ(region->LoaderFor(5), 2u);
+  EXPECT_TRUE(region->LoaderNeeded(0)) << "batch 2 is not made yet";
+  EXPECT_TRUE(region->LoaderNeeded(2));
+  EXPECT_FALSE(region->LoaderNeeded(3));
+  // A later request replaces one not applied yet; the same count appends nothing.
+  ASSERT_TRUE(region->RequestLoaderCount(2).ok());
+  ASSERT_TRUE(region->RequestLoaderCount(3).ok());
+  ASSERT_TRUE(region->WaitReadable(1, absl::Seconds(1)).ok());
+  region->Release(1);
+  EXPECT_EQ(region->ActiveEraStart(), 4u);
+  ASSERT_TRUE(region->RequestLoaderCount(1).ok());
+  for (uint64_t b = 2; b < 4; ++b) {
+    ASSERT_TRUE(region->WaitWritable(b, absl::Seconds(1)).ok());
+    region->Publish(b, 1);
+    ASSERT_TRUE(region->WaitReadable(b, absl::Seconds(1)).ok());
+    region->Release(b);
+  }
+  EXPECT_EQ(region->ActiveLoaderCount(), 1u);
+  EXPECT_EQ(region->ActiveEraStart(), 6u) << "Release(2) frees the slot for batch 6";
+  EXPECT_EQ(region->LoaderFor(5), 2u);
+  EXPECT_EQ(region->LoaderFor(6), 0u);
+  EXPECT_TRUE(region->LoaderNeeded(1)) << "batch 4 is still loader 1's";
+  EXPECT_TRUE(region->LoaderNeeded(2)) << "and batch 5 loader 2's";
+  EXPECT_FALSE(region->LoaderNeeded(3));
+}
+
 TEST(JobRegionTest, ClearCloexec) {
   auto region = MustCreate(SmallGeometry());
   ASSERT_NE(region, nullptr);
