@@ -529,7 +529,7 @@ void Agent::RunJob(RunningJob* job) {
       if (IsStorageFailure(uploaded) && request.state() == v1::JOB_STATE_SUCCEEDED) {
         if (!shutting_down_.load()) {
           give_up = std::max(give_up, absl::Now() + absl::Hours(1));
-          absl::SleepFor(storage_backoff.Next());
+          SleepUnlessStopped(storage_backoff.Next(), shutting_down_);  // a shutdown gives it back
           continue;
         }
         // This worker is going away with weights the server could not store: give the job back
