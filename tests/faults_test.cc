@@ -636,5 +636,121 @@ TEST(FaultsTest, AServerRestartWithAShortLeaseCostsTheRunningJobNothing) {
   }
 }
 
+// A worker shutting down while the server cannot store its job's final weights gives the job
+// back, uncounted, rather than leaving with them: it runs again once there is room.
+TEST(FaultsTest, AWorkerShuttingDownWhileTheServerDiskIsFullGivesTheJobBack) {
+  TestCluster cluster;
+  const std::string checkpoints = cluster.dir() + "/server/checkpoints";
+  std::filesystem::create_directories(checkpoints);
+  CommandResult mounted = RunCommand("mount -t tmpfs -o size=256k tmpfs " + checkpoints);
+  if (mounted.exit_code != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs to fill the server's disk (needs root): "
+                 << mounted.output;
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { RunCommand("umount -l " + dir); }
+  } unmount{checkpoints};
+  cluster.StartServer();
+  const pid_t first = cluster.StartWorker("w1");
+  v1::JobSpec spec = SmallFashionMnistJob(2, 2000, 500);
+  spec.set_max_retries(0);  // a counted attempt would fail the job
+  absl::StatusOr<v1::Job> job = cluster.Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<v1::Job> waiting = cluster.WaitFor(
+      job->id(),
+      [](const v1::Job& j) {
+        return IsFinal(j.state()) ||
+               absl::StrContains(j.waiting_reason(), "final weights (step 32) not stored");
+      },
+      absl::Seconds(60));
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  ASSERT_EQ(waiting->state(), v1::JOB_STATE_RUNNING);
+
+  cluster.KillWorker(first, SIGTERM);
+  absl::StatusOr<v1::Job> released = cluster.WaitFor(
+      job->id(), [](const v1::Job& j) { return j.state() != v1::JOB_STATE_RUNNING; },
+      absl::Seconds(20));
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(released->state(), v1::JOB_STATE_QUEUED) << released->error();
+  EXPECT_EQ(released->released_attempts(), 1);
+  EXPECT_NE(released->error().find("shut down before the server could store the final weights"),
+            std::string::npos)
+      << released->error();
+  EXPECT_EQ(released->waiting_reason().find("not stored"), std::string::npos)
+      << released->waiting_reason();
+
+  ASSERT_EQ(RunCommand("mount -o remount,size=64m " + checkpoints).exit_code, 0);
+  cluster.StartWorker("w2");
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(60));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->checkpoint_step(), 32);
+}
+
+// The protocol rules behind issues 12.3 and 12.4, driven through the WorkerService by hand
+// against a real server: instances fence a worker id, and success needs the final weights.
+TEST(FaultsTest, TheServerFencesWorkerInstancesAndWantsTheFinalWeightsBeforeSuccess) {
+  TestCluster cluster;
+  cluster.StartServer();
+  auto registered = [&](const std::string& instance, const std::string& previous) {
+    grpc::ClientContext context;
+    v1::RegisterWorkerRequest request;
+    request.set_worker_id("hand");
+    request.set_instance(instance);
+    request.set_previous_instance(previous);
+    v1::Device* cpu = request.add_devices();
+    cpu->set_kind("cpu");
+    cpu->set_name("test cpu");
+    v1::RegisterWorkerResponse response;
+    return cluster.workers().RegisterWorker(&context, request, &response);
+  };
+  auto heartbeat = [&](const std::string& instance, v1::HeartbeatResponse* response) {
+    grpc::ClientContext context;
+    v1::HeartbeatRequest request;
+    request.set_worker_id("hand");
+    request.set_instance(instance);
+    request.set_free_slots(1);
+    return cluster.workers().Heartbeat(&context, request, response);
+  };
+  ASSERT_TRUE(registered("a", "").ok());
+  grpc::Status second = registered("b", "");
+  EXPECT_EQ(second.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_NE(second.error_message().find("worker id hand is in use by a live worker"),
+            std::string::npos)
+      << second.error_message();
+  EXPECT_NE(second.error_message().find("its lease expires in "), std::string::npos)
+      << second.error_message();
+  EXPECT_TRUE(registered("a", "").ok()) << "the same instance registers again";
+  // Its successor, naming it, takes the id over at once; the old instance is then a stranger.
+  ASSERT_TRUE(registered("b", "a").ok());
+  v1::HeartbeatResponse beat;
+  EXPECT_EQ(heartbeat("a", &beat).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  absl::StatusOr<v1::Job> job = cluster.Submit(SmallFashionMnistJob(1, 1000, 200));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(heartbeat("b", &beat).ok());
+  ASSERT_EQ(beat.assignments_size(), 1);
+  grpc::ClientContext context;
+  v1::CompleteJobRequest complete;
+  complete.set_worker_id("hand");
+  complete.set_job_id(job->id());
+  complete.set_attempt(beat.assignments(0).attempt());
+  complete.set_state(v1::JOB_STATE_SUCCEEDED);
+  complete.mutable_progress()->set_step(8);
+  complete.mutable_progress()->set_total_steps(8);
+  v1::CompleteJobResponse completed;
+  grpc::Status refused = cluster.workers().CompleteJob(&context, complete, &completed);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(refused.error_message().find("cannot succeed before the server stores its final "
+                                         "weights (step 8); it holds none"),
+            std::string::npos)
+      << refused.error_message();
+  absl::StatusOr<v1::Job> still = cluster.WaitFor(
+      job->id(), [](const v1::Job&) { return true; }, absl::Seconds(5));
+  ASSERT_TRUE(still.ok());
+  EXPECT_EQ(still->state(), v1::JOB_STATE_RUNNING);
+}
+
 }  // namespace
 }  // namespace stoker::testing
