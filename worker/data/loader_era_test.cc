@@ -73,6 +73,7 @@ struct RunResult {
   bool ok = true;
   std::string failure;
   int eras = 0;
+  int loader_starts = 0;  // including the first ones
 };
 
 // One job: random geometry, a consumer with a random pace, an agent changing the loader count at
@@ -228,6 +229,7 @@ RunResult RunOnce(uint64_t rng_seed, std::set<std::pair<uint32_t, uint32_t>>& re
   }
   if (result.ok && !agent_error.empty()) result = {false, agent_error};
   result.eras = eras;
+  result.loader_starts = starts.load();
   return result;
 }
 
@@ -295,10 +297,11 @@ TEST(LoaderEraScheduleTest, RandomGrowAndShrinkNeverDeadlocksAndKeepsTheStream) 
   const auto deadline =
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   std::set<std::pair<uint32_t, uint32_t>> residues;
-  int runs = 0, eras = 0;
+  int runs = 0, eras = 0, loader_starts = 0;
   for (; Clock::now() < deadline; ++runs, ++seed) {
     const RunResult result = RunOnce(seed, residues);
     eras += result.eras;
+    loader_starts += result.loader_starts;
     if (!result.ok) {
       FAIL() << "run " << runs + 1 << " after "
              << std::chrono::duration<double>(Clock::now() - start).count()
@@ -306,8 +309,8 @@ TEST(LoaderEraScheduleTest, RandomGrowAndShrinkNeverDeadlocksAndKeepsTheStream) 
     }
   }
   std::cout << runs << " runs in " << std::chrono::duration<double>(Clock::now() - start).count()
-            << " s, " << eras << " loader count changes, " << residues.size()
-            << " distinct (era start % slots, era start % loaders) pairs\n";
+            << " s, " << eras << " loader count changes, " << loader_starts << " loader starts, "
+            << residues.size() << " distinct (era start % slots, era start % loaders) pairs\n";
   EXPECT_GT(runs, 0);
 }
 
