@@ -84,6 +84,8 @@ std::string JobDetails(const v1::Job& job) {
   if (job.state() == v1::JOB_STATE_QUEUED) {
     rows.push_back({"queue position:", absl::StrCat(job.queue_position())});
     rows.push_back({"waiting:", job.waiting_reason()});
+  } else if (!job.waiting_reason().empty()) {
+    rows.push_back({"waiting:", job.waiting_reason()});  // e.g. final weights the server lacks
   }
   rows.push_back({"attempt:", absl::StrCat(job.attempt(),
                                            job.released_attempts() > 0

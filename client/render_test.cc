@@ -83,5 +83,13 @@ TEST(RenderTest, JobDetailsShowTheCheckpointAndAttemptsGivenBack) {
   EXPECT_EQ(Row(job, "attempt:"), "2 (1 given back by a worker shutdown)");
 }
 
+TEST(RenderTest, JobDetailsSayWhyARunningJobWaits) {
+  v1::Job job;
+  job.set_state(v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Row(job, "waiting:"), "(none)");
+  job.set_waiting_reason("final weights (step 32) not stored: the server cannot write checkpoints");
+  EXPECT_EQ(Row(job, "waiting:"), job.waiting_reason());
+}
+
 }  // namespace
 }  // namespace stoker
