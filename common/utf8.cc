@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/stubs/common.h"
 #include "google/protobuf/wire_format_lite.h"
 
 namespace stoker {
@@ -66,41 +67,12 @@ absl::Status WalkWire(google::protobuf::io::CodedInputStream* in, const Descript
 }  // namespace
 
 std::optional<size_t> FirstInvalidUtf8Byte(absl::string_view text) {
-  size_t i = 0;
-  while (i < text.size()) {
-    const unsigned char lead = static_cast<unsigned char>(text[i]);
-    if (lead < 0x80) {
-      ++i;
-      continue;
-    }
-    // Sequence length and the range of the second byte (RFC 3629, table 3-7 of Unicode).
-    size_t length = 0;
-    unsigned char low = 0x80, high = 0xBF;
-    if (lead >= 0xC2 && lead <= 0xDF) {
-      length = 2;
-    } else if (lead == 0xE0) {
-      length = 3, low = 0xA0;
-    } else if ((lead >= 0xE1 && lead <= 0xEC) || lead == 0xEE || lead == 0xEF) {
-      length = 3;
-    } else if (lead == 0xED) {
-      length = 3, high = 0x9F;  // no UTF-16 surrogates
-    } else if (lead == 0xF0) {
-      length = 4, low = 0x90;
-    } else if (lead >= 0xF1 && lead <= 0xF3) {
-      length = 4;
-    } else if (lead == 0xF4) {
-      length = 4, high = 0x8F;  // nothing above U+10FFFF
-    } else {
-      return i;
-    }
-    if (i + length > text.size()) return i;
-    for (size_t k = 1; k < length; ++k) {
-      const unsigned char byte = static_cast<unsigned char>(text[i + k]);
-      if (byte < (k == 1 ? low : 0x80) || byte > (k == 1 ? high : 0xBF)) return i;
-    }
-    i += length;
-  }
-  return std::nullopt;
+  // protobuf's own validator, the one its parser and serialiser apply to proto3 strings: this
+  // check can then never pass a string that protobuf refuses, nor refuse one it accepts.
+  const int valid = google::protobuf::internal::UTF8SpnStructurallyValid(
+      google::protobuf::StringPiece(text.data(), text.size()));
+  if (static_cast<size_t>(valid) == text.size()) return std::nullopt;
+  return static_cast<size_t>(valid);
 }
 
 absl::Status CheckUtf8(absl::string_view field, absl::string_view text) {

@@ -16,8 +16,8 @@
 
 namespace stoker {
 
-// Offset of the first byte of `text` that does not belong to a well-formed UTF-8 sequence
-// (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF); nullopt if there is none.
+// Offset of the first byte of `text` that does not belong to a well-formed UTF-8 sequence, by
+// protobuf's rule for proto3 strings; nullopt if there is none.
 std::optional<size_t> FirstInvalidUtf8Byte(absl::string_view text);
 
 // INVALID_ARGUMENT "FIELD: not valid UTF-8 (byte 0xff at offset 3)" for text that is not UTF-8.
