@@ -3,11 +3,12 @@
 #define STOKER_WORKER_DATA_HEARTBEAT_H_
 
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace stoker {
 
@@ -18,19 +19,18 @@ namespace stoker {
 class ScopedHeartbeat {
  public:
   explicit ScopedHeartbeat(std::atomic<uint64_t>& beats,
-                           std::chrono::milliseconds period = std::chrono::milliseconds(500))
+                           absl::Duration period = absl::Milliseconds(500))
       : beats_(beats), thread_([this, period] {
-          std::unique_lock<std::mutex> lock(mu_);
+          absl::MutexLock lock(&mu_);
           do {
             beats_.fetch_add(1, std::memory_order_relaxed);
-          } while (!done_cv_.wait_for(lock, period, [this] { return done_; }));
+          } while (!mu_.AwaitWithTimeout(absl::Condition(&done_), period));
         }) {}
   ~ScopedHeartbeat() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       done_ = true;
     }
-    done_cv_.notify_all();
     thread_.join();
   }
   ScopedHeartbeat(const ScopedHeartbeat&) = delete;
@@ -38,9 +38,8 @@ class ScopedHeartbeat {
 
  private:
   std::atomic<uint64_t>& beats_;
-  std::mutex mu_;
-  std::condition_variable done_cv_;
-  bool done_ = false;   // guarded by mu_
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: starts after the members it uses exist
 };
 
