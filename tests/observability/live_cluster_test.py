@@ -131,15 +131,18 @@ loader: {{processes: {loaders}, ring_slots: 16, delay_ms: {delay}}}
 """
 
 
-def step_seconds(cluster, job_id, window_s):
-    """Mean compute time of one training step over `window_s` (busy seconds / steps)."""
+def increments(cluster, job_id, names, window_s):
+    """How much each of the job's counters `names` grew over `window_s` (two worker scrapes)."""
     before = scrape(cluster.worker_metrics)
     time.sleep(window_s)
     after = scrape(cluster.worker_metrics)
-    busy = (counter_sum(after, "stoker_device_busy_seconds_total", job_id) -
-            counter_sum(before, "stoker_device_busy_seconds_total", job_id))
-    steps = (counter_sum(after, "stoker_step_seconds_count", job_id) -
-             counter_sum(before, "stoker_step_seconds_count", job_id))
+    return [counter_sum(after, n, job_id) - counter_sum(before, n, job_id) for n in names]
+
+
+def step_seconds(cluster, job_id, window_s):
+    """Mean compute time of one training step over `window_s` (busy seconds / steps)."""
+    busy, steps = increments(cluster, job_id, ["stoker_device_busy_seconds_total",
+                                               "stoker_step_seconds_count"], window_s)
     if steps <= 0:
         sys.exit(f"{job_id}: no step in {window_s} s")
     return busy / steps
@@ -157,13 +160,8 @@ def wait_ring_filled(cluster, job_id, slots, timeout=60):
 
 def input_bound_fraction(cluster, job_id, window_s):
     """rate(stall) / rate(stall + busy) over `window_s`, from two scrapes of the worker."""
-    before = scrape(cluster.worker_metrics)
-    time.sleep(window_s)
-    after = scrape(cluster.worker_metrics)
-    stall = (counter_sum(after, "stoker_data_stall_seconds_total", job_id) -
-             counter_sum(before, "stoker_data_stall_seconds_total", job_id))
-    busy = (counter_sum(after, "stoker_device_busy_seconds_total", job_id) -
-            counter_sum(before, "stoker_device_busy_seconds_total", job_id))
+    stall, busy = increments(cluster, job_id, ["stoker_data_stall_seconds_total",
+                                               "stoker_device_busy_seconds_total"], window_s)
     if stall + busy <= 0:
         sys.exit(f"{job_id}: no stall or busy time advanced in {window_s} s")
     return stall / (stall + busy), stall, busy
