@@ -13,8 +13,8 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/job_spec.h"
 #include "grpcpp/grpcpp.h"
+#include "spec/job_spec.h"
 #include "stoker.grpc.pb.h"
 
 int main(int argc, char** argv) {

@@ -18,8 +18,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "engine/backend.h"
 #include "oneapi/dnnl/dnnl.hpp"
-#include "worker/engine/backend.h"
 
 ABSL_FLAG(double, seconds, 3.0, "measuring time per configuration");
 ABSL_FLAG(int, batch, 128, "samples per TrainStep");

@@ -18,8 +18,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "worker/data/dataset.h"
-#include "worker/engine/backend.h"
+#include "data/dataset.h"
+#include "engine/backend.h"
 
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "IDX files (gzipped)");
 ABSL_FLAG(std::string, model, "cnn", "cnn, mlp (fp32 and bf16) or all");

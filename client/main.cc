@@ -22,11 +22,11 @@
 #include "common/auth.h"
 #include "common/chunk_download.h"
 #include "common/grpc_status.h"
-#include "common/job_file.h"
-#include "common/job_spec.h"
 #include "common/utf8.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
+#include "spec/job_file.h"
+#include "spec/job_spec.h"
 #include "stoker.grpc.pb.h"
 
 namespace stoker {

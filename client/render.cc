@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/job_spec.h"
+#include "spec/job_spec.h"
 
 namespace stoker {
 namespace {

@@ -1,6 +1,5 @@
 #include "common/utf8.h"
 
-#include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "stoker.pb.h"
 
@@ -19,21 +18,6 @@ TEST(Utf8Test, FindsTheFirstByteOfABadSequence) {
   EXPECT_EQ(FirstInvalidUtf8Byte("\xe2\x82\x41"), 0u);      // bad continuation
   EXPECT_EQ(CheckUtf8("dataset.train_images", "a/\xff").message(),
             "dataset.train_images: not valid UTF-8 (byte 0xff at offset 2)");
-}
-
-TEST(Utf8Test, ValidateJobSpecNamesTheFieldBeforeAnythingIsSerialised) {
-  v1::JobSpec spec = DefaultJobSpec();
-  spec.mutable_dataset()->set_train_images("fashion-mnist/\xfftrain.gz");
-  const absl::Status status = ValidateJobSpec(spec);
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(status.message(), "dataset.train_images: not valid UTF-8 (byte 0xff at offset 14)");
-
-  spec = DefaultJobSpec();
-  spec.mutable_model()->set_type("cnn");
-  spec.mutable_model()->add_layers()->set_type("flatten");
-  spec.mutable_model()->add_layers()->set_type("line\xe9r");
-  EXPECT_EQ(ValidateJobSpec(spec).message(),
-            "model.layers[1].type: not valid UTF-8 (byte 0xe9 at offset 4)");
 }
 
 TEST(Utf8Test, ChecksSerialisedBytesWithoutParsingThem) {

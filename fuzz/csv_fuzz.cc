@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "worker/data/csv_reader.h"
+#include "data/csv_reader.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "worker/data/dataset.h"
+#include "data/dataset.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> bytes(data, data + size);

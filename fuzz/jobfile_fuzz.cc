@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <string>
 
-#include "common/job_file.h"
-#include "common/job_spec.h"
+#include "spec/job_file.h"
+#include "spec/job_spec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "worker/data/npy_reader.h"
+#include "data/npy_reader.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Header parsing must only look at the bytes it is given (ASan checks the bound).

@@ -43,7 +43,7 @@ readers=(file_bytes idx_reader npy_reader csv_reader dataset)
 start=$(date +%s)
 pids=()
 for r in "${readers[@]}"; do
-  "$cxx" "${cxxflags[@]}" -fsanitize=fuzzer-no-link -c "worker/data/$r.cc" -o "$out/obj/$r.o" &
+  "$cxx" "${cxxflags[@]}" -fsanitize=fuzzer-no-link -c "data/$r.cc" -o "$out/obj/$r.o" &
   pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid"; done
@@ -57,7 +57,7 @@ done
 # The job-file parser and JobSpec validation (with the generated protobuf code).
 mkdir -p "$out/gen"
 protoc --proto_path=proto --cpp_out="$out/gen" proto/stoker.proto
-jobfile_sources=("$out/gen/stoker.pb.cc" common/job_file.cc common/job_spec.cc)
+jobfile_sources=("$out/gen/stoker.pb.cc" spec/job_file.cc spec/job_spec.cc common/utf8.cc)
 read -r -a jobfile_libs <<<"$(pkg-config --libs protobuf yaml-cpp absl_status absl_statusor absl_strings absl_str_format)"
 "$cxx" "${cxxflags[@]}" -I"$out/gen" -fsanitize=fuzzer fuzz/jobfile_fuzz.cc "${jobfile_sources[@]}" \
   "${jobfile_libs[@]}" -o "$out/jobfile_fuzz"

@@ -13,11 +13,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checkpoint.h"
-#include "common/job_spec.h"
+#include "data/dataset.h"
 #include "server/scheduler.h"
-#include "worker/data/dataset.h"
-#include "worker/data/job_options.h"
-#include "worker/model_spec.h"
+#include "spec/job_options.h"
+#include "spec/job_spec.h"
+#include "spec/model_spec.h"
 
 namespace stoker {
 namespace {

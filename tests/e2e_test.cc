@@ -10,9 +10,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "spec/job_spec.h"
 #include "tests/test_cluster.h"
 
 namespace stoker::testing {

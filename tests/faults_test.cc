@@ -16,11 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checkpoint.h"
-#include "common/job_spec.h"
+#include "common/http_get_for_test.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "spec/job_spec.h"
 #include "tests/test_cluster.h"
-#include "worker/metrics/http_get_for_test.h"
 
 namespace stoker::testing {
 namespace {

@@ -13,9 +13,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
-#include "common/job_spec.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "spec/job_spec.h"
 
 namespace stoker::testing {
 namespace {

@@ -10,8 +10,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "data/job_region.h"
 #include "stoker.pb.h"
-#include "worker/data/ring_buffer.h"
 
 namespace stoker {
 

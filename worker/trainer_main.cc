@@ -18,18 +18,18 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint.h"
+#include "data/dataset.h"
+#include "data/heartbeat.h"
+#include "data/job_region.h"
+#include "engine/backend.h"
 #include "google/protobuf/util/delimited_message_util.h"
+#include "spec/job_options.h"
 #include "stoker.pb.h"
-#include "worker/data/dataset.h"
-#include "worker/data/heartbeat.h"
-#include "worker/data/job_options.h"
-#include "worker/data/ring_buffer.h"
-#include "worker/engine/backend.h"
 #ifdef STOKER_HAVE_CUDA
-#include "worker/engine/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_backend.h"
 #endif
+#include "spec/model_spec.h"
 #include "worker/exit_codes.h"
-#include "worker/model_spec.h"
 
 namespace stoker {
 namespace {

@@ -18,10 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "worker/engine/backend.h"
-#include "worker/engine/cuda/cuda_backend.h"
-#include "worker/engine/cuda/cuda_context.h"
-#include "worker/engine/cuda/lt_gemm.h"
+#include "engine/backend.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_context.h"
+#include "engine/cuda/lt_gemm.h"
 
 namespace stoker {
 namespace {

@@ -36,10 +36,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "data/dataset.h"
+#include "data/job_region.h"
+#include "data/stream_copy.h"
 #include "stoker.pb.h"
-#include "worker/data/dataset.h"
-#include "worker/data/ring_buffer.h"
-#include "worker/data/stream_copy.h"
 
 ABSL_FLAG(std::string, loader, STOKER_LOADER_PATH, "the stoker-loader executable");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST directory");

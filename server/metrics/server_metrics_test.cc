@@ -11,11 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/http_get_for_test.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/metrics/rpc_metrics_interceptor.h"
 #include "stoker.grpc.pb.h"
-#include "worker/metrics/http_get_for_test.h"
 
 namespace stoker {
 namespace {

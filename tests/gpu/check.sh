@@ -112,7 +112,7 @@ fi
 
 log "engine_test"
 stage=tests
-OMP_WAIT_POLICY=passive timeout 45 "$BUILD/engine/engine_test" --gtest_brief=1 \
+OMP_WAIT_POLICY=passive timeout 45 "$BUILD/engine/cpu/engine_test" --gtest_brief=1 \
   >"$LOGS/engine_test.log" 2>&1
 engine_rc=$?
 

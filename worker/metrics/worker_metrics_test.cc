@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/http_get_for_test.h"
 #include "gtest/gtest.h"
 #include "worker/metrics/buckets.h"
-#include "worker/metrics/http_get_for_test.h"
 
 namespace stoker {
 namespace {

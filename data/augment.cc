@@ -1,0 +1,92 @@
+#include "data/augment.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace stoker {
+namespace {
+
+// SplitMix64's finaliser: a bijective mix with good avalanche, specified exactly here.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A value in [0, n) from 32 random bits (multiply-shift; the bias is below n / 2^32).
+int Below(uint32_t bits, int n) {
+  return static_cast<int>((uint64_t{bits} * static_cast<uint32_t>(n)) >> 32);
+}
+
+}  // namespace
+
+AugmentDraw DrawAugment(const AugmentOptions& options, uint64_t seed, uint64_t batch,
+                        uint32_t position) {
+  // A distinct constant keeps these draws unrelated to the shuffle, which uses the same seed.
+  const uint64_t bits = Mix(Mix(Mix(seed ^ 0x6175676d656e7421ull) ^ batch) ^ position);
+  AugmentDraw draw;
+  const int p = options.crop_padding;
+  if (p > 0) {
+    draw.shift_y = Below(static_cast<uint32_t>(bits), 2 * p + 1) - p;
+    draw.shift_x = Below(static_cast<uint32_t>(bits >> 32), 2 * p + 1) - p;
+  }
+  // The flip takes a bit of one more mix, so it is independent of the crop's bits.
+  draw.flip = options.horizontal_flip && (Mix(bits) & 1) != 0;
+  return draw;
+}
+
+absl::Status ValidateAugment(const AugmentOptions& options, const std::vector<int>& sample_dims) {
+  if (!options.enabled()) return absl::OkStatus();
+  if (sample_dims.size() != 2 && sample_dims.size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "augmentation needs images of shape {H, W} or {H, W, C}; the samples have shape {",
+        absl::StrJoin(sample_dims, ", "), "}"));
+  }
+  const int limit = std::min(sample_dims[0], sample_dims[1]);
+  if (options.crop_padding < 0 || options.crop_padding > limit) {
+    return absl::InvalidArgumentError(absl::StrCat("augment crop_padding ", options.crop_padding,
+                                                   " must be in [0, ", limit, "] for images of ",
+                                                   sample_dims[0], "x", sample_dims[1]));
+  }
+  return absl::OkStatus();
+}
+
+void CopyAugmented(const uint8_t* src, uint8_t* dst, int height, int width, int pixel_bytes,
+                   const AugmentDraw& draw) {
+  const size_t row_bytes = static_cast<size_t>(width) * pixel_bytes;
+  // Output columns [x_begin, x_end) have a source column; the rest are padding.
+  const int x_begin = std::clamp(-draw.shift_x, 0, width);
+  const int x_end = std::clamp(width - draw.shift_x, 0, width);
+  for (int y = 0; y < height; ++y) {
+    uint8_t* out = dst + y * row_bytes;
+    const int sy = y + draw.shift_y;
+    if (sy < 0 || sy >= height || x_begin >= x_end) {
+      std::memset(out, 0, row_bytes);
+      continue;
+    }
+    const uint8_t* in = src + sy * row_bytes;
+    if (!draw.flip) {
+      std::memset(out, 0, x_begin * pixel_bytes);
+      std::memcpy(out + x_begin * pixel_bytes, in + (x_begin + draw.shift_x) * pixel_bytes,
+                  static_cast<size_t>(x_end - x_begin) * pixel_bytes);
+      std::memset(out + x_end * pixel_bytes, 0, static_cast<size_t>(width - x_end) * pixel_bytes);
+      continue;
+    }
+    // Flipped: output column x shows cropped column width-1-x.
+    for (int x = 0; x < width; ++x) {
+      const int cx = width - 1 - x;
+      uint8_t* o = out + x * pixel_bytes;
+      if (cx < x_begin || cx >= x_end) {
+        std::memset(o, 0, pixel_bytes);
+      } else {
+        std::memcpy(o, in + (cx + draw.shift_x) * pixel_bytes, pixel_bytes);
+      }
+    }
+  }
+}
+
+}  // namespace stoker

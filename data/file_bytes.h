@@ -1,0 +1,33 @@
+// Whole-file reads shared by the dataset readers, with gzip detected from the first bytes.
+#ifndef STOKER_DATA_FILE_BYTES_H_
+#define STOKER_DATA_FILE_BYTES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace stoker {
+
+// Nothing bigger than this is read or decompressed: it cannot be a dataset we hold in memory.
+inline constexpr uint64_t kMaxDatasetFileBytes = uint64_t{1} << 36;
+
+// Reads a regular file whole. Errors name the file (and the offset of a failed read).
+absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path);
+
+// True if `bytes` starts with the gzip magic (1f 8b).
+bool IsGzip(const std::vector<uint8_t>& bytes);
+
+// Inflates every gzip member of `compressed` (as `cat a.gz b.gz` makes). Errors name `path` and
+// the compressed-byte offset (corrupt or truncated data, garbage after the last member).
+absl::StatusOr<std::vector<uint8_t>> Gunzip(const std::string& path,
+                                            const std::vector<uint8_t>& compressed);
+
+// Gunzip(bytes) if IsGzip(bytes), else `bytes` unchanged.
+absl::StatusOr<std::vector<uint8_t>> MaybeGunzip(const std::string& path,
+                                                 std::vector<uint8_t> bytes);
+
+}  // namespace stoker
+
+#endif  // STOKER_DATA_FILE_BYTES_H_

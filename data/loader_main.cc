@@ -1,0 +1,150 @@
+// stoker-loader: one loader process of a job. The agent starts K of them with the job's region
+// fd inherited; each fills the ring with its share of the batch stream (see loader.h).
+//
+// Exit status: 0 done, stopped, or the consumer is gone; 1 the region cannot be used or the
+// parent is already gone; 2 the training data is bad (the message names file and offset);
+// 64 bad arguments.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "data/dataset.h"
+#include "data/heartbeat.h"
+#include "data/job_region.h"
+#include "data/loader.h"
+#include "spec/job_options.h"
+#include "stoker.pb.h"
+
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitDataError = 2;
+constexpr int kExitUsage = 64;
+
+constexpr char kUsage[] =
+    "usage: stoker-loader --region-fd N --index K --job FILE [--parent-pid P]\n"
+    "  --region-fd N   inherited fd of the job's shared-memory region\n"
+    "  --index K       this loader's index, 0 <= K < the region's loader count\n"
+    "  --job FILE      binary stoker.v1.JobSpec with absolute dataset paths\n"
+    "  --parent-pid P  exit at once unless the parent is P (default: exit if reparented to 1)\n"
+    "exit status: 0 done or stopped, 1 region/parent error, 2 bad data, 64 bad arguments\n";
+
+struct Args {
+  int region_fd = -1;
+  int index = -1;
+  std::string job_path;
+  std::optional<pid_t> parent_pid;
+};
+
+// Three flags whose errors must exit 64 (EX_USAGE); absl's flag parser exits 1 on its own.
+std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    std::string value;
+    absl::string_view name = arg;
+    if (const size_t eq = arg.find('='); eq != absl::string_view::npos) {
+      name = arg.substr(0, eq);
+      value = std::string(arg.substr(eq + 1));
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      *error = absl::StrCat(arg, " needs a value");
+      return std::nullopt;
+    }
+    int number = 0;
+    if (name == "--region-fd" || name == "--index" || name == "--parent-pid") {
+      if (!absl::SimpleAtoi(value, &number) || number < 0) {
+        *error = absl::StrCat(name, ": '", value, "' is not a non-negative integer");
+        return std::nullopt;
+      }
+    }
+    if (name == "--region-fd") {
+      args.region_fd = number;
+    } else if (name == "--index") {
+      args.index = number;
+    } else if (name == "--parent-pid") {
+      args.parent_pid = number;
+    } else if (name == "--job") {
+      args.job_path = value;
+    } else {
+      *error = absl::StrCat("unknown argument ", arg);
+      return std::nullopt;
+    }
+  }
+  if (args.region_fd < 0 || args.index < 0 || args.job_path.empty()) {
+    *error = "--region-fd, --index and --job are required";
+    return std::nullopt;
+  }
+  return args;
+}
+
+int Fail(int code, const std::string& prefix, const absl::Status& status) {
+  std::fprintf(stderr, "%s: %s\n", prefix.c_str(), std::string(status.message()).c_str());
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Die with the agent. Note: the signal follows the death of the parent *thread* that spawned us.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  std::string error;
+  const std::optional<Args> args = ParseArgs(argc, argv, &error);
+  if (!args) {
+    std::fprintf(stderr, "stoker-loader: %s\n%s", error.c_str(), kUsage);
+    return kExitUsage;
+  }
+  const std::string prefix = absl::StrCat("stoker-loader[", args->index, "]");
+  // The parent may have died before prctl took effect; then nobody would ever stop us.
+  const pid_t parent = getppid();
+  if (args->parent_pid ? parent != *args->parent_pid : parent == 1) {
+    return Fail(kExitFailure, prefix, absl::AbortedError("the parent process is gone"));
+  }
+
+  stoker::v1::JobSpec spec;
+  {
+    std::ifstream in(args->job_path, std::ios::binary);
+    std::stringstream content;
+    content << in.rdbuf();
+    if (!in || !spec.ParseFromString(content.str())) {
+      std::fprintf(stderr, "%s: cannot read a binary JobSpec from %s\n%s", prefix.c_str(),
+                   args->job_path.c_str(), kUsage);
+      return kExitUsage;
+    }
+  }
+
+  absl::StatusOr<std::unique_ptr<stoker::JobRegion>> region =
+      stoker::JobRegion::Attach(args->region_fd);
+  if (!region.ok()) return Fail(kExitFailure, prefix, region.status());
+
+  if (static_cast<uint32_t>(args->index) >= (*region)->geometry().loader_count) {
+    std::fprintf(stderr, "%s: --index %d is out of range: the job has %u loaders\n%s",
+                 prefix.c_str(), args->index, (*region)->geometry().loader_count, kUsage);
+    return kExitUsage;
+  }
+
+  absl::StatusOr<stoker::LabeledSamples> data = [&] {
+    // Loading a large dataset takes a while; the job is not hung meanwhile.
+    const stoker::ScopedHeartbeat beating((*region)->stats().heartbeats_total);
+    return stoker::LoadDataset(stoker::TrainDatasetFiles(spec), spec.dataset().train_limit());
+  }();
+  if (!data.ok()) return Fail(kExitDataError, prefix, data.status());
+
+  const stoker::LoaderOptions options =
+      stoker::LoaderOptionsFromSpec(spec, static_cast<uint32_t>(args->index));
+  const absl::Status status = stoker::RunLoader(**region, *data, options);
+  if (status.ok() || absl::IsCancelled(status) || absl::IsAborted(status)) return 0;
+  if (absl::IsInvalidArgument(status)) return Fail(kExitDataError, prefix, status);
+  return Fail(kExitFailure, prefix, status);
+}

@@ -1,0 +1,365 @@
+// The loader: batch contents, and the stoker-loader binary started as the agent starts it
+// (fork + exec with the region fd inherited).
+#include "data/loader.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "data/test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "stoker.pb.h"
+
+namespace stoker {
+namespace {
+
+using std::chrono::milliseconds;
+using ::testing::HasSubstr;
+
+constexpr int kCount = 103;
+constexpr int kBatchSize = 8;  // 13 batches per epoch, the last one of 7
+constexpr uint64_t kSeed = 7;
+
+LabeledSamples SmallData() {
+  LabeledSamples data;
+  data.count = kCount;
+  data.sample_bytes = 6;
+  data.sample_dims = {2, 3};
+  data.features = 6;
+  for (int i = 0; i < kCount; ++i) {
+    // Byte 0 of a sample is its index.
+    for (int j = 0; j < 6; ++j) data.samples.push_back(static_cast<uint8_t>(i + 37 * j));
+    data.labels.push_back(static_cast<uint8_t>(i % 10));
+  }
+  data.classes = 10;
+  return data;
+}
+
+// FNV-1a over a batch stream: batch numbers, counts, samples and labels.
+class StreamHash {
+ public:
+  void Add(const void* bytes, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      hash_ = (hash_ ^ static_cast<const uint8_t*>(bytes)[i]) * 0x100000001b3ull;
+    }
+  }
+  void AddBatch(uint64_t batch, uint32_t count, const uint8_t* samples, const uint8_t* labels,
+                int sample_bytes) {
+    Add(&batch, sizeof(batch));
+    Add(&count, sizeof(count));
+    Add(samples, static_cast<size_t>(count) * sample_bytes);
+    Add(labels, count);
+  }
+  uint64_t value() const { return hash_; }
+
+ private:
+  uint64_t hash_ = 0xcbf29ce484222325ull;
+};
+
+uint64_t ExpectedStreamHash(const LabeledSamples& data, uint64_t total_batches) {
+  BatchMaker maker(data, kBatchSize, kSeed);
+  std::vector<uint8_t> samples(kBatchSize * data.sample_bytes), labels(kBatchSize);
+  StreamHash hash;
+  for (uint64_t b = 0; b < total_batches; ++b) {
+    const uint32_t count = maker.Make(b, samples.data(), labels.data());
+    hash.AddBatch(b, count, samples.data(), labels.data(), data.sample_bytes);
+  }
+  return hash.value();
+}
+
+TEST(BatchMakerTest, EachEpochCoversEverySampleOnce) {
+  const LabeledSamples data = SmallData();
+  BatchMaker maker(data, kBatchSize, kSeed);
+  ASSERT_EQ(maker.batches_per_epoch(), 13);
+  std::vector<uint8_t> samples(kBatchSize * 6), labels(kBatchSize);
+  for (uint64_t epoch = 0; epoch < 2; ++epoch) {
+    std::vector<int> seen(kCount);
+    for (uint64_t i = 0; i < 13; ++i) {
+      const uint32_t count = maker.Make(epoch * 13 + i, samples.data(), labels.data());
+      EXPECT_EQ(count, i < 12 ? 8u : 7u);
+      for (uint32_t s = 0; s < count; ++s) {
+        const int index = samples[s * 6];
+        ASSERT_LT(index, kCount);
+        ++seen[index];
+        EXPECT_TRUE(std::equal(samples.begin() + s * 6, samples.begin() + s * 6 + 6,
+                               data.samples.begin() + index * 6));
+        EXPECT_EQ(labels[s], data.labels[index]);
+      }
+    }
+    EXPECT_EQ(seen, std::vector<int>(kCount, 1)) << "epoch " << epoch;
+  }
+  // The order follows EpochPermutation of the epoch.
+  const std::vector<uint32_t> order = EpochPermutation(kCount, kSeed, 1);
+  maker.Make(13 + 2, samples.data(), labels.data());
+  EXPECT_EQ(samples[0], order[2 * kBatchSize]);
+}
+
+// A job on disk and a region, and the loader processes that fill it.
+class LoaderProcessTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kEpochs = 2;
+
+  void SetUp() override {
+    data_ = SmallData();
+    std::vector<int> image_dims = {kCount, 2, 3};
+    testing::WriteGzip(dir_.File("images.gz"), testing::IdxBytes(image_dims, data_.samples));
+    testing::WriteRaw(dir_.File("labels"), testing::IdxBytes({kCount}, data_.labels));
+    WriteJob(dir_.File("images.gz"), dir_.File("labels"));
+  }
+
+  void WriteJob(const std::string& images, const std::string& labels, int delay_ms = 0,
+                const std::string& format = "idx") {
+    v1::JobSpec spec;
+    spec.set_name("loader-test");
+    spec.mutable_dataset()->set_format(format);
+    spec.mutable_dataset()->set_train_images(images);
+    spec.mutable_dataset()->set_train_labels(labels);
+    spec.mutable_train()->set_seed(kSeed);
+    spec.mutable_train()->set_batch_size(kBatchSize);
+    spec.mutable_loader()->set_delay_ms(delay_ms);
+    std::ofstream out(dir_.File("job.pb"), std::ios::binary | std::ios::trunc);
+    ASSERT_TRUE(spec.SerializeToOstream(&out));
+  }
+
+  std::unique_ptr<JobRegion> MakeRegion(uint32_t loaders, uint32_t slots) {
+    RingGeometry g;
+    g.slot_count = slots;
+    g.batch_size = kBatchSize;
+    g.sample_bytes = static_cast<uint32_t>(data_.sample_bytes);
+    g.sample_type = data_.sample_type;
+    g.loader_count = loaders;
+    g.total_batches = kEpochs * BatchesPerEpoch(kCount, kBatchSize);
+    absl::StatusOr<std::unique_ptr<JobRegion>> region = JobRegion::Create(g);
+    EXPECT_TRUE(region.ok()) << region.status();
+    if (!region.ok()) return nullptr;
+    (*region)->SetConsumerPid(getpid());
+    return *std::move(region);
+  }
+
+  // Starts `stoker-loader` with the region fd inherited; its stderr goes to `stderr_path`.
+  pid_t Spawn(const JobRegion& region, std::vector<std::string> args,
+              const std::string& stderr_path = "/dev/null") {
+    args.insert(args.begin(), STOKER_LOADER_PATH);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int fd = region.fd();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int err = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (err < 0 || dup2(err, STDERR_FILENO) < 0 || !ClearCloexec(fd).ok()) _exit(120);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    EXPECT_GT(pid, 0);
+    reaper_.Add(pid);
+    return pid;
+  }
+
+  pid_t SpawnLoader(const JobRegion& region, int index) {
+    return Spawn(region, {"--region-fd", std::to_string(region.fd()), "--index",
+                          std::to_string(index), "--job", dir_.File("job.pb")});
+  }
+
+  // Runs loader 0 of the job, expects exit code 2 (bad input) and returns what it printed.
+  std::string RunLoaderExpectingBadInput(const JobRegion& region) {
+    const pid_t pid = Spawn(
+        region,
+        {"--region-fd", std::to_string(region.fd()), "--index", "0", "--job", dir_.File("job.pb")},
+        dir_.File("stderr"));
+    EXPECT_EQ(ExitCode(pid), 2);
+    std::ifstream in(dir_.File("stderr"));
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  }
+
+  // Exit code of `pid`, or -1 if it did not exit normally within the timeout.
+  int ExitCode(pid_t pid, milliseconds timeout = milliseconds(5000)) {
+    const int status = testing::WaitChild(pid, timeout);
+    reaper_.Forget(pid);
+    return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+  // Consumes batches [first, end) and adds them to `hash`.
+  void Consume(JobRegion& region, uint64_t first, uint64_t end, StreamHash& hash) {
+    for (uint64_t b = first; b < end; ++b) {
+      absl::StatusOr<ReadableBatch> batch = region.WaitReadable(b, absl::Seconds(10));
+      ASSERT_TRUE(batch.ok()) << "batch " << b << ": " << batch.status();
+      hash.AddBatch(b, batch->count, batch->samples, batch->labels, data_.sample_bytes);
+      region.Release(b);
+    }
+  }
+
+  uint64_t RunWithLoaders(uint32_t loaders, uint32_t slots) {
+    auto region = MakeRegion(loaders, slots);
+    if (region == nullptr) return 0;
+    std::vector<pid_t> pids;
+    for (uint32_t k = 0; k < loaders; ++k) pids.push_back(SpawnLoader(*region, k));
+    StreamHash hash;
+    Consume(*region, 0, region->geometry().total_batches, hash);
+    for (pid_t pid : pids) EXPECT_EQ(ExitCode(pid), 0);
+    EXPECT_EQ(region->stats().loader_batches_total.load(), region->geometry().total_batches);
+    EXPECT_GT(region->stats().loader_busy_ns_total.load(), 0u);
+    return hash.value();
+  }
+
+  testing::TempDir dir_;
+  testing::ChildReaper reaper_;
+  LabeledSamples data_;
+};
+
+TEST_F(LoaderProcessTest, StreamIsTheSameForAnyNumberOfLoaders) {
+  const uint64_t expected = ExpectedStreamHash(data_, kEpochs * 13);
+  EXPECT_EQ(RunWithLoaders(1, 4), expected);
+  EXPECT_EQ(RunWithLoaders(2, 4), expected);
+  EXPECT_EQ(RunWithLoaders(3, 2), expected);
+  EXPECT_EQ(RunWithLoaders(4, 4), expected);
+}
+
+// What `loader.processes: auto` does mid-job, through real loader processes: 4 loaders, then an
+// era of 2 (loaders 2 and 3 finish what they owe and exit 0 before the job ends), then an era of
+// 3 (loader 2 is started again). The stream is the one any fixed number of loaders makes.
+TEST_F(LoaderProcessTest, ShrinkingAndGrowingTheLoaderCountKeepsTheStream) {
+  const uint64_t total = kEpochs * 13;
+  ASSERT_GE(total, 24u);
+  auto region = MakeRegion(4, 3);
+  ASSERT_NE(region, nullptr);
+  std::vector<pid_t> pids;
+  for (int k = 0; k < 4; ++k) pids.push_back(SpawnLoader(*region, k));
+  StreamHash hash;
+  Consume(*region, 0, 5, hash);
+  ASSERT_TRUE(region->ChangeLoaderCount(5 + 3, 2).ok());
+  Consume(*region, 5, 12, hash);
+  // Loaders 2 and 3 own nothing from batch 8 on: they are done, long before the job is.
+  EXPECT_EQ(ExitCode(pids[2]), 0);
+  EXPECT_EQ(ExitCode(pids[3]), 0);
+  ASSERT_TRUE(region->ChangeLoaderCount(20, 3).ok());
+  pids[2] = SpawnLoader(*region, 2);
+  Consume(*region, 12, total, hash);
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(ExitCode(pids[k]), 0) << "loader " << k;
+  EXPECT_EQ(hash.value(), ExpectedStreamHash(data_, total));
+  EXPECT_EQ(region->stats().loader_batches_total.load(), total);
+}
+
+// The same samples as float32 (value = byte / 4), written as NPY and as CSV.
+LabeledSamples FloatData(const LabeledSamples& bytes) {
+  LabeledSamples data = bytes;
+  data.sample_type = SampleType::kFloat32;
+  data.sample_bytes = data.features * 4;
+  std::vector<float> values;
+  for (uint8_t b : bytes.samples) values.push_back(b / 4.0f);
+  data.samples = testing::BytesOf(values);
+  return data;
+}
+
+TEST_F(LoaderProcessTest, Float32NpyAndCsvStreamThroughLoaderProcesses) {
+  data_ = FloatData(data_);
+  std::vector<float> values(data_.samples.size() / 4);
+  std::memcpy(values.data(), data_.samples.data(), data_.samples.size());
+  testing::WriteRaw(dir_.File("x.npy"),
+                    testing::NpyBytes("<f4", {kCount, 2, 3}, data_.samples, /*major=*/2));
+  const std::vector<int64_t> labels(data_.labels.begin(), data_.labels.end());
+  testing::WriteRaw(dir_.File("y.npy"),
+                    testing::NpyBytes("<i8", {kCount}, testing::BytesOf(labels)));
+  std::string csv = "label,f0,f1,f2,f3,f4,f5\n";
+  for (int i = 0; i < kCount; ++i) {
+    csv += std::to_string(data_.labels[i]);
+    for (int j = 0; j < 6; ++j) absl::StrAppend(&csv, ",", values[i * 6 + j]);
+    csv += "\n";
+  }
+  testing::WriteText(dir_.File("d.csv"), csv);
+  const uint64_t expected = ExpectedStreamHash(data_, kEpochs * 13);
+
+  WriteJob(dir_.File("x.npy"), dir_.File("y.npy"), 0, "npy");
+  EXPECT_EQ(RunWithLoaders(2, 4), expected);
+  WriteJob(dir_.File("d.csv"), "", 0, "csv");
+  EXPECT_EQ(RunWithLoaders(3, 2), expected);
+}
+
+TEST_F(LoaderProcessTest, SampleTypeMismatchExitsTwo) {
+  data_ = FloatData(data_);  // the region expects float32; the job's IDX files are uint8
+  auto region = MakeRegion(1, 2);
+  ASSERT_NE(region, nullptr);
+  const std::string message = RunLoaderExpectingBadInput(*region);
+  EXPECT_THAT(message, HasSubstr("samples are uint8 but the ring's slots hold float32 samples"));
+}
+
+TEST_F(LoaderProcessTest, UnknownFormatExitsTwo) {
+  WriteJob(dir_.File("images.gz"), dir_.File("labels"), 0, "hdf5");
+  auto region = MakeRegion(1, 2);
+  ASSERT_NE(region, nullptr);
+  const std::string message = RunLoaderExpectingBadInput(*region);
+  EXPECT_THAT(message, HasSubstr("dataset format 'hdf5' is not supported"));
+}
+
+TEST_F(LoaderProcessTest, KilledLoaderIsReplacedAndStreamIsUnchanged) {
+  const uint64_t total = kEpochs * 13;
+  auto region = MakeRegion(2, 3);
+  ASSERT_NE(region, nullptr);
+  const pid_t first = SpawnLoader(*region, 0);
+  pid_t second = SpawnLoader(*region, 1);
+  StreamHash hash;
+  Consume(*region, 0, 9, hash);
+  // Loader 1 has published what fits in the ring and waits for a slot; kill it mid-job.
+  ASSERT_EQ(kill(second, SIGKILL), 0);
+  EXPECT_EQ(ExitCode(second), -1);
+  second = SpawnLoader(*region, 1);
+  Consume(*region, 9, total, hash);
+  EXPECT_EQ(ExitCode(first), 0);
+  EXPECT_EQ(ExitCode(second), 0);
+  EXPECT_EQ(hash.value(), ExpectedStreamHash(data_, total));
+}
+
+TEST_F(LoaderProcessTest, StopEndsLoadersQuietly) {
+  WriteJob(dir_.File("images.gz"), dir_.File("labels"), /*delay_ms=*/1);
+  auto region = MakeRegion(2, 2);
+  ASSERT_NE(region, nullptr);
+  const pid_t a = SpawnLoader(*region, 0);
+  const pid_t b = SpawnLoader(*region, 1);
+  StreamHash hash;
+  Consume(*region, 0, 3, hash);
+  region->RequestStop();
+  EXPECT_EQ(ExitCode(a, milliseconds(1000)), 0);
+  EXPECT_EQ(ExitCode(b, milliseconds(1000)), 0);
+}
+
+TEST_F(LoaderProcessTest, CorruptDataExitsTwoNamingTheFile) {
+  std::vector<uint8_t> truncated = testing::IdxBytes({kCount, 2, 3}, data_.samples);
+  truncated.resize(truncated.size() - 5);
+  testing::WriteRaw(dir_.File("short-images"), truncated);
+  WriteJob(dir_.File("short-images"), dir_.File("labels"));
+  auto region = MakeRegion(1, 2);
+  ASSERT_NE(region, nullptr);
+  const std::string message = RunLoaderExpectingBadInput(*region);
+  EXPECT_THAT(message, HasSubstr(dir_.File("short-images")));
+  EXPECT_THAT(message, HasSubstr("expected 618 data bytes after offset 16, got 613"));
+}
+
+TEST_F(LoaderProcessTest, BadArgumentsExit64) {
+  auto region = MakeRegion(2, 2);
+  ASSERT_NE(region, nullptr);
+  const std::string fd = std::to_string(region->fd());
+  EXPECT_EQ(ExitCode(Spawn(*region, {"--region-fd", fd, "--index", "0"})), 64);
+  EXPECT_EQ(ExitCode(Spawn(*region, {"--region-fd", "x", "--index", "0", "--job", "j"})), 64);
+  EXPECT_EQ(ExitCode(Spawn(*region, {"--bogus", "1"})), 64);
+  // Index out of range for a 2-loader region.
+  EXPECT_EQ(
+      ExitCode(Spawn(*region, {"--region-fd", fd, "--index", "2", "--job", dir_.File("job.pb")})),
+      64);
+  // A region fd that is not a region.
+  EXPECT_EQ(
+      ExitCode(Spawn(*region, {"--region-fd", "0", "--index", "0", "--job", dir_.File("job.pb")})),
+      1);
+}
+
+}  // namespace
+}  // namespace stoker

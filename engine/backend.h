@@ -1,0 +1,314 @@
+// The training engine's contract: a Backend builds Models; a Model trains on uint8 batches straight
+// from the ring buffer and keeps fp32 master weights whatever its compute precision.
+#ifndef STOKER_ENGINE_BACKEND_H_
+#define STOKER_ENGINE_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace stoker {
+
+// Compute precision of forward and backward passes. Master weights, optimizer state and gradient
+// accumulation are fp32 in every case.
+enum class Precision { kFp32, kBf16, kFp16 };
+
+// "fp32", "bf16", "fp16".
+const char* PrecisionName(Precision precision);
+
+enum class OptimizerType {
+  kSgd,    // torch.optim.SGD: momentum, nesterov, L2 weight decay added to the gradient
+  kAdamW,  // torch.optim.AdamW: decoupled weight decay, bias-corrected moments
+};
+
+// "sgd", "adamw".
+const char* OptimizerTypeName(OptimizerType type);
+
+struct OptimizerConfig {
+  double learning_rate = 0.05;
+  // SGD momentum (PyTorch semantics: v = mu * v + g; w -= lr * v). 0 = plain SGD.
+  double momentum = 0.9;
+  // SGD: L2 decay added to weight gradients (not biases). AdamW: decoupled decay of weights (not
+  // biases), w -= lr * weight_decay * w before the Adam update.
+  double weight_decay = 0.0;
+  OptimizerType type = OptimizerType::kSgd;
+  // SGD only (PyTorch semantics: w -= lr * (g + mu * v) after v = mu * v + g); needs momentum > 0.
+  bool nesterov = false;
+  // AdamW only (PyTorch defaults).
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  // Gradients are scaled by min(1, clip_grad_norm / (global L2 norm + 1e-6)) before the update,
+  // as torch.nn.utils.clip_grad_norm_. 0 = off.
+  double clip_grad_norm = 0.0;
+};
+
+// Dynamic loss scaling for fp16 (torch.cuda.amp.GradScaler semantics): the loss is multiplied by
+// `scale` before backward; a step whose gradients hold inf/NaN is skipped and the scale multiplied
+// by backoff_factor; after growth_interval consecutive applied steps it is multiplied by
+// growth_factor. Unused by fp32 and bf16 (their scale is 1).
+struct LossScaleConfig {
+  float initial = 65536.0f;
+  int growth_interval = 2000;
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+};
+
+// A multi-layer perceptron: Linear(+ReLU) for each hidden width, then Linear to `classes` logits,
+// trained with softmax cross-entropy.
+struct MlpConfig {
+  int input_features = 784;
+  std::vector<int> hidden = {256, 128};
+  int classes = 10;
+  // Largest batch TrainStep/Evaluate will see; buffers are sized for it once.
+  int max_batch = 128;
+  Precision precision = Precision::kFp32;
+  // Seeds the weight initialisation (PyTorch's nn.Linear default: U(-1/sqrt(fan_in), +)).
+  uint64_t seed = 1;
+  OptimizerConfig optimizer;
+  // Input normalisation, done by the model on its own side: x = pixel * input_scale + input_shift.
+  float input_scale = 1.0f / 127.5f;
+  float input_shift = -1.0f;
+  LossScaleConfig loss_scale;
+};
+
+// One layer of a NetworkConfig. Shapes follow PyTorch: activations [N, C, H, W] or [N, features].
+struct LayerConfig {
+  enum class Kind {
+    kConv2d,  // out_channels, kernel (square), stride, padding; weight [out_c, in_c, k, k] + bias
+    kMaxPool2d,  // kernel, stride (0 = kernel), padding (<= kernel / 2); PyTorch floor mode
+    kLinear,     // units; weight [units, in_features] + bias; flattens a [C, H, W] input itself
+    kRelu,
+    kGelu,     // exact (erf) GELU, as torch.nn.GELU()
+    kDropout,  // rate in [0, 1): inverted dropout in TrainStep only, identity in Evaluate
+    kFlatten,  // [C, H, W] -> [C*H*W] in C, H, W order, as torch.nn.Flatten
+  };
+  Kind kind = Kind::kLinear;
+  int out_channels = 0;
+  int kernel = 0;
+  int stride = 0;  // 0: 1 for Conv2d, kernel for MaxPool2d
+  int padding = 0;
+  int units = 0;
+  float rate = 0;
+};
+
+// "conv2d", "maxpool2d", "linear", "relu", "gelu", "dropout", "flatten".
+const char* LayerKindName(LayerConfig::Kind kind);
+
+// A feed-forward network of `layers` ending in `classes` logits, trained with softmax
+// cross-entropy. Parameters are named "layers.<i>.weight" / "layers.<i>.bias", i the index in
+// `layers` (as torch.nn.Sequential names them). Optimizer state: "<param>.momentum" (SGD with
+// momentum) or "<param>.exp_avg" and "<param>.exp_avg_sq" (AdamW), then "optimizer.step" [1]
+// (optimizer steps applied), "train_step" [1] (TrainStep calls: seeds dropout) and, for fp16,
+// "loss_scale" [2] (scale, consecutive finite steps).
+struct NetworkConfig {
+  // {C, H, W} for images, {features} for flat samples; product = values per sample.
+  std::vector<int> input_shape = {1, 28, 28};
+  std::vector<LayerConfig> layers;
+  // The last layer's output must be flat with this many features.
+  int classes = 10;
+  int max_batch = 128;
+  Precision precision = Precision::kFp32;
+  // Seeds the initialisation (PyTorch's default for Conv2d and Linear: U(-1/sqrt(fan_in), +) for
+  // weights and biases) and the dropout masks (with the step number).
+  uint64_t seed = 1;
+  OptimizerConfig optimizer;
+  float input_scale = 1.0f / 127.5f;
+  float input_shift = -1.0f;
+  LossScaleConfig loss_scale;
+};
+
+// A batch as it sits in a ring slot: `count` samples of `input_features` uint8 values each,
+// row-major, and one uint8 class label per sample.
+struct BatchView {
+  const uint8_t* samples = nullptr;
+  const uint8_t* labels = nullptr;
+  int count = 0;
+  // Float32 features (NPY/CSV data), used instead of `samples` when set: taken as they are,
+  // without the uint8 normalisation.
+  const float* features = nullptr;
+};
+
+struct StepResult {
+  // Mean cross-entropy over the batch (unscaled).
+  float loss = 0;
+  // True when the step was skipped because a gradient overflowed (fp16 loss scaling).
+  bool skipped = false;
+  // Loss scale in force after the step (1 when no loss scaling is used).
+  float loss_scale = 1;
+};
+
+struct EvalResult {
+  double loss_sum = 0;  // summed cross-entropy over the batch
+  int64_t correct = 0;  // argmax(logits) == label
+  int64_t count = 0;
+};
+
+// A named fp32 tensor, for checkpoints and tests.
+struct NamedTensor {
+  std::string name;  // e.g. "layers.0.weight" (shape [out, in]), "layers.0.bias" (shape [out])
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // One optimizer step on `batch` (count <= max_batch) with the given learning rate.
+  // Returns INVALID_ARGUMENT for a bad batch (count out of range, label >= classes).
+  virtual absl::StatusOr<StepResult> TrainStep(const BatchView& batch, double learning_rate) = 0;
+
+  // Forward pass only; no state changes.
+  virtual absl::StatusOr<EvalResult> Evaluate(const BatchView& batch) = 0;
+
+  // Copies of the fp32 master weights, in layer order.
+  virtual std::vector<NamedTensor> Parameters() const = 0;
+  // Replaces the master weights; names and shapes must match Parameters().
+  virtual absl::Status SetParameters(const std::vector<NamedTensor>& parameters) = 0;
+
+  // Optimizer state (e.g. SGD momentum buffers, named "<parameter>.momentum"), for checkpoints:
+  // together with Parameters() it makes a resumed run continue exactly.
+  virtual std::vector<NamedTensor> OptimizerState() const { return {}; }
+  // Replaces the optimizer state; names and shapes must match OptimizerState().
+  virtual absl::Status SetOptimizerState(const std::vector<NamedTensor>& state) {
+    return state.empty() ? absl::OkStatus()
+                         : absl::UnimplementedError("this model keeps no optimizer state");
+  }
+
+  // Test hook: the next TrainStep adds `value` (e.g. +inf) to one element of the gradient after
+  // the backward pass, as an overflow would. UNIMPLEMENTED where a model does not offer it.
+  virtual absl::Status InjectGradientForTest(float value) {
+    (void)value;
+    return absl::UnimplementedError("this model has no gradient test hook");
+  }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // "cpu" or "cuda".
+  virtual std::string Name() const = 0;
+  // UNIMPLEMENTED if the backend cannot run `config.precision`.
+  virtual absl::StatusOr<std::unique_ptr<Model>> CreateMlp(const MlpConfig& config) = 0;
+  // A network of layers (NetworkConfig). INVALID_ARGUMENT naming the layer for a bad config
+  // ("layers[2] (conv2d): kernel 5 larger than input 4x4"), UNIMPLEMENTED where the backend has
+  // no such path.
+  virtual absl::StatusOr<std::unique_ptr<Model>> CreateNetwork(const NetworkConfig& config) {
+    (void)config;
+    return absl::UnimplementedError(Name() + " backend does not build networks");
+  }
+  // Memory a new model could still take, in bytes: the machine's available memory (within this
+  // process's cgroup limit) for cpu, the device's free memory for cuda. UNIMPLEMENTED where the
+  // backend cannot tell.
+  virtual absl::StatusOr<int64_t> AvailableMemoryBytes() const {
+    return absl::UnimplementedError(Name() + " backend cannot tell its free memory");
+  }
+};
+
+// The oneDNN backend. Never fails on a machine oneDNN supports.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend();
+
+// ---- Helpers shared by backends (mlp_common.cc) ----
+
+// INVALID_ARGUMENT, naming the field, unless: input_features > 0, 1 <= classes <= 256 (labels are
+// uint8), every hidden width > 0, max_batch > 0, finite input_scale and input_shift, and the
+// optimizer and loss scale pass ValidateTrainingOptions (learning_rate >= 0, 0 <= momentum <= 1,
+// weight_decay >= 0, ...).
+absl::Status ValidateMlpConfig(const MlpConfig& config);
+
+// INVALID_ARGUMENT unless samples/labels are set, 1 <= count <= config.max_batch and every label is
+// < config.classes.
+absl::Status ValidateBatch(const MlpConfig& config, const BatchView& batch);
+
+// INVALID_ARGUMENT unless the learning rate TrainStep got is finite and >= 0.
+absl::Status ValidateLearningRate(double learning_rate);
+
+// The initial fp32 parameters for `config`, identical on every backend and platform for a given
+// seed: "layers.<i>.weight" [out, in] then "layers.<i>.bias" [out] for each Linear i = 0, 1, ...,
+// each drawn U(-1/sqrt(in), 1/sqrt(in)) from one std::mt19937_64(config.seed) in that order.
+std::vector<NamedTensor> InitialMlpParameters(const MlpConfig& config);
+
+// Multiply-adds x 2 of one sample's forward pass (the Linear layers only).
+int64_t MlpForwardFlopsPerSample(const MlpConfig& config);
+
+// True when an MLP needs the general network path: fp16, AdamW, Nesterov or gradient clipping.
+// Each backend's MLP fast path does SGD with momentum in fp32 or bf16 only. Both backends route
+// alike, so an MLP's checkpoint holds the same tensors on either.
+bool MlpNeedsNetwork(const MlpConfig& config);
+
+// ---- Networks (network_common.cc) ----
+
+// The activation shape after each layer: shapes[0] = input_shape, shapes[i + 1] = the output of
+// layers[i] ({C, H, W} or {features}). INVALID_ARGUMENT naming the layer for a bad config (see
+// ValidateNetworkConfig).
+absl::StatusOr<std::vector<std::vector<int>>> NetworkShapes(const NetworkConfig& config);
+
+// INVALID_ARGUMENT, naming the layer or field, unless every layer fits its input (kernel no larger
+// than the padded input, positive sizes, 0 <= rate < 1, Conv2d/MaxPool2d on [C, H, W] only), the
+// output is flat with `classes` features, and the rest is as ValidateMlpConfig asks, plus: AdamW
+// betas in [0, 1), eps > 0, nesterov only with SGD momentum > 0, clip_grad_norm >= 0, and a sane
+// LossScaleConfig (initial > 0, growth_interval >= 1, growth_factor > 1, 0 < backoff_factor < 1).
+absl::Status ValidateNetworkConfig(const NetworkConfig& config);
+
+// The optimizer and loss-scale checks of ValidateNetworkConfig (ValidateMlpConfig runs them too).
+absl::Status ValidateTrainingOptions(const OptimizerConfig& optimizer,
+                                     const LossScaleConfig& loss_scale);
+
+// The activation whose memory layout activation `index` shares (0 = the network input,
+// i + 1 = the output of layers[i]): ReLU, GELU, Dropout and Flatten keep their input's layout,
+// so this walks back through them to the nearest activation another kind of layer made. Both
+// backends lay activations out, and hash dropout masks, by it.
+size_t LayoutOrigin(const NetworkConfig& config, size_t index);
+
+// A Conv2d's or MaxPool2d's stride: LayerConfig::stride, or its default when 0 (1 for Conv2d, the
+// kernel size for MaxPool2d, as in PyTorch).
+int EffectiveStride(const LayerConfig& layer);
+
+// The network optimizer state's scalar entries, as a checkpoint brings them back: "loss_scale"
+// must hold {finite scale > 0, whole count >= 0}; a counter ("optimizer.step", "train_step") a
+// whole, finite value >= 0. INVALID_ARGUMENT naming the entry otherwise.
+absl::Status ValidateScalarState(const NamedTensor& entry);
+
+// ValidateBatch for a network (count, pointers, labels < classes).
+absl::Status ValidateBatch(const NetworkConfig& config, const BatchView& batch);
+
+// The initial fp32 parameters: for each Conv2d/Linear i in order, "layers.<i>.weight" then
+// "layers.<i>.bias", each drawn U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from one
+// std::mt19937_64(config.seed) (fan_in = in_channels * k * k for Conv2d).
+std::vector<NamedTensor> InitialNetworkParameters(const NetworkConfig& config);
+
+// The MLP as a network: Linear(+ReLU) per hidden width, then Linear to the classes; same seed,
+// optimizer and precision. Its initial parameters equal InitialMlpParameters(mlp) value for value,
+// though named by layer index (layers.0, layers.2, ...).
+NetworkConfig NetworkFromMlp(const MlpConfig& mlp);
+
+// Multiply-adds x 2 of one sample's forward pass (Conv2d and Linear layers only); 0 for a bad
+// config.
+int64_t NetworkForwardFlopsPerSample(const NetworkConfig& config);
+
+// A training run's memory, roughly as either backend allocates it: fp32 master weights, their
+// gradients and optimizer state (1 slot for SGD with momentum, 2 for AdamW), a low-precision
+// weight copy for bf16/fp16, and max_batch samples of every activation with its gradient and a
+// low-precision copy. An estimate for refusing a model that cannot fit, not an exact figure.
+struct TrainingFootprint {
+  int64_t parameters = 0;
+  int64_t activations_per_sample = 0;  // values of every layer's output, input included
+  int64_t bytes = 0;
+};
+
+// The footprint of `config`; INVALID_ARGUMENT as NetworkShapes for a bad config.
+absl::StatusOr<TrainingFootprint> EstimateTrainingFootprint(const NetworkConfig& config);
+
+// OK when `footprint` fits in `available_bytes` (less a tenth kept for everything else);
+// RESOURCE_EXHAUSTED naming both sizes, the parameter count and the batch size otherwise.
+absl::Status CheckTrainingFits(const TrainingFootprint& footprint, int64_t available_bytes,
+                               const std::string& where, int max_batch);
+
+}  // namespace stoker
+
+#endif  // STOKER_ENGINE_BACKEND_H_

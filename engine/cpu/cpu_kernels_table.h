@@ -1,0 +1,27 @@
+// Internal to the cpu kernels: one table of the element-wise loops per instruction set.
+#ifndef STOKER_ENGINE_CPU_CPU_KERNELS_TABLE_H_
+#define STOKER_ENGINE_CPU_CPU_KERNELS_TABLE_H_
+
+#include <cstdint>
+
+#include "engine/bf16.h"
+
+namespace stoker::cpu {
+
+// Signatures and contracts as in cpu_kernels.h.
+struct KernelTable {
+  void (*normalize_to_f32)(const uint8_t*, int64_t, float, float, float*);
+  void (*normalize_to_bf16)(const uint8_t*, int64_t, float, float, bf16_t*);
+  double (*softmax_cross_entropy)(const float*, const uint8_t*, int, int, float*, int64_t*);
+  void (*finish_output_grad_f32)(const float*, int, int, float*, float*, bf16_t*);
+  void (*finish_output_grad_bf16)(const bf16_t*, int, int, float*, float*, bf16_t*);
+  void (*sgd_momentum_update)(int64_t, float, float, float, const float*, float*, float*, bf16_t*);
+  void (*convert_to_bf16)(const float*, int64_t, bf16_t*);
+};
+
+extern const KernelTable kGenericKernels;  // baseline x86-64
+extern const KernelTable kAvx512Kernels;   // x86-64-v4 (AVX-512 F/BW/DQ/VL)
+
+}  // namespace stoker::cpu
+
+#endif  // STOKER_ENGINE_CPU_CPU_KERNELS_TABLE_H_

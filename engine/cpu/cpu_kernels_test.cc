@@ -1,0 +1,186 @@
+// The element-wise loops against straightforward double-precision references.
+#include "engine/cpu/cpu_kernels.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "engine/cpu/cpu_kernels_table.h"
+#include "gtest/gtest.h"
+
+namespace stoker::cpu {
+namespace {
+
+std::vector<float> RandomFloats(size_t n, uint64_t seed, float scale) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> values(n);
+  // Map the top 24 bits to [-scale, scale); exact and library-independent.
+  for (float& v : values) v = scale * (static_cast<float>(rng() >> 40) * 0x1.0p-23f - 1.0f);
+  return values;
+}
+
+TEST(Bf16Test, RoundsToNearestEven) {
+  EXPECT_EQ(FloatToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(FloatToBf16(1.0f + 0x1.0p-8f), 0x3f80);               // tie, round down to even
+  EXPECT_EQ(FloatToBf16(1.0f + 3 * 0x1.0p-8f), 0x3f82);           // tie, round up to even
+  EXPECT_EQ(FloatToBf16(1.0f + 0x1.0p-8f + 0x1.0p-20f), 0x3f81);  // above the tie
+  EXPECT_EQ(FloatToBf16(-2.0f), 0xc000);
+  EXPECT_EQ(FloatToBf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16(0.15625f)), 0.15625f);  // exactly representable
+  for (float v : RandomFloats(1000, 7, 100.0f)) {
+    EXPECT_NEAR(Bf16ToFloat(FloatToBf16(v)), v, std::abs(v) * 0x1.0p-8f) << v;
+  }
+}
+
+TEST(CpuKernelsTest, NormalizeMatchesFormula) {
+  std::vector<uint8_t> pixels(70000);
+  std::mt19937_64 rng(3);
+  for (uint8_t& p : pixels) p = static_cast<uint8_t>(rng() >> 56);
+  std::vector<float> f32(pixels.size());
+  std::vector<bf16_t> bf16(pixels.size());
+  const float scale = 1.0f / 127.5f, shift = -1.0f;
+  NormalizeToF32(pixels.data(), pixels.size(), scale, shift, f32.data());
+  NormalizeToBf16(pixels.data(), pixels.size(), scale, shift, bf16.data());
+  for (size_t i = 0; i < pixels.size(); ++i) {
+    const double expected = pixels[i] / 127.5 - 1.0;
+    ASSERT_NEAR(f32[i], expected, 1e-6) << i;
+    ASSERT_NEAR(Bf16ToFloat(bf16[i]), expected, 4e-3) << i;  // bf16 has 8 significant bits
+  }
+}
+
+TEST(CpuKernelsTest, SoftmaxCrossEntropyMatchesDoubleReference) {
+  const int rows = 9, classes = 7;
+  const std::vector<float> logits = RandomFloats(rows * classes, 11, 4.0f);
+  std::vector<uint8_t> labels(rows);
+  for (int r = 0; r < rows; ++r) labels[r] = static_cast<uint8_t>((r * 5) % classes);
+  std::vector<float> grad(rows * classes);
+  int64_t correct = -1;
+  const double loss =
+      SoftmaxCrossEntropy(logits.data(), labels.data(), rows, classes, grad.data(), &correct);
+  double expected_loss = 0;
+  int64_t expected_correct = 0;
+  for (int r = 0; r < rows; ++r) {
+    const float* z = &logits[r * classes];
+    double sum = 0;
+    int argmax = 0;
+    for (int c = 0; c < classes; ++c) {
+      sum += std::exp(static_cast<double>(z[c]));
+      if (z[c] > z[argmax]) argmax = c;
+    }
+    expected_loss += std::log(sum) - z[labels[r]];
+    expected_correct += argmax == labels[r];
+    for (int c = 0; c < classes; ++c) {
+      const double p = std::exp(static_cast<double>(z[c])) / sum;
+      EXPECT_NEAR(grad[r * classes + c], (p - (c == labels[r])) / rows, 1e-6);
+    }
+  }
+  EXPECT_NEAR(loss, expected_loss, 1e-5 * expected_loss);
+  EXPECT_EQ(correct, expected_correct);
+}
+
+TEST(CpuKernelsTest, FinishOutputGradMasksSumsAndConverts) {
+  const int rows = 5, cols = 37;
+  std::vector<float> grad = RandomFloats(rows * cols, 21, 1.0f);
+  const std::vector<float> activation_values = RandomFloats(rows * cols, 22, 1.0f);
+  std::vector<bf16_t> activation_bf16(rows * cols);
+  for (int i = 0; i < rows * cols; ++i) activation_bf16[i] = FloatToBf16(activation_values[i]);
+  std::vector<float> expected_grad(rows * cols);
+  std::vector<double> expected_bias(cols, 0.0);
+  for (int i = 0; i < rows * cols; ++i) {
+    expected_grad[i] = Bf16ToFloat(activation_bf16[i]) > 0 ? grad[i] : 0.0f;
+    expected_bias[i % cols] += expected_grad[i];
+  }
+  std::vector<float> bias(cols, 123.0f);  // must be overwritten, not accumulated into
+  std::vector<bf16_t> grad_bf16(rows * cols);
+  FinishOutputGrad(activation_bf16.data(), rows, cols, grad.data(), bias.data(), grad_bf16.data());
+  for (int i = 0; i < rows * cols; ++i) {
+    ASSERT_EQ(grad[i], expected_grad[i]) << i;
+    ASSERT_EQ(grad_bf16[i], FloatToBf16(expected_grad[i])) << i;
+  }
+  for (int c = 0; c < cols; ++c) EXPECT_NEAR(bias[c], expected_bias[c], 1e-5) << c;
+}
+
+TEST(CpuKernelsTest, SgdMomentumFollowsPyTorchFormula) {
+  const size_t n = 40000;  // above the threshold for the parallel loop
+  std::vector<float> weight = RandomFloats(n, 31, 0.5f);
+  std::vector<float> velocity(n, 0.0f);
+  std::vector<bf16_t> weight_bf16(n);
+  std::vector<double> ref_weight(weight.begin(), weight.end()), ref_velocity(n, 0.0);
+  const float lr = 0.1f, momentum = 0.9f, decay = 0.01f;
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<float> grad = RandomFloats(n, 40 + step, 1.0f);
+    SgdMomentumUpdate(n, lr, momentum, decay, grad.data(), weight.data(), velocity.data(),
+                      weight_bf16.data());
+    for (size_t i = 0; i < n; ++i) {
+      ref_velocity[i] = momentum * ref_velocity[i] + grad[i] + decay * ref_weight[i];
+      ref_weight[i] -= lr * ref_velocity[i];
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(weight[i], ref_weight[i], 1e-6) << i;
+    ASSERT_NEAR(velocity[i], ref_velocity[i], 1e-5) << i;
+    ASSERT_EQ(weight_bf16[i], FloatToBf16(weight[i])) << i;
+  }
+}
+
+// The public functions run one build of the loops; this checks the other one against it. Both are
+// compiled without FMA contraction, so they agree bit for bit.
+TEST(CpuKernelsTest, GenericAndAvx512BuildsAgree) {
+  if (!__builtin_cpu_supports("x86-64-v4")) GTEST_SKIP() << "this CPU has no AVX-512";
+  const KernelTable* tables[] = {&kGenericKernels, &kAvx512Kernels};
+  const int rows = 33, cols = 40;
+  const int64_t n = 50000;
+  std::vector<uint8_t> pixels(n);
+  std::mt19937_64 rng(5);
+  for (uint8_t& p : pixels) p = static_cast<uint8_t>(rng() >> 56);
+  const std::vector<float> grad_in = RandomFloats(rows * cols, 61, 1.0f);
+  const std::vector<float> activation = RandomFloats(rows * cols, 62, 1.0f);
+  const std::vector<float> update = RandomFloats(n, 63, 1.0f);
+  const std::vector<float> start = RandomFloats(n, 64, 0.5f);
+  std::vector<uint8_t> labels(rows);
+  for (int r = 0; r < rows; ++r) labels[r] = static_cast<uint8_t>(r % cols);
+
+  struct Outputs {
+    std::vector<float> normalized, softmax_grad, grad, bias, weight, velocity;
+    std::vector<bf16_t> normalized_bf16, grad_bf16, weight_bf16;
+    double loss = 0;
+  } out[2];
+  for (int t = 0; t < 2; ++t) {
+    const KernelTable& k = *tables[t];
+    Outputs& o = out[t];
+    o.normalized.resize(n);
+    o.normalized_bf16.resize(n);
+    k.normalize_to_f32(pixels.data(), n, 1 / 255.0f, -0.5f, o.normalized.data());
+    k.normalize_to_bf16(pixels.data(), n, 1 / 255.0f, -0.5f, o.normalized_bf16.data());
+    o.softmax_grad.resize(rows * cols);
+    o.loss = k.softmax_cross_entropy(grad_in.data(), labels.data(), rows, cols,
+                                     o.softmax_grad.data(), nullptr);
+    o.grad = grad_in;
+    o.bias.resize(cols);
+    o.grad_bf16.resize(rows * cols);
+    k.finish_output_grad_f32(activation.data(), rows, cols, o.grad.data(), o.bias.data(),
+                             o.grad_bf16.data());
+    o.weight = start;
+    o.velocity.assign(n, 0.25f);
+    o.weight_bf16.resize(n);
+    k.sgd_momentum_update(n, 0.1f, 0.9f, 0.01f, update.data(), o.weight.data(), o.velocity.data(),
+                          o.weight_bf16.data());
+  }
+  EXPECT_EQ(out[0].loss, out[1].loss);
+  EXPECT_EQ(out[0].normalized, out[1].normalized);
+  EXPECT_EQ(out[0].normalized_bf16, out[1].normalized_bf16);
+  EXPECT_EQ(out[0].softmax_grad, out[1].softmax_grad);
+  EXPECT_EQ(out[0].grad, out[1].grad);
+  EXPECT_EQ(out[0].grad_bf16, out[1].grad_bf16);
+  EXPECT_EQ(out[0].bias, out[1].bias);
+  EXPECT_EQ(out[0].weight, out[1].weight);
+  EXPECT_EQ(out[0].velocity, out[1].velocity);
+  EXPECT_EQ(out[0].weight_bf16, out[1].weight_bf16);
+  EXPECT_NE(out[0].weight, start);  // the update happened
+}
+
+}  // namespace
+}  // namespace stoker::cpu

@@ -1,0 +1,29 @@
+// The oneDNN implementation of the MLP Model (see backend.h for the contract).
+//
+// Layout: weights stay [out, in] row-major as Parameters() reports them; the forward matmul reads
+// them through a transposed view, so no per-step reorder exists. In bf16 the optimizer keeps a bf16
+// copy of every weight matrix up to date as it writes the fp32 master, and activations are bf16;
+// the matmuls accumulate in fp32 and write fp32 gradients.
+//
+// Primitives and their arguments are built once per batch size: the full max_batch shape at
+// creation, and a few others (the partial last batch of an epoch) on first use. Not thread-safe:
+// one caller at a time per model.
+#ifndef STOKER_ENGINE_CPU_CPU_MLP_H_
+#define STOKER_ENGINE_CPU_CPU_MLP_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+
+namespace stoker {
+
+// INVALID_ARGUMENT for a bad config (ValidateMlpConfig), RESOURCE_EXHAUSTED if the buffers cannot
+// be allocated, INTERNAL if oneDNN cannot build a primitive. fp16, AdamW, Nesterov and gradient
+// clipping are delegated to the general network (CreateCpuNetworkForMlp): same parameter names,
+// same initial weights.
+absl::StatusOr<std::unique_ptr<Model>> CreateCpuMlp(const MlpConfig& config);
+
+}  // namespace stoker
+
+#endif  // STOKER_ENGINE_CPU_CPU_MLP_H_

@@ -1,0 +1,49 @@
+// Shared by the engine tests (MLP and network): random batches, model creation, a double-precision
+// reference of a network's loss (PyTorch semantics), and the gradient a model applies, for
+// finite differences.
+#ifndef STOKER_ENGINE_CPU_NETWORK_TEST_UTIL_H_
+#define STOKER_ENGINE_CPU_NETWORK_TEST_UTIL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/backend.h"
+
+namespace stoker::testing_util {
+
+// Float features in [-1, 1) and labels < classes, from a fixed seed.
+struct FeatureBatch {
+  std::vector<float> features;
+  std::vector<uint8_t> labels;
+  int count = 0;
+  BatchView View() const {
+    BatchView view;
+    view.labels = labels.data();
+    view.count = count;
+    view.features = features.data();
+    return view;
+  }
+};
+FeatureBatch RandomFeatures(int count, int features, int classes, uint64_t seed);
+
+// The cpu backend's network, or nullptr after a test failure.
+std::unique_ptr<Model> MakeNetwork(const NetworkConfig& config);
+
+using DoubleParams = std::vector<std::vector<double>>;
+DoubleParams ToDouble(const std::vector<NamedTensor>& tensors);
+
+// Mean softmax cross-entropy of the network in double (dropout as identity).
+double ReferenceLoss(const NetworkConfig& config, const DoubleParams& params,
+                     const FeatureBatch& batch);
+
+// The gradient a model applies, recovered from one plain SGD step (momentum 0, no decay):
+// g = (w_before - w_after) / lr.
+DoubleParams StepGradient(Model& model, const BatchView& batch, double lr, float* loss);
+
+// sqrt(sum (a - b)^2 / sum b^2).
+double RelativeDifference(const std::vector<double>& a, const std::vector<double>& b);
+
+}  // namespace stoker::testing_util
+
+#endif  // STOKER_ENGINE_CPU_NETWORK_TEST_UTIL_H_

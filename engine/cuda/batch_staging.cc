@@ -1,0 +1,69 @@
+#include "engine/cuda/batch_staging.h"
+
+#include <cstddef>
+
+#include "engine/cuda/cuda_check.h"
+#include "engine/cuda/mlp_kernels.h"
+
+namespace stoker::cuda {
+
+BatchStaging::~BatchStaging() {
+  for (int slot = 0; slot < 2; ++slot) {
+    if (copy_done_[slot] != nullptr) cudaEventDestroy(copy_done_[slot]);
+    if (staging_free_[slot] != nullptr) cudaEventDestroy(staging_free_[slot]);
+  }
+}
+
+absl::Status BatchStaging::Init(int max_batch, const InputFormat& format) {
+  format_ = format;
+  const size_t rows = static_cast<size_t>(max_batch);
+  for (int slot = 0; slot < 2; ++slot) {
+    STOKER_ASSIGN_BUFFER(samples_[slot], rows * format.values_per_sample * sizeof(float));
+    STOKER_ASSIGN_BUFFER(labels_[slot], rows);
+    STOKER_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&copy_done_[slot], cudaEventDisableTiming));
+    STOKER_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&staging_free_[slot], cudaEventDisableTiming));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> BatchStaging::Stage(const BatchView& batch, cudaStream_t copy_stream,
+                                        cudaStream_t compute_stream) {
+  const int slot = next_slot_;
+  next_slot_ ^= 1;
+  const int64_t n = static_cast<int64_t>(batch.count) * format_.values_per_sample;
+  const bool features = batch.features != nullptr;
+  const void* source = features ? static_cast<const void*>(batch.features) : batch.samples;
+  const size_t bytes = n * (features ? sizeof(float) : sizeof(uint8_t));
+
+  // The compute stream must be done reading this slot (two batches ago) before it is overwritten.
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream, staging_free_[slot], 0));
+  STOKER_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(samples_[slot].get(), source, bytes, cudaMemcpyHostToDevice, copy_stream));
+  STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(labels_[slot].get(), batch.labels, batch.count,
+                                              cudaMemcpyHostToDevice, copy_stream));
+  STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_done_[slot], copy_stream));
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_stream, copy_done_[slot], 0));
+  return slot;
+}
+
+absl::Status BatchStaging::Normalize(int slot, int rows, bool features, void* out,
+                                     cudaStream_t stream) const {
+  const int64_t n = static_cast<int64_t>(rows) * format_.values_per_sample;
+  if (features) {
+    STOKER_CUDA_RETURN_IF_ERROR(
+        LaunchConvertFloat(samples_[slot].as<float>(), n, format_.type, out, stream));
+  } else {
+    STOKER_CUDA_RETURN_IF_ERROR(LaunchNormalizeInput(samples_[slot].as<uint8_t>(), n, format_.scale,
+                                                     format_.shift, format_.type, out, stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BatchStaging::Release(int slot, cudaStream_t compute_stream) {
+  STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_free_[slot], compute_stream));
+  return absl::OkStatus();
+}
+
+}  // namespace stoker::cuda

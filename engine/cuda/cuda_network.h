@@ -1,0 +1,54 @@
+// The cuda implementation of a layered network Model (NetworkConfig; see backend.h), the twin of
+// cpu_network.h: same parameters (names, PyTorch layouts, initialisation), same optimizer state,
+// same math within rounding, so a checkpoint moves between the two backends.
+//
+// Layout: activations NCHW (or [N, features]) in the compute type (fp32, bf16 or fp16); the
+// logits are fp32 (straight from a final Linear in fp32/bf16, converted otherwise). fp32 master
+// weights; in bf16/fp16 the optimizer also writes the compute-type copy of each parameter: the
+// layers read the weights' copies, and a fused Linear epilogue with a compute-type output adds
+// the bias copy (cuBLASLt's rule, lt_gemm.h); other biases are read in fp32. Gradients of the
+// parameters are fp32. GetCudaModelCounters counts fused and plain GEMMs (no CUDA graphs here).
+//   Conv2d     cuDNN legacy convolution (fp32 compute: FLOAT, PSEUDO_BFLOAT16, PSEUDO_HALF
+//              configurations; no TF32 and only GEMM-family algorithms in fp32), algorithms from
+//              cuDNN's heuristics once per batch size, workspace allocated with the plan; bias
+//              and its gradient by kernels. cuDNN writes 16-bit weight gradients in the compute
+//              type; a kernel widens them. fp16 computes them unscaled (alpha = 1 / loss scale,
+//              no overflow of a scaled dW) and the widening scales them back in fp32, so the
+//              optimizer unscales every gradient alike, once.
+//   MaxPool2d  cuDNN pooling (CUDNN_POOLING_MAX_DETERMINISTIC, padding ignored as in PyTorch),
+//              or network_kernels' own when cuDNN refuses the data type.
+//   Linear     cuBLASLt (LtGemm), with the bias / bias-gradient epilogues where available.
+//   ReLU, GELU (exact erf), Dropout (the cpu's hash: identical masks), Flatten (an alias).
+// Softmax cross-entropy, the fp16 finite check and GradScaler update come from mlp_kernels.h;
+// clipping and the SGD / AdamW steps are multi-tensor kernels (network_kernels.h).
+//
+// One TrainStep, as CudaMlp: the copy stream moves the batch into one of two staging buffers
+// (events order it against the compute stream), the compute stream normalises, runs forward,
+// the loss, backward, [fp16: finite check], [clipping: norm and coefficient], the optimizer,
+// [fp16: loss-scale update], then copies the step state to pinned memory; the one host wait is
+// on that copy. Not thread-safe: one caller at a time per model.
+#ifndef STOKER_ENGINE_CUDA_CUDA_NETWORK_H_
+#define STOKER_ENGINE_CUDA_CUDA_NETWORK_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "engine/cuda/cuda_backend_options.h"
+
+namespace stoker {
+
+// INVALID_ARGUMENT for a bad config (ValidateNetworkConfig) or one too large for 32-bit tensor
+// sizes; RESOURCE_EXHAUSTED if device memory runs out; INTERNAL naming the failing call for other
+// CUDA/cuDNN/cuBLASLt failures (e.g. no cuDNN algorithm for a convolution).
+absl::StatusOr<std::unique_ptr<Model>> CreateCudaNetwork(const NetworkConfig& config, int device,
+                                                         const CudaBackendOptions& options);
+
+// The MLP as a network (NetworkFromMlp), its tensors named as the MLP names them ("layers.<j>"
+// for the j-th Linear), as CreateCpuNetworkForMlp does: for fp16, AdamW, Nesterov, clipping.
+absl::StatusOr<std::unique_ptr<Model>> CreateCudaNetworkForMlp(const MlpConfig& config, int device,
+                                                               const CudaBackendOptions& options);
+
+}  // namespace stoker
+
+#endif  // STOKER_ENGINE_CUDA_CUDA_NETWORK_H_

@@ -1,0 +1,85 @@
+// Shared by the cuda backend's tests (cuda_conformance_test, cuda_network_test): random batches,
+// model creation on both backends, and comparison of named tensors within a tolerance. Test only.
+#ifndef STOKER_ENGINE_CUDA_CUDA_TEST_UTIL_H_
+#define STOKER_ENGINE_CUDA_CUDA_TEST_UTIL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/cuda/cuda_backend.h"
+#include "gtest/gtest.h"
+
+// Skips the test on a machine without a CUDA device, or fails it, with the CUDA error, when
+// STOKER_REQUIRE_CUDA=1 (tests/gpu/check.sh sets it: on a GPU machine a device the runtime cannot
+// see must not turn every test into a pass).
+#define SKIP_WITHOUT_DEVICE()                                                      \
+  do {                                                                             \
+    const ::absl::Status stoker_device_status_ = ::stoker::CudaDeviceStatus();     \
+    if (!stoker_device_status_.ok()) {                                             \
+      if (::stoker::cuda_testing::CudaRequired()) {                                \
+        FAIL() << "STOKER_REQUIRE_CUDA=1 but " << stoker_device_status_.message(); \
+      }                                                                            \
+      GTEST_SKIP() << stoker_device_status_.message();                             \
+    }                                                                              \
+  } while (0)
+
+namespace stoker::cuda_testing {
+
+// True when the environment variable STOKER_REQUIRE_CUDA is set to anything but "" or "0".
+bool CudaRequired();
+
+// Device 0's compute capability as 10 * major + minor (90 for sm_90), or 0 without a device.
+int DeviceComputeCapability();
+
+// The model's CudaModelCounters (a test failure, and empty counters, for a non-cuda model).
+CudaModelCounters Counters(const Model& model);
+
+// A batch that owns its data: uint8 samples or float features, and labels.
+struct Batch {
+  std::vector<uint8_t> samples;
+  std::vector<float> features;
+  std::vector<uint8_t> labels;
+  int count = 0;
+  BatchView View() const;
+};
+
+// How RandomBatch draws uint8 pixels.
+enum class Pixels {
+  kAnyByte,  // [0, 255]
+  kNonZero,  // [1, 255]: never an all-zero input
+};
+
+// `count` samples of `features` values and labels < `classes`, from `seed`: uint8 pixels, or with
+// `float_features` float features in [-2, 2).
+Batch RandomBatch(int count, int64_t features, int classes, uint64_t seed,
+                  bool float_features = false, Pixels pixels = Pixels::kAnyByte);
+
+// The cpu backend's models (the reference), or nullptr after a test failure.
+std::unique_ptr<Model> CpuMlp(const MlpConfig& config);
+std::unique_ptr<Model> CpuNetwork(const NetworkConfig& config);
+
+// The cuda backend on device 0, or nullptr after a test failure.
+std::unique_ptr<Backend> CudaBackend(const CudaBackendOptions& options = {});
+// Its models, or nullptr after a test failure.
+std::unique_ptr<Model> CudaMlp(const MlpConfig& config, const CudaBackendOptions& options = {});
+std::unique_ptr<Model> CudaNetwork(const NetworkConfig& config);
+
+// ||a - b|| / ||b||, the L2 relative error (||b|| floored to avoid 0/0 for all-zero tensors).
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b);
+
+// Same names and shapes, and values within `tolerance` (L2 relative, per tensor; 0: equal).
+void ExpectTensorsNear(const std::vector<NamedTensor>& actual,
+                       const std::vector<NamedTensor>& expected, double tolerance,
+                       const std::string& what);
+
+// Parameter updates (after - before): comparing them, not the weights, keeps the small step from
+// hiding a wrong gradient under the weights' own size.
+std::vector<NamedTensor> Delta(const std::vector<NamedTensor>& after,
+                               const std::vector<NamedTensor>& before);
+
+}  // namespace stoker::cuda_testing
+
+#endif  // STOKER_ENGINE_CUDA_CUDA_TEST_UTIL_H_

@@ -1,0 +1,107 @@
+// Private to the cuda backend's kernel files (mlp_kernels.cu, network_kernels.cu): launch
+// geometry, fp32 <-> bf16/fp16 element conversion, the DType -> element type dispatch of the
+// launchers, and the multi-tensor lists the optimizer kernels take by value. CUDA only.
+#ifndef STOKER_ENGINE_CUDA_KERNEL_UTIL_CUH_
+#define STOKER_ENGINE_CUDA_KERNEL_UTIL_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "engine/cuda/dtype.h"
+
+namespace stoker::cuda::kernel_util {
+
+inline constexpr int kThreads = 256;
+// Enough blocks to fill an H200 (132 SMs) several times over; grid-stride loops do the rest.
+inline constexpr int64_t kMaxBlocks = 132 * 16;
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks of kThreads for a grid-stride loop over n elements.
+inline unsigned ElementwiseBlocks(int64_t n) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(CeilDiv(n, kThreads), kMaxBlocks)));
+}
+
+// ---- Element conversion ----
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float x);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float x) {
+  return __float2half_rn(x);
+}
+
+__device__ __forceinline__ float ToFloat(float x) { return x; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
+
+// ---- Launch helpers ----
+
+// Calls launch(T{}) with T the element type of `type` (float, __nv_bfloat16 or __half), then
+// returns cudaGetLastError().
+template <typename Launch>
+cudaError_t DispatchType(DType type, Launch&& launch) {
+  switch (type) {
+    case DType::kF32:
+      launch(float{});
+      break;
+    case DType::kBf16:
+      launch(__nv_bfloat16{});
+      break;
+    case DType::kF16:
+      launch(__half{});
+      break;
+  }
+  return cudaGetLastError();
+}
+
+// Up to kCapacity tensors of one multi-tensor launch, passed to the kernel by value (kernel
+// parameters are limited in size: the capacity depends on sizeof(Tensor)).
+template <typename TensorType, int kCapacityValue>
+struct TensorList {
+  using Tensor = TensorType;
+  static constexpr int kCapacity = kCapacityValue;
+  Tensor tensors[kCapacity];
+  int count;
+};
+
+// Splits a tensor array into launches of at most List::kCapacity tensors: launch(list, grid) with
+// grid.y = the list's count (blockIdx.y picks the tensor) and grid.x enough blocks for the largest
+// tensor. `Tensor` has an int64_t `size`. Returns the first launch error.
+template <typename List, typename Launch>
+cudaError_t ForEachTensorList(const typename List::Tensor* tensors, int count, Launch&& launch) {
+  for (int first = 0; first < count; first += List::kCapacity) {
+    List list{};
+    list.count = std::min(List::kCapacity, count - first);
+    int64_t largest = 1;
+    for (int i = 0; i < list.count; ++i) {
+      list.tensors[i] = tensors[first + i];
+      largest = std::max(largest, tensors[first + i].size);
+    }
+    const dim3 grid(ElementwiseBlocks(largest), list.count);
+    launch(list, grid);
+    if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace stoker::cuda::kernel_util
+
+// for (int64_t i = ...; i < n; ...) over this thread's elements of a grid-stride loop.
+#define STOKER_GRID_STRIDE_LOOP(i, n)                                                    \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+#endif  // STOKER_ENGINE_CUDA_KERNEL_UTIL_CUH_

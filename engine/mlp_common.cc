@@ -1,0 +1,111 @@
+// Backend-independent parts of the MLP contract: config and batch checks, the seeded
+// initialisation.
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "engine/backend.h"
+
+namespace stoker {
+namespace {
+
+// Layer shapes as (fan_in, fan_out), input to logits.
+std::vector<std::pair<int, int>> LinearShapes(const MlpConfig& config) {
+  std::vector<std::pair<int, int>> shapes;
+  int fan_in = config.input_features;
+  for (int width : config.hidden) {
+    shapes.emplace_back(fan_in, width);
+    fan_in = width;
+  }
+  shapes.emplace_back(fan_in, config.classes);
+  return shapes;
+}
+
+// Uniform in [0, 1) from the top 53 bits, so the values do not depend on the standard library
+// (std::uniform_real_distribution's algorithm is implementation-defined).
+double UnitUniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+}  // namespace
+
+absl::Status ValidateMlpConfig(const MlpConfig& config) {
+  if (config.input_features <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input_features must be > 0, got ", config.input_features));
+  }
+  if (config.classes < 1 || config.classes > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("classes must be in [1, 256] (labels are uint8), got ", config.classes));
+  }
+  for (size_t i = 0; i < config.hidden.size(); ++i) {
+    if (config.hidden[i] <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hidden[", i, "] must be > 0, got ", config.hidden[i]));
+    }
+  }
+  if (config.max_batch <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_batch must be > 0, got ", config.max_batch));
+  }
+  if (!std::isfinite(config.input_scale) || !std::isfinite(config.input_shift)) {
+    return absl::InvalidArgumentError("input_scale and input_shift must be finite");
+  }
+  return ValidateTrainingOptions(config.optimizer, config.loss_scale);
+}
+
+absl::Status ValidateLearningRate(double learning_rate) {
+  if (!(learning_rate >= 0) || !std::isfinite(learning_rate)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("learning_rate must be finite and >= 0, got ", learning_rate));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBatch(const MlpConfig& config, const BatchView& batch) {
+  if (batch.count < 1 || batch.count > config.max_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("batch count must be in [1, ", config.max_batch,
+                                                   "] (max_batch), got ", batch.count));
+  }
+  if ((batch.samples == nullptr && batch.features == nullptr) || batch.labels == nullptr) {
+    return absl::InvalidArgumentError("batch samples and labels must not be null");
+  }
+  for (int i = 0; i < batch.count; ++i) {
+    if (batch.labels[i] >= config.classes) {
+      return absl::InvalidArgumentError(absl::StrCat("label ", int{batch.labels[i]}, " of sample ",
+                                                     i, " is >= classes (", config.classes, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<NamedTensor> InitialMlpParameters(const MlpConfig& config) {
+  std::mt19937_64 rng(config.seed);
+  std::vector<NamedTensor> parameters;
+  const auto shapes = LinearShapes(config);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto [fan_in, fan_out] = shapes[i];
+    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+    NamedTensor weight{absl::StrCat("layers.", i, ".weight"), {fan_out, fan_in}, {}};
+    NamedTensor bias{absl::StrCat("layers.", i, ".bias"), {fan_out}, {}};
+    weight.values.resize(static_cast<size_t>(fan_out) * fan_in);
+    bias.values.resize(fan_out);
+    for (float& w : weight.values) w = static_cast<float>((2 * UnitUniform(rng) - 1) * bound);
+    for (float& b : bias.values) b = static_cast<float>((2 * UnitUniform(rng) - 1) * bound);
+    parameters.push_back(std::move(weight));
+    parameters.push_back(std::move(bias));
+  }
+  return parameters;
+}
+
+int64_t MlpForwardFlopsPerSample(const MlpConfig& config) {
+  int64_t flops = 0;
+  for (const auto& [fan_in, fan_out] : LinearShapes(config)) flops += 2LL * fan_in * fan_out;
+  return flops;
+}
+
+bool MlpNeedsNetwork(const MlpConfig& config) {
+  const OptimizerConfig& opt = config.optimizer;
+  return config.precision == Precision::kFp16 || opt.type != OptimizerType::kSgd || opt.nesterov ||
+         opt.clip_grad_norm > 0;
+}
+
+}  // namespace stoker

@@ -1,0 +1,369 @@
+// Backend-independent parts of the network contract: shape inference, config and batch checks,
+// the seeded initialisation.
+#include <cmath>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/backend.h"
+
+namespace stoker {
+namespace {
+
+using Kind = LayerConfig::Kind;
+
+std::string ShapeText(const std::vector<int>& shape) {
+  std::string text;
+  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&text, i ? "x" : "", shape[i]);
+  return text;
+}
+
+int64_t Product(const std::vector<int>& shape) {
+  int64_t product = 1;
+  for (int d : shape) product *= d;
+  return product;
+}
+
+// Uniform in [0, 1) from the top 53 bits (as mlp_common.cc: independent of the standard library).
+double UnitUniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+// Output side of a window (conv or pool) of `kernel` over `size` with `padding` and `stride`,
+// PyTorch's floor mode.
+int WindowOutput(int size, int kernel, int stride, int padding) {
+  return (size + 2 * padding - kernel) / stride + 1;
+}
+
+// The weight shape of a Conv2d ([out_c, in_c, k, k]) or Linear ([units, in_features]) on input
+// `in`, as PyTorch lays it out; empty for a layer without parameters. Its bias is [shape[0]].
+std::vector<int64_t> WeightShape(const LayerConfig& layer, const std::vector<int>& in) {
+  if (layer.kind == Kind::kConv2d) return {layer.out_channels, in[0], layer.kernel, layer.kernel};
+  if (layer.kind == Kind::kLinear) return {layer.units, Product(in)};
+  return {};
+}
+
+}  // namespace
+
+const char* LayerKindName(LayerConfig::Kind kind) {
+  switch (kind) {
+    case Kind::kConv2d:
+      return "conv2d";
+    case Kind::kMaxPool2d:
+      return "maxpool2d";
+    case Kind::kLinear:
+      return "linear";
+    case Kind::kRelu:
+      return "relu";
+    case Kind::kGelu:
+      return "gelu";
+    case Kind::kDropout:
+      return "dropout";
+    case Kind::kFlatten:
+      return "flatten";
+  }
+  return "unknown";
+}
+
+const char* OptimizerTypeName(OptimizerType type) {
+  switch (type) {
+    case OptimizerType::kSgd:
+      return "sgd";
+    case OptimizerType::kAdamW:
+      return "adamw";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<std::vector<std::vector<int>>> NetworkShapes(const NetworkConfig& config) {
+  if (config.input_shape.size() != 1 && config.input_shape.size() != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input_shape must be {C, H, W} or {features}, got ", config.input_shape.size(),
+                     " dimensions"));
+  }
+  for (int d : config.input_shape) {
+    if (d <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input_shape ", ShapeText(config.input_shape), " has a dimension <= 0"));
+    }
+  }
+  std::vector<std::vector<int>> shapes = {config.input_shape};
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    const LayerConfig& layer = config.layers[i];
+    const std::vector<int>& in = shapes.back();
+    const std::string where = absl::StrCat("layers[", i, "] (", LayerKindName(layer.kind), "): ");
+    auto invalid = [&](auto&&... parts) {
+      return absl::InvalidArgumentError(absl::StrCat(where, parts...));
+    };
+    switch (layer.kind) {
+      case Kind::kConv2d:
+      case Kind::kMaxPool2d: {
+        const bool conv = layer.kind == Kind::kConv2d;
+        if (in.size() != 3) {
+          return invalid("needs a [C, H, W] input, got [", ShapeText(in),
+                         "] (a Flatten or Linear came before it)");
+        }
+        if (conv && layer.out_channels <= 0) {
+          return invalid("out_channels must be > 0, got ", layer.out_channels);
+        }
+        if (layer.kernel <= 0) return invalid("kernel must be > 0, got ", layer.kernel);
+        if (layer.stride < 0)
+          return invalid("stride must be >= 0 (0 = default), got ", layer.stride);
+        if (layer.padding < 0) return invalid("padding must be >= 0, got ", layer.padding);
+        if (!conv && layer.padding > layer.kernel / 2) {
+          return invalid("padding ", layer.padding, " must be at most half the kernel (",
+                         layer.kernel, ")");
+        }
+        const int stride = EffectiveStride(layer);
+        if (layer.kernel > in[1] + 2 * layer.padding || layer.kernel > in[2] + 2 * layer.padding) {
+          return invalid("kernel ", layer.kernel, " larger than input ", in[1], "x", in[2],
+                         layer.padding > 0 ? absl::StrCat(" padded by ", layer.padding) : "");
+        }
+        shapes.push_back({conv ? layer.out_channels : in[0],
+                          WindowOutput(in[1], layer.kernel, stride, layer.padding),
+                          WindowOutput(in[2], layer.kernel, stride, layer.padding)});
+        break;
+      }
+      case Kind::kLinear:
+        if (layer.units <= 0) return invalid("units must be > 0, got ", layer.units);
+        shapes.push_back({layer.units});
+        break;
+      case Kind::kDropout:
+        if (!(layer.rate >= 0 && layer.rate < 1)) {
+          return invalid("rate must be in [0, 1), got ", layer.rate);
+        }
+        shapes.push_back(in);
+        break;
+      case Kind::kRelu:
+      case Kind::kGelu:
+        shapes.push_back(in);
+        break;
+      case Kind::kFlatten:
+        shapes.push_back({static_cast<int>(Product(in))});
+        break;
+      default:
+        return invalid("unknown layer kind ", static_cast<int>(layer.kind));
+    }
+  }
+  const std::vector<int>& out = shapes.back();
+  if (out.size() != 1 || out[0] != config.classes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.layers.empty() ? std::string("the input")
+                              : absl::StrCat("layers[", config.layers.size() - 1, "] (",
+                                             LayerKindName(config.layers.back().kind), ")"),
+        " gives [", ShapeText(out), "]; the network must end in [classes] = [", config.classes,
+        "] logits (end with a Linear of ", config.classes, " units)"));
+  }
+  return shapes;
+}
+
+namespace {
+
+absl::Status ValidateOptimizer(const OptimizerConfig& opt) {
+  if (!(opt.learning_rate >= 0) || !std::isfinite(opt.learning_rate)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer.learning_rate must be finite and >= 0, got ", opt.learning_rate));
+  }
+  if (!(opt.momentum >= 0 && opt.momentum <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer.momentum must be in [0, 1], got ", opt.momentum));
+  }
+  if (!(opt.weight_decay >= 0) || !std::isfinite(opt.weight_decay)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer.weight_decay must be finite and >= 0, got ", opt.weight_decay));
+  }
+  if (opt.type != OptimizerType::kSgd && opt.type != OptimizerType::kAdamW) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer.type ", static_cast<int>(opt.type), " is unknown"));
+  }
+  if (opt.nesterov && (opt.type != OptimizerType::kSgd || opt.momentum <= 0)) {
+    return absl::InvalidArgumentError("optimizer.nesterov needs SGD with momentum > 0");
+  }
+  if (!(opt.beta1 >= 0 && opt.beta1 < 1) || !(opt.beta2 >= 0 && opt.beta2 < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer.beta1 and beta2 must be in [0, 1), got ", opt.beta1, " and ", opt.beta2));
+  }
+  if (!(opt.eps > 0) || !std::isfinite(opt.eps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer.eps must be finite and > 0, got ", opt.eps));
+  }
+  if (!(opt.clip_grad_norm >= 0) || !std::isfinite(opt.clip_grad_norm)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer.clip_grad_norm must be finite and >= 0 (0 = off), got ", opt.clip_grad_norm));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLossScale(const LossScaleConfig& scale) {
+  if (!(scale.initial > 0) || !std::isfinite(scale.initial) || scale.growth_interval < 1 ||
+      !(scale.growth_factor > 1) || !std::isfinite(scale.growth_factor) ||
+      !(scale.backoff_factor > 0 && scale.backoff_factor < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss_scale needs initial > 0, growth_interval >= 1, growth_factor > 1 and backoff_factor "
+        "in (0, 1); got ",
+        scale.initial, ", ", scale.growth_interval, ", ", scale.growth_factor, ", ",
+        scale.backoff_factor));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// Also used by ValidateMlpConfig for the fields the two configs share.
+absl::Status ValidateTrainingOptions(const OptimizerConfig& optimizer,
+                                     const LossScaleConfig& loss_scale) {
+  if (absl::Status s = ValidateOptimizer(optimizer); !s.ok()) return s;
+  return ValidateLossScale(loss_scale);
+}
+
+absl::Status ValidateNetworkConfig(const NetworkConfig& config) {
+  if (config.classes < 1 || config.classes > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("classes must be in [1, 256] (labels are uint8), got ", config.classes));
+  }
+  if (config.max_batch <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_batch must be > 0, got ", config.max_batch));
+  }
+  if (!std::isfinite(config.input_scale) || !std::isfinite(config.input_shift)) {
+    return absl::InvalidArgumentError("input_scale and input_shift must be finite");
+  }
+  if (absl::Status s = NetworkShapes(config).status(); !s.ok()) return s;
+  return ValidateTrainingOptions(config.optimizer, config.loss_scale);
+}
+
+absl::Status ValidateBatch(const NetworkConfig& config, const BatchView& batch) {
+  MlpConfig as_mlp;
+  as_mlp.classes = config.classes;
+  as_mlp.max_batch = config.max_batch;
+  return ValidateBatch(as_mlp, batch);
+}
+
+std::vector<NamedTensor> InitialNetworkParameters(const NetworkConfig& config) {
+  absl::StatusOr<std::vector<std::vector<int>>> shapes = NetworkShapes(config);
+  if (!shapes.ok()) return {};
+  std::mt19937_64 rng(config.seed);
+  std::vector<NamedTensor> parameters;
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    const std::vector<int64_t> weight_shape = WeightShape(config.layers[i], (*shapes)[i]);
+    if (weight_shape.empty()) continue;
+    const int64_t fan_in = Product(std::vector<int>(weight_shape.begin() + 1, weight_shape.end()));
+    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+    NamedTensor weight{absl::StrCat("layers.", i, ".weight"), weight_shape, {}};
+    NamedTensor bias{absl::StrCat("layers.", i, ".bias"), {weight_shape[0]}, {}};
+    weight.values.resize(weight_shape[0] * fan_in);
+    bias.values.resize(weight_shape[0]);
+    for (float& w : weight.values) w = static_cast<float>((2 * UnitUniform(rng) - 1) * bound);
+    for (float& b : bias.values) b = static_cast<float>((2 * UnitUniform(rng) - 1) * bound);
+    parameters.push_back(std::move(weight));
+    parameters.push_back(std::move(bias));
+  }
+  return parameters;
+}
+
+NetworkConfig NetworkFromMlp(const MlpConfig& mlp) {
+  NetworkConfig config;
+  config.input_shape = {mlp.input_features};
+  for (int width : mlp.hidden) {
+    config.layers.push_back({.kind = Kind::kLinear, .units = width});
+    config.layers.push_back({.kind = Kind::kRelu});
+  }
+  config.layers.push_back({.kind = Kind::kLinear, .units = mlp.classes});
+  config.classes = mlp.classes;
+  config.max_batch = mlp.max_batch;
+  config.precision = mlp.precision;
+  config.seed = mlp.seed;
+  config.optimizer = mlp.optimizer;
+  config.input_scale = mlp.input_scale;
+  config.input_shift = mlp.input_shift;
+  config.loss_scale = mlp.loss_scale;
+  return config;
+}
+
+int64_t NetworkForwardFlopsPerSample(const NetworkConfig& config) {
+  absl::StatusOr<std::vector<std::vector<int>>> shapes = NetworkShapes(config);
+  if (!shapes.ok()) return 0;
+  int64_t flops = 0;
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    const LayerConfig& layer = config.layers[i];
+    const std::vector<int>& in = (*shapes)[i];
+    const std::vector<int>& out = (*shapes)[i + 1];
+    if (layer.kind == Kind::kConv2d) {
+      flops += 2 * Product(out) * in[0] * layer.kernel * layer.kernel;
+    } else if (layer.kind == Kind::kLinear) {
+      flops += 2 * Product(in) * layer.units;
+    }
+  }
+  return flops;
+}
+
+absl::StatusOr<TrainingFootprint> EstimateTrainingFootprint(const NetworkConfig& config) {
+  absl::StatusOr<std::vector<std::vector<int>>> shapes = NetworkShapes(config);
+  if (!shapes.ok()) return shapes.status();
+  TrainingFootprint footprint;
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    const std::vector<int64_t> weight_shape = WeightShape(config.layers[i], (*shapes)[i]);
+    if (weight_shape.empty()) continue;
+    int64_t weights = 1;
+    for (int64_t d : weight_shape) weights *= d;
+    footprint.parameters += weights + weight_shape[0];  // and the bias
+  }
+  for (const std::vector<int>& shape : *shapes) footprint.activations_per_sample += Product(shape);
+  const bool low_precision = config.precision != Precision::kFp32;
+  int64_t optimizer_slots = 0;
+  if (config.optimizer.type == OptimizerType::kAdamW) {
+    optimizer_slots = 2;
+  } else if (config.optimizer.momentum > 0) {
+    optimizer_slots = 1;
+  }
+  const int64_t per_parameter = 4 + 4 + 4 * optimizer_slots + (low_precision ? 2 : 0);
+  const int64_t per_activation = 4 + 4 + (low_precision ? 2 : 0);
+  footprint.bytes = footprint.parameters * per_parameter +
+                    int64_t{config.max_batch} * footprint.activations_per_sample * per_activation;
+  return footprint;
+}
+
+absl::Status CheckTrainingFits(const TrainingFootprint& footprint, int64_t available_bytes,
+                               const std::string& where, int max_batch) {
+  if (footprint.bytes <= available_bytes - available_bytes / 10) return absl::OkStatus();
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "training needs about %.1f GiB (%d parameters with their gradients and optimizer state, "
+      "activations for batch %d) but %s has %.1f GiB available; use a smaller model or "
+      "batch_size",
+      footprint.bytes / kGiB, footprint.parameters, max_batch, where, available_bytes / kGiB));
+}
+
+int EffectiveStride(const LayerConfig& layer) {
+  if (layer.stride > 0) return layer.stride;
+  return layer.kind == LayerConfig::Kind::kMaxPool2d ? layer.kernel : 1;
+}
+
+absl::Status ValidateScalarState(const NamedTensor& entry) {
+  const std::vector<float>& v = entry.values;
+  const bool is_scale = entry.name == "loss_scale";
+  const bool ok =
+      is_scale ? v.size() == 2 && std::isfinite(v[0]) && v[0] > 0 && v[1] >= 0 &&
+                     v[1] == std::floor(v[1])
+               : v.size() == 1 && std::isfinite(v[0]) && v[0] >= 0 && v[0] == std::floor(v[0]);
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("optimizer state '", entry.name, "' holds ", v.empty() ? 0.0f : v[0],
+                   is_scale ? "; expected a finite scale > 0 and a count" : "; expected a count"));
+}
+
+size_t LayoutOrigin(const NetworkConfig& config, size_t index) {
+  using Kind = LayerConfig::Kind;
+  while (index > 0) {
+    const Kind kind = config.layers[index - 1].kind;
+    if (kind != Kind::kFlatten && kind != Kind::kRelu && kind != Kind::kGelu &&
+        kind != Kind::kDropout) {
+      break;
+    }
+    --index;
+  }
+  return index;
+}
+
+}  // namespace stoker

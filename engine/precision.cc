@@ -1,0 +1,17 @@
+#include "engine/backend.h"
+
+namespace stoker {
+
+const char* PrecisionName(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
+  }
+  return "unknown";
+}
+
+}  // namespace stoker

@@ -1,0 +1,28 @@
+// Test-only shorthands for LayerConfig, shared by the cpu and cuda network tests.
+#ifndef STOKER_ENGINE_TEST_LAYERS_H_
+#define STOKER_ENGINE_TEST_LAYERS_H_
+
+#include "engine/backend.h"
+
+namespace stoker::test_layers {
+
+using Kind = LayerConfig::Kind;
+
+inline LayerConfig Conv(int out_channels, int kernel, int stride, int padding) {
+  return {.kind = Kind::kConv2d,
+          .out_channels = out_channels,
+          .kernel = kernel,
+          .stride = stride,
+          .padding = padding};
+}
+// stride 0: the kernel size (PyTorch's default).
+inline LayerConfig Pool(int kernel, int stride = 0, int padding = 0) {
+  return {.kind = Kind::kMaxPool2d, .kernel = kernel, .stride = stride, .padding = padding};
+}
+inline LayerConfig Linear(int units) { return {.kind = Kind::kLinear, .units = units}; }
+inline LayerConfig Of(Kind kind) { return {.kind = kind}; }
+inline LayerConfig Dropout(float rate) { return {.kind = Kind::kDropout, .rate = rate}; }
+
+}  // namespace stoker::test_layers
+
+#endif  // STOKER_ENGINE_TEST_LAYERS_H_

@@ -1,0 +1,29 @@
+// The one place where the data pipeline reads a JobSpec: which files make the train and test
+// sets, and what a loader does besides reading them. The trainer, the agent and the loader call
+// these, so a new dataset or loader field in the proto is wired here only.
+#ifndef STOKER_SPEC_JOB_OPTIONS_H_
+#define STOKER_SPEC_JOB_OPTIONS_H_
+
+#include <cstdint>
+
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "stoker.pb.h"
+
+namespace stoker {
+
+// dataset.format and train_images/train_labels (csv: train_images only). Paths as in the spec.
+// Labels are checked against dataset.classes; without it, every class up to the largest training
+// label must occur (see DatasetFiles::classes).
+DatasetFiles TrainDatasetFiles(const v1::JobSpec& spec);
+// The same for test_images/test_labels. Test labels must be below dataset.classes, or, where the
+// job does not declare it, below `train_classes` (what the training labels gave; 0 = unchecked).
+DatasetFiles TestDatasetFiles(const v1::JobSpec& spec, int train_classes = 0);
+
+// Loader `index`'s options: train.seed, loader.delay_ms, and augmentation (off until the proto
+// carries it).
+LoaderOptions LoaderOptionsFromSpec(const v1::JobSpec& spec, uint32_t index);
+
+}  // namespace stoker
+
+#endif  // STOKER_SPEC_JOB_OPTIONS_H_

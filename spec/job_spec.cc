@@ -1,0 +1,351 @@
+#include "spec/job_spec.h"
+
+#include <limits.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "common/utf8.h"
+
+namespace stoker {
+namespace {
+
+absl::Status FieldError(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+template <typename T>
+absl::Status CheckRange(absl::string_view field, T value, T low, T high) {
+  if (value < low || value > high) {
+    return FieldError(field,
+                      absl::StrCat("must be between ", low, " and ", high, " (got ", value, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOneOf(absl::string_view field, const std::string& value,
+                        std::initializer_list<absl::string_view> allowed) {
+  for (absl::string_view a : allowed) {
+    if (value == a) return absl::OkStatus();
+  }
+  return FieldError(field, absl::StrCat("unsupported value '", value,
+                                        "' (supported: ", absl::StrJoin(allowed, ", "), ")"));
+}
+
+absl::Status CheckPathText(absl::string_view field, const std::string& path) {
+  if (path.empty()) return FieldError(field, "is required");
+  if (path.size() > 1024) return FieldError(field, "path longer than 1024 characters");
+  if (path.find('\0') != std::string::npos) return FieldError(field, "path contains a NUL byte");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+v1::JobSpec DefaultJobSpec() {
+  v1::JobSpec spec;
+  spec.set_name("job");
+  spec.mutable_dataset()->set_format("idx");
+  spec.mutable_model()->set_type("mlp");
+  v1::TrainSpec* train = spec.mutable_train();
+  train->set_epochs(10);
+  train->set_batch_size(128);
+  train->set_precision(v1::PRECISION_FP32);
+  train->set_seed(1);
+  train->mutable_optimizer()->set_type("sgd");
+  train->mutable_optimizer()->set_lr(0.05);
+  train->mutable_optimizer()->set_momentum(0.9);
+  train->mutable_optimizer()->set_lr_schedule("cosine");
+  spec.mutable_loader()->set_processes(0);
+  spec.mutable_loader()->set_ring_slots(8);
+  spec.set_max_retries(2);
+  return spec;
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  // First: a string that is not UTF-8 cannot even be serialised (proto3), so name it here.
+  if (absl::Status s = CheckUtf8Fields(spec); !s.ok()) return s;
+  const std::string& name = spec.name();
+  if (name.empty() || name.size() > 128) {
+    return FieldError("name", absl::StrCat("must be 1 to 128 characters (got ", name.size(), ")"));
+  }
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') {
+      return FieldError(
+          "name",
+          absl::StrCat("may hold only letters, digits, '-', '_' and '.' (got '", name, "')"));
+    }
+  }
+  const v1::DatasetSpec& data = spec.dataset();
+  if (absl::Status s = CheckOneOf("dataset.format", data.format(), {"idx", "npy", "csv"});
+      !s.ok()) {
+    return s;
+  }
+  const bool csv = data.format() == "csv";
+  for (auto [field, path] : {std::pair{"dataset.train_images", &data.train_images()},
+                             std::pair{"dataset.train_labels", &data.train_labels()},
+                             std::pair{"dataset.test_images", &data.test_images()},
+                             std::pair{"dataset.test_labels", &data.test_labels()}}) {
+    // CSV files hold their labels; the *_labels paths stay empty.
+    if (csv && absl::EndsWith(field, "_labels")) {
+      if (!path->empty()) {
+        return FieldError(field, "must be empty for csv (the label is a column of the file)");
+      }
+      continue;
+    }
+    if (absl::Status s = CheckPathText(field, *path); !s.ok()) return s;
+  }
+  if (absl::Status s =
+          CheckOneOf("dataset.csv_header", data.csv_header().empty() ? "auto" : data.csv_header(),
+                     {"auto", "yes", "no"});
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRange("dataset.label_column", data.label_column(), -4096, 4096);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRange("dataset.train_limit", data.train_limit(), 0, INT32_MAX);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRange("dataset.test_limit", data.test_limit(), 0, INT32_MAX); !s.ok()) {
+    return s;
+  }
+  // Labels are bytes: at most 256 classes. 0 = counted from the training labels.
+  if (data.classes() != 0) {
+    if (absl::Status s = CheckRange("dataset.classes", data.classes(), 2, 256); !s.ok()) return s;
+  }
+
+  const v1::ModelSpec& model = spec.model();
+  if (absl::Status s = CheckOneOf("model.type", model.type(), {"mlp", "cnn"}); !s.ok()) return s;
+  if (model.hidden_size() > 16) {
+    return FieldError("model.hidden",
+                      absl::StrCat("at most 16 layers (got ", model.hidden_size(), ")"));
+  }
+  for (int i = 0; i < model.hidden_size(); ++i) {
+    if (absl::Status s =
+            CheckRange(absl::StrCat("model.hidden[", i, "]"), model.hidden(i), 1, 16384);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (model.type() == "cnn" && model.layers().empty()) {
+    return FieldError("model.layers", "a cnn needs its list of layers");
+  }
+  if (model.type() == "cnn" && !model.hidden().empty()) {
+    return FieldError("model.hidden", "only for type mlp (a cnn takes model.layers)");
+  }
+  if (model.type() == "mlp" && !model.layers().empty()) {
+    return FieldError("model.layers", "only for type cnn (an mlp takes model.hidden)");
+  }
+  if (model.layers_size() > 64) {
+    return FieldError("model.layers",
+                      absl::StrCat("at most 64 layers (got ", model.layers_size(), ")"));
+  }
+  for (int i = 0; i < model.layers_size(); ++i) {
+    const v1::LayerSpec& layer = model.layers(i);
+    const std::string at = absl::StrCat("model.layers[", i, "]");
+    if (absl::Status s =
+            CheckOneOf(at + ".type", layer.type(),
+                       {"conv2d", "maxpool2d", "linear", "relu", "gelu", "dropout", "flatten"});
+        !s.ok()) {
+      return s;
+    }
+    if (layer.type() == "conv2d") {
+      if (absl::Status s = CheckRange(at + ".out_channels", layer.out_channels(), 1, 4096);
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (layer.type() == "conv2d" || layer.type() == "maxpool2d") {
+      if (absl::Status s = CheckRange(at + ".kernel", layer.kernel(), 1, 64); !s.ok()) return s;
+      if (absl::Status s = CheckRange(at + ".stride", layer.stride(), 0, 64); !s.ok()) return s;
+      if (absl::Status s = CheckRange(at + ".padding", layer.padding(), 0, 64); !s.ok()) return s;
+    }
+    if (layer.type() == "linear") {
+      if (absl::Status s = CheckRange(at + ".units", layer.units(), 1, 65536); !s.ok()) return s;
+    }
+    if (layer.type() == "dropout" && !(layer.rate() >= 0 && layer.rate() < 1)) {
+      return FieldError(at + ".rate", absl::StrCat("must be in [0, 1) (got ", layer.rate(), ")"));
+    }
+  }
+
+  const v1::TrainSpec& train = spec.train();
+  if (absl::Status s = CheckRange("train.epochs", train.epochs(), 1, 10000); !s.ok()) return s;
+  if (absl::Status s = CheckRange("train.batch_size", train.batch_size(), 1, 65536); !s.ok()) {
+    return s;
+  }
+  if (!v1::Precision_IsValid(train.precision())) {
+    return FieldError("train.precision", "unknown precision (supported: fp32, bf16, fp16)");
+  }
+  const v1::OptimizerSpec& opt = train.optimizer();
+  if (absl::Status s = CheckOneOf("train.optimizer.type", opt.type(), {"sgd", "adamw"}); !s.ok()) {
+    return s;
+  }
+  for (auto [field, value] : {std::pair{"train.optimizer.beta1", opt.beta1()},
+                              std::pair{"train.optimizer.beta2", opt.beta2()}}) {
+    if (!(value >= 0 && value < 1)) {
+      return FieldError(field, absl::StrCat("must be in [0, 1) (got ", value, ")"));
+    }
+  }
+  if (!(opt.eps() >= 0 && opt.eps() <= 1)) {
+    return FieldError("train.optimizer.eps",
+                      absl::StrCat("must be in [0, 1] (got ", opt.eps(), ")"));
+  }
+  if (!(opt.clip_grad_norm() >= 0 && opt.clip_grad_norm() <= 1e6)) {
+    return FieldError("train.optimizer.clip_grad_norm",
+                      absl::StrCat("must be in [0, 1e6] (got ", opt.clip_grad_norm(), ")"));
+  }
+  if (!(opt.lr() > 0 && opt.lr() <= 10)) {
+    return FieldError("train.optimizer.lr",
+                      absl::StrCat("must be in (0, 10] (got ", opt.lr(), ")"));
+  }
+  if (!(opt.momentum() >= 0 && opt.momentum() < 1)) {
+    return FieldError("train.optimizer.momentum",
+                      absl::StrCat("must be in [0, 1) (got ", opt.momentum(), ")"));
+  }
+  if (!(opt.weight_decay() >= 0 && opt.weight_decay() < 1)) {
+    return FieldError("train.optimizer.weight_decay",
+                      absl::StrCat("must be in [0, 1) (got ", opt.weight_decay(), ")"));
+  }
+
+  if (absl::Status s =
+          CheckOneOf("train.optimizer.lr_schedule", opt.lr_schedule(), {"constant", "cosine"});
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRange("train.optimizer.warmup_steps", opt.warmup_steps(), 0, 1000000);
+      !s.ok()) {
+    return s;
+  }
+
+  const v1::LoaderSpec& loader = spec.loader();
+  if (absl::Status s = CheckRange("loader.processes", loader.processes(), 0, 64); !s.ok()) return s;
+  if (absl::Status s = CheckRange("loader.ring_slots", loader.ring_slots(), 2, 1024); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRange("loader.delay_ms", loader.delay_ms(), 0, 60000); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckRange("loader.augment.crop_padding", loader.augment().crop_padding(), 0, 64);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRange("resources.gpus", spec.resources().gpus(), 0, 16); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckRange("checkpoint.every_steps", spec.checkpoint().every_steps(), 0, INT32_MAX);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRange("priority", spec.priority(), -1000, 1000); !s.ok()) return s;
+  if (absl::Status s = CheckRange("max_retries", spec.max_retries(), 0, 100); !s.ok()) return s;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ResolveUnderDataRoot(const std::string& data_root,
+                                                 const std::string& relative,
+                                                 absl::string_view field) {
+  // Messages name the path as the job wrote it: never the data root's absolute location, nor
+  // where a symlink leads (both are the server's business, and the user can do nothing with them).
+  if (absl::Status s = CheckPathText(field, relative); !s.ok()) return s;
+  for (absl::string_view part : absl::StrSplit(relative, '/')) {
+    if (part == "..") {
+      return FieldError(field, absl::StrCat("path '", relative,
+                                            "' contains '..'; dataset paths must stay inside the "
+                                            "data root"));
+    }
+  }
+  char root_buf[PATH_MAX];
+  if (realpath(data_root.c_str(), root_buf) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": the data root does not exist or cannot be read (check --data-root)"));
+  }
+  const std::string root = root_buf;
+  std::string joined = relative;
+  if (relative.front() != '/') joined = absl::StrCat(root, "/", relative);
+  auto inside = [&root](const std::string& path) {
+    return root == "/" || path == root || absl::StartsWith(path, root + "/");
+  };
+  if (!inside(std::filesystem::path(joined).lexically_normal().string())) {
+    return FieldError(field, absl::StrCat("path '", relative, "' is outside the data root"));
+  }
+  char real_buf[PATH_MAX];
+  if (realpath(joined.c_str(), real_buf) == nullptr) {
+    return FieldError(field, absl::StrCat("file '", relative, "' not found under the data root"));
+  }
+  if (!inside(real_buf)) {
+    return FieldError(field, absl::StrCat("path '", relative,
+                                          "' leads out of the data root through a symlink "
+                                          "(symlinks may not leave it)"));
+  }
+  if (!std::filesystem::is_regular_file(real_buf)) {
+    return FieldError(field, absl::StrCat("path '", relative, "' is not a regular file"));
+  }
+  return std::string(real_buf);
+}
+
+absl::Status ResolveDatasetPaths(const std::string& data_root, v1::JobSpec* spec) {
+  v1::DatasetSpec* data = spec->mutable_dataset();
+  for (auto [field, path] : {std::pair{"dataset.train_images", data->mutable_train_images()},
+                             std::pair{"dataset.train_labels", data->mutable_train_labels()},
+                             std::pair{"dataset.test_images", data->mutable_test_images()},
+                             std::pair{"dataset.test_labels", data->mutable_test_labels()}}) {
+    if (data->format() == "csv" && path->empty()) continue;
+    absl::StatusOr<std::string> resolved = ResolveUnderDataRoot(data_root, *path, field);
+    if (!resolved.ok()) return resolved.status();
+    *path = *resolved;
+  }
+  return absl::OkStatus();
+}
+
+std::string DatasetPathsAsWritten(absl::string_view message, const v1::JobSpec& written,
+                                  const v1::JobSpec& resolved) {
+  const v1::DatasetSpec& w = written.dataset();
+  const v1::DatasetSpec& r = resolved.dataset();
+  std::vector<std::pair<std::string, std::string>> replacements;
+  for (auto [from, to] : {std::pair{&r.train_images(), &w.train_images()},
+                          std::pair{&r.train_labels(), &w.train_labels()},
+                          std::pair{&r.test_images(), &w.test_images()},
+                          std::pair{&r.test_labels(), &w.test_labels()}}) {
+    if (!from->empty() && *from != *to) replacements.emplace_back(*from, *to);
+  }
+  // absl::StrReplaceAll takes the longest path where two start at the same place.
+  std::vector<std::pair<absl::string_view, absl::string_view>> views(replacements.begin(),
+                                                                     replacements.end());
+  return absl::StrReplaceAll(message, views);
+}
+
+std::string JobStateName(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_QUEUED:
+      return "queued";
+    case v1::JOB_STATE_RUNNING:
+      return "running";
+    case v1::JOB_STATE_SUCCEEDED:
+      return "succeeded";
+    case v1::JOB_STATE_FAILED:
+      return "failed";
+    case v1::JOB_STATE_CANCELLED:
+      return "cancelled";
+    default:
+      return "unknown";
+  }
+}
+
+bool IsFinal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+}  // namespace stoker

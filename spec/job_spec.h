@@ -1,0 +1,49 @@
+// JobSpec helpers shared by client, server and worker: defaults, validation and data-root
+// confinement. Every error names the field it is about ("train.batch_size: ...").
+#ifndef STOKER_SPEC_JOB_SPEC_H_
+#define STOKER_SPEC_JOB_SPEC_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "stoker.pb.h"
+
+namespace stoker {
+
+// The spec a job file starts from: every key a job file leaves out takes its value from here.
+v1::JobSpec DefaultJobSpec();
+
+// The hidden widths of an mlp whose job file names none (ParseJobYaml fills them in).
+inline constexpr int kDefaultMlpHidden[] = {256, 128};
+
+// Checks ranges, names and that every string is UTF-8. Returns INVALID_ARGUMENT whose message
+// starts with the dotted field path, e.g. "train.batch_size: must be between 1 and 65536 (got -5)".
+absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+// Resolves `relative` (a job-file dataset path) under `data_root`. Refuses empty paths, '..'
+// components, absolute paths outside the root, and paths whose real location (after following
+// symlinks) leaves the root; the file must exist. `field` names the spec field for the message.
+// Returns the canonical absolute path.
+absl::StatusOr<std::string> ResolveUnderDataRoot(const std::string& data_root,
+                                                 const std::string& relative,
+                                                 absl::string_view field);
+
+// Resolves every dataset path of `spec` in place (see ResolveUnderDataRoot).
+absl::Status ResolveDatasetPaths(const std::string& data_root, v1::JobSpec* spec);
+
+// `message` (an error about the files of `resolved`, the spec ResolveDatasetPaths made of
+// `written`) with each resolved absolute path put back as the job wrote it, so that errors shown
+// to users name their own paths, not the data root or where symlinks lead.
+std::string DatasetPathsAsWritten(absl::string_view message, const v1::JobSpec& written,
+                                  const v1::JobSpec& resolved);
+
+// "queued", "running", "succeeded", "failed", "cancelled".
+std::string JobStateName(v1::JobState state);
+// True for SUCCEEDED, FAILED and CANCELLED.
+bool IsFinal(v1::JobState state);
+
+}  // namespace stoker
+
+#endif  // STOKER_SPEC_JOB_SPEC_H_
