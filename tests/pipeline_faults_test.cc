@@ -19,14 +19,15 @@
 namespace stoker::testing {
 namespace {
 
-// Open file descriptors of any process that point at a job region memfd.
-std::vector<std::string> OpenJobRegions() {
+// Open file descriptors that point at a job region memfd, in the processes of `cluster` (those
+// whose command line names its directory: the worker agent, trainers and loaders). Other
+// processes on the machine, such as another test run's, are not this test's business.
+std::vector<std::string> OpenJobRegions(const TestCluster& cluster) {
   std::vector<std::string> found;
-  std::error_code error;
-  for (const auto& process : std::filesystem::directory_iterator("/proc", error)) {
-    std::filesystem::directory_iterator fds(process.path() / "fd", error);
-    if (error) continue;
-    for (const auto& fd : fds) {
+  for (const pid_t pid : FindProcesses({cluster.dir()})) {
+    std::error_code error;
+    const std::filesystem::path fd_dir = absl::StrCat("/proc/", pid, "/fd");
+    for (const auto& fd : std::filesystem::directory_iterator(fd_dir, error)) {
       const std::string target = std::filesystem::read_symlink(fd.path(), error).string();
       if (!error && absl::StrContains(target, "memfd:stoker-job")) {
         found.push_back(fd.path().string() + " -> " + target);
@@ -227,7 +228,7 @@ TEST(PipelineFaultsTest, KilledTrainerTakesItsLoadersAndSharedMemoryWithIt) {
   std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", attempt_dir});
   ASSERT_EQ(trainers.size(), 1u);
   ASSERT_EQ(FindProcesses({"stoker-loader", attempt_dir}).size(), 2u);
-  ASSERT_FALSE(OpenJobRegions().empty());
+  ASSERT_FALSE(OpenJobRegions(cluster).empty());
   ASSERT_EQ(kill(trainers[0], SIGKILL), 0);
 
   absl::StatusOr<v1::Job> failed = cluster.WaitForFinal(job->id(), absl::Seconds(10));
@@ -235,14 +236,15 @@ TEST(PipelineFaultsTest, KilledTrainerTakesItsLoadersAndSharedMemoryWithIt) {
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(failed->error().find("trainer killed by signal 9"), std::string::npos)
       << failed->error();
-  // No stoker process of the attempt and no job region remain anywhere.
+  // No stoker process of the attempt remains, and no process of the cluster (the agent included)
+  // holds a job region.
   const absl::Time deadline = absl::Now() + absl::Seconds(3);
   while (absl::Now() < deadline &&
-         (!FindProcesses({attempt_dir}).empty() || !OpenJobRegions().empty())) {
+         (!FindProcesses({attempt_dir}).empty() || !OpenJobRegions(cluster).empty())) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_TRUE(FindProcesses({attempt_dir}).empty());
-  std::vector<std::string> regions = OpenJobRegions();
+  std::vector<std::string> regions = OpenJobRegions(cluster);
   EXPECT_TRUE(regions.empty()) << regions.front();
 
   // The worker takes the next job.
