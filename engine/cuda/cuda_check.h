@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
+#include "common/status_macros.h"  // STOKER_RETURN_IF_ERROR
 
 namespace stoker::cuda {
 
@@ -30,11 +31,6 @@ absl::Status CublasError(cublasStatus_t status, const char* call, const char* fi
     if (stoker_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                   \
       return ::stoker::cuda::CublasError(stoker_cublas_status_, #call, __FILE__, __LINE__); \
     }                                                                                       \
-  } while (0)
-
-#define STOKER_RETURN_IF_ERROR(expr)                                                       \
-  do {                                                                                     \
-    if (absl::Status stoker_status_ = (expr); !stoker_status_.ok()) return stoker_status_; \
   } while (0)
 
 #endif  // STOKER_ENGINE_CUDA_CUDA_CHECK_H_
