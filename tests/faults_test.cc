@@ -431,6 +431,17 @@ std::optional<double> ServerMetric(TestCluster& cluster, const std::string& seri
   return MetricValueForTest(*text, series);
 }
 
+// Waits until the job (32 steps) ends or says the server has not stored its final weights.
+absl::StatusOr<v1::Job> WaitForFinalWeightsOrEnd(TestCluster& cluster, const std::string& job_id) {
+  return cluster.WaitFor(
+      job_id,
+      [](const v1::Job& j) {
+        return IsFinal(j.state()) ||
+               absl::StrContains(j.waiting_reason(), "final weights (step 32) not stored");
+      },
+      absl::Seconds(60));
+}
+
 // Issue 12.3: with the checkpoint directory on a full file system the job used to end SUCCEEDED
 // without its final weights (the artifact was an early checkpoint, or missing), and nothing said
 // so. Now it waits, says why, and succeeds once the space is back and the worker's retry stores
@@ -463,13 +474,7 @@ TEST(FaultsTest, AFullServerDiskHoldsTheJobUntilItsFinalWeightsAreStored) {
   ASSERT_TRUE(job.ok()) << job.status();
 
   // Trained to the end, it cannot finish: the server has no room for the final weights.
-  absl::StatusOr<v1::Job> waiting = cluster.WaitFor(
-      job->id(),
-      [](const v1::Job& j) {
-        return IsFinal(j.state()) ||
-               absl::StrContains(j.waiting_reason(), "final weights (step 32) not stored");
-      },
-      absl::Seconds(60));
+  absl::StatusOr<v1::Job> waiting = WaitForFinalWeightsOrEnd(cluster, job->id());
   ASSERT_TRUE(waiting.ok()) << waiting.status();
   ASSERT_EQ(waiting->state(), v1::JOB_STATE_RUNNING)
       << "ended without its final weights stored (checkpoint step " << waiting->checkpoint_step()
@@ -671,13 +676,7 @@ TEST(FaultsTest, AWorkerShuttingDownWhileTheServerDiskIsFullGivesTheJobBack) {
   spec.set_max_retries(0);  // a counted attempt would fail the job
   absl::StatusOr<v1::Job> job = cluster.Submit(spec);
   ASSERT_TRUE(job.ok()) << job.status();
-  absl::StatusOr<v1::Job> waiting = cluster.WaitFor(
-      job->id(),
-      [](const v1::Job& j) {
-        return IsFinal(j.state()) ||
-               absl::StrContains(j.waiting_reason(), "final weights (step 32) not stored");
-      },
-      absl::Seconds(60));
+  absl::StatusOr<v1::Job> waiting = WaitForFinalWeightsOrEnd(cluster, job->id());
   ASSERT_TRUE(waiting.ok()) << waiting.status();
   ASSERT_EQ(waiting->state(), v1::JOB_STATE_RUNNING);
 
