@@ -1,9 +1,9 @@
 // stoker-loader: one loader process of a job. The agent starts K of them with the job's region
 // fd inherited; each fills the ring with its share of the batch stream (see loader.h).
 //
-// Exit status: 0 done, stopped, or the consumer is gone; 1 the region cannot be used or the
-// parent is already gone; 2 the training data is bad (the message names file and offset);
-// 64 bad arguments.
+// Exit status (common/exit_codes.h): 0 done, stopped, or the consumer is gone; 1 the region cannot
+// be used or the parent is already gone; 2 the training data is bad (the message names file and
+// offset); 64 bad arguments.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/exit_codes.h"
 #include "data/dataset.h"
 #include "data/heartbeat.h"
 #include "data/job_region.h"
@@ -27,9 +28,10 @@
 
 namespace {
 
-constexpr int kExitFailure = 1;
-constexpr int kExitDataError = 2;
-constexpr int kExitUsage = 64;
+using stoker::kExitBadInput;
+using stoker::kExitFailure;
+using stoker::kExitSuccess;
+using stoker::kExitUsage;
 
 constexpr char kUsage[] =
     "usage: stoker-loader --region-fd N --index K --job FILE [--parent-pid P]\n"
@@ -139,12 +141,12 @@ int main(int argc, char** argv) {
     const stoker::ScopedHeartbeat beating((*region)->stats().heartbeats_total);
     return stoker::LoadDataset(stoker::TrainDatasetFiles(spec), spec.dataset().train_limit());
   }();
-  if (!data.ok()) return Fail(kExitDataError, prefix, data.status());
+  if (!data.ok()) return Fail(kExitBadInput, prefix, data.status());
 
   const stoker::LoaderOptions options =
       stoker::LoaderOptionsFromSpec(spec, static_cast<uint32_t>(args->index));
   const absl::Status status = stoker::RunLoader(**region, *data, options);
-  if (status.ok() || absl::IsCancelled(status) || absl::IsAborted(status)) return 0;
-  if (absl::IsInvalidArgument(status)) return Fail(kExitDataError, prefix, status);
+  if (status.ok() || absl::IsCancelled(status) || absl::IsAborted(status)) return kExitSuccess;
+  if (absl::IsInvalidArgument(status)) return Fail(kExitBadInput, prefix, status);
   return Fail(kExitFailure, prefix, status);
 }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
+#include "common/exit_codes.h"
 #include "worker/agent.h"
 #include "worker/metrics/nvml.h"
 #include "worker/metrics/worker_metrics.h"
@@ -92,7 +93,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::string> token = stoker::ReadTokenFile(token_file);
     if (!token.ok()) {
       std::cerr << "stoker-worker: " << token.status().message() << "\n";
-      return 2;
+      return stoker::kExitBadInput;
     }
     options.token = *token;
   }
@@ -100,14 +101,14 @@ int main(int argc, char** argv) {
       stoker::MakeChannelCredentials({.cert = "", .key = "", .ca = tls_ca});
   if (!credentials.ok()) {
     std::cerr << "stoker-worker: " << credentials.status().message() << "\n";
-    return 2;
+    return stoker::kExitBadInput;
   }
   options.credentials = *credentials;
 
   for (const std::string& path : {options.runner.trainer_path, options.runner.loader_path}) {
     if (access(path.c_str(), X_OK) != 0) {
       std::cerr << "stoker-worker: cannot execute " << path << " (use --trainer / --loader)\n";
-      return 1;
+      return stoker::kExitFailure;
     }
   }
   std::error_code error;
@@ -115,7 +116,7 @@ int main(int argc, char** argv) {
   if (error) {
     std::cerr << "stoker-worker: cannot create work directory " << options.runner.work_dir << ": "
               << error.message() << "\n";
-    return 1;
+    return stoker::kExitFailure;
   }
   options.runner.work_dir = std::filesystem::absolute(options.runner.work_dir).string();
   // One live process per worker id and work directory; the id passes to this process at once
@@ -124,7 +125,7 @@ int main(int argc, char** argv) {
       stoker::ClaimWorkerInstance(options.runner.work_dir, options.worker_id);
   if (!claim.ok()) {
     std::cerr << "stoker-worker: " << claim.status().message() << "\n";
-    return 1;
+    return stoker::kExitFailure;
   }
   options.instance = claim->instance;
   options.previous_instance = claim->previous_instance;
@@ -141,7 +142,7 @@ int main(int argc, char** argv) {
     // Trainers and loaders die with this process (PR_SET_PDEATHSIG); the server requeues the
     // jobs when the lease runs out.
     std::cerr << "stoker-worker: " << strsignal(signal_number) << " again, exiting now\n";
-    std::_Exit(1);
+    std::_Exit(stoker::kExitFailure);
   });
   signal_thread.detach();
 
@@ -161,7 +162,7 @@ int main(int argc, char** argv) {
         {.worker_id = options.worker_id, .listen_address = metrics_listen});
     if (!created.ok()) {
       std::cerr << "stoker-worker: metrics: " << created.status().message() << "\n";
-      return 1;
+      return stoker::kExitFailure;
     }
     metrics = std::move(*created);
     const std::string host = metrics_listen.substr(0, metrics_listen.rfind(':'));

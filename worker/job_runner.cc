@@ -17,13 +17,13 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint.h"
+#include "common/exit_codes.h"
 #include "common/system_memory.h"
 #include "data/dataset.h"
 #include "google/protobuf/io/zero_copy_stream_impl.h"
 #include "google/protobuf/util/delimited_message_util.h"
 #include "spec/job_options.h"
 #include "spec/job_spec.h"
-#include "worker/exit_codes.h"
 #include "worker/process.h"
 
 namespace stoker {

@@ -2,7 +2,8 @@
 // in order from the ring, trains on the selected backend, evaluates on the test set after every
 // epoch and reports events to the agent over a pipe (length-delimited stoker.v1.JobEvent).
 //
-// Exit codes (worker/exit_codes.h): 0 done, 2 bad data or spec, 3 stopped, other = crash.
+// Exit codes (common/exit_codes.h): 0 done, 1 failed (may succeed on retry), 2 bad data or spec,
+// 3 stopped, 64 bad arguments, other = crash.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint.h"
+#include "common/exit_codes.h"
 #include "data/dataset.h"
 #include "data/heartbeat.h"
 #include "data/job_region.h"
@@ -29,7 +31,6 @@
 #include "engine/cuda/cuda_backend.h"
 #endif
 #include "spec/model_spec.h"
-#include "worker/exit_codes.h"
 
 namespace stoker {
 namespace {
@@ -302,7 +303,7 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
   auto checkpoint_and_stop = [&](uint64_t step) -> int {
     if (step > last_checkpoint_step) {
       const int epoch = static_cast<int>((step - 1) / batches_per_epoch + 1);  // step's batch
-      if (!checkpoint(step, epoch)) return 1;
+      if (!checkpoint(step, epoch)) return kExitFailure;
     }
     events.Log(absl::StrCat("stopped at step ", step, " for the worker's shutdown"));
     return kExitStopped;
@@ -326,7 +327,7 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
       if (absl::IsCancelled(batch.status())) return kExitStopped;
       std::cerr << "stoker-trainer: waiting for batch " << b << " (loader " << region.LoaderFor(b)
                 << "): " << batch.status().message() << "\n";
-      return 1;
+      return kExitFailure;
     }
     const BatchView view = MakeBatchView(batch->samples, batch->labels,
                                          static_cast<int>(batch->count), geometry.sample_type);
@@ -360,7 +361,7 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
 
     const bool epoch_end = (b + 1) % batches_per_epoch == 0;
     if (!epoch_end && every_steps > 0 && (b + 1) % every_steps == 0 && !checkpoint(b + 1, epoch)) {
-      return 1;
+      return kExitFailure;
     }
     const double window_seconds = absl::ToDoubleSeconds(step_done - window_start);
     if (epoch_end || window_seconds >= 1.0) {
@@ -385,7 +386,7 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
       event.set_type(epoch_end ? v1::EVENT_TYPE_EPOCH : v1::EVENT_TYPE_PROGRESS);
       *event.mutable_progress() = p;
       events.Write(event);
-      if (epoch_end && !checkpoint(b + 1, epoch)) return 1;
+      if (epoch_end && !checkpoint(b + 1, epoch)) return kExitFailure;
       window_start = absl::Now();
       window_loss = 0;
       window_steps = window_samples = 0;
