@@ -1,18 +1,13 @@
 #include "server/coordinator.h"
 
-#include <fcntl.h>
-#include <sys/statvfs.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/checkpoint.h"
+#include "common/status_macros.h"
 #include "data/dataset.h"
 #include "server/scheduler.h"
 #include "spec/job_options.h"
@@ -29,18 +24,6 @@ void Log(const std::string& message) { std::cerr << "stoker-server: " << message
 // A duration for messages, to a tenth of a second ("9.7s").
 std::string Rounded(absl::Duration d) {
   return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(100)));
-}
-
-// Free bytes on the file system of `dir` (or of its parent while `dir` does not exist yet), as an
-// unprivileged writer sees them; -1 when neither can be read.
-int64_t FreeBytes(const std::string& dir) {
-  for (const std::string& path : {dir, std::filesystem::path(dir).parent_path().string()}) {
-    struct statvfs fs;
-    if (!path.empty() && statvfs(path.c_str(), &fs) == 0) {
-      return static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
-    }
-  }
-  return -1;
 }
 
 absl::Status RequireId(const std::string& value, const char* field) {
@@ -104,13 +87,15 @@ v1::JobEvent MakeEvent(v1::EventType type, const std::string& message, int attem
 }
 
 Coordinator::Coordinator(std::unique_ptr<JobStore> store, CoordinatorOptions options)
-    : options_(std::move(options)), store_(std::move(store)) {}
+    : options_(std::move(options)),
+      checkpoints_(options_.checkpoint_dir),
+      store_(std::move(store)) {}
 
 absl::Status Coordinator::Recover() {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<std::vector<v1::Job>> running = store_->InState(v1::JOB_STATE_RUNNING);
-  if (!running.ok()) return running.status();
-  for (const v1::Job& job : *running) {
+  STOKER_ASSIGN_OR_RETURN(const std::vector<v1::Job> running,
+                          store_->InState(v1::JOB_STATE_RUNNING));
+  for (const v1::Job& job : running) {
     WorkerEntry& worker = workers_[job.worker_id()];
     worker.info.set_worker_id(job.worker_id());
     worker.last_heartbeat = absl::Now();
@@ -131,11 +116,11 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(const v1::SubmitJobReq
   if (request.request_id().size() > 256) {
     return absl::InvalidArgumentError("request_id: longer than 256 characters");
   }
-  if (absl::Status s = ValidateJobSpec(request.spec()); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(ValidateJobSpec(request.spec()));
   // The paths must exist under the server's data root (which deploy/ shares with the workers).
   v1::JobSpec resolved = request.spec();
-  if (absl::Status s = ResolveDatasetPaths(options_.data_root, &resolved); !s.ok()) return s;
-  if (absl::Status s = CheckModelAgainstData(request.spec(), resolved); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(ResolveDatasetPaths(options_.data_root, &resolved));
+  STOKER_RETURN_IF_ERROR(CheckModelAgainstData(request.spec(), resolved));
 
   PendingSubmit me{&request};
   submit_mu_.Lock();
@@ -199,7 +184,7 @@ void Coordinator::FillQueueInfo(v1::Job* job) {
 }
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
-  if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));
   absl::MutexLock lock(&mu_);
   absl::StatusOr<v1::Job> job = store_->Get(job_id);
   if (job.ok()) FillQueueInfo(&*job);
@@ -213,33 +198,28 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   std::vector<v1::JobState> states;
   for (int state : request.states()) states.push_back(static_cast<v1::JobState>(state));
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<std::vector<v1::Job>> jobs =
-      store_->List(states, request.limit() == 0 ? 100 : request.limit());
-  if (!jobs.ok()) return jobs.status();
+  STOKER_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs,
+                          store_->List(states, request.limit() == 0 ? 100 : request.limit()));
   v1::ListJobsResponse response;
-  for (v1::Job& job : *jobs) *response.add_jobs() = std::move(job);
+  for (v1::Job& job : jobs) *response.add_jobs() = std::move(job);
   return response;
 }
 
 absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
-  if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<v1::Job> job = store_->Get(job_id);
-  if (!job.ok()) return job.status();
-  if (IsFinal(job->state())) {
+  STOKER_ASSIGN_OR_RETURN(v1::Job job, store_->Get(job_id));
+  if (IsFinal(job.state())) {
     return absl::FailedPreconditionError(
-        absl::StrCat("job ", job_id, " already ", JobStateName(job->state())));
+        absl::StrCat("job ", job_id, " already ", JobStateName(job.state())));
   }
   // The worker learns of it from its next heartbeat or progress report and stops the trainer.
-  job->set_state(v1::JOB_STATE_CANCELLED);
-  job->set_end_time_unix_ms(NowMs());
-  job->set_error("cancelled by user");
-  if (absl::Status s = SaveAndNotify(
-          *job, {MakeEvent(v1::EVENT_TYPE_FINISHED, "cancelled by user", job->attempt())});
-      !s.ok()) {
-    return s;
-  }
-  return *job;
+  job.set_state(v1::JOB_STATE_CANCELLED);
+  job.set_end_time_unix_ms(NowMs());
+  job.set_error("cancelled by user");
+  STOKER_RETURN_IF_ERROR(
+      SaveAndNotify(job, {MakeEvent(v1::EVENT_TYPE_FINISHED, "cancelled by user", job.attempt())}));
+  return job;
 }
 
 v1::ListWorkersResponse Coordinator::ListWorkers() {
@@ -263,7 +243,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::WaitForEvents(const std::
                                                                      int64_t after_seq,
                                                                      absl::Duration wait,
                                                                      bool* job_finished) {
-  if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));
   *job_finished = false;
   const absl::Time deadline = absl::Now() + wait;
   absl::MutexLock lock(&mu_);
@@ -291,7 +271,7 @@ void Coordinator::Shutdown() {
 
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     const v1::RegisterWorkerRequest& request) {
-  if (absl::Status s = RequireId(request.worker_id(), "worker_id"); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(RequireId(request.worker_id(), "worker_id"));
   if (request.devices_size() == 0 || request.devices_size() > 64) {
     return absl::InvalidArgumentError("devices: a worker registers 1 to 64 devices");
   }
@@ -325,11 +305,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   // Jobs the server believes run there but the worker does not have are lost: requeue them.
   std::set<std::string> reported;
   for (const v1::RunningAttempt& attempt : request.running()) reported.insert(attempt.job_id());
-  if (absl::Status s =
-          RequeueUnreported(request.worker_id(), reported, "restarted without the job");
-      !s.ok()) {
-    return s;
-  }
+  STOKER_RETURN_IF_ERROR(
+      RequeueUnreported(request.worker_id(), reported, "restarted without the job"));
   v1::RegisterWorkerResponse response;
   response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
   response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
@@ -369,9 +346,7 @@ absl::Status Coordinator::RequeueUnreported(const std::string& worker_id,
     absl::StatusOr<v1::Job> job = store_->Get(job_id);
     if (job.ok() && job->state() == v1::JOB_STATE_RUNNING && job->worker_id() == worker_id) {
       // Requeue also drops it from worker.running.
-      if (absl::Status s = Requeue(*job, absl::StrCat("worker ", worker_id, " ", why)); !s.ok()) {
-        return s;
-      }
+      STOKER_RETURN_IF_ERROR(Requeue(*job, absl::StrCat("worker ", worker_id, " ", why)));
     } else {
       worker.running.erase(job_id);
     }
@@ -399,14 +374,10 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
     if (job.start_time_unix_ms() == 0) job.set_start_time_unix_ms(NowMs());
     job.clear_queue_position();
     job.clear_waiting_reason();
-    if (absl::Status s = SaveAndNotify(
-            job,
-            {MakeEvent(v1::EVENT_TYPE_LOG,
-                       absl::StrCat("attempt ", job.attempt(), " started on worker ", worker_id),
-                       job.attempt())});
-        !s.ok()) {
-      return s;
-    }
+    STOKER_RETURN_IF_ERROR(SaveAndNotify(
+        job, {MakeEvent(v1::EVENT_TYPE_LOG,
+                        absl::StrCat("attempt ", job.attempt(), " started on worker ", worker_id),
+                        job.attempt())}));
     workers_[worker_id].running.insert(job.id());
     v1::Assignment& assignment = assignments.emplace_back();
     assignment.set_job_id(job.id());
@@ -420,7 +391,7 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
-  if (absl::Status s = RequireId(request.worker_id(), "worker_id"); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(RequireId(request.worker_id(), "worker_id"));
   if (request.free_slots() < 0 || request.free_gpus() < 0) {
     return absl::InvalidArgumentError("free_slots, free_gpus: must not be negative");
   }
@@ -447,14 +418,11 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     if (!job.ok()) *response.add_stop() = attempt;
   }
   // A job placed on this worker that it no longer reports was lost there (e.g. it restarted).
-  if (absl::Status s = RequeueUnreported(request.worker_id(), reported, "no longer runs the job");
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<std::vector<v1::Assignment>> assignments =
-      Assign(request.worker_id(), request.free_slots(), request.free_gpus());
-  if (!assignments.ok()) return assignments.status();
-  for (v1::Assignment& assignment : *assignments) {
+  STOKER_RETURN_IF_ERROR(
+      RequeueUnreported(request.worker_id(), reported, "no longer runs the job"));
+  STOKER_ASSIGN_OR_RETURN(std::vector<v1::Assignment> assignments,
+                          Assign(request.worker_id(), request.free_slots(), request.free_gpus()));
+  for (v1::Assignment& assignment : assignments) {
     *response.add_assignments() = std::move(assignment);
   }
   return response;
@@ -478,7 +446,7 @@ absl::StatusOr<v1::Job> Coordinator::FencedJob(const std::string& worker_id,
 
 absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(
     const v1::ReportProgressRequest& request) {
-  if (absl::Status s = RequireId(request.job_id(), "job_id"); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(RequireId(request.job_id(), "job_id"));
   if (request.events_size() > 1000) {
     return absl::InvalidArgumentError("events: at most 1000 per report");
   }
@@ -508,12 +476,12 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(
     event.set_attempt(request.attempt());
     if (event.has_progress()) *job->mutable_progress() = event.progress();
   }
-  if (absl::Status s = SaveAndNotify(*job, std::move(events)); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(SaveAndNotify(*job, std::move(events)));
   return response;
 }
 
 absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
-  if (absl::Status s = RequireId(request.job_id(), "job_id"); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(RequireId(request.job_id(), "job_id"));
   if (!IsFinal(request.state())) {
     return absl::InvalidArgumentError("state: must be SUCCEEDED, FAILED or CANCELLED");
   }
@@ -567,69 +535,32 @@ absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
   return SaveAndNotify(*job, {MakeEvent(v1::EVENT_TYPE_FINISHED, message, request.attempt())});
 }
 
-static std::string CheckpointFile(const std::string& dir, const std::string& job_id) {
-  return absl::StrCat(dir, "/", job_id, ".safetensors");
-}
-
 absl::StatusOr<std::string> Coordinator::StartCheckpointUpload(const std::string& worker_id,
                                                                const std::string& job_id,
                                                                int attempt) {
-  if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<v1::Job> job = FencedJob(worker_id, job_id, attempt);
-  if (!job.ok()) return job.status();
-  std::error_code error;
-  std::filesystem::create_directories(options_.checkpoint_dir, error);
-  if (error) {
-    return absl::InternalError(
-        absl::StrCat("cannot create ", options_.checkpoint_dir, ": ", error.message()));
-  }
-  return absl::StrCat(options_.checkpoint_dir, "/", job_id, ".upload-a", attempt, "-",
-                      absl::ToUnixNanos(absl::Now()));
+  STOKER_RETURN_IF_ERROR(FencedJob(worker_id, job_id, attempt).status());
+  return checkpoints_.NewUploadPath(job_id, attempt);
 }
 
 absl::Status Coordinator::CommitCheckpoint(const v1::CheckpointChunk& first_chunk,
                                            const std::string& upload_path, int64_t bytes) {
   // Validate outside the lock: the header must parse and name the step the worker claims.
-  absl::StatusOr<std::map<std::string, std::string>> metadata = ReadCheckpointMetadata(upload_path);
-  if (!metadata.ok()) {
-    std::filesystem::remove(upload_path);
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint upload: ", metadata.status().message()));
-  }
-  auto step = metadata->find("step");
-  if (step == metadata->end() || step->second != absl::StrCat(first_chunk.step())) {
-    std::filesystem::remove(upload_path);
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint upload: its metadata step does not match ", first_chunk.step()));
-  }
-  const int fd = open(upload_path.c_str(), O_RDONLY | O_CLOEXEC);
-  const bool synced = fd >= 0 && fsync(fd) == 0;
-  if (fd >= 0) close(fd);
-  if (!synced) {
+  STOKER_RETURN_IF_ERROR(checkpoints_.CheckUpload(upload_path, first_chunk.step()));
+  if (const int error_number = checkpoints_.SyncUpload(upload_path); error_number != 0) {
     // A file system that allocates late (NFS, ext4 delalloc) reports a full disk only here.
-    return CheckpointWriteFailed(first_chunk, upload_path, errno);
+    return CheckpointWriteFailed(first_chunk, upload_path, error_number);
   }
 
   absl::MutexLock lock(&mu_);
   absl::StatusOr<v1::Job> job =
       FencedJob(first_chunk.worker_id(), first_chunk.job_id(), first_chunk.attempt());
   if (!job.ok()) {
-    std::filesystem::remove(upload_path);
+    checkpoints_.Discard(upload_path);
     return job.status();
   }
-  const std::string path = CheckpointFile(options_.checkpoint_dir, job->id());
-  std::error_code error;
-  std::filesystem::rename(upload_path, path, error);
-  if (error) {
-    std::filesystem::remove(upload_path);
-    return absl::InternalError(absl::StrCat("storing checkpoint: ", error.message()));
-  }
-  const int dir_fd = open(options_.checkpoint_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    fsync(dir_fd);
-    close(dir_fd);
-  }
+  STOKER_RETURN_IF_ERROR(checkpoints_.Store(job->id(), upload_path));
   job->set_checkpoint_step(first_chunk.step());
   job->set_checkpoint_epoch(first_chunk.epoch());
   job->set_checkpoint_bytes(bytes);
@@ -644,12 +575,11 @@ absl::Status Coordinator::CommitCheckpoint(const v1::CheckpointChunk& first_chun
 
 absl::Status Coordinator::CheckpointWriteFailed(const v1::CheckpointChunk& first_chunk,
                                                 const std::string& upload_path, int error_number) {
-  std::error_code ignored;
-  std::filesystem::remove(upload_path, ignored);
+  checkpoints_.Discard(upload_path);
   const bool full = error_number == ENOSPC || error_number == EDQUOT;
-  const int64_t free_bytes = FreeBytes(options_.checkpoint_dir);
+  const int64_t free_bytes = checkpoints_.FreeBytes();
   const std::string cause =
-      absl::StrCat("the server cannot write checkpoints to ", options_.checkpoint_dir, ": ",
+      absl::StrCat("the server cannot write checkpoints to ", checkpoints_.dir(), ": ",
                    error_number != 0 ? std::strerror(error_number) : "write failed",
                    free_bytes >= 0 ? absl::StrCat(" (", free_bytes, " bytes free)") : "");
   Log(absl::StrCat("checkpoint of job ", first_chunk.job_id(), " at step ", first_chunk.step(),
@@ -673,7 +603,7 @@ absl::Status Coordinator::CheckpointWriteFailed(const v1::CheckpointChunk& first
       last_event = absl::Now();
       events.push_back(MakeEvent(v1::EVENT_TYPE_LOG, job->waiting_reason(), first_chunk.attempt()));
     }
-    if (absl::Status s = SaveAndNotify(*job, std::move(events)); !s.ok()) return s;
+    STOKER_RETURN_IF_ERROR(SaveAndNotify(*job, std::move(events)));
   }
   const std::string message = absl::StrCat("checkpoint not stored: ", cause);
   return full ? absl::ResourceExhaustedError(message) : absl::InternalError(message);
@@ -682,31 +612,29 @@ absl::Status Coordinator::CheckpointWriteFailed(const v1::CheckpointChunk& first
 absl::StatusOr<std::string> Coordinator::CheckpointForAttempt(const std::string& worker_id,
                                                               const std::string& job_id,
                                                               int attempt) {
-  if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<v1::Job> job = FencedJob(worker_id, job_id, attempt);
-  if (!job.ok()) return job.status();
-  if (job->checkpoint_step() == 0) {
+  STOKER_ASSIGN_OR_RETURN(const v1::Job job, FencedJob(worker_id, job_id, attempt));
+  if (job.checkpoint_step() == 0) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " has no checkpoint"));
   }
-  return CheckpointFile(options_.checkpoint_dir, job_id);
+  return checkpoints_.PathOf(job_id);
 }
 
 absl::StatusOr<std::string> Coordinator::ArtifactPath(const std::string& job_id) {
-  if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<v1::Job> job = store_->Get(job_id);
-  if (!job.ok()) return job.status();
-  if (job->checkpoint_step() == 0) {
+  STOKER_ASSIGN_OR_RETURN(const v1::Job job, store_->Get(job_id));
+  if (job.checkpoint_step() == 0) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " has no checkpoint yet (state ",
-                                            JobStateName(job->state()), ")"));
+                                            JobStateName(job.state()), ")"));
   }
-  return CheckpointFile(options_.checkpoint_dir, job_id);
+  return checkpoints_.PathOf(job_id);
 }
 
 CoordinatorSnapshot Coordinator::Snapshot() {
   CoordinatorSnapshot snapshot;
-  snapshot.checkpoint_dir_free_bytes = FreeBytes(options_.checkpoint_dir);
+  snapshot.checkpoint_dir_free_bytes = checkpoints_.FreeBytes();
   absl::MutexLock lock(&mu_);
   if (absl::StatusOr<std::map<v1::JobState, int64_t>> counts = store_->CountByState();
       counts.ok()) {

@@ -1,6 +1,7 @@
 // The server's logic, free of gRPC types: job lifecycle, worker leases, assignment and fencing.
 // One mutex guards the store and the worker table; every state change is committed to the store
-// before the call returns.
+// before the call returns. Checkpoint files (paths, fsync, rename) are the CheckpointStore's; the
+// coordinator decides which step a job holds and what the job is told.
 #ifndef STOKER_SERVER_COORDINATOR_H_
 #define STOKER_SERVER_COORDINATOR_H_
 
@@ -16,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/checkpoint_store.h"
 #include "server/job_store.h"
 #include "stoker.pb.h"
 
@@ -164,6 +166,7 @@ class Coordinator {
   std::deque<PendingSubmit*> submit_queue_ ABSL_GUARDED_BY(submit_mu_);
 
   const CoordinatorOptions options_;
+  const CheckpointStore checkpoints_;
   absl::Mutex mu_;
   absl::CondVar events_changed_;
   std::unique_ptr<JobStore> store_ ABSL_GUARDED_BY(mu_);

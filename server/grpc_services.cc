@@ -1,6 +1,5 @@
 #include "server/grpc_services.h"
 
-#include <cerrno>
 #include <filesystem>
 #include <fstream>
 
@@ -10,6 +9,7 @@
 #include "common/utf8.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/support/method_handler.h"
+#include "server/checkpoint_store.h"
 
 namespace stoker {
 namespace {
@@ -261,27 +261,21 @@ grpc::Status WorkerServiceImpl::UploadCheckpoint(grpc::ServerContext* context,
   if (!upload_path.ok()) return ToGrpcStatus(upload_path.status());
   int64_t bytes = 0;
   {
-    std::ofstream out(*upload_path, std::ios::binary | std::ios::trunc);
-    int write_errno = out ? 0 : errno;  // of the first failure: a full disk is ENOSPC
+    CheckpointUploadFile out(*upload_path);
     v1::CheckpointChunk chunk = first;
     do {
       bytes += static_cast<int64_t>(chunk.data().size());
       if (bytes > kMaxCheckpointBytes) {
-        out.close();
+        out.Close();
         std::filesystem::remove(*upload_path);
         return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                             absl::StrCat("checkpoint larger than ", kMaxCheckpointBytes, " bytes"));
       }
-      out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
-      if (!out && write_errno == 0) write_errno = errno;
-    } while (out && reader->Read(&chunk));
-    out.flush();
-    if (!out && write_errno == 0) write_errno = errno;
-    out.close();
-    if (!out && write_errno == 0) write_errno = errno;
-    if (!out) {
+    } while (out.Append(chunk.data()) && reader->Read(&chunk));
+    if (!out.Close()) {
       // Counted, logged and shown on the job; the worker keeps its file and retries.
-      return ToGrpcStatus(coordinator_->CheckpointWriteFailed(first, *upload_path, write_errno));
+      return ToGrpcStatus(
+          coordinator_->CheckpointWriteFailed(first, *upload_path, out.error_number()));
     }
   }
   response->set_bytes(bytes);
