@@ -188,26 +188,61 @@ class Model {
   }
 };
 
+// How a network names its parameters (and with them its optimizer state, "<parameter>.momentum").
+enum class ParameterNaming {
+  // "layers.<i>.weight" / "layers.<i>.bias", i the layer's index in NetworkConfig::layers, as
+  // torch.nn.Sequential names them.
+  kByLayer,
+  // "layers.<j>.weight" / "layers.<j>.bias", j counting only the layers with parameters: an MLP's
+  // names (j-th Linear), whichever path trains it, so its checkpoints do not depend on the path.
+  kMlp,
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   // "cpu" or "cuda".
   virtual std::string Name() const = 0;
-  // UNIMPLEMENTED if the backend cannot run `config.precision`.
-  virtual absl::StatusOr<std::unique_ptr<Model>> CreateMlp(const MlpConfig& config) = 0;
-  // A network of layers (NetworkConfig). INVALID_ARGUMENT naming the layer for a bad config
-  // ("layers[2] (conv2d): kernel 5 larger than input 4x4"), UNIMPLEMENTED where the backend has
-  // no such path.
-  virtual absl::StatusOr<std::unique_ptr<Model>> CreateNetwork(const NetworkConfig& config) {
-    (void)config;
-    return absl::UnimplementedError(Name() + " backend does not build networks");
+
+  // An MLP model. The one place that picks an MLP's route: the backend's fast path
+  // (CreateMlpFastPath), or, when MlpNeedsNetwork(config) and the backend builds networks
+  // (BuildsNetworks), its general network for NetworkFromMlp(config) named ParameterNaming::kMlp.
+  // INVALID_ARGUMENT for a bad config (ValidateMlpConfig); otherwise what the route returns
+  // (UNIMPLEMENTED if the backend cannot run `config.precision`).
+  absl::StatusOr<std::unique_ptr<Model>> CreateMlp(const MlpConfig& config);
+
+  // A network of layers (NetworkConfig), its parameters named ParameterNaming::kByLayer.
+  // INVALID_ARGUMENT naming the layer for a bad config ("layers[2] (conv2d): kernel 5 larger than
+  // input 4x4"), UNIMPLEMENTED where the backend has no such path.
+  absl::StatusOr<std::unique_ptr<Model>> CreateNetwork(const NetworkConfig& config) {
+    return CreateNetworkModel(config, ParameterNaming::kByLayer);
   }
+
   // Memory a new model could still take, in bytes: the machine's available memory (within this
   // process's cgroup limit) for cpu, the device's free memory for cuda. UNIMPLEMENTED where the
   // backend cannot tell.
   virtual absl::StatusOr<int64_t> AvailableMemoryBytes() const {
     return absl::UnimplementedError(Name() + " backend cannot tell its free memory");
   }
+
+ protected:
+  // The two constructors a backend implements; CreateMlp and CreateNetwork choose between them.
+
+  // The MLP fast path, for a config ValidateMlpConfig accepts. It must handle at least every
+  // config for which MlpNeedsNetwork is false (and, where BuildsNetworks is false, every config).
+  virtual absl::StatusOr<std::unique_ptr<Model>> CreateMlpFastPath(const MlpConfig& config) = 0;
+
+  // The general network, its parameters named by `naming`. UNIMPLEMENTED by default.
+  virtual absl::StatusOr<std::unique_ptr<Model>> CreateNetworkModel(const NetworkConfig& config,
+                                                                    ParameterNaming naming) {
+    (void)config;
+    (void)naming;
+    return absl::UnimplementedError(Name() + " backend does not build networks");
+  }
+
+  // False where CreateNetworkModel is UNIMPLEMENTED (a cuda build without cuDNN): CreateMlp then
+  // takes the fast path for every MLP.
+  virtual bool BuildsNetworks() const { return true; }
 };
 
 // The oneDNN backend. Never fails on a machine oneDNN supports.
@@ -237,8 +272,9 @@ std::vector<NamedTensor> InitialMlpParameters(const MlpConfig& config);
 int64_t MlpForwardFlopsPerSample(const MlpConfig& config);
 
 // True when an MLP needs the general network path: fp16, AdamW, Nesterov or gradient clipping.
-// Each backend's MLP fast path does SGD with momentum in fp32 or bf16 only. Both backends route
-// alike, so an MLP's checkpoint holds the same tensors on either.
+// Each backend's MLP fast path does SGD with momentum in fp32 or bf16 only. Asked in one place,
+// Backend::CreateMlp, so both backends route alike and an MLP's checkpoint holds the same tensors
+// on either.
 bool MlpNeedsNetwork(const MlpConfig& config);
 
 // ---- Networks (network_common.cc) ----
@@ -277,14 +313,26 @@ absl::Status ValidateScalarState(const NamedTensor& entry);
 // ValidateBatch for a network (count, pointers, labels < classes).
 absl::Status ValidateBatch(const NetworkConfig& config, const BatchView& batch);
 
-// The initial fp32 parameters: for each Conv2d/Linear i in order, "layers.<i>.weight" then
-// "layers.<i>.bias", each drawn U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from one
-// std::mt19937_64(config.seed) (fan_in = in_channels * k * k for Conv2d).
-std::vector<NamedTensor> InitialNetworkParameters(const NetworkConfig& config);
+// The name every path gives a parameter: "layers.<index>.weight" or "layers.<index>.bias", the
+// index as ParameterNaming says (MlpParameterIndex / the layer index). The MLP fast paths, both
+// networks and the initial parameters all name through it.
+std::string ParameterName(size_t index, bool weight);
+
+// The index that names the parameters of layers[layer] under `naming`: `layer` itself
+// (kByLayer), or the number of layers with parameters (Conv2d, Linear) before it (kMlp: the MLP's
+// Linear ordinal).
+size_t ParameterIndex(const NetworkConfig& config, size_t layer, ParameterNaming naming);
+
+// The initial fp32 parameters: for each Conv2d/Linear i in order, its weight then its bias, named
+// ParameterName(ParameterIndex(config, i, naming), ...), each drawn U(-1/sqrt(fan_in),
+// 1/sqrt(fan_in)) from one std::mt19937_64(config.seed) (fan_in = in_channels * k * k for Conv2d).
+std::vector<NamedTensor> InitialNetworkParameters(
+    const NetworkConfig& config, ParameterNaming naming = ParameterNaming::kByLayer);
 
 // The MLP as a network: Linear(+ReLU) per hidden width, then Linear to the classes; same seed,
 // optimizer and precision. Its initial parameters equal InitialMlpParameters(mlp) value for value,
-// though named by layer index (layers.0, layers.2, ...).
+// and name for name under ParameterNaming::kMlp (by layer index, layers.0, layers.2, ..., under
+// kByLayer).
 NetworkConfig NetworkFromMlp(const MlpConfig& mlp);
 
 // Multiply-adds x 2 of one sample's forward pass (Conv2d and Linear layers only); 0 for a bad

@@ -1,9 +1,10 @@
 // Backend-independent parts of the MLP contract: config and batch checks, the seeded
-// initialisation.
+// initialisation, and the route an MLP takes (Backend::CreateMlp).
 #include <cmath>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/backend.h"
 
 namespace stoker {
@@ -84,8 +85,8 @@ std::vector<NamedTensor> InitialMlpParameters(const MlpConfig& config) {
   for (size_t i = 0; i < shapes.size(); ++i) {
     const auto [fan_in, fan_out] = shapes[i];
     const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
-    NamedTensor weight{absl::StrCat("layers.", i, ".weight"), {fan_out, fan_in}, {}};
-    NamedTensor bias{absl::StrCat("layers.", i, ".bias"), {fan_out}, {}};
+    NamedTensor weight{ParameterName(i, /*weight=*/true), {fan_out, fan_in}, {}};
+    NamedTensor bias{ParameterName(i, /*weight=*/false), {fan_out}, {}};
     weight.values.resize(static_cast<size_t>(fan_out) * fan_in);
     bias.values.resize(fan_out);
     for (float& w : weight.values) w = static_cast<float>((2 * UnitUniform(rng) - 1) * bound);
@@ -106,6 +107,14 @@ bool MlpNeedsNetwork(const MlpConfig& config) {
   const OptimizerConfig& opt = config.optimizer;
   return config.precision == Precision::kFp16 || opt.type != OptimizerType::kSgd || opt.nesterov ||
          opt.clip_grad_norm > 0;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Backend::CreateMlp(const MlpConfig& config) {
+  STOKER_RETURN_IF_ERROR(ValidateMlpConfig(config));
+  if (MlpNeedsNetwork(config) && BuildsNetworks()) {
+    return CreateNetworkModel(NetworkFromMlp(config), ParameterNaming::kMlp);
+  }
+  return CreateMlpFastPath(config);
 }
 
 }  // namespace stoker

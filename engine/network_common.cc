@@ -240,7 +240,22 @@ absl::Status ValidateBatch(const NetworkConfig& config, const BatchView& batch) 
   return ValidateBatch(as_mlp, batch);
 }
 
-std::vector<NamedTensor> InitialNetworkParameters(const NetworkConfig& config) {
+std::string ParameterName(size_t index, bool weight) {
+  return absl::StrCat("layers.", index, weight ? ".weight" : ".bias");
+}
+
+size_t ParameterIndex(const NetworkConfig& config, size_t layer, ParameterNaming naming) {
+  if (naming == ParameterNaming::kByLayer) return layer;
+  size_t index = 0;
+  for (size_t i = 0; i < layer && i < config.layers.size(); ++i) {
+    const Kind kind = config.layers[i].kind;
+    if (kind == Kind::kConv2d || kind == Kind::kLinear) ++index;
+  }
+  return index;
+}
+
+std::vector<NamedTensor> InitialNetworkParameters(const NetworkConfig& config,
+                                                  ParameterNaming naming) {
   absl::StatusOr<std::vector<std::vector<int>>> shapes = NetworkShapes(config);
   if (!shapes.ok()) return {};
   std::mt19937_64 rng(config.seed);
@@ -250,8 +265,9 @@ std::vector<NamedTensor> InitialNetworkParameters(const NetworkConfig& config) {
     if (weight_shape.empty()) continue;
     const int64_t fan_in = Product(std::vector<int>(weight_shape.begin() + 1, weight_shape.end()));
     const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
-    NamedTensor weight{absl::StrCat("layers.", i, ".weight"), weight_shape, {}};
-    NamedTensor bias{absl::StrCat("layers.", i, ".bias"), {weight_shape[0]}, {}};
+    const size_t index = ParameterIndex(config, i, naming);
+    NamedTensor weight{ParameterName(index, /*weight=*/true), weight_shape, {}};
+    NamedTensor bias{ParameterName(index, /*weight=*/false), {weight_shape[0]}, {}};
     weight.values.resize(weight_shape[0] * fan_in);
     bias.values.resize(weight_shape[0]);
     for (float& w : weight.values) w = static_cast<float>((2 * UnitUniform(rng) - 1) * bound);

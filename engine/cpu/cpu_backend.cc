@@ -9,14 +9,17 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   std::string Name() const override { return "cpu"; }
-  absl::StatusOr<std::unique_ptr<Model>> CreateMlp(const MlpConfig& config) override {
-    return CreateCpuMlp(config);
-  }
-  absl::StatusOr<std::unique_ptr<Model>> CreateNetwork(const NetworkConfig& config) override {
-    return CreateCpuNetwork(config);
-  }
   absl::StatusOr<int64_t> AvailableMemoryBytes() const override {
     return AvailableSystemMemoryBytes();
+  }
+
+ protected:
+  absl::StatusOr<std::unique_ptr<Model>> CreateMlpFastPath(const MlpConfig& config) override {
+    return CreateCpuMlp(config);
+  }
+  absl::StatusOr<std::unique_ptr<Model>> CreateNetworkModel(const NetworkConfig& config,
+                                                            ParameterNaming naming) override {
+    return CreateCpuNetwork(config, naming);
   }
 };
 

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/bf16.h"
 #include "engine/cpu/aligned_array.h"
 #include "engine/cpu/cpu_kernels.h"
-#include "engine/cpu/cpu_network.h"
 #include "engine/plan_cache.h"
 #include "engine/tensor_match.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -348,12 +348,12 @@ std::vector<CpuMlp::TensorRef> CpuMlp::Tensors(bool optimizer_state) const {
     const std::string suffix = optimizer_state ? ".momentum" : "";
     AlignedArray<float>& weight = optimizer_state ? layer.weight_velocity : layer.weight;
     AlignedArray<float>& bias = optimizer_state ? layer.bias_velocity : layer.bias;
-    tensors.push_back({absl::StrCat("layers.", l, ".weight", suffix),
+    tensors.push_back({ParameterName(l, /*weight=*/true) + suffix,
                        {layer.out, layer.in},
                        weight.data(),
                        weight.size()});
     tensors.push_back(
-        {absl::StrCat("layers.", l, ".bias", suffix), {layer.out}, bias.data(), bias.size()});
+        {ParameterName(l, /*weight=*/false) + suffix, {layer.out}, bias.data(), bias.size()});
   }
   return tensors;
 }
@@ -400,9 +400,12 @@ void CpuMlp::RefreshBf16Weights() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> CreateCpuMlp(const MlpConfig& config) {
-  if (absl::Status status = ValidateMlpConfig(config); !status.ok()) return status;
-  // The fast path below is SGD with momentum in fp32 or bf16; the general network does the rest.
-  if (MlpNeedsNetwork(config)) return CreateCpuNetworkForMlp(config);
+  STOKER_RETURN_IF_ERROR(ValidateMlpConfig(config));
+  if (MlpNeedsNetwork(config)) {
+    return absl::UnimplementedError(
+        "the cpu MLP fast path does SGD with momentum in fp32 or bf16 only; Backend::CreateMlp "
+        "routes fp16, AdamW, Nesterov and clipping to the network");
+  }
   std::unique_ptr<CpuMlp> model;
   try {
     model = std::make_unique<CpuMlp>(config);

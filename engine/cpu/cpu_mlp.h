@@ -18,10 +18,11 @@
 
 namespace stoker {
 
-// INVALID_ARGUMENT for a bad config (ValidateMlpConfig), RESOURCE_EXHAUSTED if the buffers cannot
-// be allocated, INTERNAL if oneDNN cannot build a primitive. fp16, AdamW, Nesterov and gradient
-// clipping are delegated to the general network (CreateCpuNetworkForMlp): same parameter names,
-// same initial weights.
+// The fast path: SGD with momentum in fp32 or bf16. INVALID_ARGUMENT for a bad config
+// (ValidateMlpConfig), UNIMPLEMENTED for one that MlpNeedsNetwork (fp16, AdamW, Nesterov, gradient
+// clipping: Backend::CreateMlp sends those to the general network, same parameter names, same
+// initial weights), RESOURCE_EXHAUSTED if the buffers cannot be allocated, INTERNAL if oneDNN
+// cannot build a primitive.
 absl::StatusOr<std::unique_ptr<Model>> CreateCpuMlp(const MlpConfig& config);
 
 }  // namespace stoker

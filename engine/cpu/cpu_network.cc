@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/bf16.h"
 #include "engine/cpu/aligned_array.h"
 #include "engine/cpu/cpu_kernels.h"
@@ -93,7 +94,8 @@ struct Plan {
 
 class CpuNetwork final : public Model {
  public:
-  CpuNetwork(const NetworkConfig& config, std::vector<std::vector<int>> shapes, bool mlp_names);
+  CpuNetwork(const NetworkConfig& config, std::vector<std::vector<int>> shapes,
+             ParameterNaming naming);
 
   // Builds the full-batch plan and the weight reorders, and loads the initial weights.
   absl::Status Init();
@@ -137,7 +139,7 @@ class CpuNetwork final : public Model {
 
   const NetworkConfig config_;
   const std::vector<std::vector<int>> shapes_;  // per activation, without the batch
-  const bool mlp_names_;
+  const ParameterNaming naming_;
   // NHWC: oneDNN 2.6 runs NCHW convolutions as im2col + GEMM here; with NHWC it picks its
   // direct/brgemm kernels, 2.3x faster for bf16 and 1.5x for fp32 on the Fashion-MNIST CNN.
   const Tag activation_tag_ = Tag::nhwc;
@@ -162,20 +164,19 @@ class CpuNetwork final : public Model {
 };
 
 CpuNetwork::CpuNetwork(const NetworkConfig& config, std::vector<std::vector<int>> shapes,
-                       bool mlp_names)
+                       ParameterNaming naming)
     : config_(config),
       shapes_(std::move(shapes)),
-      mlp_names_(mlp_names),
+      naming_(naming),
       engine_(dnnl::engine::kind::cpu, 0),
       stream_(engine_),
       loss_scale_(config.precision == Precision::kFp16 ? config.loss_scale.initial : 1.0f) {
   const int64_t max_batch = config.max_batch;
-  // Parameters, named as InitialNetworkParameters names them (or by Linear ordinal for the MLP).
-  std::vector<NamedTensor> initial = InitialNetworkParameters(config);
+  // Parameters, named as InitialNetworkParameters names them under `naming`.
+  std::vector<NamedTensor> initial = InitialNetworkParameters(config, naming);
   for (size_t p = 0; p < initial.size(); ++p) {
     Param param;
-    param.name = mlp_names ? absl::StrCat("layers.", p / 2, p % 2 == 0 ? ".weight" : ".bias")
-                           : initial[p].name;
+    param.name = initial[p].name;
     param.shape = initial[p].shape;
     param.is_weight = p % 2 == 0;
     const size_t size = initial[p].values.size();
@@ -260,9 +261,7 @@ absl::Status CpuNetwork::Init() {
   plan = BuildPlan(config_.max_batch);
   if (!plan.ok()) return plan.status();
   full_plan_ = *std::move(plan);
-  std::vector<NamedTensor> initial = InitialNetworkParameters(config_);
-  for (size_t p = 0; p < initial.size(); ++p) initial[p].name = params_[p].name;
-  return SetParameters(initial);
+  return SetParameters(InitialNetworkParameters(config_, naming_));
 }
 
 absl::StatusOr<std::unique_ptr<Plan>> CpuNetwork::BuildPlan(int batch) {
@@ -846,30 +845,21 @@ absl::Status CpuNetwork::SetOptimizerState(const std::vector<NamedTensor>& state
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Model>> Create(const NetworkConfig& config, bool mlp_names) {
-  if (absl::Status status = ValidateNetworkConfig(config); !status.ok()) return status;
-  absl::StatusOr<std::vector<std::vector<int>>> shapes = NetworkShapes(config);
-  if (!shapes.ok()) return shapes.status();
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> CreateCpuNetwork(const NetworkConfig& config,
+                                                        ParameterNaming naming) {
+  STOKER_RETURN_IF_ERROR(ValidateNetworkConfig(config));
+  STOKER_ASSIGN_OR_RETURN(std::vector<std::vector<int>> shapes, NetworkShapes(config));
   std::unique_ptr<CpuNetwork> model;
   try {
-    model = std::make_unique<CpuNetwork>(config, *std::move(shapes), mlp_names);
-    if (absl::Status status = model->Init(); !status.ok()) return status;
+    model = std::make_unique<CpuNetwork>(config, std::move(shapes), naming);
+    STOKER_RETURN_IF_ERROR(model->Init());
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "out of memory allocating the network's buffers for max_batch ", config.max_batch));
   }
   return std::unique_ptr<Model>(std::move(model));
-}
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<Model>> CreateCpuNetwork(const NetworkConfig& config) {
-  return Create(config, /*mlp_names=*/false);
-}
-
-absl::StatusOr<std::unique_ptr<Model>> CreateCpuNetworkForMlp(const MlpConfig& config) {
-  if (absl::Status status = ValidateMlpConfig(config); !status.ok()) return status;
-  return Create(NetworkFromMlp(config), /*mlp_names=*/true);
 }
 
 }  // namespace stoker

@@ -24,14 +24,12 @@
 
 namespace stoker {
 
-// INVALID_ARGUMENT for a bad config (ValidateNetworkConfig), RESOURCE_EXHAUSTED if the buffers
-// cannot be allocated, INTERNAL if oneDNN cannot build a primitive.
-absl::StatusOr<std::unique_ptr<Model>> CreateCpuNetwork(const NetworkConfig& config);
-
-// The MLP as a network (NetworkFromMlp), with its parameters and optimizer state named as the MLP
-// names them ("layers.<j>" for the j-th Linear). For the MLP features the fast path (cpu_mlp.cc)
-// lacks: fp16, AdamW, Nesterov, gradient clipping.
-absl::StatusOr<std::unique_ptr<Model>> CreateCpuNetworkForMlp(const MlpConfig& config);
+// Parameters and optimizer state named by `naming` (ParameterNaming::kMlp for an MLP that
+// Backend::CreateMlp routes here). INVALID_ARGUMENT for a bad config (ValidateNetworkConfig),
+// RESOURCE_EXHAUSTED if the buffers cannot be allocated, INTERNAL if oneDNN cannot build a
+// primitive.
+absl::StatusOr<std::unique_ptr<Model>> CreateCpuNetwork(
+    const NetworkConfig& config, ParameterNaming naming = ParameterNaming::kByLayer);
 
 }  // namespace stoker
 

@@ -21,28 +21,34 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const CudaBackendOptions& options) : device_(device), options_(options) {}
   std::string Name() const override { return "cuda"; }
-  // As the cpu backend routes (MlpNeedsNetwork): fp16, AdamW, Nesterov and clipping take the
-  // network, so an MLP's checkpoint holds the same tensors on either backend. A build without
-  // cuDNN keeps the fast path for all (it does fp16 and Nesterov; AdamW and clipping are then
-  // UNIMPLEMENTED).
-  absl::StatusOr<std::unique_ptr<Model>> CreateMlp(const MlpConfig& config) override {
-#ifdef STOKER_HAVE_CUDNN
-    if (MlpNeedsNetwork(config)) return CreateCudaNetworkForMlp(config, device_, options_);
-#endif
-    return CreateCudaMlp(config, device_, options_);
-  }
   absl::StatusOr<int64_t> AvailableMemoryBytes() const override {
     STOKER_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     size_t free_bytes = 0, total_bytes = 0;
     STOKER_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
     return static_cast<int64_t>(free_bytes);
   }
-  absl::StatusOr<std::unique_ptr<Model>> CreateNetwork(const NetworkConfig& config) override {
+
+ protected:
+  // Backend::CreateMlp routes (MlpNeedsNetwork) as on the cpu. Without cuDNN the fast path takes
+  // every MLP (it does fp16 and Nesterov; AdamW and clipping are then UNIMPLEMENTED).
+  absl::StatusOr<std::unique_ptr<Model>> CreateMlpFastPath(const MlpConfig& config) override {
+    return CreateCudaMlp(config, device_, options_);
+  }
+  absl::StatusOr<std::unique_ptr<Model>> CreateNetworkModel(const NetworkConfig& config,
+                                                            ParameterNaming naming) override {
 #ifdef STOKER_HAVE_CUDNN
-    return CreateCudaNetwork(config, device_, options_);
+    return CreateCudaNetwork(config, device_, options_, naming);
 #else
     (void)config;
+    (void)naming;
     return absl::UnimplementedError("the cuda backend was built without cuDNN: no networks");
+#endif
+  }
+  bool BuildsNetworks() const override {
+#ifdef STOKER_HAVE_CUDNN
+    return true;
+#else
+    return false;
 #endif
   }
 

@@ -507,11 +507,11 @@ std::vector<DeviceTensorRef> CudaMlp::Tensors(bool optimizer_state) const {
     const std::string suffix = optimizer_state ? ".momentum" : "";
     const DeviceBuffer& weight = optimizer_state ? layer.weight_velocity : layer.weight;
     const DeviceBuffer& bias = optimizer_state ? layer.bias_velocity : layer.bias;
-    tensors.push_back({absl::StrCat("layers.", l, ".weight", suffix),
+    tensors.push_back({ParameterName(l, /*weight=*/true) + suffix,
                        {layer.out, layer.in},
                        weight.as<float>(),
                        static_cast<size_t>(layer.out) * layer.in});
-    tensors.push_back({absl::StrCat("layers.", l, ".bias", suffix),
+    tensors.push_back({ParameterName(l, /*weight=*/false) + suffix,
                        {layer.out},
                        bias.as<float>(),
                        static_cast<size_t>(layer.out)});

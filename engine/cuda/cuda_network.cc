@@ -50,9 +50,7 @@ absl::Status CudaNetwork::Init(int device) {
   if (!plan.ok()) return plan.status();
   full_plan_ = *std::move(plan);
   STOKER_RETURN_IF_ERROR(ProbePooling());
-  std::vector<NamedTensor> initial = InitialNetworkParameters(config_);
-  for (size_t p = 0; p < initial.size(); ++p) initial[p].name = params_[p].name;
-  return SetParameters(initial);
+  return SetParameters(InitialNetworkParameters(config_, naming_));
 }
 
 absl::Status CudaNetwork::RunGemm(const LtGemm& gemm, const void* a, const void* b, void* d) {
@@ -370,27 +368,16 @@ namespace {
 
 using cuda::network_internal::CudaNetwork;
 
-absl::StatusOr<std::unique_ptr<Model>> Create(const NetworkConfig& config, bool mlp_names,
-                                              int device, const CudaBackendOptions& options) {
-  if (absl::Status status = ValidateNetworkConfig(config); !status.ok()) return status;
-  absl::StatusOr<std::vector<std::vector<int>>> shapes = NetworkShapes(config);
-  if (!shapes.ok()) return shapes.status();
-  auto model = std::make_unique<CudaNetwork>(config, *std::move(shapes), mlp_names, options);
-  if (absl::Status status = model->Init(device); !status.ok()) return status;
-  return std::unique_ptr<Model>(std::move(model));
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> CreateCudaNetwork(const NetworkConfig& config, int device,
-                                                         const CudaBackendOptions& options) {
-  return Create(config, /*mlp_names=*/false, device, options);
-}
-
-absl::StatusOr<std::unique_ptr<Model>> CreateCudaNetworkForMlp(const MlpConfig& config, int device,
-                                                               const CudaBackendOptions& options) {
-  if (absl::Status status = ValidateMlpConfig(config); !status.ok()) return status;
-  return Create(NetworkFromMlp(config), /*mlp_names=*/true, device, options);
+                                                         const CudaBackendOptions& options,
+                                                         ParameterNaming naming) {
+  STOKER_RETURN_IF_ERROR(ValidateNetworkConfig(config));
+  STOKER_ASSIGN_OR_RETURN(std::vector<std::vector<int>> shapes, NetworkShapes(config));
+  auto model = std::make_unique<CudaNetwork>(config, std::move(shapes), naming, options);
+  STOKER_RETURN_IF_ERROR(model->Init(device));
+  return std::unique_ptr<Model>(std::move(model));
 }
 
 }  // namespace stoker

@@ -38,16 +38,14 @@
 
 namespace stoker {
 
-// INVALID_ARGUMENT for a bad config (ValidateNetworkConfig) or one too large for 32-bit tensor
-// sizes; RESOURCE_EXHAUSTED if device memory runs out; INTERNAL naming the failing call for other
-// CUDA/cuDNN/cuBLASLt failures (e.g. no cuDNN algorithm for a convolution).
-absl::StatusOr<std::unique_ptr<Model>> CreateCudaNetwork(const NetworkConfig& config, int device,
-                                                         const CudaBackendOptions& options);
-
-// The MLP as a network (NetworkFromMlp), its tensors named as the MLP names them ("layers.<j>"
-// for the j-th Linear), as CreateCpuNetworkForMlp does: for fp16, AdamW, Nesterov, clipping.
-absl::StatusOr<std::unique_ptr<Model>> CreateCudaNetworkForMlp(const MlpConfig& config, int device,
-                                                               const CudaBackendOptions& options);
+// Parameters and optimizer state named by `naming` (ParameterNaming::kMlp for an MLP that
+// Backend::CreateMlp routes here). INVALID_ARGUMENT for a bad config (ValidateNetworkConfig) or one
+// too large for 32-bit tensor sizes; RESOURCE_EXHAUSTED if device memory runs out; INTERNAL naming
+// the failing call for other CUDA/cuDNN/cuBLASLt failures (e.g. no cuDNN algorithm for a
+// convolution).
+absl::StatusOr<std::unique_ptr<Model>> CreateCudaNetwork(
+    const NetworkConfig& config, int device, const CudaBackendOptions& options,
+    ParameterNaming naming = ParameterNaming::kByLayer);
 
 }  // namespace stoker
 

@@ -121,11 +121,11 @@ struct Plan {
 // The Model of cuda_network.h (see there for the layout and the step).
 class CudaNetwork final : public CountingModel {
  public:
-  CudaNetwork(const NetworkConfig& config, std::vector<std::vector<int>> shapes, bool mlp_names,
-              const CudaBackendOptions& options)
+  CudaNetwork(const NetworkConfig& config, std::vector<std::vector<int>> shapes,
+              ParameterNaming naming, const CudaBackendOptions& options)
       : config_(config),
         shapes_(std::move(shapes)),
-        mlp_names_(mlp_names),
+        naming_(naming),
         options_(options),
         type_(ComputeType(config.precision)),
         loss_scaling_(config.precision == Precision::kFp16) {}
@@ -190,7 +190,7 @@ class CudaNetwork final : public CountingModel {
 
   const NetworkConfig config_;
   const std::vector<std::vector<int>> shapes_;  // per activation, without the batch
-  const bool mlp_names_;
+  const ParameterNaming naming_;
   const CudaBackendOptions options_;
   const DType type_;
   const bool loss_scaling_;

@@ -41,12 +41,11 @@ absl::Status CudaNetwork::BuildLayers() {
   const size_t max_batch = config_.max_batch;
   const size_t compute_bytes = cuda::DTypeBytes(type_);
   const cudaStream_t stream = context_->compute_stream();
-  // Parameters, named as InitialNetworkParameters names them (or by Linear ordinal for the MLP).
-  const std::vector<NamedTensor> initial = InitialNetworkParameters(config_);
+  // Parameters, named as InitialNetworkParameters names them under naming_.
+  const std::vector<NamedTensor> initial = InitialNetworkParameters(config_, naming_);
   for (size_t p = 0; p < initial.size(); ++p) {
     Param param;
-    param.name = mlp_names_ ? absl::StrCat("layers.", p / 2, p % 2 == 0 ? ".weight" : ".bias")
-                            : initial[p].name;
+    param.name = initial[p].name;
     param.shape = initial[p].shape;
     param.size = static_cast<int64_t>(initial[p].values.size());
     param.is_weight = p % 2 == 0;
