@@ -92,6 +92,32 @@ struct Plan {
   AlignedArray<std::byte> scratchpad;
 };
 
+// One layer's view of a plan being built: its activations' descriptors and buffers at the plan's
+// batch size.
+struct LayerIo {
+  size_t index = 0;   // in NetworkConfig::layers
+  bool full = false;  // the full-batch plan, which fixes the layouts later plans reuse
+  memory::desc src, dst, diff_src, diff_dst;
+  void* src_ptr = nullptr;
+  void* dst_ptr = nullptr;
+  void* diff_src_ptr = nullptr;  // null for the first layer: no input gradient
+  void* diff_dst_ptr = nullptr;
+};
+
+// A primitive waiting for its arguments: bound once every layer is described, so one scratchpad
+// sized for the largest can be shared (the primitives run in turn).
+struct PendingOp {
+  dnnl::primitive primitive;
+  memory::desc scratchpad;
+  std::unordered_map<int, std::pair<memory::desc, void*>> args;
+  std::optional<Op>* slot;
+};
+
+// `buffer` when it holds a copy, else `fallback` (the primitive reads the master directly).
+void* Bind(AlignedArray<std::byte>& buffer, void* fallback) {
+  return buffer.size() > 0 ? static_cast<void*>(buffer.data()) : fallback;
+}
+
 class CpuNetwork final : public Model {
  public:
   CpuNetwork(const NetworkConfig& config, std::vector<std::vector<int>> shapes,
@@ -118,7 +144,35 @@ class CpuNetwork final : public Model {
   bool adamw() const { return config_.optimizer.type == OptimizerType::kAdamW; }
 
   memory::desc ActivationMd(size_t index, int batch, DataType type) const;
+  // The primitives of every layer at `batch`, bound to this model's buffers. BuildPlan dispatches
+  // on the layer kind; the Plan* functions below each add one kind's primitives to `pending`.
   absl::StatusOr<std::unique_ptr<Plan>> BuildPlan(int batch);
+  // A Conv2d's or Linear's primitives (backward_data only when the layer needs its input
+  // gradient), with their scratchpads.
+  struct WeightedPrimitives {
+    dnnl::primitive forward, backward_data, backward_weights;
+    memory::desc forward_scratch, data_scratch, weights_scratch;
+    memory::desc bias;
+  };
+  // The descriptors a Conv2d's or Linear's primitives are described with; the full-batch plan
+  // also fixes layer.weight_plain_md.
+  struct WeightDescs {
+    memory::desc any_weights, any_diff_weights, bias;
+  };
+  WeightDescs DescribeWeights(Layer& layer, const LayerIo& io) const;
+  WeightedPrimitives PlanConv2d(Layer& layer, const LayerIo& io, const dnnl::primitive_attr& attr);
+  WeightedPrimitives PlanLinear(Layer& layer, const LayerIo& io, const dnnl::primitive_attr& attr);
+  // Binds a Conv2d's or Linear's primitives to the input, output, weights and gradients.
+  void PlanWeightedLayer(Layer& layer, const LayerIo& io, const WeightedPrimitives& primitives,
+                         Plan& plan, std::vector<PendingOp>& pending);
+  // ReLU and GELU.
+  void PlanEltwise(const Layer& layer, const LayerIo& io, const dnnl::primitive_attr& attr,
+                   Plan& plan, std::vector<PendingOp>& pending);
+  // INTERNAL if a partial batch would need a larger workspace than the full batch allocated.
+  absl::Status PlanMaxPool2d(Layer& layer, const LayerIo& io, const dnnl::primitive_attr& attr,
+                             Plan& plan, std::vector<PendingOp>& pending);
+  // Sizes the shared scratchpad and binds every pending primitive into its plan slot.
+  void BindPlan(Plan& plan, std::vector<PendingOp>& pending);
   absl::StatusOr<Plan*> PlanFor(int batch);
   void BuildWeightReorders();
   void RefreshComputeWeights();
@@ -282,225 +336,251 @@ absl::StatusOr<std::unique_ptr<Plan>> CpuNetwork::BuildPlan(int batch) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   // Descriptors first, so one scratchpad sized for the largest can be shared (they run in turn).
-  struct Pending {
-    dnnl::primitive primitive;
-    memory::desc scratchpad;
-    std::unordered_map<int, std::pair<memory::desc, void*>> args;
-    std::optional<Op>* slot;
-  };
-  std::vector<Pending> pending;
-  auto bind = [](AlignedArray<std::byte>& buffer, void* fallback) -> void* {
-    return buffer.size() > 0 ? static_cast<void*>(buffer.data()) : fallback;
-  };
+  std::vector<PendingOp> pending;
   try {
     for (size_t i = 0; i < count; ++i) {
       Layer& layer = layers_[i];
-      const LayerConfig& c = layer.config;
-      const memory::desc& src = plan->value_md[i];
-      const memory::desc& dst = plan->value_md[i + 1];
-      const memory::desc& diff_src = plan->grad_md[i];
-      const memory::desc& diff_dst = plan->grad_md[i + 1];
-      void* src_ptr = Value(i);
-      void* dst_ptr = Value(i + 1);
-      void* diff_src_ptr = i > 0 ? static_cast<void*>(Grad(i)) : nullptr;
-      void* diff_dst_ptr = Grad(i + 1);
-      switch (c.kind) {
+      const LayerIo io = {
+          .index = i,
+          .full = full,
+          .src = plan->value_md[i],
+          .dst = plan->value_md[i + 1],
+          .diff_src = plan->grad_md[i],
+          .diff_dst = plan->grad_md[i + 1],
+          .src_ptr = Value(i),
+          .dst_ptr = Value(i + 1),
+          .diff_src_ptr = i > 0 ? static_cast<void*>(Grad(i)) : nullptr,
+          .diff_dst_ptr = Grad(i + 1),
+      };
+      switch (layer.config.kind) {
         case Kind::kConv2d:
-        case Kind::kLinear: {
-          Param& weight = params_[layer.weight];
-          Param& bias = params_[layer.bias];
-          const bool conv = c.kind == Kind::kConv2d;
-          const memory::dim out = weight.shape[0];
-          Dims weight_dims = {out};
-          const Dims src_dims = src.dims();
-          weight_dims.insert(weight_dims.end(), src_dims.begin() + 1, src_dims.end());
-          if (conv) weight_dims = {out, src_dims[1], c.kernel, c.kernel};
-          if (full) {
-            layer.weight_plain_md = memory::desc(weight_dims, DataType::f32,
-                                                 weight_dims.size() == 4 ? Tag::oihw : Tag::oi);
-          }
-          const memory::desc any_weights(weight_dims, compute, Tag::any);
-          const memory::desc any_diff_weights(weight_dims, DataType::f32, Tag::any);
-          const memory::desc bias_md({out}, DataType::f32, Tag::x);
-          const Dims strides = {layer.stride, layer.stride};
-          const Dims padding = {c.padding, c.padding};
-          dnnl::primitive forward, backward_data, backward_weights;
-          memory::desc forward_scratch, data_scratch, weights_scratch;
-          if (conv) {
-            dnnl::convolution_forward::primitive_desc fwd(
-                dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                                dnnl::algorithm::convolution_direct, src,
-                                                full ? any_weights : layer.weight_fwd_md, bias_md,
-                                                dst, strides, padding, padding),
-                attr, engine_);
-            dnnl::convolution_backward_weights::primitive_desc bwd_w(
-                dnnl::convolution_backward_weights::desc(
-                    dnnl::algorithm::convolution_direct, src,
-                    full ? any_diff_weights : layer.diff_weight_md, bias_md, diff_dst, strides,
-                    padding, padding),
-                attr, engine_, fwd);
-            if (full) {
-              layer.weight_fwd_md = fwd.weights_desc();
-              layer.diff_weight_md = bwd_w.diff_weights_desc();
-            }
-            forward = dnnl::convolution_forward(fwd);
-            forward_scratch = fwd.scratchpad_desc();
-            backward_weights = dnnl::convolution_backward_weights(bwd_w);
-            weights_scratch = bwd_w.scratchpad_desc();
-            if (layer.needs_input_grad) {
-              dnnl::convolution_backward_data::primitive_desc bwd_d(
-                  dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct,
-                                                        diff_src,
-                                                        full ? any_weights : layer.weight_bwd_md,
-                                                        diff_dst, strides, padding, padding),
-                  attr, engine_, fwd);
-              if (full) layer.weight_bwd_md = bwd_d.weights_desc();
-              backward_data = dnnl::convolution_backward_data(bwd_d);
-              data_scratch = bwd_d.scratchpad_desc();
-            }
-          } else {
-            dnnl::inner_product_forward::primitive_desc fwd(
-                dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, src,
-                                                  full ? any_weights : layer.weight_fwd_md, bias_md,
-                                                  dst),
-                attr, engine_);
-            dnnl::inner_product_backward_weights::primitive_desc bwd_w(
-                dnnl::inner_product_backward_weights::desc(
-                    src, full ? any_diff_weights : layer.diff_weight_md, bias_md, diff_dst),
-                attr, engine_, fwd);
-            if (full) {
-              layer.weight_fwd_md = fwd.weights_desc();
-              layer.diff_weight_md = bwd_w.diff_weights_desc();
-            }
-            forward = dnnl::inner_product_forward(fwd);
-            forward_scratch = fwd.scratchpad_desc();
-            backward_weights = dnnl::inner_product_backward_weights(bwd_w);
-            weights_scratch = bwd_w.scratchpad_desc();
-            if (layer.needs_input_grad) {
-              dnnl::inner_product_backward_data::primitive_desc bwd_d(
-                  dnnl::inner_product_backward_data::desc(
-                      diff_src, full ? any_weights : layer.weight_bwd_md, diff_dst),
-                  attr, engine_, fwd);
-              if (full) layer.weight_bwd_md = bwd_d.weights_desc();
-              backward_data = dnnl::inner_product_backward_data(bwd_d);
-              data_scratch = bwd_d.scratchpad_desc();
-            }
-          }
-          void* master = weight.value.data();
-          void* fwd_weights = bind(layer.weight_fwd, master);
-          void* bwd_weights = layer.weight_bwd_md == layer.weight_fwd_md
-                                  ? fwd_weights
-                                  : bind(layer.weight_bwd, master);
-          pending.push_back({forward,
-                             forward_scratch,
-                             {{DNNL_ARG_SRC, {src, src_ptr}},
-                              {DNNL_ARG_WEIGHTS, {layer.weight_fwd_md, fwd_weights}},
-                              {DNNL_ARG_BIAS, {bias_md, bias.value.data()}},
-                              {DNNL_ARG_DST, {dst, dst_ptr}}},
-                             &plan->forward[i]});
-          pending.push_back({backward_weights,
-                             weights_scratch,
-                             {{DNNL_ARG_SRC, {src, src_ptr}},
-                              {DNNL_ARG_DIFF_DST, {diff_dst, diff_dst_ptr}},
-                              {DNNL_ARG_DIFF_WEIGHTS,
-                               {layer.diff_weight_md, bind(layer.diff_weight, weight.grad.data())}},
-                              {DNNL_ARG_DIFF_BIAS, {bias_md, bias.grad.data()}}},
-                             &plan->backward_weights[i]});
-          if (layer.needs_input_grad) {
-            pending.push_back({backward_data,
-                               data_scratch,
-                               {{DNNL_ARG_DIFF_DST, {diff_dst, diff_dst_ptr}},
-                                {DNNL_ARG_WEIGHTS, {layer.weight_bwd_md, bwd_weights}},
-                                {DNNL_ARG_DIFF_SRC, {diff_src, diff_src_ptr}}},
-                               &plan->backward_data[i]});
-          }
+          PlanWeightedLayer(layer, io, PlanConv2d(layer, io, attr), *plan, pending);
           break;
-        }
+        case Kind::kLinear:
+          PlanWeightedLayer(layer, io, PlanLinear(layer, io, attr), *plan, pending);
+          break;
         case Kind::kRelu:
-        case Kind::kGelu: {
-          const dnnl::algorithm algorithm = c.kind == Kind::kRelu
-                                                ? dnnl::algorithm::eltwise_relu
-                                                : dnnl::algorithm::eltwise_gelu_erf;
-          dnnl::eltwise_forward::primitive_desc fwd(
-              dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, algorithm, src, 0.f,
-                                          0.f),
-              attr, engine_);
-          pending.push_back({dnnl::eltwise_forward(fwd),
-                             fwd.scratchpad_desc(),
-                             {{DNNL_ARG_SRC, {src, src_ptr}}, {DNNL_ARG_DST, {dst, dst_ptr}}},
-                             &plan->forward[i]});
-          if (layer.needs_input_grad) {
-            dnnl::eltwise_backward::primitive_desc bwd(
-                dnnl::eltwise_backward::desc(algorithm, diff_dst, src, 0.f, 0.f), attr, engine_,
-                fwd);
-            pending.push_back({dnnl::eltwise_backward(bwd),
-                               bwd.scratchpad_desc(),
-                               {{DNNL_ARG_SRC, {src, src_ptr}},
-                                {DNNL_ARG_DIFF_DST, {diff_dst, diff_dst_ptr}},
-                                {DNNL_ARG_DIFF_SRC, {diff_src, diff_src_ptr}}},
-                               &plan->backward_data[i]});
-          }
+        case Kind::kGelu:
+          PlanEltwise(layer, io, attr, *plan, pending);
           break;
-        }
-        case Kind::kMaxPool2d: {
-          const Dims strides = {layer.stride, layer.stride};
-          const Dims kernel = {c.kernel, c.kernel};
-          const Dims padding = {c.padding, c.padding};
-          dnnl::pooling_forward::primitive_desc fwd(
-              dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training,
-                                          dnnl::algorithm::pooling_max, src, dst, strides, kernel,
-                                          padding, padding),
-              attr, engine_);
-          if (full) layer.workspace = AlignedArray<std::byte>(fwd.workspace_desc().get_size());
-          const memory::desc workspace = fwd.workspace_desc();
-          if (workspace.get_size() > layer.workspace.size()) {
-            return absl::InternalError("pooling workspace larger than at the full batch");
-          }
-          pending.push_back({dnnl::pooling_forward(fwd),
-                             fwd.scratchpad_desc(),
-                             {{DNNL_ARG_SRC, {src, src_ptr}},
-                              {DNNL_ARG_DST, {dst, dst_ptr}},
-                              {DNNL_ARG_WORKSPACE, {workspace, layer.workspace.data()}}},
-                             &plan->forward[i]});
-          if (layer.needs_input_grad) {
-            dnnl::pooling_backward::primitive_desc bwd(
-                dnnl::pooling_backward::desc(dnnl::algorithm::pooling_max, diff_src, diff_dst,
-                                             strides, kernel, padding, padding),
-                attr, engine_, fwd);
-            pending.push_back({dnnl::pooling_backward(bwd),
-                               bwd.scratchpad_desc(),
-                               {{DNNL_ARG_DIFF_DST, {diff_dst, diff_dst_ptr}},
-                                {DNNL_ARG_DIFF_SRC, {diff_src, diff_src_ptr}},
-                                {DNNL_ARG_WORKSPACE, {workspace, layer.workspace.data()}}},
-                               &plan->backward_data[i]});
-          }
+        case Kind::kMaxPool2d:
+          STOKER_RETURN_IF_ERROR(PlanMaxPool2d(layer, io, attr, *plan, pending));
           break;
-        }
         case Kind::kDropout:
         case Kind::kFlatten:
           break;  // no primitive: Dropout is a loop, Flatten an alias
       }
     }
-    size_t scratchpad_bytes = 0;
-    for (const Pending& p : pending) {
-      scratchpad_bytes = std::max(scratchpad_bytes, p.scratchpad.get_size());
-    }
-    plan->scratchpad = AlignedArray<std::byte>(scratchpad_bytes);
-    for (Pending& p : pending) {
-      Op op;
-      op.primitive = p.primitive;
-      for (const auto& [arg, bound] : p.args) {
-        op.args.emplace(arg, memory(bound.first, engine_, bound.second));
-      }
-      op.args.emplace(DNNL_ARG_SCRATCHPAD, memory(p.scratchpad, engine_, plan->scratchpad.data()));
-      *p.slot = std::move(op);
-    }
+    BindPlan(*plan, pending);
   } catch (const dnnl::error& e) {
     return absl::InternalError(
         absl::StrCat("oneDNN could not build the ", PrecisionName(config_.precision),
                      " network primitives for batch ", batch, ": ", e.what()));
   }
   return plan;
+}
+
+CpuNetwork::WeightedPrimitives CpuNetwork::PlanConv2d(Layer& layer, const LayerIo& io,
+                                                      const dnnl::primitive_attr& attr) {
+  const LayerConfig& c = layer.config;
+  const WeightDescs w = DescribeWeights(layer, io);
+  const Dims strides = {layer.stride, layer.stride};
+  const Dims padding = {c.padding, c.padding};
+  WeightedPrimitives result;
+  result.bias = w.bias;
+  dnnl::convolution_forward::primitive_desc fwd(
+      dnnl::convolution_forward::desc(
+          dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, io.src,
+          io.full ? w.any_weights : layer.weight_fwd_md, w.bias, io.dst, strides, padding, padding),
+      attr, engine_);
+  dnnl::convolution_backward_weights::primitive_desc bwd_w(
+      dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, io.src,
+                                               io.full ? w.any_diff_weights : layer.diff_weight_md,
+                                               w.bias, io.diff_dst, strides, padding, padding),
+      attr, engine_, fwd);
+  if (io.full) {
+    layer.weight_fwd_md = fwd.weights_desc();
+    layer.diff_weight_md = bwd_w.diff_weights_desc();
+  }
+  result.forward = dnnl::convolution_forward(fwd);
+  result.forward_scratch = fwd.scratchpad_desc();
+  result.backward_weights = dnnl::convolution_backward_weights(bwd_w);
+  result.weights_scratch = bwd_w.scratchpad_desc();
+  if (layer.needs_input_grad) {
+    dnnl::convolution_backward_data::primitive_desc bwd_d(
+        dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, io.diff_src,
+                                              io.full ? w.any_weights : layer.weight_bwd_md,
+                                              io.diff_dst, strides, padding, padding),
+        attr, engine_, fwd);
+    if (io.full) layer.weight_bwd_md = bwd_d.weights_desc();
+    result.backward_data = dnnl::convolution_backward_data(bwd_d);
+    result.data_scratch = bwd_d.scratchpad_desc();
+  }
+  return result;
+}
+
+CpuNetwork::WeightedPrimitives CpuNetwork::PlanLinear(Layer& layer, const LayerIo& io,
+                                                      const dnnl::primitive_attr& attr) {
+  const WeightDescs w = DescribeWeights(layer, io);
+  WeightedPrimitives result;
+  result.bias = w.bias;
+  dnnl::inner_product_forward::primitive_desc fwd(
+      dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, io.src,
+                                        io.full ? w.any_weights : layer.weight_fwd_md, w.bias,
+                                        io.dst),
+      attr, engine_);
+  dnnl::inner_product_backward_weights::primitive_desc bwd_w(
+      dnnl::inner_product_backward_weights::desc(
+          io.src, io.full ? w.any_diff_weights : layer.diff_weight_md, w.bias, io.diff_dst),
+      attr, engine_, fwd);
+  if (io.full) {
+    layer.weight_fwd_md = fwd.weights_desc();
+    layer.diff_weight_md = bwd_w.diff_weights_desc();
+  }
+  result.forward = dnnl::inner_product_forward(fwd);
+  result.forward_scratch = fwd.scratchpad_desc();
+  result.backward_weights = dnnl::inner_product_backward_weights(bwd_w);
+  result.weights_scratch = bwd_w.scratchpad_desc();
+  if (layer.needs_input_grad) {
+    dnnl::inner_product_backward_data::primitive_desc bwd_d(
+        dnnl::inner_product_backward_data::desc(
+            io.diff_src, io.full ? w.any_weights : layer.weight_bwd_md, io.diff_dst),
+        attr, engine_, fwd);
+    if (io.full) layer.weight_bwd_md = bwd_d.weights_desc();
+    result.backward_data = dnnl::inner_product_backward_data(bwd_d);
+    result.data_scratch = bwd_d.scratchpad_desc();
+  }
+  return result;
+}
+
+CpuNetwork::WeightDescs CpuNetwork::DescribeWeights(Layer& layer, const LayerIo& io) const {
+  const LayerConfig& c = layer.config;
+  const memory::dim out = params_[layer.weight].shape[0];
+  Dims weight_dims = {out};
+  const Dims src_dims = io.src.dims();
+  weight_dims.insert(weight_dims.end(), src_dims.begin() + 1, src_dims.end());
+  if (c.kind == Kind::kConv2d) weight_dims = {out, src_dims[1], c.kernel, c.kernel};
+  if (io.full) {
+    layer.weight_plain_md =
+        memory::desc(weight_dims, DataType::f32, weight_dims.size() == 4 ? Tag::oihw : Tag::oi);
+  }
+  return {.any_weights = memory::desc(weight_dims, ComputeType(), Tag::any),
+          .any_diff_weights = memory::desc(weight_dims, DataType::f32, Tag::any),
+          .bias = memory::desc({out}, DataType::f32, Tag::x)};
+}
+
+void CpuNetwork::PlanWeightedLayer(Layer& layer, const LayerIo& io,
+                                   const WeightedPrimitives& primitives, Plan& plan,
+                                   std::vector<PendingOp>& pending) {
+  Param& weight = params_[layer.weight];
+  Param& bias = params_[layer.bias];
+  const memory::desc& bias_md = primitives.bias;
+  void* master = weight.value.data();
+  void* fwd_weights = Bind(layer.weight_fwd, master);
+  void* bwd_weights =
+      layer.weight_bwd_md == layer.weight_fwd_md ? fwd_weights : Bind(layer.weight_bwd, master);
+  pending.push_back({primitives.forward,
+                     primitives.forward_scratch,
+                     {{DNNL_ARG_SRC, {io.src, io.src_ptr}},
+                      {DNNL_ARG_WEIGHTS, {layer.weight_fwd_md, fwd_weights}},
+                      {DNNL_ARG_BIAS, {bias_md, bias.value.data()}},
+                      {DNNL_ARG_DST, {io.dst, io.dst_ptr}}},
+                     &plan.forward[io.index]});
+  pending.push_back({primitives.backward_weights,
+                     primitives.weights_scratch,
+                     {{DNNL_ARG_SRC, {io.src, io.src_ptr}},
+                      {DNNL_ARG_DIFF_DST, {io.diff_dst, io.diff_dst_ptr}},
+                      {DNNL_ARG_DIFF_WEIGHTS,
+                       {layer.diff_weight_md, Bind(layer.diff_weight, weight.grad.data())}},
+                      {DNNL_ARG_DIFF_BIAS, {bias_md, bias.grad.data()}}},
+                     &plan.backward_weights[io.index]});
+  if (layer.needs_input_grad) {
+    pending.push_back({primitives.backward_data,
+                       primitives.data_scratch,
+                       {{DNNL_ARG_DIFF_DST, {io.diff_dst, io.diff_dst_ptr}},
+                        {DNNL_ARG_WEIGHTS, {layer.weight_bwd_md, bwd_weights}},
+                        {DNNL_ARG_DIFF_SRC, {io.diff_src, io.diff_src_ptr}}},
+                       &plan.backward_data[io.index]});
+  }
+}
+
+void CpuNetwork::PlanEltwise(const Layer& layer, const LayerIo& io,
+                             const dnnl::primitive_attr& attr, Plan& plan,
+                             std::vector<PendingOp>& pending) {
+  const dnnl::algorithm algorithm = layer.config.kind == Kind::kRelu
+                                        ? dnnl::algorithm::eltwise_relu
+                                        : dnnl::algorithm::eltwise_gelu_erf;
+  dnnl::eltwise_forward::primitive_desc fwd(
+      dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, algorithm, io.src, 0.f, 0.f),
+      attr, engine_);
+  pending.push_back({dnnl::eltwise_forward(fwd),
+                     fwd.scratchpad_desc(),
+                     {{DNNL_ARG_SRC, {io.src, io.src_ptr}}, {DNNL_ARG_DST, {io.dst, io.dst_ptr}}},
+                     &plan.forward[io.index]});
+  if (layer.needs_input_grad) {
+    dnnl::eltwise_backward::primitive_desc bwd(
+        dnnl::eltwise_backward::desc(algorithm, io.diff_dst, io.src, 0.f, 0.f), attr, engine_, fwd);
+    pending.push_back({dnnl::eltwise_backward(bwd),
+                       bwd.scratchpad_desc(),
+                       {{DNNL_ARG_SRC, {io.src, io.src_ptr}},
+                        {DNNL_ARG_DIFF_DST, {io.diff_dst, io.diff_dst_ptr}},
+                        {DNNL_ARG_DIFF_SRC, {io.diff_src, io.diff_src_ptr}}},
+                       &plan.backward_data[io.index]});
+  }
+}
+
+absl::Status CpuNetwork::PlanMaxPool2d(Layer& layer, const LayerIo& io,
+                                       const dnnl::primitive_attr& attr, Plan& plan,
+                                       std::vector<PendingOp>& pending) {
+  const LayerConfig& c = layer.config;
+  const Dims strides = {layer.stride, layer.stride};
+  const Dims kernel = {c.kernel, c.kernel};
+  const Dims padding = {c.padding, c.padding};
+  dnnl::pooling_forward::primitive_desc fwd(
+      dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::pooling_max,
+                                  io.src, io.dst, strides, kernel, padding, padding),
+      attr, engine_);
+  if (io.full) layer.workspace = AlignedArray<std::byte>(fwd.workspace_desc().get_size());
+  const memory::desc workspace = fwd.workspace_desc();
+  if (workspace.get_size() > layer.workspace.size()) {
+    return absl::InternalError("pooling workspace larger than at the full batch");
+  }
+  pending.push_back({dnnl::pooling_forward(fwd),
+                     fwd.scratchpad_desc(),
+                     {{DNNL_ARG_SRC, {io.src, io.src_ptr}},
+                      {DNNL_ARG_DST, {io.dst, io.dst_ptr}},
+                      {DNNL_ARG_WORKSPACE, {workspace, layer.workspace.data()}}},
+                     &plan.forward[io.index]});
+  if (layer.needs_input_grad) {
+    dnnl::pooling_backward::primitive_desc bwd(
+        dnnl::pooling_backward::desc(dnnl::algorithm::pooling_max, io.diff_src, io.diff_dst,
+                                     strides, kernel, padding, padding),
+        attr, engine_, fwd);
+    pending.push_back({dnnl::pooling_backward(bwd),
+                       bwd.scratchpad_desc(),
+                       {{DNNL_ARG_DIFF_DST, {io.diff_dst, io.diff_dst_ptr}},
+                        {DNNL_ARG_DIFF_SRC, {io.diff_src, io.diff_src_ptr}},
+                        {DNNL_ARG_WORKSPACE, {workspace, layer.workspace.data()}}},
+                       &plan.backward_data[io.index]});
+  }
+  return absl::OkStatus();
+}
+
+void CpuNetwork::BindPlan(Plan& plan, std::vector<PendingOp>& pending) {
+  size_t scratchpad_bytes = 0;
+  for (const PendingOp& p : pending) {
+    scratchpad_bytes = std::max(scratchpad_bytes, p.scratchpad.get_size());
+  }
+  plan.scratchpad = AlignedArray<std::byte>(scratchpad_bytes);
+  for (PendingOp& p : pending) {
+    Op op;
+    op.primitive = p.primitive;
+    for (const auto& [arg, bound] : p.args) {
+      op.args.emplace(arg, memory(bound.first, engine_, bound.second));
+    }
+    op.args.emplace(DNNL_ARG_SCRATCHPAD, memory(p.scratchpad, engine_, plan.scratchpad.data()));
+    *p.slot = std::move(op);
+  }
 }
 
 void CpuNetwork::BuildWeightReorders() {
