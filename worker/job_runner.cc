@@ -24,6 +24,8 @@
 #include "google/protobuf/util/delimited_message_util.h"
 #include "spec/job_options.h"
 #include "spec/job_spec.h"
+#include "worker/autotuner.h"
+#include "worker/loader_pool.h"
 #include "worker/process.h"
 
 namespace stoker {
@@ -44,30 +46,126 @@ AttemptOutcome Failed(std::string error, bool permanent) {
   return outcome;
 }
 
-}  // namespace
+// The attempt's stall watchdog: the pipeline is hung when neither the shared heartbeat
+// (JobStats::heartbeats_total) nor the trainer's events moved for `timeout`.
+class Watchdog {
+ public:
+  Watchdog(JobRegion& region, absl::Duration timeout, const std::atomic<int64_t>& last_event_ns)
+      : region_(region),
+        timeout_(timeout),
+        last_event_ns_(last_event_ns),
+        last_beats_(region.stats().heartbeats_total.load()),
+        last_beat_(absl::Now()) {}
 
-int AutoLoaderLimit(int cpu_count) {
-  // Like tf.data's AUTOTUNE, bounded by the cores: two loaders per core (a loader often waits on
-  // I/O or sleeps), at least 2, at most 16.
-  return std::clamp(2 * cpu_count, 2, 16);
-}
-
-int AutotuneLoaderCount(int current, int limit, double input_bound_fraction,
-                        double loader_busy_per_second) {
-  // Busy loader-seconds per second and loader: above this, loaders are what the trainer waits on.
-  constexpr double kBottleneckBusy = 0.6;
-  if (input_bound_fraction > 0.10) {
-    if (current > 0 && loader_busy_per_second > kBottleneckBusy * current) {
-      return std::max(current, std::min(limit, 2 * current));
+  // nullopt while the pipeline works; else why the attempt is stopped, naming the batch the
+  // trainer waits for and the loader that owes it (with its pid from `loaders`).
+  std::optional<std::string> Check(const LoaderPool& loaders) {
+    if (const uint64_t beats = region_.stats().heartbeats_total.load(); beats != last_beats_) {
+      last_beats_ = beats;
+      last_beat_ = absl::Now();
     }
-    return current;
+    const absl::Duration silent =
+        absl::Now() - std::max(last_beat_, absl::FromUnixNanos(last_event_ns_.load()));
+    if (silent <= timeout_) return std::nullopt;
+    const uint64_t next = region_.stats().consumer_next_batch.load();
+    if (next < region_.geometry().total_batches && !region_.IsPublished(next)) {
+      // The trainer waits for a batch and no loader works on it: name the one that owes it.
+      const uint32_t k = region_.LoaderFor(next);
+      const std::optional<pid_t> pid = loaders.pid(static_cast<int>(k));
+      return absl::StrCat(
+          "the pipeline made no progress for ", absl::FormatDuration(silent),
+          ": the trainer waits for batch ", next, " of loader ", k,
+          pid ? absl::StrCat(" (pid ", *pid, "), which made nothing") : " (not running)",
+          "; stopped the attempt");
+    }
+    return absl::StrCat("the trainer made no progress for ", absl::FormatDuration(silent), " (",
+                        region_.stats().steps_total.load(), " steps done",
+                        next < region_.geometry().total_batches
+                            ? absl::StrCat(", its next batch ", next, " waiting in the ring")
+                            : "",
+                        "); stopped it");
   }
-  const int half = current / 2;
-  if (input_bound_fraction < 0.02 && half >= 1 && loader_busy_per_second <= 0.5 * half) {
-    return half;
+
+ private:
+  JobRegion& region_;
+  const absl::Duration timeout_;
+  const std::atomic<int64_t>& last_event_ns_;
+  // When the pipeline last showed a sign of work (a heartbeat).
+  uint64_t last_beats_;
+  absl::Time last_beat_;
+};
+
+// Reads the trainer's events (length-delimited JobEvent messages) from the pipe's read end `fd`
+// on a thread of its own until the pipe closes, passing each to `on_event`; keeps when the last one
+// came (for the watchdog) and the last epoch's progress (for the outcome).
+class TrainerEvents {
+ public:
+  TrainerEvents(int fd, const JobRunner::EventCallback& on_event)
+      : thread_([this, fd, &on_event] {
+          google::protobuf::io::FileInputStream input(fd);
+          input.SetCloseOnDelete(true);
+          bool clean_eof = false;
+          // The parse merges into `event`: it is cleared after each one, or an event would
+          // inherit the fields (such as a log line's message) of the one before.
+          for (v1::JobEvent event;
+               google::protobuf::util::ParseDelimitedFromZeroCopyStream(&event, &input, &clean_eof);
+               event.Clear()) {
+            last_event_ns_.store(absl::GetCurrentTimeNanos());
+            if (event.type() == v1::EVENT_TYPE_EPOCH) {
+              absl::MutexLock lock(&mu_);
+              last_epoch_progress_ = event.progress();
+            }
+            on_event(event);
+          }
+        }) {}
+  ~TrainerEvents() { Join(); }
+
+  // Waits for the pipe to close (every writer gone).
+  void Join() {
+    if (thread_.joinable()) thread_.join();
   }
-  return current;
+  // When the trainer last reported; it reports at least once a second while it steps.
+  const std::atomic<int64_t>& last_event_ns() const { return last_event_ns_; }
+  v1::TrainingProgress last_epoch_progress() {
+    absl::MutexLock lock(&mu_);
+    return last_epoch_progress_;
+  }
+
+ private:
+  std::atomic<int64_t> last_event_ns_{absl::GetCurrentTimeNanos()};
+  absl::Mutex mu_;
+  v1::TrainingProgress last_epoch_progress_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // last: starts after the members it uses exist
+};
+
+// How an attempt ended whose trainer exited with `exit` (nothing else failed first); `drained`
+// when the worker's shutdown asked it to checkpoint and stop.
+AttemptOutcome TrainerOutcome(const ExitInfo& exit, bool drained, const std::string& trainer_log) {
+  AttemptOutcome outcome;
+  if (!exit.signaled && exit.code == kExitSuccess) {
+    outcome.state = v1::JOB_STATE_SUCCEEDED;
+    return outcome;
+  }
+  outcome.state = v1::JOB_STATE_FAILED;
+  if (drained) {
+    outcome.released = true;  // the agent says why: its shutdown
+    return outcome;
+  }
+  outcome.permanent = !exit.signaled && exit.code == kExitBadInput;
+  const std::string tail = TailOfFile(trainer_log, 2000);
+  if (outcome.permanent && !tail.empty()) {
+    // The trainer refused the job (bad data or model) and said why: that is the whole story.
+    absl::string_view message = tail;
+    absl::ConsumePrefix(&message, "stoker-trainer: ");
+    outcome.error = std::string(message);
+  } else {
+    outcome.error =
+        absl::StrCat("trainer ", exit.Describe(), tail.empty() ? "" : absl::StrCat(": ", tail));
+  }
+  return outcome;
 }
+
+}  // namespace
 
 JobRunner::JobRunner(RunnerOptions options, v1::Assignment assignment, EventCallback on_event)
     : options_(std::move(options)),
@@ -235,130 +333,41 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   region.SetConsumerPid(*trainer);
 
   // Events from the trainer: length-delimited JobEvent messages until the pipe closes.
-  AttemptOutcome outcome;
-  absl::Mutex progress_mu;
-  v1::TrainingProgress last_epoch_progress;
-  // When the trainer last reported; it reports at least once a second while it steps. The
-  // watchdog reads it.
-  std::atomic<int64_t> last_event_ns{absl::GetCurrentTimeNanos()};
-  std::thread reader([&] {
-    google::protobuf::io::FileInputStream input(event_pipe[0]);
-    input.SetCloseOnDelete(true);
-    bool clean_eof = false;
-    // The parse merges into `event`: it is cleared after each one, or an event would inherit the
-    // fields (such as a log line's message) of the one before.
-    for (v1::JobEvent event;
-         google::protobuf::util::ParseDelimitedFromZeroCopyStream(&event, &input, &clean_eof);
-         event.Clear()) {
-      last_event_ns.store(absl::GetCurrentTimeNanos());
-      if (event.type() == v1::EVENT_TYPE_EPOCH) {
-        absl::MutexLock lock(&progress_mu);
-        last_epoch_progress = event.progress();
-      }
-      on_event_(event);
-    }
-  });
+  TrainerEvents events(event_pipe[0], on_event_);
 
-  auto spawn_loader = [&](int index) {
-    return Spawn({{options_.loader_path, "--region-fd", region_fd, "--index", absl::StrCat(index),
-                   "--job", job_file, "--parent-pid", absl::StrCat(getpid())},
-                  {region.fd()},
-                  absl::StrCat(dir, "/loader-", index, ".log")});
-  };
-  std::vector<std::optional<pid_t>> loaders(loader_count);
   std::optional<std::string> fatal;  // set when the attempt must end early
   bool fatal_permanent = false;
-  const int initial_loaders = static_cast<int>(region.ActiveLoaderCount());
-  for (int k = 0; k < initial_loaders && !fatal; ++k) {
-    absl::StatusOr<pid_t> pid = spawn_loader(k);
-    if (pid.ok()) {
-      loaders[k] = *pid;
-    } else {
-      fatal = std::string(pid.status().message());
-    }
-  }
+  auto fail = [&](const absl::Status& status) {
+    fatal = std::string(status.message());
+    fatal_permanent = absl::IsInvalidArgument(status);  // a loader refused the data
+  };
+  LoaderPool loaders(region,
+                     {.loader_path = options_.loader_path,
+                      .job_file = job_file,
+                      .dir = dir,
+                      .max_restarts = options_.max_loader_restarts},
+                     [this](const std::string& line) { on_event_(LogEvent(line)); });
+  if (absl::Status s = loaders.StartInitial(); !s.ok()) fail(s);
 
-  int restarts = 0;
   std::optional<absl::Time> drain_started;
   std::optional<ExitInfo> trainer_exit;
   bool cancelled = false;
-  // Autotune window (loader.processes: auto).
-  const bool autotune = assignment_.spec().loader().processes() == 0;
-  struct Window {
-    absl::Time start;
-    uint64_t stall_ns, busy_ns, loader_ns;
-  };
-  auto window_now = [&region] {
-    const JobStats& stats = region.stats();
-    return Window{absl::Now(), stats.data_stall_ns_total.load(), stats.device_busy_ns_total.load(),
-                  stats.loader_busy_ns_total.load()};
-  };
-  Window window = window_now();
-  // The watchdog: when the pipeline last showed a sign of work (a heartbeat or an event).
-  uint64_t last_beats = region.stats().heartbeats_total.load();
-  absl::Time last_beat = absl::Now();
-  // An autotune change asked for and not yet applied by the trainer: what to log once it is.
-  std::optional<std::string> pending_change;
+  // loader.processes: auto.
+  std::optional<Autotuner> autotuner;
+  if (assignment_.spec().loader().processes() == 0) {
+    autotuner.emplace(region, loader_count, absl::Now());
+  }
+  Watchdog watchdog(region, options_.trainer_stall_timeout, events.last_event_ns());
   while (!trainer_exit && !fatal) {
-    if (const uint64_t beats = region.stats().heartbeats_total.load(); beats != last_beats) {
-      last_beats = beats;
-      last_beat = absl::Now();
-    }
-    if (const absl::Duration silent =
-            absl::Now() - std::max(last_beat, absl::FromUnixNanos(last_event_ns.load()));
-        silent > options_.trainer_stall_timeout) {
-      const uint64_t next = region.stats().consumer_next_batch.load();
-      if (next < region.geometry().total_batches && !region.IsPublished(next)) {
-        // The trainer waits for a batch and no loader works on it: name the one that owes it.
-        const uint32_t k = region.LoaderFor(next);
-        fatal =
-            absl::StrCat("the pipeline made no progress for ", absl::FormatDuration(silent),
-                         ": the trainer waits for batch ", next, " of loader ", k,
-                         loaders[k] ? absl::StrCat(" (pid ", *loaders[k], "), which made nothing")
-                                    : " (not running)",
-                         "; stopped the attempt");
-      } else {
-        fatal = absl::StrCat("the trainer made no progress for ", absl::FormatDuration(silent),
-                             " (", region.stats().steps_total.load(), " steps done",
-                             next < region.geometry().total_batches
-                                 ? absl::StrCat(", its next batch ", next, " waiting in the ring")
-                                 : "",
-                             "); stopped it");
-      }
+    if (std::optional<std::string> stalled = watchdog.Check(loaders)) {
+      fatal = *stalled;
       on_event_(LogEvent(*fatal));
       break;
     }
-    if (pending_change && region.ActiveLoaderCount() == region.RequestedLoaderCount()) {
-      // The trainer appended the era: the change is in effect from its first batch.
-      on_event_(LogEvent(absl::StrCat(*pending_change, " from batch ", region.ActiveEraStart())));
-      pending_change.reset();
-      window = window_now();  // measure the new count from here
-    }
-    if (autotune && !pending_change && absl::Now() - window.start >= absl::Seconds(2)) {
-      const Window now = window_now();
-      const uint64_t stall = now.stall_ns - window.stall_ns;
-      const uint64_t busy = now.busy_ns - window.busy_ns;
-      const uint64_t loader_busy = now.loader_ns - window.loader_ns;
-      const double window_ns = absl::ToDoubleNanoseconds(now.start - window.start);
-      const int active = static_cast<int>(region.ActiveLoaderCount());
-      if (busy > 0) {
-        const double fraction = double(stall) / double(stall + busy);
-        const int wanted =
-            AutotuneLoaderCount(active, loader_count, fraction, double(loader_busy) / window_ns);
-        // The trainer appends the era at its next release (JobRegion::RequestLoaderCount); the
-        // loaders it needs are started below once it is in the table.
-        if (wanted != active &&
-            region.stats().consumer_next_batch.load() + region.geometry().slot_count <
-                region.geometry().total_batches &&
-            region.RequestLoaderCount(static_cast<uint32_t>(wanted)).ok()) {
-          pending_change =
-              absl::StrCat("autotune: input-bound ", static_cast<int>(100 * fraction + 0.5),
-                           "% of the last window, loaders busy ",
-                           static_cast<int>(100 * double(loader_busy) / window_ns / active + 0.5),
-                           "% each; loader processes ", active, " -> ", wanted);
-        }
+    if (autotuner) {
+      if (std::optional<std::string> line = autotuner->Tick(absl::Now())) {
+        on_event_(LogEvent(*line));
       }
-      window = window_now();
     }
     if (cancel_requested_.load()) {
       cancelled = true;
@@ -376,45 +385,10 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
     }
     trainer_exit = TryReap(*trainer);
     if (trainer_exit) break;
-    for (int k = 0; k < loader_count && !fatal; ++k) {
-      if (!loaders[k]) continue;
-      std::optional<ExitInfo> loader_exit = TryReap(*loaders[k]);
-      if (!loader_exit) continue;
-      loaders[k].reset();
-      if (!loader_exit->signaled && loader_exit->code == kExitSuccess) continue;  // all its batches
-      const std::string log_path = absl::StrCat(dir, "/loader-", k, ".log");
-      if (!loader_exit->signaled && loader_exit->code == kExitBadInput) {
-        fatal = absl::StrCat("loader ", k, ": ", TailOfFile(log_path, 2000));
-        fatal_permanent = true;
-        break;
-      }
-      if (++restarts > options_.max_loader_restarts) {
-        fatal = absl::StrCat("loader ", k, " ", loader_exit->Describe(), "; gave up after ",
-                             options_.max_loader_restarts,
-                             " restarts. Last output: ", TailOfFile(log_path, 1000));
-        break;
-      }
-      region.stats().loader_restarts_total.fetch_add(1);
-      on_event_(LogEvent(absl::StrCat("loader ", k, " ", loader_exit->Describe(),
-                                      "; respawned (restart ", restarts, ")")));
-      absl::StatusOr<pid_t> pid = spawn_loader(k);
-      if (pid.ok()) {
-        loaders[k] = *pid;
-      } else {
-        fatal = std::string(pid.status().message());
-      }
-    }
-    // Every loader that owes a batch runs: one of a new era, and one that left an era and is
-    // given batches again by a later one (perhaps before it even exited). After the reaping
-    // above, so a loader that ended just now is seen as not running.
-    for (int k = 0; k < loader_count && !fatal; ++k) {
-      if (loaders[k] || !region.LoaderNeeded(static_cast<uint32_t>(k))) continue;
-      absl::StatusOr<pid_t> pid = spawn_loader(k);
-      if (pid.ok()) {
-        loaders[k] = *pid;
-      } else {
-        fatal = std::string(pid.status().message());
-      }
+    if (absl::Status s = loaders.ReapAndRespawn(); !s.ok()) {
+      fail(s);
+    } else if (absl::Status s = loaders.StartNeeded(); !s.ok()) {
+      fail(s);
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
@@ -422,47 +396,19 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   // Wind down: wake every waiter, then make sure no child outlives the attempt.
   region.RequestStop();
   if (!trainer_exit) trainer_exit = Terminate(*trainer, absl::Seconds(2));
-  for (std::optional<pid_t>& loader : loaders) {
-    if (loader) Terminate(*loader, absl::Seconds(1));
-  }
-  reader.join();
+  loaders.TerminateAll(absl::Seconds(1));
+  events.Join();
 
-  {
-    absl::MutexLock lock(&progress_mu);
-    outcome.progress = last_epoch_progress;
-  }
+  AttemptOutcome outcome;
   if (cancelled) {
     outcome.state = v1::JOB_STATE_CANCELLED;
     outcome.error = "cancelled";
-    return outcome;
-  }
-  if (fatal) {
-    outcome.state = v1::JOB_STATE_FAILED;
-    outcome.error = *fatal;
-    outcome.permanent = fatal_permanent;
-    return outcome;
-  }
-  if (!trainer_exit->signaled && trainer_exit->code == kExitSuccess) {
-    outcome.state = v1::JOB_STATE_SUCCEEDED;
-    return outcome;
-  }
-  if (drain_started) {
-    outcome.state = v1::JOB_STATE_FAILED;
-    outcome.released = true;  // the agent says why: its shutdown
-    return outcome;
-  }
-  outcome.state = v1::JOB_STATE_FAILED;
-  outcome.permanent = !trainer_exit->signaled && trainer_exit->code == kExitBadInput;
-  const std::string tail = TailOfFile(trainer_log, 2000);
-  if (outcome.permanent && !tail.empty()) {
-    // The trainer refused the job (bad data or model) and said why: that is the whole story.
-    absl::string_view message = tail;
-    absl::ConsumePrefix(&message, "stoker-trainer: ");
-    outcome.error = std::string(message);
+  } else if (fatal) {
+    outcome = Failed(*fatal, fatal_permanent);
   } else {
-    outcome.error = absl::StrCat("trainer ", trainer_exit->Describe(),
-                                 tail.empty() ? "" : absl::StrCat(": ", tail));
+    outcome = TrainerOutcome(*trainer_exit, drain_started.has_value(), trainer_log);
   }
+  outcome.progress = events.last_epoch_progress();
   return outcome;
 }
 

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "data/job_region.h"
 #include "stoker.pb.h"
+#include "worker/autotuner.h"  // AutoLoaderLimit, AutotuneLoaderCount
 
 namespace stoker {
 
@@ -42,21 +43,6 @@ struct AttemptOutcome {
   bool released = false;
   v1::TrainingProgress progress;
 };
-
-// Most loader processes `loader.processes: auto` may grow to on a machine with `cpu_count` cores.
-int AutoLoaderLimit(int cpu_count);
-
-// `loader.processes: auto`: the next loader count, or `current` to keep it, from what the last
-// window measured: the input-bound fraction (time the trainer waited for data / (waited +
-// computed)) and the loaders' busy time per second of wall time (1.0 = one loader always busy).
-// Doubles while the trainer waits more than 10% of the time and the loaders are the bottleneck
-// (each busy more than 60% of the window), up to `limit`: when they idle while the trainer waits,
-// the stall is not theirs (a loader starting up, a stopped process) and more cannot help. Halves
-// when the trainer waited less than 2% of the time and half the loaders would still be at most
-// 50% busy, so the cores go back to the trainer; the gap between the rules keeps it from
-// oscillating.
-int AutotuneLoaderCount(int current, int limit, double input_bound_fraction,
-                        double loader_busy_per_second);
 
 class JobRunner {
  public:
