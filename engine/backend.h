@@ -96,7 +96,8 @@ struct LayerConfig {
   float rate = 0;
 };
 
-// "conv2d", "maxpool2d", "linear", "relu", "gelu", "dropout", "flatten".
+// "conv2d", "maxpool2d", "linear", "relu", "gelu", "dropout", "flatten": the names of the one
+// layer table (engine/layer_kinds.h, which also parses them).
 const char* LayerKindName(LayerConfig::Kind kind);
 
 // A feed-forward network of `layers` ending in `classes` logits, trained with softmax

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/backend.h"
+#include "engine/layer_kinds.h"
 
 namespace stoker {
 namespace {
@@ -47,23 +48,8 @@ std::vector<int64_t> WeightShape(const LayerConfig& layer, const std::vector<int
 }  // namespace
 
 const char* LayerKindName(LayerConfig::Kind kind) {
-  switch (kind) {
-    case Kind::kConv2d:
-      return "conv2d";
-    case Kind::kMaxPool2d:
-      return "maxpool2d";
-    case Kind::kLinear:
-      return "linear";
-    case Kind::kRelu:
-      return "relu";
-    case Kind::kGelu:
-      return "gelu";
-    case Kind::kDropout:
-      return "dropout";
-    case Kind::kFlatten:
-      return "flatten";
-  }
-  return "unknown";
+  if (static_cast<size_t>(kind) >= kLayerKinds.size()) return "unknown";
+  return LayerKindInfoOf(kind).name;
 }
 
 const char* OptimizerTypeName(OptimizerType type) {
@@ -248,8 +234,7 @@ size_t ParameterIndex(const NetworkConfig& config, size_t layer, ParameterNaming
   if (naming == ParameterNaming::kByLayer) return layer;
   size_t index = 0;
   for (size_t i = 0; i < layer && i < config.layers.size(); ++i) {
-    const Kind kind = config.layers[i].kind;
-    if (kind == Kind::kConv2d || kind == Kind::kLinear) ++index;
+    if (LayerHasParameters(config.layers[i].kind)) ++index;
   }
   return index;
 }

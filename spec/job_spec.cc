@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/utf8.h"
+#include "engine/layer_kinds.h"
 
 namespace stoker {
 namespace {
@@ -153,27 +155,26 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   for (int i = 0; i < model.layers_size(); ++i) {
     const v1::LayerSpec& layer = model.layers(i);
     const std::string at = absl::StrCat("model.layers[", i, "]");
-    if (absl::Status s =
-            CheckOneOf(at + ".type", layer.type(),
-                       {"conv2d", "maxpool2d", "linear", "relu", "gelu", "dropout", "flatten"});
-        !s.ok()) {
-      return s;
+    const std::optional<LayerConfig::Kind> kind = LayerKindFromName(layer.type());
+    if (!kind.has_value()) {
+      return FieldError(at + ".type", absl::StrCat("unsupported value '", layer.type(),
+                                                   "' (supported: ", LayerKindNameList(), ")"));
     }
-    if (layer.type() == "conv2d") {
+    if (*kind == LayerConfig::Kind::kConv2d) {
       if (absl::Status s = CheckRange(at + ".out_channels", layer.out_channels(), 1, 4096);
           !s.ok()) {
         return s;
       }
     }
-    if (layer.type() == "conv2d" || layer.type() == "maxpool2d") {
+    if (LayerKindInfoOf(*kind).has_kernel) {
       if (absl::Status s = CheckRange(at + ".kernel", layer.kernel(), 1, 64); !s.ok()) return s;
       if (absl::Status s = CheckRange(at + ".stride", layer.stride(), 0, 64); !s.ok()) return s;
       if (absl::Status s = CheckRange(at + ".padding", layer.padding(), 0, 64); !s.ok()) return s;
     }
-    if (layer.type() == "linear") {
+    if (*kind == LayerConfig::Kind::kLinear) {
       if (absl::Status s = CheckRange(at + ".units", layer.units(), 1, 65536); !s.ok()) return s;
     }
-    if (layer.type() == "dropout" && !(layer.rate() >= 0 && layer.rate() < 1)) {
+    if (*kind == LayerConfig::Kind::kDropout && !(layer.rate() >= 0 && layer.rate() < 1)) {
       return FieldError(at + ".rate", absl::StrCat("must be in [0, 1) (got ", layer.rate(), ")"));
     }
   }

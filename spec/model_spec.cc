@@ -1,10 +1,12 @@
 #include "spec/model_spec.h"
 
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/layer_kinds.h"
 #include "nlohmann/json.hpp"
 
 namespace stoker {
@@ -23,25 +25,12 @@ Precision ToPrecision(v1::Precision precision) {
 
 absl::StatusOr<LayerConfig> ToLayer(const v1::LayerSpec& spec, int index) {
   LayerConfig layer;
-  const std::string& type = spec.type();
-  if (type == "conv2d") {
-    layer.kind = LayerConfig::Kind::kConv2d;
-  } else if (type == "maxpool2d") {
-    layer.kind = LayerConfig::Kind::kMaxPool2d;
-  } else if (type == "linear") {
-    layer.kind = LayerConfig::Kind::kLinear;
-  } else if (type == "relu") {
-    layer.kind = LayerConfig::Kind::kRelu;
-  } else if (type == "gelu") {
-    layer.kind = LayerConfig::Kind::kGelu;
-  } else if (type == "dropout") {
-    layer.kind = LayerConfig::Kind::kDropout;
-  } else if (type == "flatten") {
-    layer.kind = LayerConfig::Kind::kFlatten;
-  } else {
+  const std::optional<LayerConfig::Kind> kind = LayerKindFromName(spec.type());
+  if (!kind.has_value()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model.layers[", index, "].type: unknown layer '", type, "'"));
+        absl::StrCat("model.layers[", index, "].type: unknown layer '", spec.type(), "'"));
   }
+  layer.kind = *kind;
   layer.out_channels = spec.out_channels();
   layer.kernel = spec.kernel();
   layer.stride = spec.stride();

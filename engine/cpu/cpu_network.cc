@@ -17,6 +17,7 @@
 #include "engine/cpu/aligned_array.h"
 #include "engine/cpu/cpu_kernels.h"
 #include "engine/cpu/cpu_train_kernels.h"
+#include "engine/layer_kinds.h"
 #include "engine/plan_cache.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -252,7 +253,7 @@ CpuNetwork::CpuNetwork(const NetworkConfig& config, std::vector<std::vector<int>
     layer.needs_input_grad = seen_parameters;
     const Kind kind = layer.config.kind;
     layer.stride = EffectiveStride(layer.config);
-    if (kind == Kind::kConv2d || kind == Kind::kLinear) {
+    if (LayerHasParameters(kind)) {
       layer.weight = next_param++;
       layer.bias = next_param++;
       seen_parameters = true;

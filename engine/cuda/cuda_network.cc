@@ -18,6 +18,7 @@
 #include "engine/cuda/lt_gemm.h"
 #include "engine/cuda/mlp_kernels.h"
 #include "engine/cuda/network_kernels.h"
+#include "engine/layer_kinds.h"
 
 namespace stoker {
 namespace cuda::network_internal {
@@ -38,7 +39,7 @@ absl::Status CudaNetwork::Init(int device) {
   context_ = *std::move(context);
   const bool needs_cudnn =
       std::any_of(config_.layers.begin(), config_.layers.end(), [](const LayerConfig& layer) {
-        return layer.kind == Kind::kConv2d || layer.kind == Kind::kMaxPool2d;
+        return LayerKindInfoOf(layer.kind).has_kernel;  // Conv2d, MaxPool2d
       });
   if (needs_cudnn) {
     STOKER_RETURN_IF_ERROR(cudnn_.Create());

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_network_internal.h"
+#include "engine/layer_kinds.h"
 
 namespace stoker::cuda::network_internal {
 namespace {
@@ -101,7 +102,7 @@ absl::Status CudaNetwork::BuildLayers() {
     layer.needs_input_grad = seen_parameters;
     const Kind kind = layer.config.kind;
     layer.stride = EffectiveStride(layer.config);
-    if (kind == Kind::kConv2d || kind == Kind::kLinear) {
+    if (LayerHasParameters(kind)) {
       layer.weight = next_param++;
       layer.bias = next_param++;
       seen_parameters = true;
@@ -207,7 +208,8 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaNetwork::BuildPlan(int batch) {
             cuda::PlanConvolution(cudnn_.get(), layer.filter.get(), shape, kMaxConvWorkspaceBytes);
         if (!conv.ok()) {
           return absl::Status(conv.status().code(),
-                              absl::StrCat("layers[", i, "] (conv2d): ", conv.status().message()));
+                              absl::StrCat("layers[", i, "] (", LayerKindName(c.kind),
+                                           "): ", conv.status().message()));
         }
         conv_workspace_bytes = std::max(conv_workspace_bytes, conv->workspace_bytes);
         lp.conv = *std::move(conv);
@@ -226,8 +228,9 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaNetwork::BuildPlan(int batch) {
         STOKER_CUDNN_RETURN_IF_ERROR(cudnnGetPooling2dForwardOutputDim(
             layer.pooling.get(), lp.pool_x.get(), &n, &ch, &h, &w));
         if (n != batch || ch != out[0] || h != out[1] || w != out[2]) {
-          return absl::InternalError(absl::StrCat("layers[", i, "] (maxpool2d): cuDNN pools to ", h,
-                                                  "x", w, "; expected ", out[1], "x", out[2]));
+          return absl::InternalError(absl::StrCat("layers[", i, "] (", LayerKindName(c.kind),
+                                                  "): cuDNN pools to ", h, "x", w, "; expected ",
+                                                  out[1], "x", out[2]));
         }
         break;
       }
