@@ -31,6 +31,7 @@
 #include "engine/cuda/cuda_backend.h"
 #endif
 #include "spec/model_spec.h"
+#include "worker/training_loop.h"
 
 namespace stoker {
 namespace {
@@ -53,16 +54,6 @@ class EventWriter {
  private:
   int fd_;
 };
-
-// Learning rate for step `step` (0-based) of `total_steps`: linear warm-up, then the schedule.
-double LearningRateAt(const v1::OptimizerSpec& optimizer, uint64_t step, uint64_t total_steps) {
-  const double base = optimizer.lr();
-  const uint64_t warmup = static_cast<uint64_t>(optimizer.warmup_steps());
-  if (step < warmup) return base * double(step + 1) / double(warmup);
-  if (optimizer.lr_schedule() != "cosine" || total_steps <= warmup) return base;
-  const double progress = double(step - warmup) / double(total_steps - warmup);
-  return base * 0.5 * (1.0 + std::cos(M_PI * progress));
-}
 
 constexpr char kOptimizerPrefix[] = "optimizer.";
 
@@ -123,42 +114,62 @@ absl::StatusOr<ResumePoint> LoadCheckpoint(const std::string& path, Model& model
   return point;
 }
 
-struct EvalSummary {
-  double accuracy = 0;
-  double loss = 0;
+// What a job trains with, built from its spec and the region's geometry.
+struct TrainingSetup {
+  LabeledSamples test;  // read once, up front; training batches come from the loaders
+#ifdef STOKER_HAVE_CUDA
+  // Unpins the ring when the setup goes: after the model (declared below), which copies out of
+  // it, and before the region (which outlives the setup) unmaps it.
+  PinnedHostRegion pinned_ring;
+#endif
+  std::unique_ptr<Backend> backend;
+  BuiltModel built;
 };
 
-// A batch of `count` samples at `samples` for the model: uint8 pixels, or float32 features.
-BatchView MakeBatchView(const uint8_t* samples, const uint8_t* labels, int count,
-                        SampleType sample_type) {
-  BatchView view;
-  view.count = count;
-  view.labels = labels;
-  if (sample_type == SampleType::kFloat32) {
-    view.features = reinterpret_cast<const float*>(samples);
-  } else {
-    view.samples = samples;
+// Reads the test set, starts the backend (resources.gpus > 0: cuda, device 0 of those the agent
+// gave us) and builds the model. Every error means bad data or spec (exit 2); its message is what
+// the trainer prints.
+absl::Status SetUp(const v1::JobSpec& spec, int train_classes, JobRegion& region,
+                   TrainingSetup& setup) {
+  const RingGeometry& geometry = region.geometry();
+  const v1::DatasetSpec& data = spec.dataset();
+  absl::StatusOr<LabeledSamples> test =
+      LoadDataset(TestDatasetFiles(spec, train_classes), data.test_limit());
+  if (!test.ok())
+    return absl::InvalidArgumentError(absl::StrCat("test set: ", test.status().message()));
+  if (test->sample_bytes != static_cast<int>(geometry.sample_bytes) ||
+      test->sample_type != geometry.sample_type) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(data.test_images(), ": samples of ", test->features, " ",
+                     SampleTypeName(test->sample_type), " values, but the training samples have ",
+                     geometry.sample_bytes / SampleTypeBytes(geometry.sample_type), " ",
+                     SampleTypeName(geometry.sample_type), " values"));
   }
-  return view;
-}
+  setup.test = std::move(*test);
 
-// Raises `heartbeats` after each batch: a long evaluation is work, not a hang.
-absl::StatusOr<EvalSummary> EvaluateTestSet(Model& model, const LabeledSamples& test,
-                                            int batch_size, std::atomic<uint64_t>& heartbeats) {
-  EvalResult total;
-  for (int64_t start = 0; start < test.count; start += batch_size) {
-    heartbeats.fetch_add(1, std::memory_order_relaxed);
-    const BatchView batch = MakeBatchView(
-        test.samples.data() + start * test.sample_bytes, test.labels.data() + start,
-        static_cast<int>(std::min<int64_t>(batch_size, test.count - start)), test.sample_type);
-    absl::StatusOr<EvalResult> result = model.Evaluate(batch);
-    if (!result.ok()) return result.status();
-    total.loss_sum += result->loss_sum;
-    total.correct += result->correct;
-    total.count += result->count;
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      absl::FailedPreconditionError("this trainer was built without the cuda backend");
+  if (spec.resources().gpus() > 0) {
+#ifdef STOKER_HAVE_CUDA
+    backend = CreateCudaBackend(0);
+    // Pin the ring so batches are copied by DMA straight out of their slots (best effort).
+    if (backend.ok()) (void)setup.pinned_ring.Register(region.mapped_base(), region.mapped_bytes());
+#endif
+  } else {
+    backend = CreateCpuBackend();
   }
-  if (total.count == 0) return EvalSummary{};
-  return EvalSummary{double(total.correct) / total.count, total.loss_sum / total.count};
+  if (!backend.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("backend: ", backend.status().message()));
+  }
+  setup.backend = std::move(*backend);
+  const int classes = std::max({2, train_classes, setup.test.classes});
+  absl::StatusOr<BuiltModel> built =
+      BuildModel(*setup.backend, spec, setup.test.sample_dims, classes);
+  if (!built.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("model: ", built.status().message()));
+  }
+  setup.built = std::move(*built);
+  return absl::OkStatus();
 }
 
 int Train(int region_fd, int events_fd, const std::string& job_path,
@@ -182,221 +193,48 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
   // Reading the test set, starting the device, building the model and loading a checkpoint are
   // work too: the agent's watchdog sees a heartbeat until the training loop beats on its own.
   std::optional<ScopedHeartbeat> starting(std::in_place, region.stats().heartbeats_total);
-  const RingGeometry& geometry = region.geometry();
 
-  // The test set is read once, up front; training batches come from the loaders.
-  const v1::DatasetSpec& data = spec.dataset();
-  absl::StatusOr<LabeledSamples> test =
-      LoadDataset(TestDatasetFiles(spec, train_classes), data.test_limit());
-  if (!test.ok()) {
-    std::cerr << "stoker-trainer: test set: " << test.status().message() << "\n";
+  TrainingSetup setup;
+  if (absl::Status s = SetUp(spec, train_classes, region, setup); !s.ok()) {
+    std::cerr << "stoker-trainer: " << s.message() << "\n";
     return kExitBadInput;
   }
-  if (test->sample_bytes != static_cast<int>(geometry.sample_bytes) ||
-      test->sample_type != geometry.sample_type) {
-    std::cerr << "stoker-trainer: " << data.test_images() << ": samples of " << test->features
-              << " " << SampleTypeName(test->sample_type)
-              << " values, but the training samples have "
-              << geometry.sample_bytes / SampleTypeBytes(geometry.sample_type) << " "
-              << SampleTypeName(geometry.sample_type) << " values\n";
-    return kExitBadInput;
-  }
+  Model& model = *setup.built.model;
+  events.Log(absl::StrCat("training on ", setup.backend->Name(), " in ",
+                          PrecisionName(setup.built.precision), ": ", setup.built.description));
 
-#ifdef STOKER_HAVE_CUDA
-  // Unpins the ring when Train returns: before `region` (declared above) unmaps it, and after
-  // the model (declared below), which copies out of it, is gone.
-  PinnedHostRegion pinned_ring;
-#endif
-  // resources.gpus > 0 trains on the cuda backend (device 0 of those the agent gave us).
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      absl::FailedPreconditionError("this trainer was built without the cuda backend");
-  bool pinned = false;
-  if (spec.resources().gpus() > 0) {
-#ifdef STOKER_HAVE_CUDA
-    backend = CreateCudaBackend(0);
-    // Pin the ring so batches are copied by DMA straight out of their slots.
-    pinned = backend.ok() && pinned_ring.Register(region.mapped_base(), region.mapped_bytes()).ok();
-#endif
-  } else {
-    backend = CreateCpuBackend();
-  }
-  if (!backend.ok()) {
-    std::cerr << "stoker-trainer: backend: " << backend.status().message() << "\n";
-    return kExitBadInput;
-  }
-  (void)pinned;
-  const int classes = std::max({2, train_classes, test->classes});
-  absl::StatusOr<BuiltModel> built = BuildModel(**backend, spec, test->sample_dims, classes);
-  if (!built.ok()) {
-    std::cerr << "stoker-trainer: model: " << built.status().message() << "\n";
-    return kExitBadInput;
-  }
-  std::unique_ptr<Model>* model = &built->model;
-  const int max_batch = spec.train().batch_size();
-  events.Log(absl::StrCat("training on ", (*backend)->Name(), " in ",
-                          PrecisionName(built->precision), ": ", built->description));
-
-  const int epochs = spec.train().epochs();
-  const uint64_t total_batches = geometry.total_batches;
-  const uint64_t batches_per_epoch = total_batches / epochs;
-  JobStats& stats = region.stats();
-
-  uint64_t first_batch = 0;
-  double last_accuracy = -1, last_test_loss = -1;
+  TrainingLoopOptions options;
+  options.optimizer = spec.train().optimizer();
+  options.epochs = spec.train().epochs();
+  options.eval_batch_size = spec.train().batch_size();
+  options.checkpoint_every_steps = static_cast<uint64_t>(spec.checkpoint().every_steps());
   if (!resume_path.empty()) {
-    absl::StatusOr<ResumePoint> resumed = LoadCheckpoint(resume_path, **model);
+    absl::StatusOr<ResumePoint> resumed = LoadCheckpoint(resume_path, model);
     if (!resumed.ok()) {
       std::cerr << "stoker-trainer: resume: " << resumed.status().message() << "\n";
       return kExitBadInput;
     }
-    first_batch = resumed->step;
-    last_accuracy = resumed->test_accuracy;
-    events.Log(absl::StrCat("resumed from the checkpoint at step ", first_batch, " (epoch ",
-                            first_batch / batches_per_epoch + 1, ")"));
+    options.first_batch = resumed->step;
+    options.test_accuracy = resumed->test_accuracy;
+    const uint64_t batches_per_epoch = region.geometry().total_batches / options.epochs;
+    events.Log(absl::StrCat("resumed from the checkpoint at step ", options.first_batch, " (epoch ",
+                            options.first_batch / batches_per_epoch + 1, ")"));
   }
-  uint64_t last_checkpoint_step = first_batch;  // the server holds this step (or nothing at 0)
-  auto checkpoint = [&](uint64_t step, int epoch) -> bool {
-    last_checkpoint_step = step;
-    if (checkpoint_path.empty()) return true;
-    absl::Status s;
-    {
-      const ScopedHeartbeat writing(stats.heartbeats_total);
-      s = SaveCheckpoint(checkpoint_path, *built, step, epoch, last_accuracy, spec);
-    }
-    if (!s.ok()) {
-      std::cerr << "stoker-trainer: checkpoint: " << s.message() << "\n";
-      return false;
-    }
-    v1::JobEvent event;
-    event.set_type(v1::EVENT_TYPE_CHECKPOINT);
-    event.mutable_progress()->set_step(static_cast<int64_t>(step));
-    event.mutable_progress()->set_epoch(epoch);
-    events.Write(event);
-    return true;
-  };
-  const uint64_t every_steps = static_cast<uint64_t>(spec.checkpoint().every_steps());
-
-  // Progress is reported once a second: loss and rate over the steps since the last report.
-  absl::Time window_start = absl::Now();
-  double window_loss = 0;
-  int64_t window_steps = 0, window_samples = 0;
-  uint64_t window_stall_ns = 0;
-  const absl::Time run_start = absl::Now();
-
-  auto progress_now = [&](uint64_t step, int epoch) {
-    v1::TrainingProgress p;
-    p.set_epoch(epoch);
-    p.set_epochs(epochs);
-    p.set_step(static_cast<int64_t>(step));
-    p.set_total_steps(static_cast<int64_t>(total_batches));
-    p.set_test_accuracy(last_accuracy);
-    p.set_test_loss(last_test_loss);
-    const double elapsed = absl::ToDoubleSeconds(absl::Now() - run_start);
-    if (step > first_batch) {
-      p.set_eta_seconds(elapsed / (step - first_batch) * (total_batches - step));
-    }
-    return p;
-  };
-
-  // The worker is shutting down: keep what was trained (a checkpoint at `step`, the batches
-  // before it done), then stop; the job resumes from there on another worker.
-  auto checkpoint_and_stop = [&](uint64_t step) -> int {
-    if (step > last_checkpoint_step) {
-      const int epoch = static_cast<int>((step - 1) / batches_per_epoch + 1);  // step's batch
-      if (!checkpoint(step, epoch)) return kExitFailure;
-    }
-    events.Log(absl::StrCat("stopped at step ", step, " for the worker's shutdown"));
-    return kExitStopped;
-  };
-
+  TrainingLoop::CheckpointWriter write_checkpoint;
+  if (!checkpoint_path.empty()) {
+    write_checkpoint = [&](uint64_t step, int epoch, double test_accuracy) {
+      return SaveCheckpoint(checkpoint_path, setup.built, step, epoch, test_accuracy, spec);
+    };
+  }
+  TrainingLoop loop(
+      region, model, setup.test, options, [&events](const v1::JobEvent& e) { events.Write(e); },
+      std::move(write_checkpoint));
   starting.reset();
-  for (uint64_t b = first_batch; b < total_batches; ++b) {
-    const int epoch = static_cast<int>(b / batches_per_epoch) + 1;
-    const absl::Time wait_start = absl::Now();
-    // Waits for a loader, looking for a shutdown each second. No heartbeat while it waits: a
-    // batch that no loader makes leaves the whole pipeline silent, and the agent's watchdog stops
-    // the attempt in tens of seconds, naming the batch and the loader that owes it.
-    absl::StatusOr<ReadableBatch> batch = absl::DeadlineExceededError("");
-    while (true) {
-      batch = region.WaitReadable(b, absl::Seconds(1));
-      if (batch.ok() || !absl::IsDeadlineExceeded(batch.status())) break;
-      if (region.CheckpointAndStopRequested()) return checkpoint_and_stop(b);
-    }
-    const absl::Time got_batch = absl::Now();
-    if (!batch.ok()) {
-      if (absl::IsCancelled(batch.status())) return kExitStopped;
-      std::cerr << "stoker-trainer: waiting for batch " << b << " (loader " << region.LoaderFor(b)
-                << "): " << batch.status().message() << "\n";
-      return kExitFailure;
-    }
-    const BatchView view = MakeBatchView(batch->samples, batch->labels,
-                                         static_cast<int>(batch->count), geometry.sample_type);
-    absl::StatusOr<StepResult> step =
-        (*model)->TrainStep(view, LearningRateAt(spec.train().optimizer(), b, total_batches));
-    region.Release(b);
-    stats.heartbeats_total.fetch_add(1, std::memory_order_relaxed);
-    const absl::Time step_done = absl::Now();
-    if (!step.ok()) {
-      std::cerr << "stoker-trainer: batch " << b << ": " << step.status().message() << "\n";
-      return kExitBadInput;
-    }
-    if (!std::isfinite(step->loss)) {
-      std::cerr << "stoker-trainer: the loss diverged (" << step->loss << ") at step " << b + 1
-                << "; lower train.optimizer.lr\n";
-      return kExitBadInput;
-    }
-    const uint64_t stall_ns = absl::ToInt64Nanoseconds(got_batch - wait_start);
-    stats.data_stall_ns_total.fetch_add(stall_ns);
-    stats.device_busy_ns_total.fetch_add(absl::ToInt64Nanoseconds(step_done - got_batch));
-    stats.samples_total.fetch_add(batch->count);
-    stats.steps_total.fetch_add(1);
-    stats.skipped_steps_total.fetch_add(step->skipped ? 1 : 0);
-    stats.epoch.store(epoch);
-    StoreDouble(stats.loss_bits, step->loss);
-    StoreDouble(stats.loss_scale_bits, step->loss_scale);
-    window_loss += step->loss;
-    window_steps += 1;
-    window_samples += batch->count;
-    window_stall_ns += stall_ns;
-
-    const bool epoch_end = (b + 1) % batches_per_epoch == 0;
-    if (!epoch_end && every_steps > 0 && (b + 1) % every_steps == 0 && !checkpoint(b + 1, epoch)) {
-      return kExitFailure;
-    }
-    const double window_seconds = absl::ToDoubleSeconds(step_done - window_start);
-    if (epoch_end || window_seconds >= 1.0) {
-      v1::TrainingProgress p = progress_now(b + 1, epoch);
-      p.set_loss(window_loss / window_steps);
-      p.set_samples_per_second(window_samples / std::max(window_seconds, 1e-9));
-      p.set_data_stall_ratio(std::min(1.0, window_stall_ns / 1e9 / std::max(window_seconds, 1e-9)));
-      if (epoch_end) {
-        absl::StatusOr<EvalSummary> eval =
-            EvaluateTestSet(**model, *test, max_batch, stats.heartbeats_total);
-        if (!eval.ok()) {
-          std::cerr << "stoker-trainer: evaluation: " << eval.status().message() << "\n";
-          return kExitBadInput;
-        }
-        last_accuracy = eval->accuracy;
-        last_test_loss = eval->loss;
-        StoreDouble(stats.eval_accuracy_bits, eval->accuracy);
-        p.set_test_accuracy(last_accuracy);
-        p.set_test_loss(last_test_loss);
-      }
-      v1::JobEvent event;
-      event.set_type(epoch_end ? v1::EVENT_TYPE_EPOCH : v1::EVENT_TYPE_PROGRESS);
-      *event.mutable_progress() = p;
-      events.Write(event);
-      if (epoch_end && !checkpoint(b + 1, epoch)) return kExitFailure;
-      window_start = absl::Now();
-      window_loss = 0;
-      window_steps = window_samples = 0;
-      window_stall_ns = 0;
-    }
-    if (b + 1 < total_batches && region.CheckpointAndStopRequested()) {
-      return checkpoint_and_stop(b + 1);
-    }
-  }
-  return kExitSuccess;
+  const absl::Status status = loop.Run();
+  if (status.ok()) return kExitSuccess;
+  if (absl::IsCancelled(status)) return kExitStopped;
+  std::cerr << "stoker-trainer: " << status.message() << "\n";
+  return absl::IsInvalidArgument(status) ? kExitBadInput : kExitFailure;
 }
 
 }  // namespace

@@ -1,0 +1,240 @@
+#include "worker/training_loop.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "data/heartbeat.h"
+
+namespace stoker {
+namespace {
+
+struct EvalSummary {
+  double accuracy = 0;
+  double loss = 0;
+};
+
+// Raises `heartbeats` after each batch: a long evaluation is work, not a hang.
+absl::StatusOr<EvalSummary> EvaluateTestSet(Model& model, const LabeledSamples& test,
+                                            int batch_size, std::atomic<uint64_t>& heartbeats) {
+  EvalResult total;
+  for (int64_t start = 0; start < test.count; start += batch_size) {
+    heartbeats.fetch_add(1, std::memory_order_relaxed);
+    const BatchView batch = MakeBatchView(
+        test.samples.data() + start * test.sample_bytes, test.labels.data() + start,
+        static_cast<int>(std::min<int64_t>(batch_size, test.count - start)), test.sample_type);
+    STOKER_ASSIGN_OR_RETURN(const EvalResult result, model.Evaluate(batch));
+    total.loss_sum += result.loss_sum;
+    total.correct += result.correct;
+    total.count += result.count;
+  }
+  if (total.count == 0) return EvalSummary{};
+  return EvalSummary{double(total.correct) / total.count, total.loss_sum / total.count};
+}
+
+}  // namespace
+
+double LearningRateAt(const v1::OptimizerSpec& optimizer, uint64_t step, uint64_t total_steps) {
+  const double base = optimizer.lr();
+  const uint64_t warmup = static_cast<uint64_t>(optimizer.warmup_steps());
+  if (step < warmup) return base * double(step + 1) / double(warmup);
+  if (optimizer.lr_schedule() != "cosine" || total_steps <= warmup) return base;
+  const double progress = double(step - warmup) / double(total_steps - warmup);
+  return base * 0.5 * (1.0 + std::cos(M_PI * progress));
+}
+
+BatchView MakeBatchView(const uint8_t* samples, const uint8_t* labels, int count,
+                        SampleType sample_type) {
+  BatchView view;
+  view.count = count;
+  view.labels = labels;
+  if (sample_type == SampleType::kFloat32) {
+    view.features = reinterpret_cast<const float*>(samples);
+  } else {
+    view.samples = samples;
+  }
+  return view;
+}
+
+TrainingLoop::TrainingLoop(JobRegion& region, Model& model, const LabeledSamples& test,
+                           TrainingLoopOptions options, EventSink events,
+                           CheckpointWriter checkpoint)
+    : region_(region),
+      model_(model),
+      test_(test),
+      options_(std::move(options)),
+      events_(std::move(events)),
+      checkpoint_(std::move(checkpoint)),
+      total_batches_(region.geometry().total_batches),
+      batches_per_epoch_(total_batches_ / std::max(options_.epochs, 1)),
+      run_start_(absl::Now()),
+      last_accuracy_(options_.test_accuracy),
+      last_checkpoint_step_(options_.first_batch),
+      window_start_(run_start_) {}
+
+absl::Status TrainingLoop::Run() {
+  for (uint64_t b = options_.first_batch; b < total_batches_; ++b) {
+    const absl::Time wait_start = absl::Now();
+    STOKER_ASSIGN_OR_RETURN(const ReadableBatch batch, WaitForBatch(b));
+    STOKER_RETURN_IF_ERROR(Step(b, batch, wait_start, absl::Now()));
+    if (b + 1 < total_batches_ && region_.CheckpointAndStopRequested()) {
+      return CheckpointAndStop(b + 1);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReadableBatch> TrainingLoop::WaitForBatch(uint64_t batch) {
+  // Waits for a loader, looking for a shutdown each second. No heartbeat while it waits: a batch
+  // that no loader makes leaves the whole pipeline silent, and the agent's watchdog stops the
+  // attempt in tens of seconds, naming the batch and the loader that owes it.
+  while (true) {
+    absl::StatusOr<ReadableBatch> readable = region_.WaitReadable(batch, absl::Seconds(1));
+    if (readable.ok() || absl::IsCancelled(readable.status())) return readable;
+    if (!absl::IsDeadlineExceeded(readable.status())) {
+      return absl::InternalError(absl::StrCat("waiting for batch ", batch, " (loader ",
+                                              region_.LoaderFor(batch),
+                                              "): ", readable.status().message()));
+    }
+    if (region_.CheckpointAndStopRequested()) return CheckpointAndStop(batch);
+  }
+}
+
+absl::Status TrainingLoop::Step(uint64_t batch, const ReadableBatch& readable,
+                                absl::Time wait_start, absl::Time got_batch) {
+  const int epoch = EpochOf(batch);
+  const BatchView view =
+      MakeBatchView(readable.samples, readable.labels, static_cast<int>(readable.count),
+                    region_.geometry().sample_type);
+  absl::StatusOr<StepResult> step =
+      model_.TrainStep(view, LearningRateAt(options_.optimizer, batch, total_batches_));
+  region_.Release(batch);
+  JobStats& stats = region_.stats();
+  stats.heartbeats_total.fetch_add(1, std::memory_order_relaxed);
+  const absl::Time step_done = absl::Now();
+  if (!step.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", batch, ": ", step.status().message()));
+  }
+  if (!std::isfinite(step->loss)) {
+    std::ostringstream message;  // prints the loss as the trainer always has ("nan", "-nan", "inf")
+    message << "the loss diverged (" << step->loss << ") at step " << batch + 1
+            << "; lower train.optimizer.lr";
+    return absl::InvalidArgumentError(message.str());
+  }
+  const uint64_t stall_ns = absl::ToInt64Nanoseconds(got_batch - wait_start);
+  stats.data_stall_ns_total.fetch_add(stall_ns);
+  stats.device_busy_ns_total.fetch_add(absl::ToInt64Nanoseconds(step_done - got_batch));
+  stats.samples_total.fetch_add(readable.count);
+  stats.steps_total.fetch_add(1);
+  stats.skipped_steps_total.fetch_add(step->skipped ? 1 : 0);
+  stats.epoch.store(epoch);
+  StoreDouble(stats.loss_bits, step->loss);
+  StoreDouble(stats.loss_scale_bits, step->loss_scale);
+  window_loss_ += step->loss;
+  window_steps_ += 1;
+  window_samples_ += readable.count;
+  window_stall_ns_ += stall_ns;
+
+  const uint64_t done = batch + 1;
+  if (done % batches_per_epoch_ == 0) return EndOfEpoch(done, epoch, step_done);
+  const uint64_t every = options_.checkpoint_every_steps;
+  if (every > 0 && done % every == 0) STOKER_RETURN_IF_ERROR(Checkpoint(done, epoch));
+  if (step_done - window_start_ >= options_.report_interval) Report(done, epoch, step_done);
+  return absl::OkStatus();
+}
+
+absl::Status TrainingLoop::EndOfEpoch(uint64_t step, int epoch, absl::Time now) {
+  v1::TrainingProgress progress = WindowProgress(step, epoch, now);
+  absl::StatusOr<EvalSummary> eval =
+      EvaluateTestSet(model_, test_, options_.eval_batch_size, region_.stats().heartbeats_total);
+  if (!eval.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("evaluation: ", eval.status().message()));
+  }
+  last_accuracy_ = eval->accuracy;
+  last_test_loss_ = eval->loss;
+  StoreDouble(region_.stats().eval_accuracy_bits, eval->accuracy);
+  progress.set_test_accuracy(last_accuracy_);
+  progress.set_test_loss(last_test_loss_);
+  v1::JobEvent event;
+  event.set_type(v1::EVENT_TYPE_EPOCH);
+  *event.mutable_progress() = std::move(progress);
+  events_(event);
+  STOKER_RETURN_IF_ERROR(Checkpoint(step, epoch));
+  StartWindow();
+  return absl::OkStatus();
+}
+
+void TrainingLoop::Report(uint64_t step, int epoch, absl::Time now) {
+  v1::JobEvent event;
+  event.set_type(v1::EVENT_TYPE_PROGRESS);
+  *event.mutable_progress() = WindowProgress(step, epoch, now);
+  events_(event);
+  StartWindow();
+}
+
+absl::Status TrainingLoop::Checkpoint(uint64_t step, int epoch) {
+  last_checkpoint_step_ = step;
+  if (!checkpoint_) return absl::OkStatus();
+  absl::Status written;
+  {
+    const ScopedHeartbeat writing(region_.stats().heartbeats_total);
+    written = checkpoint_(step, epoch, last_accuracy_);
+  }
+  if (!written.ok()) return absl::InternalError(absl::StrCat("checkpoint: ", written.message()));
+  v1::JobEvent event;
+  event.set_type(v1::EVENT_TYPE_CHECKPOINT);
+  event.mutable_progress()->set_step(static_cast<int64_t>(step));
+  event.mutable_progress()->set_epoch(epoch);
+  events_(event);
+  return absl::OkStatus();
+}
+
+absl::Status TrainingLoop::CheckpointAndStop(uint64_t step) {
+  // The worker is shutting down: keep what was trained (a checkpoint at `step`, the batches
+  // before it done), then stop; the job resumes from there on another worker.
+  if (step > last_checkpoint_step_) {
+    STOKER_RETURN_IF_ERROR(Checkpoint(step, EpochOf(step - 1)));  // the epoch of step's batch
+  }
+  const std::string message = absl::StrCat("stopped at step ", step, " for the worker's shutdown");
+  Log(message);
+  return absl::CancelledError(message);
+}
+
+v1::TrainingProgress TrainingLoop::WindowProgress(uint64_t step, int epoch, absl::Time now) const {
+  v1::TrainingProgress p;
+  p.set_epoch(epoch);
+  p.set_epochs(options_.epochs);
+  p.set_step(static_cast<int64_t>(step));
+  p.set_total_steps(static_cast<int64_t>(total_batches_));
+  p.set_test_accuracy(last_accuracy_);
+  p.set_test_loss(last_test_loss_);
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - run_start_);
+  if (step > options_.first_batch) {
+    p.set_eta_seconds(elapsed / (step - options_.first_batch) * (total_batches_ - step));
+  }
+  const double window_seconds = std::max(absl::ToDoubleSeconds(now - window_start_), 1e-9);
+  p.set_loss(window_loss_ / window_steps_);
+  p.set_samples_per_second(window_samples_ / window_seconds);
+  p.set_data_stall_ratio(std::min(1.0, window_stall_ns_ / 1e9 / window_seconds));
+  return p;
+}
+
+void TrainingLoop::StartWindow() {
+  window_start_ = absl::Now();
+  window_loss_ = 0;
+  window_steps_ = window_samples_ = 0;
+  window_stall_ns_ = 0;
+}
+
+void TrainingLoop::Log(const std::string& message) {
+  v1::JobEvent event;
+  event.set_type(v1::EVENT_TYPE_LOG);
+  event.set_message(message);
+  events_(event);
+}
+
+}  // namespace stoker

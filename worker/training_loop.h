@@ -1,0 +1,111 @@
+// The trainer's loop: consumes the job's batches in order from the ring (JobRegion), takes an
+// optimizer step with each, and at every epoch's end evaluates on the test set, reports the
+// epoch and writes a checkpoint; in between it reports progress about once a second. A worker
+// shutting down (JobRegion::RequestCheckpointAndStop) makes it checkpoint the step it reached and
+// stop. stoker-trainer (trainer_main.cc) builds the model and runs this; everything the loop does
+// goes through the region, the model, an event sink and a checkpoint writer, so a test runs it in
+// one process.
+#ifndef STOKER_WORKER_TRAINING_LOOP_H_
+#define STOKER_WORKER_TRAINING_LOOP_H_
+
+#include <cstdint>
+#include <functional>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "data/dataset.h"
+#include "data/job_region.h"
+#include "engine/backend.h"
+#include "stoker.pb.h"
+
+namespace stoker {
+
+// Learning rate for step `step` (0-based) of `total_steps`: linear warm-up over
+// optimizer.warmup_steps, then constant or (lr_schedule "cosine") cosine decay to 0 at the end.
+double LearningRateAt(const v1::OptimizerSpec& optimizer, uint64_t step, uint64_t total_steps);
+
+// A batch of `count` samples at `samples` for the model: uint8 pixels, or float32 features.
+BatchView MakeBatchView(const uint8_t* samples, const uint8_t* labels, int count,
+                        SampleType sample_type);
+
+struct TrainingLoopOptions {
+  v1::OptimizerSpec optimizer;  // the learning-rate schedule (lr, warmup_steps, lr_schedule)
+  int epochs = 1;               // the ring's total_batches split evenly into this many epochs
+  int eval_batch_size = 128;    // test-set batches (at most the model's max_batch)
+  uint64_t checkpoint_every_steps = 0;  // also checkpoint after every N-th step (0 = epochs only)
+  // Resuming: the first batch to train on (the region must start there, JobRegion::StartAt), and
+  // the test accuracy the checkpoint held (-1 = none), reported until the next evaluation.
+  uint64_t first_batch = 0;
+  double test_accuracy = -1;
+  // Progress is reported when at least this much time has passed since the last report.
+  absl::Duration report_interval = absl::Seconds(1);
+};
+
+class TrainingLoop {
+ public:
+  // Receives every event: PROGRESS (loss, samples/s, data-stall ratio over the steps since the
+  // last report), EPOCH (the same, with test accuracy and loss), CHECKPOINT (step, epoch), LOG.
+  using EventSink = std::function<void(const v1::JobEvent&)>;
+  // Writes a checkpoint of the model at `step` (batches done) in `epoch` (1-based) with the last
+  // test accuracy (-1 = none yet). Null: checkpoints are only counted, never written or reported.
+  using CheckpointWriter =
+      std::function<absl::Status(uint64_t step, int epoch, double test_accuracy)>;
+
+  // `region`, `model` and `test` must outlive the loop. The loop is the region's consumer: it
+  // waits for and releases its batches and raises its counters (steps, samples, stall and busy
+  // time, loss, epoch, accuracy, heartbeats).
+  TrainingLoop(JobRegion& region, Model& model, const LabeledSamples& test,
+               TrainingLoopOptions options, EventSink events, CheckpointWriter checkpoint);
+
+  // Trains from options.first_batch to the ring's last batch. OK when every batch was trained on
+  // (and the last epoch evaluated and checkpointed). CANCELLED when it stopped early: the region's
+  // stop flag while it waited, or a checkpoint-and-stop request after a checkpoint at the step it
+  // reached (logged as "stopped at step N for the worker's shutdown"). INVALID_ARGUMENT when the
+  // job cannot train and a retry cannot help: the model refused a batch ("batch B: ..."), the
+  // loss diverged ("the loss diverged (nan) at step N; lower train.optimizer.lr"), or the
+  // evaluation failed ("evaluation: ..."). INTERNAL for what a retry may fix: a batch that cannot
+  // be read ("waiting for batch B (loader K): ...") or a checkpoint that cannot be written
+  // ("checkpoint: ...").
+  absl::Status Run();
+
+ private:
+  // The named steps of Run.
+  absl::StatusOr<ReadableBatch> WaitForBatch(uint64_t batch);
+  absl::Status Step(uint64_t batch, const ReadableBatch& readable, absl::Time wait_start,
+                    absl::Time got_batch);
+  absl::Status EndOfEpoch(uint64_t step, int epoch, absl::Time now);
+  void Report(uint64_t step, int epoch, absl::Time now);
+  absl::Status Checkpoint(uint64_t step, int epoch);
+  // Never OK: CANCELLED once stopped, or the checkpoint's error.
+  absl::Status CheckpointAndStop(uint64_t step);
+
+  int EpochOf(uint64_t batch) const { return static_cast<int>(batch / batches_per_epoch_) + 1; }
+  // The progress of the window that ends at `now`, after `step` batches.
+  v1::TrainingProgress WindowProgress(uint64_t step, int epoch, absl::Time now) const;
+  void StartWindow();
+  void Log(const std::string& message);
+
+  JobRegion& region_;
+  Model& model_;
+  const LabeledSamples& test_;
+  const TrainingLoopOptions options_;
+  EventSink events_;
+  CheckpointWriter checkpoint_;
+  const uint64_t total_batches_;
+  const uint64_t batches_per_epoch_;
+  const absl::Time run_start_;
+
+  double last_accuracy_;
+  double last_test_loss_ = -1;
+  uint64_t last_checkpoint_step_;  // the server holds this step (or nothing at 0)
+  // Since the last report: loss, steps, samples and time spent waiting for data.
+  absl::Time window_start_;
+  double window_loss_ = 0;
+  int64_t window_steps_ = 0, window_samples_ = 0;
+  uint64_t window_stall_ns_ = 0;
+};
+
+}  // namespace stoker
+
+#endif  // STOKER_WORKER_TRAINING_LOOP_H_
