@@ -297,33 +297,39 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   return outcome;
 }
 
+absl::StatusOr<pid_t> JobRunner::StartTrainer(JobRegion& region, int events_fd,
+                                              const std::string& job_file,
+                                              const std::string& resume_checkpoint, int classes,
+                                              const std::string& log_path) {
+  std::vector<std::string> argv = {options_.trainer_path,
+                                   "--region-fd",
+                                   absl::StrCat(region.fd()),
+                                   "--events-fd",
+                                   absl::StrCat(events_fd),
+                                   "--job",
+                                   job_file,
+                                   "--checkpoint",
+                                   checkpoint_path(),
+                                   "--parent-pid",
+                                   absl::StrCat(getpid()),
+                                   "--classes",
+                                   absl::StrCat(classes)};
+  if (!resume_checkpoint.empty()) {
+    argv.push_back("--resume");
+    argv.push_back(resume_checkpoint);
+  }
+  return Spawn({argv, {region.fd(), events_fd}, log_path});
+}
+
 AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_file,
                                     const std::string& resume_checkpoint, int loader_count,
                                     int classes) {
   const std::string& dir = dir_;
-  const std::string region_fd = absl::StrCat(region.fd());
   int event_pipe[2];
   if (pipe2(event_pipe, O_CLOEXEC) != 0) return Failed("cannot create the event pipe", false);
-
   const std::string trainer_log = dir + "/trainer.log";
-  std::vector<std::string> trainer_argv = {options_.trainer_path,
-                                           "--region-fd",
-                                           region_fd,
-                                           "--events-fd",
-                                           absl::StrCat(event_pipe[1]),
-                                           "--job",
-                                           job_file,
-                                           "--checkpoint",
-                                           checkpoint_path(),
-                                           "--parent-pid",
-                                           absl::StrCat(getpid()),
-                                           "--classes",
-                                           absl::StrCat(classes)};
-  if (!resume_checkpoint.empty()) {
-    trainer_argv.push_back("--resume");
-    trainer_argv.push_back(resume_checkpoint);
-  }
-  absl::StatusOr<pid_t> trainer = Spawn({trainer_argv, {region.fd(), event_pipe[1]}, trainer_log});
+  absl::StatusOr<pid_t> trainer =
+      StartTrainer(region, event_pipe[1], job_file, resume_checkpoint, classes, trainer_log);
   close(event_pipe[1]);
   if (!trainer.ok()) {
     close(event_pipe[0]);
