@@ -1,0 +1,232 @@
+// The agent against a real stoker-server on loopback (a child process with its own state
+// directory): registration and heartbeats, an assignment run to completion through real trainer
+// and loader processes, and the refusals that end Run (a bad token, a worker id in use).
+#include "worker/agent.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "spec/job_spec.h"
+#include "stoker.grpc.pb.h"
+#include "worker/process.h"
+
+namespace stoker {
+namespace {
+
+constexpr char kToken[] = "agent-test-token-0123456789";
+
+// A stoker-server on a free loopback port, stopped and removed with its directory at the end.
+class Server {
+ public:
+  explicit Server(bool with_token = false) {
+    std::string pattern = "/tmp/stoker-agent-test-XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) ADD_FAILURE() << "mkdtemp";
+    dir_ = pattern;
+    const std::string port_file = dir_ + "/server.port";
+    std::vector<std::string> argv = {STOKER_SERVER_PATH, "--listen",    "127.0.0.1:0",
+                                     "--state-dir",      dir_ + "/srv", "--port-file",
+                                     port_file,          "--data-root", "/usr/share/datasets"};
+    if (with_token) {
+      std::ofstream(dir_ + "/token") << kToken << "\n";
+      argv.insert(argv.end(), {"--token-file", dir_ + "/token"});
+    }
+    absl::StatusOr<pid_t> pid = Spawn({argv, {}, dir_ + "/server.log"});
+    EXPECT_TRUE(pid.ok()) << pid.status();
+    if (pid.ok()) pid_ = *pid;
+    for (int i = 0; i < 1000 && !std::filesystem::exists(port_file); ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    std::ifstream(port_file) >> port_;
+    EXPECT_GT(port_, 0) << "stoker-server did not start: "
+                        << TailOfFile(dir_ + "/server.log", 2000);
+    jobs_ =
+        v1::JobService::NewStub(grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+  }
+  ~Server() {
+    if (pid_ > 0) Terminate(pid_, absl::Seconds(5));
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  const std::string& dir() const { return dir_; }
+
+  std::vector<v1::WorkerStatus> Workers() {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));
+    v1::ListWorkersResponse response;
+    const grpc::Status status = jobs_->ListWorkers(&context, {}, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return {response.workers().begin(), response.workers().end()};
+  }
+  v1::Job Submit(const v1::JobSpec& spec) {
+    grpc::ClientContext context;
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = spec;
+    v1::SubmitJobResponse response;
+    const grpc::Status status = jobs_->SubmitJob(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response.job();
+  }
+  v1::Job Get(const std::string& job_id) {
+    grpc::ClientContext context;
+    v1::GetJobRequest request;
+    request.set_job_id(job_id);
+    v1::Job job;
+    const grpc::Status status = jobs_->GetJob(&context, request, &job);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return job;
+  }
+
+ private:
+  std::string dir_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+};
+
+AgentOptions Options(const Server& server, const std::string& worker_id) {
+  AgentOptions options;
+  options.server_address = server.address();
+  options.worker_id = worker_id;
+  options.instance = absl::StrCat(worker_id, "-instance");
+  options.runner.trainer_path = STOKER_TRAINER_PATH;
+  options.runner.loader_path = STOKER_LOADER_PATH;
+  options.runner.work_dir = absl::StrCat(server.dir(), "/", worker_id);
+  options.runner.data_root = "/usr/share/datasets";
+  options.runner.cpu_count = 1;
+  return options;
+}
+
+// Runs an agent on a thread of its own until the test stops it.
+class RunningAgent {
+ public:
+  explicit RunningAgent(AgentOptions options)
+      : agent_(std::move(options), nullptr), thread_([this] { result_ = agent_.Run(stop_); }) {}
+  ~RunningAgent() { Stop(); }
+  // Asks Run to return (draining what runs) and waits for it; Run's result.
+  bool Stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+    return result_;
+  }
+
+ private:
+  Agent agent_;
+  std::atomic<bool> stop_{false};
+  bool result_ = false;
+  std::thread thread_;  // last: starts after the members it uses exist
+};
+
+template <typename Predicate>
+bool WaitUntil(Predicate predicate, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!predicate()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return true;
+}
+
+TEST(AgentTest, RegistersItsDevicesAndKeepsItsLeaseWithHeartbeats) {
+  Server server;
+  RunningAgent agent(Options(server, "agent-a"));
+  std::vector<v1::WorkerStatus> workers;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        workers = server.Workers();
+        return workers.size() == 1;
+      },
+      absl::Seconds(10)));
+  EXPECT_EQ(workers[0].worker_id(), "agent-a");
+  EXPECT_EQ(workers[0].state(), "alive");
+  ASSERT_GE(workers[0].devices_size(), 1);
+  EXPECT_EQ(workers[0].devices(0).kind(), "cpu");
+  // Beyond the 10 s lease is too slow for a unit test; a few heartbeat intervals must show the
+  // age reset again and again.
+  for (int i = 0; i < 3; ++i) {
+    absl::SleepFor(absl::Milliseconds(1500));
+    workers = server.Workers();
+    ASSERT_EQ(workers.size(), 1u);
+    EXPECT_EQ(workers[0].state(), "alive");
+    EXPECT_LT(workers[0].heartbeat_age_ms(), 1500) << "heartbeats come every second";
+  }
+  EXPECT_TRUE(agent.Stop()) << "a stop is a clean end";
+}
+
+TEST(AgentTest, RunsAnAssignmentToCompletion) {
+  Server server;
+  v1::JobSpec spec = DefaultJobSpec();
+  spec.set_name("agent-test");
+  v1::DatasetSpec* data = spec.mutable_dataset();
+  data->set_train_images("fashion-mnist/train-images-idx3-ubyte.gz");
+  data->set_train_labels("fashion-mnist/train-labels-idx1-ubyte.gz");
+  data->set_test_images("fashion-mnist/t10k-images-idx3-ubyte.gz");
+  data->set_test_labels("fashion-mnist/t10k-labels-idx1-ubyte.gz");
+  data->set_train_limit(512);
+  data->set_test_limit(256);
+  spec.mutable_model()->add_hidden(32);
+  spec.mutable_train()->set_epochs(1);
+  spec.mutable_train()->set_batch_size(64);
+  spec.mutable_loader()->set_processes(1);
+  const v1::Job submitted = server.Submit(spec);
+  ASSERT_FALSE(submitted.id().empty());
+
+  RunningAgent agent(Options(server, "agent-b"));
+  v1::Job job;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        job = server.Get(submitted.id());
+        return job.state() != v1::JOB_STATE_QUEUED && job.state() != v1::JOB_STATE_RUNNING;
+      },
+      absl::Seconds(25)))
+      << "job still " << v1::JobState_Name(job.state());
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.DebugString();
+  EXPECT_EQ(job.worker_id(), "agent-b");
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_EQ(job.progress().step(), 8) << "512 samples in batches of 64";
+  EXPECT_GT(job.progress().test_accuracy(), 0) << "the epoch's report reached the server";
+  EXPECT_EQ(job.checkpoint_step(), 8) << "the agent uploaded the final weights";
+  EXPECT_TRUE(agent.Stop());
+}
+
+TEST(AgentTest, RunEndsFalseWhenTheServerRefusesItsToken) {
+  Server server(/*with_token=*/true);
+  AgentOptions options = Options(server, "agent-c");
+  options.token = "not-the-token-0123456789";
+  Agent agent(std::move(options), nullptr);
+  const std::atomic<bool> stop{false};
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(agent.Run(stop)) << "nothing this agent does can work";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "refused at once, not retried";
+  EXPECT_TRUE(server.Workers().empty());
+}
+
+TEST(AgentTest, RunEndsFalseWhileAnotherLiveInstanceHoldsTheWorkerId) {
+  Server server;
+  RunningAgent first(Options(server, "agent-d"));
+  ASSERT_TRUE(WaitUntil([&] { return server.Workers().size() == 1; }, absl::Seconds(10)));
+  AgentOptions options = Options(server, "agent-d");
+  options.instance = "another-instance";
+  options.runner.work_dir += "-second";
+  Agent second(std::move(options), nullptr);
+  const std::atomic<bool> stop{false};
+  EXPECT_FALSE(second.Run(stop));
+  EXPECT_TRUE(first.Stop()) << "the first instance keeps the id";
+}
+
+}  // namespace
+}  // namespace stoker
