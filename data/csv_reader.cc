@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "data/dataset_internal.h"
 #include "data/file_bytes.h"
 
@@ -181,7 +182,7 @@ absl::StatusOr<LabeledSamples> ParseCsv(const std::string& name, absl::string_vi
     if (options.limit > 0 && out.count >= options.limit) break;
   }
   if (columns == 0) return absl::InvalidArgumentError(absl::StrCat(name, ": no rows"));
-  if (absl::Status s = FinishLabeledSamples(name, out); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(FinishLabeledSamples(name, out));
   return out;
 }
 

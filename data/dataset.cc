@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "data/csv_reader.h"
 #include "data/dataset_internal.h"
 #include "data/npy_reader.h"
@@ -83,33 +84,28 @@ absl::StatusOr<NpyShape> NpySamplesShape(const std::string& path, const NpyHeade
 int64_t Limited(int64_t count, int64_t limit) { return limit > 0 ? std::min(count, limit) : count; }
 
 absl::StatusOr<LabeledSamples> LoadNpyDataset(const DatasetFiles& files, int64_t limit) {
-  absl::StatusOr<NpyArray> samples = ReadNpyFile(files.samples_path);
-  if (!samples.ok()) return samples.status();
-  absl::StatusOr<NpyShape> shape = NpySamplesShape(files.samples_path, samples->header);
-  if (!shape.ok()) return shape.status();
-  absl::StatusOr<NpyArray> labels_array = ReadNpyFile(files.labels_path);
-  if (!labels_array.ok()) return labels_array.status();
-  absl::StatusOr<std::vector<uint8_t>> labels = NpyLabels(files.labels_path, *labels_array);
-  if (!labels.ok()) return labels.status();
-  if (static_cast<int64_t>(labels->size()) != shape->count) {
+  STOKER_ASSIGN_OR_RETURN(NpyArray samples, ReadNpyFile(files.samples_path));
+  STOKER_ASSIGN_OR_RETURN(NpyShape shape, NpySamplesShape(files.samples_path, samples.header));
+  STOKER_ASSIGN_OR_RETURN(NpyArray labels_array, ReadNpyFile(files.labels_path));
+  STOKER_ASSIGN_OR_RETURN(std::vector<uint8_t> labels, NpyLabels(files.labels_path, labels_array));
+  if (static_cast<int64_t>(labels.size()) != shape.count) {
     return absl::InvalidArgumentError(
-        absl::StrCat("sample count mismatch: ", files.samples_path, " holds ", shape->count,
-                     " samples but ", files.labels_path, " holds ", labels->size(), " labels"));
+        absl::StrCat("sample count mismatch: ", files.samples_path, " holds ", shape.count,
+                     " samples but ", files.labels_path, " holds ", labels.size(), " labels"));
   }
   LabeledSamples out;
-  out.sample_type = shape->type;
-  out.sample_dims = shape->dims;
-  absl::StatusOr<int> features =
-      FeatureCount(files.samples_path, out.sample_dims, SampleTypeBytes(out.sample_type));
-  if (!features.ok()) return features.status();
-  out.features = *features;
-  out.sample_bytes = *features * SampleTypeBytes(out.sample_type);
-  out.count = Limited(shape->count, limit);
-  samples->data.resize(static_cast<size_t>(out.count) * out.sample_bytes);
-  labels->resize(static_cast<size_t>(out.count));
-  out.samples = std::move(samples->data);
-  out.labels = *std::move(labels);
-  if (absl::Status s = FinishLabeledSamples(files.samples_path, out); !s.ok()) return s;
+  out.sample_type = shape.type;
+  out.sample_dims = shape.dims;
+  STOKER_ASSIGN_OR_RETURN(int features, FeatureCount(files.samples_path, out.sample_dims,
+                                                     SampleTypeBytes(out.sample_type)));
+  out.features = features;
+  out.sample_bytes = features * SampleTypeBytes(out.sample_type);
+  out.count = Limited(shape.count, limit);
+  samples.data.resize(static_cast<size_t>(out.count) * out.sample_bytes);
+  labels.resize(static_cast<size_t>(out.count));
+  out.samples = std::move(samples.data);
+  out.labels = std::move(labels);
+  STOKER_RETURN_IF_ERROR(FinishLabeledSamples(files.samples_path, out));
   return out;
 }
 
@@ -187,10 +183,9 @@ absl::Status FinishLabeledSamples(const std::string& path, LabeledSamples& data)
 }
 
 absl::StatusOr<LabeledSamples> LoadDataset(const DatasetFiles& files, int64_t limit) {
-  absl::StatusOr<Format> format = ParseFormat(files);
-  if (!format.ok()) return format.status();
+  STOKER_ASSIGN_OR_RETURN(Format format, ParseFormat(files));
   absl::StatusOr<LabeledSamples> data = absl::InternalError("unreachable");
-  switch (*format) {
+  switch (format) {
     case Format::kIdx:
       data = LoadIdxDataset(files.samples_path, files.labels_path, limit);
       break;
@@ -202,80 +197,70 @@ absl::StatusOr<LabeledSamples> LoadDataset(const DatasetFiles& files, int64_t li
       break;
   }
   if (!data.ok()) return data;
-  absl::StatusOr<int> classes = CountClasses(files, data->labels, data->count);
-  if (!classes.ok()) return classes.status();
-  data->classes = *classes;
+  STOKER_ASSIGN_OR_RETURN(int classes, CountClasses(files, data->labels, data->count));
+  data->classes = classes;
   return data;
 }
 
 absl::StatusOr<DatasetSummary> ProbeDatasetFiles(const DatasetFiles& files, int64_t limit) {
-  absl::StatusOr<Format> format = ParseFormat(files);
-  if (!format.ok()) return format.status();
+  STOKER_ASSIGN_OR_RETURN(Format format, ParseFormat(files));
   DatasetSummary summary;
-  if (*format == Format::kCsv) {
-    absl::StatusOr<LabeledSamples> data = LoadDataset(files, limit);
-    if (!data.ok()) return data.status();
-    summary.count = data->count;
-    summary.sample_type = data->sample_type;
-    summary.features = data->features;
-    summary.sample_bytes = data->sample_bytes;
-    summary.sample_dims = data->sample_dims;
-    summary.classes = data->classes;
+  if (format == Format::kCsv) {
+    STOKER_ASSIGN_OR_RETURN(LabeledSamples data, LoadDataset(files, limit));
+    summary.count = data.count;
+    summary.sample_type = data.sample_type;
+    summary.features = data.features;
+    summary.sample_bytes = data.sample_bytes;
+    summary.sample_dims = data.sample_dims;
+    summary.classes = data.classes;
     return summary;
   }
   int64_t count = 0;
   std::vector<uint8_t> labels;
-  if (*format == Format::kIdx) {
-    absl::StatusOr<std::vector<int>> dims = ReadIdxHeaderDims(files.samples_path);
-    if (!dims.ok()) return dims.status();
-    if (dims->size() < 2) {
+  if (format == Format::kIdx) {
+    STOKER_ASSIGN_OR_RETURN(std::vector<int> dims, ReadIdxHeaderDims(files.samples_path));
+    if (dims.size() < 2) {
       return absl::InvalidArgumentError(
-          absl::StrCat(files.samples_path, ": images file has ", dims->size(),
+          absl::StrCat(files.samples_path, ": images file has ", dims.size(),
                        " dimension(s); expected a count followed by sample dimensions"));
     }
-    count = (*dims)[0];
+    count = dims[0];
     summary.sample_type = SampleType::kUint8;
-    summary.sample_dims.assign(dims->begin() + 1, dims->end());
+    summary.sample_dims.assign(dims.begin() + 1, dims.end());
     // Labels are small: read them whole to count the classes.
-    absl::StatusOr<IdxArray> label_array = ReadIdxFile(files.labels_path);
-    if (!label_array.ok()) return label_array.status();
-    if (label_array->dims.size() != 1) {
+    STOKER_ASSIGN_OR_RETURN(IdxArray label_array, ReadIdxFile(files.labels_path));
+    if (label_array.dims.size() != 1) {
       return absl::InvalidArgumentError(absl::StrCat(files.labels_path, ": labels file has ",
-                                                     label_array->dims.size(),
+                                                     label_array.dims.size(),
                                                      " dimensions; expected 1 (magic 0x00000801)"));
     }
-    labels = std::move(label_array->data);
+    labels = std::move(label_array.data);
   } else {
-    absl::StatusOr<NpyHeader> header = ReadNpyFileHeader(files.samples_path);
-    if (!header.ok()) return header.status();
-    absl::StatusOr<NpyShape> shape = NpySamplesShape(files.samples_path, *header);
-    if (!shape.ok()) return shape.status();
-    count = shape->count;
-    summary.sample_type = shape->type;
-    summary.sample_dims = shape->dims;
-    absl::StatusOr<NpyArray> label_array = ReadNpyFile(files.labels_path);
-    if (!label_array.ok()) return label_array.status();
-    absl::StatusOr<std::vector<uint8_t>> npy_labels = NpyLabels(files.labels_path, *label_array);
-    if (!npy_labels.ok()) return npy_labels.status();
-    labels = *std::move(npy_labels);
+    STOKER_ASSIGN_OR_RETURN(NpyHeader header, ReadNpyFileHeader(files.samples_path));
+    STOKER_ASSIGN_OR_RETURN(NpyShape shape, NpySamplesShape(files.samples_path, header));
+    count = shape.count;
+    summary.sample_type = shape.type;
+    summary.sample_dims = shape.dims;
+    STOKER_ASSIGN_OR_RETURN(NpyArray label_array, ReadNpyFile(files.labels_path));
+    STOKER_ASSIGN_OR_RETURN(std::vector<uint8_t> npy_labels,
+                            NpyLabels(files.labels_path, label_array));
+    labels = std::move(npy_labels);
   }
   if (static_cast<int64_t>(labels.size()) != count) {
     return absl::InvalidArgumentError(
         absl::StrCat("sample count mismatch: ", files.samples_path, " holds ", count,
                      " samples but ", files.labels_path, " holds ", labels.size(), " labels"));
   }
-  absl::StatusOr<int> features =
-      FeatureCount(files.samples_path, summary.sample_dims, SampleTypeBytes(summary.sample_type));
-  if (!features.ok()) return features.status();
-  summary.features = *features;
-  summary.sample_bytes = *features * SampleTypeBytes(summary.sample_type);
+  STOKER_ASSIGN_OR_RETURN(int features, FeatureCount(files.samples_path, summary.sample_dims,
+                                                     SampleTypeBytes(summary.sample_type)));
+  summary.features = features;
+  summary.sample_bytes = features * SampleTypeBytes(summary.sample_type);
   summary.count = Limited(count, limit);
   if (summary.count <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(files.samples_path, ": holds no samples"));
   }
-  absl::StatusOr<int> classes = CountClasses(files, labels, summary.count);
-  if (!classes.ok()) return classes.status();
-  summary.classes = *classes;
+  STOKER_ASSIGN_OR_RETURN(int classes, CountClasses(files, labels, summary.count));
+  summary.classes = classes;
   return summary;
 }
 

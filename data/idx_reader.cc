@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "data/dataset.h"
 #include "data/dataset_internal.h"
 #include "data/file_bytes.h"
@@ -87,15 +88,13 @@ absl::StatusOr<IdxArray> ParseIdx(const std::string& path, std::vector<uint8_t> 
 }  // namespace
 
 absl::StatusOr<IdxArray> ParseIdxBytes(const std::string& name, std::vector<uint8_t> bytes) {
-  absl::StatusOr<std::vector<uint8_t>> plain = MaybeGunzip(name, std::move(bytes));
-  if (!plain.ok()) return plain.status();
-  return ParseIdx(name, *std::move(plain));
+  STOKER_ASSIGN_OR_RETURN(std::vector<uint8_t> plain, MaybeGunzip(name, std::move(bytes)));
+  return ParseIdx(name, std::move(plain));
 }
 
 absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
-  absl::StatusOr<std::vector<uint8_t>> bytes = ReadFileBytes(path);
-  if (!bytes.ok()) return bytes.status();
-  return ParseIdxBytes(path, *std::move(bytes));
+  STOKER_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path));
+  return ParseIdxBytes(path, std::move(bytes));
 }
 
 absl::StatusOr<std::vector<int>> ReadIdxHeaderDims(const std::string& path) {
@@ -165,39 +164,36 @@ absl::StatusOr<std::vector<int>> ReadIdxHeaderDims(const std::string& path) {
 
 absl::StatusOr<LabeledSamples> LoadIdxDataset(const std::string& images_path,
                                               const std::string& labels_path, int64_t limit) {
-  absl::StatusOr<IdxArray> images = ReadIdxFile(images_path);
-  if (!images.ok()) return images.status();
-  absl::StatusOr<IdxArray> labels = ReadIdxFile(labels_path);
-  if (!labels.ok()) return labels.status();
-  if (images->dims.size() < 2) {
+  STOKER_ASSIGN_OR_RETURN(IdxArray images, ReadIdxFile(images_path));
+  STOKER_ASSIGN_OR_RETURN(IdxArray labels, ReadIdxFile(labels_path));
+  if (images.dims.size() < 2) {
     return absl::InvalidArgumentError(
-        absl::StrCat(images_path, ": images file has ", images->dims.size(),
+        absl::StrCat(images_path, ": images file has ", images.dims.size(),
                      " dimension(s); expected a count followed by sample dimensions"));
   }
-  if (labels->dims.size() != 1) {
+  if (labels.dims.size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(labels_path, ": labels file has ",
-                                                   labels->dims.size(),
+                                                   labels.dims.size(),
                                                    " dimensions; expected 1 (magic 0x00000801)"));
   }
-  if (images->dims[0] != labels->dims[0]) {
+  if (images.dims[0] != labels.dims[0]) {
     return absl::InvalidArgumentError(
-        absl::StrCat("sample count mismatch: ", images_path, " holds ", images->dims[0],
-                     " images but ", labels_path, " holds ", labels->dims[0], " labels"));
+        absl::StrCat("sample count mismatch: ", images_path, " holds ", images.dims[0],
+                     " images but ", labels_path, " holds ", labels.dims[0], " labels"));
   }
   LabeledSamples out;
-  out.count = images->dims[0];
+  out.count = images.dims[0];
   out.sample_type = SampleType::kUint8;
-  out.sample_dims.assign(images->dims.begin() + 1, images->dims.end());
-  absl::StatusOr<int> features = FeatureCount(images_path, out.sample_dims, 1);
-  if (!features.ok()) return features.status();
-  out.features = *features;
-  out.sample_bytes = *features;
+  out.sample_dims.assign(images.dims.begin() + 1, images.dims.end());
+  STOKER_ASSIGN_OR_RETURN(int features, FeatureCount(images_path, out.sample_dims, 1));
+  out.features = features;
+  out.sample_bytes = features;
   if (limit > 0 && limit < out.count) out.count = limit;
-  images->data.resize(static_cast<size_t>(out.count) * static_cast<size_t>(out.sample_bytes));
-  labels->data.resize(static_cast<size_t>(out.count));
-  out.samples = std::move(images->data);
-  out.labels = std::move(labels->data);
-  if (absl::Status s = FinishLabeledSamples(images_path, out); !s.ok()) return s;
+  images.data.resize(static_cast<size_t>(out.count) * static_cast<size_t>(out.sample_bytes));
+  labels.data.resize(static_cast<size_t>(out.count));
+  out.samples = std::move(images.data);
+  out.labels = std::move(labels.data);
+  STOKER_RETURN_IF_ERROR(FinishLabeledSamples(images_path, out));
   return out;
 }
 

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "data/stream_copy.h"
 
 namespace stoker {
@@ -293,42 +294,41 @@ absl::Status JobRegion::Impl::WaitForPhase(uint64_t batch, uint32_t phase,
 }
 
 absl::StatusOr<std::unique_ptr<JobRegion>> JobRegion::Create(const RingGeometry& geometry) {
-  absl::StatusOr<RegionHeader> layout = ComputeLayout(geometry);
-  if (!layout.ok()) return layout.status();
+  STOKER_ASSIGN_OR_RETURN(RegionHeader layout, ComputeLayout(geometry));
 
   auto impl = std::make_unique<Impl>();
   impl->fd = memfd_create("stoker-job", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (impl->fd < 0) return absl::ErrnoToStatus(errno, "memfd_create for the job region");
   impl->owns_fd = true;
-  if (ftruncate(impl->fd, static_cast<off_t>(layout->total_bytes)) != 0) {
+  if (ftruncate(impl->fd, static_cast<off_t>(layout.total_bytes)) != 0) {
     return absl::ErrnoToStatus(
-        errno, absl::StrCat("sizing the job region to ", layout->total_bytes, " bytes"));
+        errno, absl::StrCat("sizing the job region to ", layout.total_bytes, " bytes"));
   }
   // A region that shrank under a mapping would make every process that touches it die of SIGBUS.
   if (fcntl(impl->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return absl::ErrnoToStatus(errno, "sealing the job region's size");
   }
-  void* base = mmap(nullptr, layout->total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, impl->fd, 0);
+  void* base = mmap(nullptr, layout.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, impl->fd, 0);
   if (base == MAP_FAILED) {
     return absl::ErrnoToStatus(
-        errno, absl::StrCat("mapping ", layout->total_bytes, " bytes of the job region"));
+        errno, absl::StrCat("mapping ", layout.total_bytes, " bytes of the job region"));
   }
   impl->base = static_cast<uint8_t*>(base);
-  impl->size = layout->total_bytes;
+  impl->size = layout.total_bytes;
   impl->geometry = geometry;
 
   // A fresh memfd is zero-filled; construct the shared objects in place.
-  impl->header = new (impl->base) RegionHeader(*layout);
-  impl->control = new (impl->base + layout->control_offset) RegionControl{};
+  impl->header = new (impl->base) RegionHeader(layout);
+  impl->control = new (impl->base + layout.control_offset) RegionControl{};
   impl->control->eras[0].start_batch.store(0, std::memory_order_relaxed);
   impl->control->eras[0].loader_count.store(
       geometry.initial_loaders > 0 ? std::min(geometry.initial_loaders, geometry.loader_count)
                                    : geometry.loader_count,
       std::memory_order_relaxed);
   impl->control->era_count.store(1, std::memory_order_relaxed);
-  impl->stats = new (impl->base + layout->stats_offset) JobStats{};
+  impl->stats = new (impl->base + layout.stats_offset) JobStats{};
   for (uint32_t s = 0; s < geometry.slot_count; ++s) {
-    auto* slot = new (impl->base + layout->slots_offset + s * layout->slot_stride) SlotHeader{};
+    auto* slot = new (impl->base + layout.slots_offset + s * layout.slot_stride) SlotHeader{};
     slot->seq.store(2 * s, std::memory_order_relaxed);
   }
   std::atomic_thread_fence(std::memory_order_release);
@@ -443,7 +443,7 @@ pid_t JobRegion::ConsumerPid() const {
 }
 
 absl::StatusOr<WritableBatch> JobRegion::WaitWritable(uint64_t batch, absl::Duration timeout) {
-  if (absl::Status s = impl_->WaitForPhase(batch, 0, timeout); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(impl_->WaitForPhase(batch, 0, timeout));
   return WritableBatch{
       .batch = batch, .samples = impl_->SlotSamples(batch), .labels = impl_->SlotLabels(batch)};
 }
@@ -461,7 +461,7 @@ void JobRegion::Publish(uint64_t batch, uint32_t count) {
 }
 
 absl::StatusOr<ReadableBatch> JobRegion::WaitReadable(uint64_t batch, absl::Duration timeout) {
-  if (absl::Status s = impl_->WaitForPhase(batch, 1, timeout); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(impl_->WaitForPhase(batch, 1, timeout));
   return ReadableBatch{.batch = batch,
                        .samples = impl_->SlotSamples(batch),
                        .labels = impl_->SlotLabels(batch),

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "data/stream_copy.h"
 
 namespace stoker {
@@ -72,7 +73,7 @@ absl::Status RunLoader(JobRegion& region, const LabeledSamples& data,
                                                    " bytes but the ring's slots hold ",
                                                    geometry.sample_bytes, "-byte samples"));
   }
-  if (absl::Status s = ValidateAugment(options.augment, data.sample_dims); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(ValidateAugment(options.augment, data.sample_dims));
   BatchMaker maker(data, geometry.batch_size, options.seed, options.augment);
   JobStats& stats = region.stats();
   // The loader eras decide which batches are ours, and eras may be appended while we run. `from`

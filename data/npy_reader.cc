@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 #include "data/file_bytes.h"
 
 namespace stoker {
@@ -52,7 +53,7 @@ class DictParser {
         const size_t at = pos_;
         std::optional<std::string> descr = ParseString();
         if (!descr) return Error("'descr' must be a quoted dtype string such as '<f4'");
-        if (absl::Status s = SetElement(*descr, at, header); !s.ok()) return s;
+        STOKER_RETURN_IF_ERROR(SetElement(*descr, at, header));
       } else if (*key == "fortran_order") {
         if (have_order) return ErrorAt(key_at, "duplicate key 'fortran_order'");
         have_order = true;
@@ -65,7 +66,7 @@ class DictParser {
       } else if (*key == "shape") {
         if (have_shape) return ErrorAt(key_at, "duplicate key 'shape'");
         have_shape = true;
-        if (absl::Status s = ParseShape(header); !s.ok()) return s;
+        STOKER_RETURN_IF_ERROR(ParseShape(header));
       } else {
         return ErrorAt(key_at, absl::StrCat("unexpected key '", *key,
                                             "' (expected descr, fortran_order and shape)"));
@@ -235,7 +236,7 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(const std::string& name, const uint8_t*
   NpyHeader header;
   header.data_offset = prefix + header_bytes;
   DictParser parser(name, text, prefix);
-  if (absl::Status s = parser.Parse(header); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(parser.Parse(header));
   const uint64_t max_elements = kMaxDatasetFileBytes / NpyElementBytes(header.element);
   if (header.element_count > max_elements) {
     return absl::DataLossError(absl::StrCat(name, ": NPY shape at offset ", prefix,
@@ -261,20 +262,18 @@ absl::Status CheckNpyDataSize(const std::string& name, const NpyHeader& header,
 }  // namespace
 
 absl::StatusOr<NpyArray> ParseNpyBytes(const std::string& name, std::vector<uint8_t> bytes) {
-  absl::StatusOr<NpyHeader> header = ParseNpyHeader(name, bytes.data(), bytes.size());
-  if (!header.ok()) return header.status();
-  if (absl::Status s = CheckNpyDataSize(name, *header, bytes.size()); !s.ok()) return s;
+  STOKER_ASSIGN_OR_RETURN(NpyHeader header, ParseNpyHeader(name, bytes.data(), bytes.size()));
+  STOKER_RETURN_IF_ERROR(CheckNpyDataSize(name, header, bytes.size()));
   NpyArray array;
-  array.header = *header;
-  bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(header->data_offset));
+  array.header = header;
+  bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(header.data_offset));
   array.data = std::move(bytes);
   return array;
 }
 
 absl::StatusOr<NpyArray> ReadNpyFile(const std::string& path) {
-  absl::StatusOr<std::vector<uint8_t>> bytes = ReadFileBytes(path);
-  if (!bytes.ok()) return bytes.status();
-  return ParseNpyBytes(path, *std::move(bytes));
+  STOKER_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path));
+  return ParseNpyBytes(path, std::move(bytes));
 }
 
 absl::StatusOr<NpyHeader> ReadNpyFileHeader(const std::string& path) {
@@ -298,12 +297,8 @@ absl::StatusOr<NpyHeader> ReadNpyFileHeader(const std::string& path) {
   close(fd);
   if (got < 0) return absl::ErrnoToStatus(saved_errno, absl::StrCat(path, ": cannot read"));
   prefix.resize(static_cast<size_t>(got));
-  absl::StatusOr<NpyHeader> header = ParseNpyHeader(path, prefix.data(), prefix.size());
-  if (!header.ok()) return header.status();
-  if (absl::Status s = CheckNpyDataSize(path, *header, static_cast<uint64_t>(st.st_size));
-      !s.ok()) {
-    return s;
-  }
+  STOKER_ASSIGN_OR_RETURN(NpyHeader header, ParseNpyHeader(path, prefix.data(), prefix.size()));
+  STOKER_RETURN_IF_ERROR(CheckNpyDataSize(path, header, static_cast<uint64_t>(st.st_size)));
   return header;
 }
 

@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "common/checkpoint.h"
 #include "common/exit_codes.h"
+#include "common/status_macros.h"
 #include "data/dataset.h"
 #include "data/heartbeat.h"
 #include "data/job_region.h"
@@ -86,11 +87,10 @@ struct ResumePoint {
 };
 
 absl::StatusOr<ResumePoint> LoadCheckpoint(const std::string& path, Model& model) {
-  absl::StatusOr<Checkpoint> checkpoint = ReadCheckpoint(path);
-  if (!checkpoint.ok()) return checkpoint.status();
+  STOKER_ASSIGN_OR_RETURN(Checkpoint checkpoint, ReadCheckpoint(path));
   std::vector<NamedTensor> parameters, optimizer;
   const std::string prefix = kOptimizerPrefix;
-  for (CheckpointTensor& tensor : checkpoint->tensors) {
+  for (CheckpointTensor& tensor : checkpoint.tensors) {
     const bool is_optimizer = tensor.name.rfind(prefix, 0) == 0;
     NamedTensor named{is_optimizer ? tensor.name.substr(prefix.size()) : tensor.name, tensor.shape,
                       std::move(tensor.values)};
@@ -103,12 +103,12 @@ absl::StatusOr<ResumePoint> LoadCheckpoint(const std::string& path, Model& model
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
   }
   ResumePoint point;
-  auto step = checkpoint->metadata.find("step");
-  if (step == checkpoint->metadata.end() || !absl::SimpleAtoi(step->second, &point.step)) {
+  auto step = checkpoint.metadata.find("step");
+  if (step == checkpoint.metadata.end() || !absl::SimpleAtoi(step->second, &point.step)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no step in its metadata"));
   }
-  auto accuracy = checkpoint->metadata.find("test_accuracy");
-  if (accuracy != checkpoint->metadata.end()) {
+  auto accuracy = checkpoint.metadata.find("test_accuracy");
+  if (accuracy != checkpoint.metadata.end()) {
     (void)absl::SimpleAtod(accuracy->second, &point.test_accuracy);
   }
   return point;
