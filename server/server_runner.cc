@@ -1,0 +1,152 @@
+#include "server/server_runner.h"
+
+#include <signal.h>
+#include <string.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/auth.h"
+#include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "server/coordinator.h"
+#include "server/job_store.h"
+#include "server/metrics/rpc_metrics_interceptor.h"
+#include "server/metrics/server_metrics.h"
+
+namespace stoker {
+namespace {
+
+sigset_t ShutdownSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  return signals;
+}
+
+// Metrics: counters from the coordinator's events, gauges from a snapshot on each scrape.
+class MetricsObserver final : public CoordinatorObserver {
+ public:
+  explicit MetricsObserver(ServerMetrics* metrics) : metrics_(metrics) {}
+  void JobAssigned(double queue_wait_seconds) override {
+    metrics_->ObserveQueueWait(queue_wait_seconds);
+  }
+  void JobRequeued() override { metrics_->JobRequeued(); }
+  void CheckpointWriteFailed() override { metrics_->CheckpointWriteFailed(); }
+
+ private:
+  ServerMetrics* metrics_;
+};
+
+absl::StatusOr<std::unique_ptr<ServerMetrics>> StartMetrics(const std::string& listen,
+                                                            Coordinator* coordinator) {
+  absl::StatusOr<std::unique_ptr<ServerMetrics>> metrics = ServerMetrics::Create(listen);
+  if (!metrics.ok()) {
+    return absl::Status(metrics.status().code(),
+                        absl::StrCat("metrics: ", metrics.status().message()));
+  }
+  (*metrics)->SetScrapeHook([coordinator](ServerMetrics& m) {
+    const CoordinatorSnapshot snapshot = coordinator->Snapshot();
+    m.SetJobCounts(snapshot.jobs_by_state);
+    m.SetOldestQueuedJobAge(snapshot.oldest_queued_job_age_seconds);
+    m.SetWorkerCounts(snapshot.workers_by_state);
+    m.SetHeartbeatAges(snapshot.heartbeat_age_seconds);
+    m.SetCheckpointDirFreeBytes(snapshot.checkpoint_dir_free_bytes);
+  });
+  return metrics;
+}
+
+void WritePortFile(const std::string& port_file, int port) {
+  const std::string tmp = port_file + ".tmp";
+  std::ofstream(tmp) << port << "\n";
+  std::error_code error;
+  std::filesystem::rename(tmp, port_file, error);
+}
+
+}  // namespace
+
+void BlockShutdownSignals() {
+  const sigset_t signals = ShutdownSignals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+absl::Status RunServer(const ServerOptions& options) {
+  STOKER_ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store,
+                          JobStore::Open(options.state_dir + "/jobs.db"));
+  CoordinatorOptions coordinator_options;
+  coordinator_options.data_root = options.data_root;
+  coordinator_options.lease = options.lease;
+  coordinator_options.restart_grace = options.restart_grace;
+  coordinator_options.checkpoint_dir = options.state_dir + "/checkpoints";
+  Coordinator coordinator(std::move(store), coordinator_options);
+  if (absl::Status s = coordinator.Recover(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("recovering jobs: ", s.message()));
+  }
+
+  std::unique_ptr<ServerMetrics> metrics;
+  std::unique_ptr<MetricsObserver> observer;
+  if (!options.metrics_listen.empty()) {
+    STOKER_ASSIGN_OR_RETURN(metrics, StartMetrics(options.metrics_listen, &coordinator));
+    observer = std::make_unique<MetricsObserver>(metrics.get());
+    coordinator.SetObserver(observer.get());
+    std::cerr << "stoker-server: metrics on port " << metrics->Port() << "\n";
+  }
+
+  const ServerAuth auth(options.token);
+  JobServiceImpl job_service(&coordinator, &auth, options.stream_limits);
+  WorkerServiceImpl worker_service(&coordinator, &auth);
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  // Without this gRPC sets SO_REUSEPORT, and a second server on the same port starts "fine" and
+  // takes half the connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(options.listen, options.credentials, &bound_port);
+  builder.RegisterService(&job_service);
+  builder.RegisterService(&worker_service);
+  // Checkpoint chunks are 1 MiB; job specs are far smaller.
+  builder.SetMaxReceiveMessageSize(4 << 20);
+  if (metrics != nullptr) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors;
+    interceptors.push_back(MakeRpcMetricsInterceptorFactory(metrics.get()));
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen,
+                     " (is the port in use, or the address not one of this machine's?)"));
+  }
+  std::cerr << "stoker-server: serving on port " << bound_port
+            << (options.tls ? " (TLS" : " (plaintext")
+            << (auth.enabled() ? ", token required)" : ", no token)") << ", store "
+            << options.state_dir << "/jobs.db, data root " << options.data_root << "\n";
+  if (!options.port_file.empty()) WritePortFile(options.port_file, bound_port);
+
+  std::atomic<bool> stopping{false};
+  std::thread lease_sweeper([&] {
+    while (!stopping.load()) {
+      coordinator.ExpireLeases();
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  });
+  const sigset_t signals = ShutdownSignals();
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  std::cerr << "stoker-server: " << strsignal(signal_number) << ", shutting down\n";
+  stopping = true;
+  coordinator.Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  lease_sweeper.join();
+  return absl::OkStatus();
+}
+
+}  // namespace stoker

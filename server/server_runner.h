@@ -1,0 +1,51 @@
+// stoker-server's serving part, after its flags are read and its state directory is locked:
+// opens the job store, recovers the coordinator, starts the metrics exposer (if asked) and the
+// gRPC services, and serves until SIGINT or SIGTERM. Kept out of main() so that main only parses
+// flags and decides the exit code.
+#ifndef STOKER_SERVER_SERVER_RUNNER_H_
+#define STOKER_SERVER_SERVER_RUNNER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "grpcpp/security/server_credentials.h"
+#include "server/grpc_services.h"
+
+namespace stoker {
+
+struct ServerOptions {
+  // address:port to serve gRPC on (port 0 picks a free one).
+  std::string listen = "127.0.0.1:50051";
+  // Holds jobs.db and checkpoints/; locked by the caller (LockStateDir).
+  std::string state_dir = ".stoker/server";
+  std::string data_root = "/usr/share/datasets";
+  // When set, the bound port is written here (atomically) once serving.
+  std::string port_file;
+  absl::Duration lease = absl::Seconds(10);
+  absl::Duration restart_grace = absl::Seconds(30);
+  // HOST:PORT for Prometheus /metrics; empty = no metrics.
+  std::string metrics_listen;
+  // Bearer token users and workers must send; empty = none.
+  std::string token;
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // Whether `credentials` are TLS (for the startup line).
+  bool tls = false;
+  StreamLimits stream_limits;
+};
+
+// Blocks SIGINT and SIGTERM in the calling thread and so in every thread started after it:
+// RunServer takes them with sigwait. Call before anything starts a thread.
+void BlockShutdownSignals();
+
+// Serves until SIGINT or SIGTERM (which must be blocked: BlockShutdownSignals), then shuts down
+// and returns OK. Logs its progress to stderr ("stoker-server: serving on port ..."). An error
+// is returned before serving starts, its message ready to print after "stoker-server: ": the
+// store cannot be opened, jobs cannot be recovered ("recovering jobs: ..."), the metrics port
+// cannot be bound ("metrics: ...") or the gRPC address cannot ("cannot listen on ...").
+absl::Status RunServer(const ServerOptions& options);
+
+}  // namespace stoker
+
+#endif  // STOKER_SERVER_SERVER_RUNNER_H_
