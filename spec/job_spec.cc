@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <stdlib.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "common/utf8.h"
 #include "engine/layer_kinds.h"
 
@@ -49,32 +51,58 @@ absl::Status CheckPathText(absl::string_view field, const std::string& path) {
   return absl::OkStatus();
 }
 
-}  // namespace
+// A whole-number field and the range it must fall in, inclusive; `field` is the dotted path
+// users write in job files.
+struct FieldRange {
+  const char* field;
+  int64_t (*get)(const v1::JobSpec& spec);
+  int64_t min;
+  int64_t max;
+};
 
-v1::JobSpec DefaultJobSpec() {
-  v1::JobSpec spec;
-  spec.set_name("job");
-  spec.mutable_dataset()->set_format("idx");
-  spec.mutable_model()->set_type("mlp");
-  v1::TrainSpec* train = spec.mutable_train();
-  train->set_epochs(10);
-  train->set_batch_size(128);
-  train->set_precision(v1::PRECISION_FP32);
-  train->set_seed(1);
-  train->mutable_optimizer()->set_type("sgd");
-  train->mutable_optimizer()->set_lr(0.05);
-  train->mutable_optimizer()->set_momentum(0.9);
-  train->mutable_optimizer()->set_lr_schedule("cosine");
-  spec.mutable_loader()->set_processes(0);
-  spec.mutable_loader()->set_ring_slots(8);
-  spec.set_max_retries(2);
-  return spec;
+// In the order they are checked (the first error found is the one reported), in three groups
+// that ValidateJobSpec interleaves with the checks that are not ranges.
+constexpr FieldRange kDatasetRanges[] = {
+    {"dataset.label_column",
+     [](const v1::JobSpec& s) -> int64_t { return s.dataset().label_column(); }, -4096, 4096},
+    {"dataset.train_limit",
+     [](const v1::JobSpec& s) -> int64_t { return s.dataset().train_limit(); }, 0, INT32_MAX},
+    {"dataset.test_limit", [](const v1::JobSpec& s) -> int64_t { return s.dataset().test_limit(); },
+     0, INT32_MAX},
+};
+constexpr FieldRange kTrainRanges[] = {
+    {"train.epochs", [](const v1::JobSpec& s) -> int64_t { return s.train().epochs(); }, 1, 10000},
+    {"train.batch_size", [](const v1::JobSpec& s) -> int64_t { return s.train().batch_size(); }, 1,
+     65536},
+};
+constexpr FieldRange kRunRanges[] = {
+    {"train.optimizer.warmup_steps",
+     [](const v1::JobSpec& s) -> int64_t { return s.train().optimizer().warmup_steps(); }, 0,
+     1000000},
+    {"loader.processes", [](const v1::JobSpec& s) -> int64_t { return s.loader().processes(); }, 0,
+     64},
+    {"loader.ring_slots", [](const v1::JobSpec& s) -> int64_t { return s.loader().ring_slots(); },
+     2, 1024},
+    {"loader.delay_ms", [](const v1::JobSpec& s) -> int64_t { return s.loader().delay_ms(); }, 0,
+     60000},
+    {"loader.augment.crop_padding",
+     [](const v1::JobSpec& s) -> int64_t { return s.loader().augment().crop_padding(); }, 0, 64},
+    {"resources.gpus", [](const v1::JobSpec& s) -> int64_t { return s.resources().gpus(); }, 0, 16},
+    {"checkpoint.every_steps",
+     [](const v1::JobSpec& s) -> int64_t { return s.checkpoint().every_steps(); }, 0, INT32_MAX},
+    {"priority", [](const v1::JobSpec& s) -> int64_t { return s.priority(); }, -1000, 1000},
+    {"max_retries", [](const v1::JobSpec& s) -> int64_t { return s.max_retries(); }, 0, 100},
+};
+
+template <size_t N>
+absl::Status CheckRanges(const v1::JobSpec& spec, const FieldRange (&ranges)[N]) {
+  for (const FieldRange& range : ranges) {
+    STOKER_RETURN_IF_ERROR(CheckRange<int64_t>(range.field, range.get(spec), range.min, range.max));
+  }
+  return absl::OkStatus();
 }
 
-absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
-  // First: a string that is not UTF-8 cannot even be serialised (proto3), so name it here.
-  if (absl::Status s = CheckUtf8Fields(spec); !s.ok()) return s;
-  const std::string& name = spec.name();
+absl::Status CheckName(const std::string& name) {
   if (name.empty() || name.size() > 128) {
     return FieldError("name", absl::StrCat("must be 1 to 128 characters (got ", name.size(), ")"));
   }
@@ -85,11 +113,12 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
           absl::StrCat("may hold only letters, digits, '-', '_' and '.' (got '", name, "')"));
     }
   }
-  const v1::DatasetSpec& data = spec.dataset();
-  if (absl::Status s = CheckOneOf("dataset.format", data.format(), {"idx", "npy", "csv"});
-      !s.ok()) {
-    return s;
-  }
+  return absl::OkStatus();
+}
+
+// dataset.format, the file paths and dataset.csv_header.
+absl::Status CheckDatasetFiles(const v1::DatasetSpec& data) {
+  STOKER_RETURN_IF_ERROR(CheckOneOf("dataset.format", data.format(), {"idx", "npy", "csv"}));
   const bool csv = data.format() == "csv";
   for (auto [field, path] : {std::pair{"dataset.train_images", &data.train_images()},
                              std::pair{"dataset.train_labels", &data.train_labels()},
@@ -102,42 +131,28 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       }
       continue;
     }
-    if (absl::Status s = CheckPathText(field, *path); !s.ok()) return s;
+    STOKER_RETURN_IF_ERROR(CheckPathText(field, *path));
   }
-  if (absl::Status s =
-          CheckOneOf("dataset.csv_header", data.csv_header().empty() ? "auto" : data.csv_header(),
-                     {"auto", "yes", "no"});
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckRange("dataset.label_column", data.label_column(), -4096, 4096);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckRange("dataset.train_limit", data.train_limit(), 0, INT32_MAX);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckRange("dataset.test_limit", data.test_limit(), 0, INT32_MAX); !s.ok()) {
-    return s;
-  }
-  // Labels are bytes: at most 256 classes. 0 = counted from the training labels.
-  if (data.classes() != 0) {
-    if (absl::Status s = CheckRange("dataset.classes", data.classes(), 2, 256); !s.ok()) return s;
-  }
+  return CheckOneOf("dataset.csv_header", data.csv_header().empty() ? "auto" : data.csv_header(),
+                    {"auto", "yes", "no"});
+}
 
-  const v1::ModelSpec& model = spec.model();
-  if (absl::Status s = CheckOneOf("model.type", model.type(), {"mlp", "cnn"}); !s.ok()) return s;
+// Labels are bytes: at most 256 classes. 0 = counted from the training labels.
+absl::Status CheckClasses(const v1::DatasetSpec& data) {
+  if (data.classes() == 0) return absl::OkStatus();
+  return CheckRange("dataset.classes", data.classes(), 2, 256);
+}
+
+// model.type, the mlp's hidden widths and the cnn's layers.
+absl::Status CheckModel(const v1::ModelSpec& model) {
+  STOKER_RETURN_IF_ERROR(CheckOneOf("model.type", model.type(), {"mlp", "cnn"}));
   if (model.hidden_size() > 16) {
     return FieldError("model.hidden",
                       absl::StrCat("at most 16 layers (got ", model.hidden_size(), ")"));
   }
   for (int i = 0; i < model.hidden_size(); ++i) {
-    if (absl::Status s =
-            CheckRange(absl::StrCat("model.hidden[", i, "]"), model.hidden(i), 1, 16384);
-        !s.ok()) {
-      return s;
-    }
+    STOKER_RETURN_IF_ERROR(
+        CheckRange(absl::StrCat("model.hidden[", i, "]"), model.hidden(i), 1, 16384));
   }
   if (model.type() == "cnn" && model.layers().empty()) {
     return FieldError("model.layers", "a cnn needs its list of layers");
@@ -161,36 +176,30 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                                                    "' (supported: ", LayerKindNameList(), ")"));
     }
     if (*kind == LayerConfig::Kind::kConv2d) {
-      if (absl::Status s = CheckRange(at + ".out_channels", layer.out_channels(), 1, 4096);
-          !s.ok()) {
-        return s;
-      }
+      STOKER_RETURN_IF_ERROR(CheckRange(at + ".out_channels", layer.out_channels(), 1, 4096));
     }
     if (LayerKindInfoOf(*kind).has_kernel) {
-      if (absl::Status s = CheckRange(at + ".kernel", layer.kernel(), 1, 64); !s.ok()) return s;
-      if (absl::Status s = CheckRange(at + ".stride", layer.stride(), 0, 64); !s.ok()) return s;
-      if (absl::Status s = CheckRange(at + ".padding", layer.padding(), 0, 64); !s.ok()) return s;
+      STOKER_RETURN_IF_ERROR(CheckRange(at + ".kernel", layer.kernel(), 1, 64));
+      STOKER_RETURN_IF_ERROR(CheckRange(at + ".stride", layer.stride(), 0, 64));
+      STOKER_RETURN_IF_ERROR(CheckRange(at + ".padding", layer.padding(), 0, 64));
     }
     if (*kind == LayerConfig::Kind::kLinear) {
-      if (absl::Status s = CheckRange(at + ".units", layer.units(), 1, 65536); !s.ok()) return s;
+      STOKER_RETURN_IF_ERROR(CheckRange(at + ".units", layer.units(), 1, 65536));
     }
     if (*kind == LayerConfig::Kind::kDropout && !(layer.rate() >= 0 && layer.rate() < 1)) {
       return FieldError(at + ".rate", absl::StrCat("must be in [0, 1) (got ", layer.rate(), ")"));
     }
   }
+  return absl::OkStatus();
+}
 
-  const v1::TrainSpec& train = spec.train();
-  if (absl::Status s = CheckRange("train.epochs", train.epochs(), 1, 10000); !s.ok()) return s;
-  if (absl::Status s = CheckRange("train.batch_size", train.batch_size(), 1, 65536); !s.ok()) {
-    return s;
-  }
+// train.precision and the optimizer's type, real-valued settings and schedule.
+absl::Status CheckOptimizer(const v1::TrainSpec& train) {
   if (!v1::Precision_IsValid(train.precision())) {
     return FieldError("train.precision", "unknown precision (supported: fp32, bf16, fp16)");
   }
   const v1::OptimizerSpec& opt = train.optimizer();
-  if (absl::Status s = CheckOneOf("train.optimizer.type", opt.type(), {"sgd", "adamw"}); !s.ok()) {
-    return s;
-  }
+  STOKER_RETURN_IF_ERROR(CheckOneOf("train.optimizer.type", opt.type(), {"sgd", "adamw"}));
   for (auto [field, value] : {std::pair{"train.optimizer.beta1", opt.beta1()},
                               std::pair{"train.optimizer.beta2", opt.beta2()}}) {
     if (!(value >= 0 && value < 1)) {
@@ -217,41 +226,42 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return FieldError("train.optimizer.weight_decay",
                       absl::StrCat("must be in [0, 1) (got ", opt.weight_decay(), ")"));
   }
+  return CheckOneOf("train.optimizer.lr_schedule", opt.lr_schedule(), {"constant", "cosine"});
+}
 
-  if (absl::Status s =
-          CheckOneOf("train.optimizer.lr_schedule", opt.lr_schedule(), {"constant", "cosine"});
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckRange("train.optimizer.warmup_steps", opt.warmup_steps(), 0, 1000000);
-      !s.ok()) {
-    return s;
-  }
+}  // namespace
 
-  const v1::LoaderSpec& loader = spec.loader();
-  if (absl::Status s = CheckRange("loader.processes", loader.processes(), 0, 64); !s.ok()) return s;
-  if (absl::Status s = CheckRange("loader.ring_slots", loader.ring_slots(), 2, 1024); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckRange("loader.delay_ms", loader.delay_ms(), 0, 60000); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s =
-          CheckRange("loader.augment.crop_padding", loader.augment().crop_padding(), 0, 64);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckRange("resources.gpus", spec.resources().gpus(), 0, 16); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s =
-          CheckRange("checkpoint.every_steps", spec.checkpoint().every_steps(), 0, INT32_MAX);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckRange("priority", spec.priority(), -1000, 1000); !s.ok()) return s;
-  if (absl::Status s = CheckRange("max_retries", spec.max_retries(), 0, 100); !s.ok()) return s;
-  return absl::OkStatus();
+v1::JobSpec DefaultJobSpec() {
+  v1::JobSpec spec;
+  spec.set_name("job");
+  spec.mutable_dataset()->set_format("idx");
+  spec.mutable_model()->set_type("mlp");
+  v1::TrainSpec* train = spec.mutable_train();
+  train->set_epochs(10);
+  train->set_batch_size(128);
+  train->set_precision(v1::PRECISION_FP32);
+  train->set_seed(1);
+  train->mutable_optimizer()->set_type("sgd");
+  train->mutable_optimizer()->set_lr(0.05);
+  train->mutable_optimizer()->set_momentum(0.9);
+  train->mutable_optimizer()->set_lr_schedule("cosine");
+  spec.mutable_loader()->set_processes(0);
+  spec.mutable_loader()->set_ring_slots(8);
+  spec.set_max_retries(2);
+  return spec;
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  // First: a string that is not UTF-8 cannot even be serialised (proto3), so name it here.
+  STOKER_RETURN_IF_ERROR(CheckUtf8Fields(spec));
+  STOKER_RETURN_IF_ERROR(CheckName(spec.name()));
+  STOKER_RETURN_IF_ERROR(CheckDatasetFiles(spec.dataset()));
+  STOKER_RETURN_IF_ERROR(CheckRanges(spec, kDatasetRanges));
+  STOKER_RETURN_IF_ERROR(CheckClasses(spec.dataset()));
+  STOKER_RETURN_IF_ERROR(CheckModel(spec.model()));
+  STOKER_RETURN_IF_ERROR(CheckRanges(spec, kTrainRanges));
+  STOKER_RETURN_IF_ERROR(CheckOptimizer(spec.train()));
+  return CheckRanges(spec, kRunRanges);
 }
 
 absl::StatusOr<std::string> ResolveUnderDataRoot(const std::string& data_root,
@@ -259,7 +269,7 @@ absl::StatusOr<std::string> ResolveUnderDataRoot(const std::string& data_root,
                                                  absl::string_view field) {
   // Messages name the path as the job wrote it: never the data root's absolute location, nor
   // where a symlink leads (both are the server's business, and the user can do nothing with them).
-  if (absl::Status s = CheckPathText(field, relative); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(CheckPathText(field, relative));
   for (absl::string_view part : absl::StrSplit(relative, '/')) {
     if (part == "..") {
       return FieldError(field, absl::StrCat("path '", relative,
@@ -303,9 +313,7 @@ absl::Status ResolveDatasetPaths(const std::string& data_root, v1::JobSpec* spec
                              std::pair{"dataset.test_images", data->mutable_test_images()},
                              std::pair{"dataset.test_labels", data->mutable_test_labels()}}) {
     if (data->format() == "csv" && path->empty()) continue;
-    absl::StatusOr<std::string> resolved = ResolveUnderDataRoot(data_root, *path, field);
-    if (!resolved.ok()) return resolved.status();
-    *path = *resolved;
+    STOKER_ASSIGN_OR_RETURN(*path, ResolveUnderDataRoot(data_root, *path, field));
   }
   return absl::OkStatus();
 }
