@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace stoker {
 namespace {
@@ -91,9 +92,9 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   // WAL with synchronous=FULL: a commit is on disk (the WAL is fsynced) when it returns.
   for (const char* pragma :
        {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL", "PRAGMA foreign_keys=ON"}) {
-    if (absl::Status s = store->Exec(pragma); !s.ok()) return s;
+    STOKER_RETURN_IF_ERROR(store->Exec(pragma));
   }
-  if (absl::Status s = store->Exec(kSchema); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(store->Exec(kSchema));
   return store;
 }
 
@@ -178,7 +179,7 @@ absl::StatusOr<JobStore::Inserted> JobStore::InsertInTransaction(NewJob& new_job
   update.BindInt(3, seq);
   if (sqlite3_step(update.get()) != SQLITE_DONE) return Error("name job");
   std::vector<v1::JobEvent> events = {new_job.first_event};
-  if (absl::Status s = AppendEvents(job, events); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(AppendEvents(job, events));
   return result;
 }
 
@@ -226,7 +227,7 @@ absl::Status JobStore::Save(const v1::Job& job, std::vector<v1::JobEvent> events
   if (sqlite3_step(update.get()) != SQLITE_DONE) return Error("update job");
   if (sqlite3_changes(db_) != 1)
     return absl::NotFoundError(absl::StrCat("no job '", job.id(), "'"));
-  if (absl::Status s = AppendEvents(job, events); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(AppendEvents(job, events));
   if (!transaction.Commit()) return Error("commit");
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "spec/job_spec.h"
 #include "yaml-cpp/yaml.h"
 
@@ -55,7 +56,7 @@ class YamlMapper {
       const FieldDescriptor* field = descriptor->FindFieldByName(key);
       if (field == nullptr) return UnknownField(key_node, descriptor, key, path);
       out_->locations[field_path] = Location(entry.second.IsNull() ? key_node : entry.second);
-      if (absl::Status s = MapField(entry.second, message, field, field_path); !s.ok()) return s;
+      STOKER_RETURN_IF_ERROR(MapField(entry.second, message, field, field_path));
     }
     return absl::OkStatus();
   }
@@ -211,7 +212,7 @@ absl::StatusOr<JobFile> ParseJobYaml(absl::string_view yaml, const std::string& 
   }
   YamlMapper mapper(&file);
   try {
-    if (absl::Status s = mapper.MapMessage(root, &file.spec, ""); !s.ok()) return s;
+    STOKER_RETURN_IF_ERROR(mapper.MapMessage(root, &file.spec, ""));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(source, ":", e.mark.line + 1, ": ", e.msg));
   }

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "engine/layer_kinds.h"
 #include "nlohmann/json.hpp"
 
@@ -176,7 +177,7 @@ absl::StatusOr<BuiltModel> BuildModel(Backend& backend, const v1::JobSpec& spec,
       std::accumulate(sample_dims.begin(), sample_dims.end(), 1, std::multiplies<int>());
   if (spec.model().type() != "cnn") {
     const MlpConfig config = MlpConfigFromSpec(spec, features, classes);
-    if (absl::Status s = CheckFits(backend, NetworkFromMlp(config)); !s.ok()) return s;
+    STOKER_RETURN_IF_ERROR(CheckFits(backend, NetworkFromMlp(config)));
     absl::StatusOr<std::unique_ptr<Model>> model = backend.CreateMlp(config);
     if (!model.ok()) return model.status();
     built.model = std::move(*model);
@@ -187,7 +188,7 @@ absl::StatusOr<BuiltModel> BuildModel(Backend& backend, const v1::JobSpec& spec,
   }
   absl::StatusOr<NetworkConfig> config = NetworkConfigFromSpec(spec, sample_dims, classes);
   if (!config.ok()) return config.status();
-  if (absl::Status s = CheckFits(backend, *config); !s.ok()) return s;
+  STOKER_RETURN_IF_ERROR(CheckFits(backend, *config));
   absl::StatusOr<std::unique_ptr<Model>> model = backend.CreateNetwork(*config);
   if (!model.ok()) return model.status();
   built.model = std::move(*model);
