@@ -123,32 +123,39 @@ struct Recorder {
   }
 };
 
-TEST(TrainingLoopTest, TrainsEveryBatchThenEvaluatesReportsAndCheckpointsEachEpoch) {
-  const LabeledSamples data = TinyData();
-  Pipeline pipeline(data);
-  std::unique_ptr<Model> model = TinyModel();
-  ASSERT_NE(model, nullptr);
-  Recorder recorder;
+// Most tests: the tiny data set, its pipeline (loader not started yet), a model and a recorder.
+class TrainingLoopTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_NE(model_, nullptr); }
+
+  const LabeledSamples data_ = TinyData();
+  Pipeline pipeline_{data_};
+  std::unique_ptr<Model> model_ = TinyModel();
+  Recorder recorder_;
+};
+
+TEST_F(TrainingLoopTest, TrainsEveryBatchThenEvaluatesReportsAndCheckpointsEachEpoch) {
   TrainingLoopOptions options = Options();
   options.report_interval = absl::ZeroDuration();  // a progress report after every step
-  TrainingLoop loop(pipeline.region(), *model, data, options, recorder.Sink(), recorder.Writer());
-  pipeline.StartLoader();
+  TrainingLoop loop(pipeline_.region(), *model_, data_, options, recorder_.Sink(),
+                    recorder_.Writer());
+  pipeline_.StartLoader();
   ASSERT_TRUE(loop.Run().ok());
 
-  const JobStats& stats = pipeline.region().stats();
+  const JobStats& stats = pipeline_.region().stats();
   EXPECT_EQ(stats.steps_total.load(), 8u);
   EXPECT_EQ(stats.samples_total.load(), 64u);
   EXPECT_EQ(stats.consumer_next_batch.load(), 8u) << "every batch released";
   EXPECT_EQ(stats.epoch.load(), 2u);
   EXPECT_GE(stats.heartbeats_total.load(), 8u);
-  EXPECT_THAT(recorder.checkpoints, ElementsAre(Pair(4, 1), Pair(8, 2)));
+  EXPECT_THAT(recorder_.checkpoints, ElementsAre(Pair(4, 1), Pair(8, 2)));
 
   std::vector<v1::EventType> types;
-  for (const v1::JobEvent& event : recorder.events) types.push_back(event.type());
+  for (const v1::JobEvent& event : recorder_.events) types.push_back(event.type());
   const v1::EventType P = v1::EVENT_TYPE_PROGRESS, E = v1::EVENT_TYPE_EPOCH,
                       C = v1::EVENT_TYPE_CHECKPOINT;
   EXPECT_THAT(types, ElementsAre(P, P, P, E, C, P, P, P, E, C));
-  const std::vector<v1::JobEvent> epochs = recorder.OfType(E);
+  const std::vector<v1::JobEvent> epochs = recorder_.OfType(E);
   ASSERT_EQ(epochs.size(), 2u);
   for (int i = 0; i < 2; ++i) {
     const v1::TrainingProgress& p = epochs[i].progress();
@@ -162,64 +169,51 @@ TEST(TrainingLoopTest, TrainsEveryBatchThenEvaluatesReportsAndCheckpointsEachEpo
     EXPECT_GT(p.test_loss(), 0);
   }
   EXPECT_EQ(epochs[1].progress().test_accuracy(), 1.0) << "two bright/dark classes are learnt";
-  const std::vector<v1::JobEvent> progress = recorder.OfType(P);
+  const std::vector<v1::JobEvent> progress = recorder_.OfType(P);
   EXPECT_EQ(progress[0].progress().step(), 1);
   EXPECT_EQ(progress[0].progress().test_accuracy(), -1) << "nothing evaluated yet";
   EXPECT_EQ(progress[3].progress().test_accuracy(), epochs[0].progress().test_accuracy());
-  const std::vector<v1::JobEvent> checkpoints = recorder.OfType(C);
+  const std::vector<v1::JobEvent> checkpoints = recorder_.OfType(C);
   EXPECT_EQ(checkpoints[1].progress().step(), 8);
   EXPECT_EQ(checkpoints[1].progress().epoch(), 2);
 }
 
-TEST(TrainingLoopTest, CheckpointsEveryNStepsBetweenEpochEnds) {
-  const LabeledSamples data = TinyData();
-  Pipeline pipeline(data);
-  std::unique_ptr<Model> model = TinyModel();
-  ASSERT_NE(model, nullptr);
-  Recorder recorder;
+TEST_F(TrainingLoopTest, CheckpointsEveryNStepsBetweenEpochEnds) {
   TrainingLoopOptions options = Options();
   options.checkpoint_every_steps = 3;
   options.report_interval = absl::InfiniteDuration();
-  TrainingLoop loop(pipeline.region(), *model, data, options, recorder.Sink(), recorder.Writer());
-  pipeline.StartLoader();
+  TrainingLoop loop(pipeline_.region(), *model_, data_, options, recorder_.Sink(),
+                    recorder_.Writer());
+  pipeline_.StartLoader();
   ASSERT_TRUE(loop.Run().ok());
-  EXPECT_THAT(recorder.checkpoints, ElementsAre(Pair(3, 1), Pair(4, 1), Pair(6, 2), Pair(8, 2)));
-  EXPECT_EQ(recorder.OfType(v1::EVENT_TYPE_CHECKPOINT).size(), 4u);
-  EXPECT_TRUE(recorder.OfType(v1::EVENT_TYPE_PROGRESS).empty());
+  EXPECT_THAT(recorder_.checkpoints, ElementsAre(Pair(3, 1), Pair(4, 1), Pair(6, 2), Pair(8, 2)));
+  EXPECT_EQ(recorder_.OfType(v1::EVENT_TYPE_CHECKPOINT).size(), 4u);
+  EXPECT_TRUE(recorder_.OfType(v1::EVENT_TYPE_PROGRESS).empty());
 }
 
-TEST(TrainingLoopTest, WithoutAWriterCheckpointsAreNeitherWrittenNorReported) {
-  const LabeledSamples data = TinyData();
-  Pipeline pipeline(data);
-  std::unique_ptr<Model> model = TinyModel();
-  ASSERT_NE(model, nullptr);
-  Recorder recorder;
-  TrainingLoop loop(pipeline.region(), *model, data, Options(), recorder.Sink(), nullptr);
-  pipeline.StartLoader();
+TEST_F(TrainingLoopTest, WithoutAWriterCheckpointsAreNeitherWrittenNorReported) {
+  TrainingLoop loop(pipeline_.region(), *model_, data_, Options(), recorder_.Sink(), nullptr);
+  pipeline_.StartLoader();
   ASSERT_TRUE(loop.Run().ok());
-  EXPECT_EQ(recorder.OfType(v1::EVENT_TYPE_EPOCH).size(), 2u);
-  EXPECT_TRUE(recorder.OfType(v1::EVENT_TYPE_CHECKPOINT).empty());
+  EXPECT_EQ(recorder_.OfType(v1::EVENT_TYPE_EPOCH).size(), 2u);
+  EXPECT_TRUE(recorder_.OfType(v1::EVENT_TYPE_CHECKPOINT).empty());
 }
 
-TEST(TrainingLoopTest, ACheckpointAndStopRequestKeepsTheStepReachedAndStops) {
-  const LabeledSamples data = TinyData();
-  Pipeline pipeline(data);
-  std::unique_ptr<Model> model = TinyModel();
-  ASSERT_NE(model, nullptr);
-  Recorder recorder;
-  TrainingLoop loop(pipeline.region(), *model, data, Options(), recorder.Sink(), recorder.Writer());
-  pipeline.region().RequestCheckpointAndStop();  // seen after the first step
-  pipeline.StartLoader();
+TEST_F(TrainingLoopTest, ACheckpointAndStopRequestKeepsTheStepReachedAndStops) {
+  TrainingLoop loop(pipeline_.region(), *model_, data_, Options(), recorder_.Sink(),
+                    recorder_.Writer());
+  pipeline_.region().RequestCheckpointAndStop();  // seen after the first step
+  pipeline_.StartLoader();
   const absl::Status status = loop.Run();
   EXPECT_TRUE(absl::IsCancelled(status)) << status;
-  EXPECT_EQ(pipeline.region().stats().steps_total.load(), 1u);
-  EXPECT_THAT(recorder.checkpoints, ElementsAre(Pair(1, 1)));
-  const std::vector<v1::JobEvent> logs = recorder.OfType(v1::EVENT_TYPE_LOG);
+  EXPECT_EQ(pipeline_.region().stats().steps_total.load(), 1u);
+  EXPECT_THAT(recorder_.checkpoints, ElementsAre(Pair(1, 1)));
+  const std::vector<v1::JobEvent> logs = recorder_.OfType(v1::EVENT_TYPE_LOG);
   ASSERT_EQ(logs.size(), 1u);
   EXPECT_EQ(logs[0].message(), "stopped at step 1 for the worker's shutdown");
 }
 
-TEST(TrainingLoopTest, ACheckpointAndStopRequestWhileWaitingForABatchStopsThere) {
+TEST_F(TrainingLoopTest, ACheckpointAndStopRequestWhileWaitingForABatchStopsThere) {
   const LabeledSamples data = TinyData();
   Pipeline pipeline(data);  // no loader: batch 0 never comes
   std::unique_ptr<Model> model = TinyModel();
@@ -235,21 +229,17 @@ TEST(TrainingLoopTest, ACheckpointAndStopRequestWhileWaitingForABatchStopsThere)
             "stopped at step 0 for the worker's shutdown");
 }
 
-TEST(TrainingLoopTest, AStopEndsTheWaitWithoutACheckpoint) {
-  const LabeledSamples data = TinyData();
-  Pipeline pipeline(data);
-  std::unique_ptr<Model> model = TinyModel();
-  ASSERT_NE(model, nullptr);
-  Recorder recorder;
-  TrainingLoop loop(pipeline.region(), *model, data, Options(), recorder.Sink(), recorder.Writer());
-  pipeline.region().RequestStop();
+TEST_F(TrainingLoopTest, AStopEndsTheWaitWithoutACheckpoint) {
+  TrainingLoop loop(pipeline_.region(), *model_, data_, Options(), recorder_.Sink(),
+                    recorder_.Writer());
+  pipeline_.region().RequestStop();
   const absl::Status status = loop.Run();
   EXPECT_TRUE(absl::IsCancelled(status)) << status;
-  EXPECT_TRUE(recorder.checkpoints.empty());
-  EXPECT_TRUE(recorder.events.empty());
+  EXPECT_TRUE(recorder_.checkpoints.empty());
+  EXPECT_TRUE(recorder_.events.empty());
 }
 
-TEST(TrainingLoopTest, AResumedRunTrainsFromItsStep) {
+TEST_F(TrainingLoopTest, AResumedRunTrainsFromItsStep) {
   const LabeledSamples data = TinyData();
   Pipeline pipeline(data, /*first_batch=*/4);
   std::unique_ptr<Model> model = TinyModel();
@@ -272,24 +262,20 @@ TEST(TrainingLoopTest, AResumedRunTrainsFromItsStep) {
   ASSERT_EQ(recorder.OfType(v1::EVENT_TYPE_EPOCH).size(), 1u);
 }
 
-TEST(TrainingLoopTest, ACheckpointThatCannotBeWrittenFailsTheAttempt) {
-  const LabeledSamples data = TinyData();
-  Pipeline pipeline(data);
-  std::unique_ptr<Model> model = TinyModel();
-  ASSERT_NE(model, nullptr);
-  Recorder recorder;
-  recorder.checkpoint_status = absl::ResourceExhaustedError("disk full");
-  TrainingLoop loop(pipeline.region(), *model, data, Options(), recorder.Sink(), recorder.Writer());
-  pipeline.StartLoader();
+TEST_F(TrainingLoopTest, ACheckpointThatCannotBeWrittenFailsTheAttempt) {
+  recorder_.checkpoint_status = absl::ResourceExhaustedError("disk full");
+  TrainingLoop loop(pipeline_.region(), *model_, data_, Options(), recorder_.Sink(),
+                    recorder_.Writer());
+  pipeline_.StartLoader();
   const absl::Status status = loop.Run();
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << "a retry may help";
   EXPECT_EQ(status.message(), "checkpoint: disk full");
-  EXPECT_EQ(pipeline.region().stats().steps_total.load(), 4u);
-  EXPECT_EQ(recorder.OfType(v1::EVENT_TYPE_EPOCH).size(), 1u);
-  EXPECT_TRUE(recorder.OfType(v1::EVENT_TYPE_CHECKPOINT).empty());
+  EXPECT_EQ(pipeline_.region().stats().steps_total.load(), 4u);
+  EXPECT_EQ(recorder_.OfType(v1::EVENT_TYPE_EPOCH).size(), 1u);
+  EXPECT_TRUE(recorder_.OfType(v1::EVENT_TYPE_CHECKPOINT).empty());
 }
 
-TEST(TrainingLoopTest, ABatchTheModelRefusesIsBadInput) {
+TEST_F(TrainingLoopTest, ABatchTheModelRefusesIsBadInput) {
   const LabeledSamples data = TinyData(/*label_offset=*/5);  // labels 5 and 6 of 2 classes
   Pipeline pipeline(data);
   std::unique_ptr<Model> model = TinyModel();
@@ -303,16 +289,12 @@ TEST(TrainingLoopTest, ABatchTheModelRefusesIsBadInput) {
   EXPECT_TRUE(recorder.checkpoints.empty());
 }
 
-TEST(TrainingLoopTest, ADivergedLossIsBadInputNamingTheStep) {
-  const LabeledSamples data = TinyData();
-  Pipeline pipeline(data);
-  std::unique_ptr<Model> model = TinyModel();
-  ASSERT_NE(model, nullptr);
-  Recorder recorder;
+TEST_F(TrainingLoopTest, ADivergedLossIsBadInputNamingTheStep) {
   TrainingLoopOptions options = Options();
   options.optimizer.set_lr(1e38);  // the first step's weights overflow the next step's logits
-  TrainingLoop loop(pipeline.region(), *model, data, options, recorder.Sink(), recorder.Writer());
-  pipeline.StartLoader();
+  TrainingLoop loop(pipeline_.region(), *model_, data_, options, recorder_.Sink(),
+                    recorder_.Writer());
+  pipeline_.StartLoader();
   const absl::Status status = loop.Run();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("the loss diverged ("));
