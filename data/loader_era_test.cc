@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "data/job_region.h"
 #include "data/loader.h"
+#include "data/test_util.h"
 #include "gtest/gtest.h"
 
 namespace stoker {
@@ -49,17 +50,7 @@ class StreamHash {
 };
 
 LabeledSamples TinyData(int count) {
-  LabeledSamples data;
-  data.count = count;
-  data.sample_bytes = 4;
-  data.sample_dims = {2, 2};
-  data.features = 4;
-  for (int i = 0; i < count; ++i) {
-    for (int j = 0; j < 4; ++j) data.samples.push_back(static_cast<uint8_t>(i * 5 + j));
-    data.labels.push_back(static_cast<uint8_t>(i % 10));
-  }
-  data.classes = 10;
-  return data;
+  return testing::PatternSamples(count, {2, 2}, [](int i, int j) { return i * 5 + j; });
 }
 
 // One loader "process": a thread with its own attachment of the region.

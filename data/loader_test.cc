@@ -30,19 +30,9 @@ constexpr int kCount = 103;
 constexpr int kBatchSize = 8;  // 13 batches per epoch, the last one of 7
 constexpr uint64_t kSeed = 7;
 
+// Byte 0 of a sample is its index.
 LabeledSamples SmallData() {
-  LabeledSamples data;
-  data.count = kCount;
-  data.sample_bytes = 6;
-  data.sample_dims = {2, 3};
-  data.features = 6;
-  for (int i = 0; i < kCount; ++i) {
-    // Byte 0 of a sample is its index.
-    for (int j = 0; j < 6; ++j) data.samples.push_back(static_cast<uint8_t>(i + 37 * j));
-    data.labels.push_back(static_cast<uint8_t>(i % 10));
-  }
-  data.classes = 10;
-  return data;
+  return testing::PatternSamples(kCount, {2, 3}, [](int i, int j) { return i + 37 * j; });
 }
 
 // FNV-1a over a batch stream: batch numbers, counts, samples and labels.

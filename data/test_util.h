@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "data/dataset.h"
 #include "gtest/gtest.h"
 
 namespace stoker::testing {
@@ -85,6 +86,25 @@ std::vector<uint8_t> BytesOf(const std::vector<T>& values) {
   std::vector<uint8_t> bytes(values.size() * sizeof(T));
   if (!bytes.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
   return bytes;
+}
+
+// `count` uint8 samples of shape `dims` (row-major): byte j of sample i is byte(i, j); the label
+// of sample i is i % 10, of 10 classes.
+template <typename ByteFn>
+LabeledSamples PatternSamples(int count, const std::vector<int>& dims, ByteFn byte) {
+  LabeledSamples data;
+  data.count = count;
+  data.sample_dims = dims;
+  data.features = 1;
+  for (int d : dims) data.features *= d;
+  data.sample_bytes = data.features;
+  for (int i = 0; i < count; ++i) {
+    for (int j = 0; j < data.features; ++j)
+      data.samples.push_back(static_cast<uint8_t>(byte(i, j)));
+    data.labels.push_back(static_cast<uint8_t>(i % 10));
+  }
+  data.classes = 10;
+  return data;
 }
 
 inline void WriteText(const std::string& path, const std::string& text) {

@@ -1,4 +1,4 @@
-// Test-only shorthands for LayerConfig, shared by the cpu and cuda network tests.
+// Test-only shorthands for LayerConfig and small configs, shared by the cpu and cuda tests.
 #ifndef STOKER_ENGINE_TEST_LAYERS_H_
 #define STOKER_ENGINE_TEST_LAYERS_H_
 
@@ -22,6 +22,17 @@ inline LayerConfig Pool(int kernel, int stride = 0, int padding = 0) {
 inline LayerConfig Linear(int units) { return {.kind = Kind::kLinear, .units = units}; }
 inline LayerConfig Of(Kind kind) { return {.kind = kind}; }
 inline LayerConfig Dropout(float rate) { return {.kind = Kind::kDropout, .rate = rate}; }
+
+// A tiny MLP 6-5-4-3 with odd shapes (no multiple of 8 anywhere), fixed seed, batches up to 8.
+inline MlpConfig OddShapedMlp() {
+  MlpConfig config;
+  config.input_features = 6;
+  config.hidden = {5, 4};
+  config.classes = 3;
+  config.max_batch = 8;
+  config.seed = 42;
+  return config;
+}
 
 }  // namespace stoker::test_layers
 

@@ -66,6 +66,22 @@ absl::StatusOr<Checkpoint> Artifact(TestCluster& cluster, const std::string& job
   return ReadCheckpoint(path);
 }
 
+// A server and worker w1 whose watchdog stops a silent pipeline after `stall_seconds`, running
+// SlowJob(), which has taken 10 steps when this returns.
+absl::StatusOr<v1::Job> StartSlowJobWithStallLimit(TestCluster& cluster, int stall_seconds) {
+  cluster.StartServer();
+  cluster.StartWorker("w1", {"--trainer-stall-seconds", absl::StrCat(stall_seconds)});
+  absl::StatusOr<v1::Job> job = cluster.Submit(SlowJob());
+  if (!job.ok()) return job.status();
+  return cluster.WaitForStep(job->id(), 10);
+}
+
+// The first attempt's directory on worker w1, in this cluster's work directory (job ids repeat
+// across clusters on one machine).
+std::string FirstAttemptDir(const TestCluster& cluster, const v1::Job& job) {
+  return cluster.dir() + "/w1/" + job.id() + "-a1/";
+}
+
 TEST(PipelineFaultsTest, KilledLoaderIsRespawnedAndTrainingIsIdentical) {
   TestCluster cluster;
   cluster.StartServer();
@@ -81,7 +97,7 @@ TEST(PipelineFaultsTest, KilledLoaderIsRespawnedAndTrainingIsIdentical) {
   absl::StatusOr<v1::Job> disturbed = cluster.Submit(SlowJob());
   ASSERT_TRUE(disturbed.ok());
   ASSERT_TRUE(cluster.WaitForStep(disturbed->id(), 20).ok());
-  const std::string attempt_dir = cluster.dir() + "/w1/" + disturbed->id() + "-a1/";
+  const std::string attempt_dir = FirstAttemptDir(cluster, *disturbed);
   std::vector<pid_t> loaders = FindProcesses({"stoker-loader", attempt_dir, "--index 1"});
   ASSERT_EQ(loaders.size(), 1u);
   ASSERT_EQ(kill(loaders[0], SIGKILL), 0);
@@ -124,13 +140,9 @@ TEST(PipelineFaultsTest, KilledLoaderIsRespawnedAndTrainingIsIdentical) {
 
 TEST(PipelineFaultsTest, AHungTrainerIsStoppedAndTheJobRetried) {
   TestCluster cluster;
-  cluster.StartServer();
-  cluster.StartWorker("w1", {"--trainer-stall-seconds", "3"});
-  absl::StatusOr<v1::Job> job = cluster.Submit(SlowJob());
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(cluster.WaitForStep(job->id(), 10).ok());
-  // This cluster's work directory too: job ids repeat across clusters on one machine.
-  const std::string attempt_dir = cluster.dir() + "/w1/" + job->id() + "-a1/";
+  absl::StatusOr<v1::Job> job = StartSlowJobWithStallLimit(cluster, 3);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string attempt_dir = FirstAttemptDir(cluster, *job);
   std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", attempt_dir});
   ASSERT_EQ(trainers.size(), 1u);
   ASSERT_EQ(kill(trainers[0], SIGSTOP), 0);  // alive, holding its slot, doing nothing
@@ -154,13 +166,9 @@ TEST(PipelineFaultsTest, AHungTrainerIsStoppedAndTheJobRetried) {
 // pipeline falls silent instead, and the error names the batch and the loader that owes it.
 TEST(PipelineFaultsTest, AStoppedLoaderIsFoundNamingTheBatchAndTheLoader) {
   TestCluster cluster;
-  cluster.StartServer();
-  cluster.StartWorker("w1", {"--trainer-stall-seconds", "3"});
-  absl::StatusOr<v1::Job> job = cluster.Submit(SlowJob());
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(cluster.WaitForStep(job->id(), 10).ok());
-  // This cluster's work directory too: job ids repeat across clusters on one machine.
-  const std::string attempt_dir = cluster.dir() + "/w1/" + job->id() + "-a1/";
+  absl::StatusOr<v1::Job> job = StartSlowJobWithStallLimit(cluster, 3);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string attempt_dir = FirstAttemptDir(cluster, *job);
   std::vector<pid_t> loaders = FindProcesses({"stoker-loader", attempt_dir, "--index 1"});
   ASSERT_EQ(loaders.size(), 1u);
   const absl::Time stopped = absl::Now();
@@ -224,7 +232,7 @@ TEST(PipelineFaultsTest, KilledTrainerTakesItsLoadersAndSharedMemoryWithIt) {
   absl::StatusOr<v1::Job> job = cluster.Submit(spec);
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(cluster.WaitForStep(job->id(), 10).ok());
-  const std::string attempt_dir = cluster.dir() + "/w1/" + job->id() + "-a1/";
+  const std::string attempt_dir = FirstAttemptDir(cluster, *job);
   std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", attempt_dir});
   ASSERT_EQ(trainers.size(), 1u);
   ASSERT_EQ(FindProcesses({"stoker-loader", attempt_dir}).size(), 2u);

@@ -12,13 +12,16 @@
 
 #include "engine/backend.h"
 #include "engine/cpu/network_test_util.h"
+#include "engine/test_layers.h"
 #include "gtest/gtest.h"
 
 namespace stoker {
 namespace {
 
 // The double-precision helpers the network tests use too (network_test_util.h).
+using testing_util::CentralDifference;
 using testing_util::DoubleParams;
+using testing_util::ExpectSameParameters;
 using testing_util::RelativeDifference;
 using testing_util::StepGradient;
 using testing_util::ToDouble;
@@ -51,12 +54,7 @@ std::unique_ptr<Model> MakeModel(const MlpConfig& config) {
 }
 
 MlpConfig SmallConfig() {
-  MlpConfig config;
-  config.input_features = 6;
-  config.hidden = {5, 4};
-  config.classes = 3;
-  config.max_batch = 8;
-  config.seed = 42;
+  MlpConfig config = test_layers::OddShapedMlp();
   config.optimizer.momentum = 0;
   config.optimizer.weight_decay = 0;
   return config;
@@ -119,13 +117,9 @@ void CheckGradient(int count, uint64_t seed) {
   double max_gradient = 0;
   for (size_t t = 0; t < params.size(); ++t) {
     for (size_t i = 0; i < params[t].size(); ++i) {
-      DoubleParams shifted = params;
-      const double h = 1e-5;
-      shifted[t][i] = params[t][i] + h;
-      const double plus = ReferenceLoss(config, shifted, batch);
-      shifted[t][i] = params[t][i] - h;
-      const double minus = ReferenceLoss(config, shifted, batch);
-      const double fd = (plus - minus) / (2 * h);
+      const double fd = CentralDifference(params, t, i, /*h=*/1e-5, [&](const DoubleParams& p) {
+        return ReferenceLoss(config, p, batch);
+      });
       max_gradient = std::max(max_gradient, std::abs(fd));
       EXPECT_NEAR(gradient[t][i], fd, 1e-3 * std::abs(fd) + 1e-5)
           << start[t].name << "[" << i << "]";
@@ -321,10 +315,7 @@ TEST(CpuMlpTest, TrainingIsDeterministic) {
       ASSERT_TRUE(a->TrainStep(batch.View(), 0.05).ok());
       ASSERT_TRUE(b->TrainStep(batch.View(), 0.05).ok());
     }
-    const std::vector<NamedTensor> pa = a->Parameters(), pb = b->Parameters();
-    for (size_t t = 0; t < pa.size(); ++t) {
-      EXPECT_EQ(pa[t].values, pb[t].values) << PrecisionName(precision) << " " << pa[t].name;
-    }
+    ExpectSameParameters(*a, *b, PrecisionName(precision));
   }
 }
 
@@ -359,10 +350,7 @@ TEST(CpuMlpTest, ResumeFromParametersAndOptimizerStateIsExact) {
     ASSERT_TRUE(resumed->SetOptimizerState(momentum).ok());
     for (int step = 3; step < 6; ++step)
       ASSERT_TRUE(resumed->TrainStep(batches[step].View(), 0.05).ok());
-    const std::vector<NamedTensor> a = straight->Parameters(), b = resumed->Parameters();
-    for (size_t t = 0; t < a.size(); ++t) {
-      EXPECT_EQ(a[t].values, b[t].values) << PrecisionName(precision) << " " << a[t].name;
-    }
+    ExpectSameParameters(*straight, *resumed, PrecisionName(precision));
 
     std::vector<NamedTensor> wrong = momentum;
     wrong[1].name = "layers.0.bias";

@@ -106,13 +106,9 @@ void CheckGradient(const NetworkConfig& config, int count, uint64_t seed) {
   double max_gradient = 0;
   for (size_t t = 0; t < params.size(); ++t) {
     for (size_t i = 0; i < params[t].size(); ++i) {
-      DoubleParams shifted = params;
-      const double h = 1e-5;
-      shifted[t][i] = params[t][i] + h;
-      const double plus = ReferenceLoss(config, shifted, batch);
-      shifted[t][i] = params[t][i] - h;
-      const double minus = ReferenceLoss(config, shifted, batch);
-      const double fd = (plus - minus) / (2 * h);
+      const double fd = CentralDifference(params, t, i, /*h=*/1e-5, [&](const DoubleParams& p) {
+        return ReferenceLoss(config, p, batch);
+      });
       max_gradient = std::max(max_gradient, std::abs(fd));
       EXPECT_NEAR(gradient[t][i], fd, 2e-3 * std::abs(fd) + 2e-5)
           << start[t].name << "[" << i << "]";
@@ -269,10 +265,7 @@ TEST(CpuNetworkTest, TrainingIsDeterministicWithDropout) {
       ASSERT_TRUE(a->TrainStep(batch.View(), 0.05).ok());
       ASSERT_TRUE(b->TrainStep(batch.View(), 0.05).ok());
     }
-    const std::vector<NamedTensor> pa = a->Parameters(), pb = b->Parameters();
-    for (size_t t = 0; t < pa.size(); ++t) {
-      EXPECT_EQ(pa[t].values, pb[t].values) << PrecisionName(precision) << " " << pa[t].name;
-    }
+    ExpectSameParameters(*a, *b, PrecisionName(precision));
   }
 }
 
@@ -336,10 +329,7 @@ TEST(CpuNetworkTest, ResumeIsExact) {
     ASSERT_TRUE(resumed->SetOptimizerState(state).ok());
     for (int step = 3; step < 6; ++step)
       ASSERT_TRUE(resumed->TrainStep(batches[step].View(), 0.01).ok());
-    const std::vector<NamedTensor> a = straight->Parameters(), b = resumed->Parameters();
-    for (size_t t = 0; t < a.size(); ++t) {
-      EXPECT_EQ(a[t].values, b[t].values) << PrecisionName(precision) << " " << a[t].name;
-    }
+    ExpectSameParameters(*straight, *resumed, PrecisionName(precision));
     std::vector<NamedTensor> wrong = state;
     wrong[0].name = "layers.0.bias";
     EXPECT_EQ(resumed->SetOptimizerState(wrong).code(), absl::StatusCode::kInvalidArgument);
@@ -502,12 +492,7 @@ TEST(CpuNetworkTest, RejectsBadBatchesAndParameters) {
 // The MLP's features beyond the fast path (here fp16 and AdamW) come from the network, with the
 // MLP's names and initial weights.
 TEST(CpuNetworkTest, MlpDelegatesToNetwork) {
-  MlpConfig config;
-  config.input_features = 6;
-  config.hidden = {5, 4};
-  config.classes = 3;
-  config.max_batch = 8;
-  config.seed = 42;
+  MlpConfig config = test_layers::OddShapedMlp();
   config.optimizer.type = OptimizerType::kAdamW;
   config.precision = Precision::kFp16;
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();

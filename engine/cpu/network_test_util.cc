@@ -173,4 +173,12 @@ double RelativeDifference(const std::vector<double>& a, const std::vector<double
   return std::sqrt(diff / norm);
 }
 
+void ExpectSameParameters(const Model& a, const Model& b, const std::string& label) {
+  const std::vector<NamedTensor> pa = a.Parameters(), pb = b.Parameters();
+  ASSERT_EQ(pa.size(), pb.size()) << label;
+  for (size_t t = 0; t < pa.size(); ++t) {
+    EXPECT_EQ(pa[t].values, pb[t].values) << label << " " << pa[t].name;
+  }
+}
+
 }  // namespace stoker::testing_util

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/backend.h"
@@ -43,6 +44,21 @@ DoubleParams StepGradient(Model& model, const BatchView& batch, double lr, float
 
 // sqrt(sum (a - b)^2 / sum b^2).
 double RelativeDifference(const std::vector<double>& a, const std::vector<double>& b);
+
+// d loss / d params[t][i] by a central difference of `loss` (a function of the parameters) with
+// step `h`.
+template <typename LossFn>
+double CentralDifference(const DoubleParams& params, size_t t, size_t i, double h, LossFn loss) {
+  DoubleParams shifted = params;
+  shifted[t][i] = params[t][i] + h;
+  const double plus = loss(shifted);
+  shifted[t][i] = params[t][i] - h;
+  return (plus - loss(shifted)) / (2 * h);
+}
+
+// Expects the two models' parameters to be bit-identical, tensor by tensor; `label` starts each
+// failure message.
+void ExpectSameParameters(const Model& a, const Model& b, const std::string& label);
 
 }  // namespace stoker::testing_util
 

@@ -18,6 +18,7 @@
 #include "engine/backend.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_test_util.h"
+#include "engine/test_layers.h"
 #include "gtest/gtest.h"
 
 namespace stoker {
@@ -312,12 +313,7 @@ TEST(CudaGraphTest, GraphStepsEqualKernelByKernelSteps) {
 // Odd, tiny shapes (no multiple of 8 anywhere), as in the cpu backend's own tests.
 TEST(CudaConformanceOddShapesTest, Fp32StepMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
-  MlpConfig config;
-  config.input_features = 6;
-  config.hidden = {5, 4};
-  config.classes = 3;
-  config.max_batch = 8;
-  config.seed = 42;
+  const MlpConfig config = test_layers::OddShapedMlp();
   std::unique_ptr<Model> cpu = CpuMlp(config);
   std::unique_ptr<Model> gpu = CudaMlp(config);
   ASSERT_TRUE(cpu && gpu);
