@@ -1,5 +1,6 @@
 // The worker agent's Prometheus endpoint: GPU readings from NVML and each running job's counters,
-// which the trainer and loaders publish in the job's shared memory (README.md, "Metrics reference").
+// which the trainer and loaders publish in the job's shared memory (README.md, "Metrics
+// reference").
 //
 // Usage (agent):
 //   auto metrics = WorkerMetrics::Create({.worker_id = id, .listen_address = "0.0.0.0:9101"});
