@@ -101,6 +101,16 @@ void CountingModel::NoteFallback(const std::string& reason) {
   std::fprintf(stderr, "stoker cuda: fallback: %s\n", reason.c_str());
 }
 
+absl::StatusOr<std::unique_ptr<LtGemm>> CountingModel::MakeGemmPreferFused(
+    const DeviceContext& context, bool try_fused, const GemmShape& shape,
+    const GemmEpilogueArgs& epilogue, bool* fused) {
+  std::string why_not_fused;
+  absl::StatusOr<std::unique_ptr<LtGemm>> gemm = CreateGemmPreferFused(
+      context.lt(), shape, epilogue, context.workspace_bytes(), try_fused, fused, &why_not_fused);
+  if (!why_not_fused.empty()) NoteFallback(why_not_fused);
+  return gemm;
+}
+
 }  // namespace cuda
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_index) {

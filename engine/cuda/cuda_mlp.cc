@@ -119,11 +119,6 @@ class CudaMlp final : public cuda::CountingModel {
 
   absl::StatusOr<std::unique_ptr<Plan>> BuildPlan(int batch);
   absl::StatusOr<Plan*> PlanFor(int batch);
-  // Tries the fused epilogue (when enabled), else a plain GEMM (noting why). Sets *fused
-  // accordingly.
-  absl::StatusOr<std::unique_ptr<LtGemm>> MakeGemmPreferFused(const GemmShape& shape,
-                                                              const GemmEpilogueArgs& epilogue,
-                                                              bool* fused);
   // Enqueues the GEMM and counts it in pending_gemms_.
   absl::Status RunGemm(const LtGemm& gemm, const void* a, const void* b, void* d) const;
   // Adds `gemms` to the counters.
@@ -255,16 +250,6 @@ absl::Status CudaMlp::Init(int device) {
   return SetParameters(InitialMlpParameters(config_));
 }
 
-absl::StatusOr<std::unique_ptr<LtGemm>> CudaMlp::MakeGemmPreferFused(
-    const GemmShape& shape, const GemmEpilogueArgs& epilogue, bool* fused) {
-  std::string why_not_fused;
-  absl::StatusOr<std::unique_ptr<LtGemm>> gemm =
-      cuda::CreateGemmPreferFused(context_->lt(), shape, epilogue, context_->workspace_bytes(),
-                                  options_.fused_epilogues, fused, &why_not_fused);
-  if (!why_not_fused.empty()) NoteFallback(why_not_fused);
-  return gemm;
-}
-
 absl::StatusOr<std::unique_ptr<Plan>> CudaMlp::BuildPlan(int batch) {
   auto plan = std::make_unique<Plan>();
   plan->batch = batch;
@@ -284,7 +269,8 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaMlp::BuildPlan(int batch) {
         .aux = layer.relu ? layer.relu_mask.get() : nullptr,
         .aux_ld = layer.relu ? cuda::ReluMaskLd(layer.out) : 0};
     absl::StatusOr<std::unique_ptr<LtGemm>> gemm =
-        MakeGemmPreferFused(shapes.forward, forward_epilogue, &gemms.forward_fused);
+        MakeGemmPreferFused(*context_, options_.fused_epilogues, shapes.forward, forward_epilogue,
+                            &gemms.forward_fused);
     if (!gemm.ok()) return gemm.status();
     gemms.forward = *std::move(gemm);
 
@@ -293,7 +279,8 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaMlp::BuildPlan(int batch) {
       // dW is fp32, so is the bias gradient.
       weight_grad_epilogue = {.kind = GemmEpilogue::kBGradB, .bias = layer.bias_grad.get()};
     }
-    gemm = MakeGemmPreferFused(shapes.weight_grad, weight_grad_epilogue, &gemms.bias_grad_fused);
+    gemm = MakeGemmPreferFused(*context_, options_.fused_epilogues, shapes.weight_grad,
+                               weight_grad_epilogue, &gemms.bias_grad_fused);
     if (!gemm.ok()) return gemm.status();
     gemms.weight_grad = *std::move(gemm);
 
@@ -311,7 +298,8 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaMlp::BuildPlan(int batch) {
           .aux = below.relu_mask.get(),
           .aux_ld = cuda::ReluMaskLd(below.out)};
     }
-    gemm = MakeGemmPreferFused(shapes.input_grad, input_grad_epilogue, &gemms.input_grad_fused);
+    gemm = MakeGemmPreferFused(*context_, options_.fused_epilogues, shapes.input_grad,
+                               input_grad_epilogue, &gemms.input_grad_fused);
     if (!gemm.ok()) return gemm.status();
     gemms.input_grad = *std::move(gemm);
   }

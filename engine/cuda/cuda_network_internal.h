@@ -154,10 +154,6 @@ class CudaNetwork final : public CountingModel {
   absl::StatusOr<Plan*> PlanFor(int batch);
   absl::Status ProbePooling();
 
-  // Notes why, when the fused epilogue falls back.
-  absl::StatusOr<std::unique_ptr<LtGemm>> MakeGemmPreferFused(const GemmShape& shape,
-                                                              const GemmEpilogueArgs& epilogue,
-                                                              bool* fused);
   // Enqueues and counts the GEMM (CudaModelCounters).
   absl::Status RunGemm(const LtGemm& gemm, const void* a, const void* b, void* d);
 

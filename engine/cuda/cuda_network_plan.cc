@@ -169,16 +169,6 @@ absl::Status CudaNetwork::AllocateStepBuffers() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<LtGemm>> CudaNetwork::MakeGemmPreferFused(
-    const GemmShape& shape, const GemmEpilogueArgs& epilogue, bool* fused) {
-  std::string why_not_fused;
-  absl::StatusOr<std::unique_ptr<LtGemm>> gemm =
-      cuda::CreateGemmPreferFused(context_->lt(), shape, epilogue, context_->workspace_bytes(),
-                                  options_.fused_epilogues, fused, &why_not_fused);
-  if (!why_not_fused.empty()) NoteFallback(why_not_fused);
-  return gemm;
-}
-
 absl::StatusOr<std::unique_ptr<Plan>> CudaNetwork::BuildPlan(int batch) {
   auto plan = std::make_unique<Plan>();
   plan->batch = batch;
@@ -244,21 +234,22 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaNetwork::BuildPlan(int batch) {
             cuda::LinearShapes(in_features, units, batch, type_, out_type);
         // The bias in the output's type (lt_gemm.h): the master, or its compute-type copy.
         absl::StatusOr<std::unique_ptr<LtGemm>> gemm = MakeGemmPreferFused(
-            shapes.forward,
+            *context_, options_.fused_epilogues, shapes.forward,
             {.kind = GemmEpilogue::kBias,
              .bias = out_type == DType::kF32 ? bias.value.get() : bias.low.get()},
             &lp.forward_fused);
         if (!gemm.ok()) return gemm.status();
         lp.forward = *std::move(gemm);
         // BGRADB: the bias gradient is the column sums of dY over the batch, fp32 as dW is.
-        gemm = MakeGemmPreferFused(shapes.weight_grad,
+        gemm = MakeGemmPreferFused(*context_, options_.fused_epilogues, shapes.weight_grad,
                                    {.kind = GemmEpilogue::kBGradB, .bias = bias.grad.get()},
                                    &lp.bias_grad_fused);
         if (!gemm.ok()) return gemm.status();
         lp.weight_grad = *std::move(gemm);
         if (layer.needs_input_grad) {
           bool unused = false;
-          gemm = MakeGemmPreferFused(shapes.input_grad, GemmEpilogueArgs{}, &unused);
+          gemm = MakeGemmPreferFused(*context_, options_.fused_epilogues, shapes.input_grad,
+                                     GemmEpilogueArgs{}, &unused);
           if (!gemm.ok()) return gemm.status();
           lp.input_grad = *std::move(gemm);
         }
