@@ -235,6 +235,8 @@ v1::JobSpec DefaultJobSpec() {
   v1::JobSpec spec;
   spec.set_name("job");
   spec.mutable_dataset()->set_format("idx");
+  spec.mutable_dataset()->set_max_bad_samples(100);
+  spec.mutable_dataset()->set_shuffle_buffer(10000);
   spec.mutable_model()->set_type("mlp");
   v1::TrainSpec* train = spec.mutable_train();
   train->set_epochs(10);
