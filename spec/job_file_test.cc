@@ -207,3 +207,44 @@ TEST(JobFileTest, ClassesAreADatasetField) {
 
 }  // namespace
 }  // namespace stoker
+
+namespace stoker {
+namespace {
+
+TEST(JobFileTest, ImageSettingsParseAndAnEmptyRandomResizedCropTurnsItOn) {
+  absl::StatusOr<JobFile> file = ParseJobYaml(
+      "dataset:\n  format: image_folder\n  train_images: imgs/train\n  test_images: imgs/test\n"
+      "  image:\n    channels: 3\n    size: 224\n    resize: 256\n    random_resized_crop: {}\n"
+      "    horizontal_flip: true\n    mean: [0.485, 0.456, 0.406]\n    std: [0.229, 0.224, "
+      "0.225]\n",
+      "img.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const v1::ImageSpec& image = file->spec.dataset().image();
+  EXPECT_TRUE(image.has_random_resized_crop());
+  EXPECT_TRUE(image.random_resized_crop().scale().empty());
+  EXPECT_EQ(image.size(), 224);
+  EXPECT_EQ(image.mean_size(), 3);
+  EXPECT_EQ(file->spec.dataset().max_bad_samples(), 100);  // the default
+  EXPECT_TRUE(ValidateJobSpec(file->spec).ok()) << ValidateJobSpec(file->spec);
+
+  absl::StatusOr<JobFile> off = ParseJobYaml(
+      "dataset:\n  format: image_folder\n  train_images: a\n  test_images: b\n  image:\n"
+      "    size: 32\n",
+      "off.yaml");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->spec.dataset().image().has_random_resized_crop());
+}
+
+TEST(JobFileTest, BadImageSettingsNameTheirLine) {
+  absl::StatusOr<JobFile> file = ParseJobYaml(
+      "dataset:\n  format: image_folder\n  train_images: a\n  test_images: b\n  image:\n"
+      "    size: 32\n    random_resized_crop:\n      scale: [0.5, 0.1]\n",
+      "bad.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(WithFileLocation(*file, ValidateJobSpec(file->spec)).message(),
+            "bad.yaml:8:14: dataset.image.random_resized_crop.scale: must satisfy 0 < min <= max "
+            "<= 1 (got [0.5, 0.1])");
+}
+
+}  // namespace
+}  // namespace stoker

@@ -3,8 +3,10 @@
 #include <limits.h>
 #include <stdlib.h>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -118,23 +120,112 @@ absl::Status CheckName(const std::string& name) {
 
 // dataset.format, the file paths and dataset.csv_header.
 absl::Status CheckDatasetFiles(const v1::DatasetSpec& data) {
-  STOKER_RETURN_IF_ERROR(CheckOneOf("dataset.format", data.format(), {"idx", "npy", "csv"}));
+  STOKER_RETURN_IF_ERROR(
+      CheckOneOf("dataset.format", data.format(), {"idx", "npy", "csv", "image_folder", "shards"}));
   const bool csv = data.format() == "csv";
+  const bool images = IsImageFormat(data.format());
   for (auto [field, path] : {std::pair{"dataset.train_images", &data.train_images()},
                              std::pair{"dataset.train_labels", &data.train_labels()},
                              std::pair{"dataset.test_images", &data.test_images()},
                              std::pair{"dataset.test_labels", &data.test_labels()}}) {
-    // CSV files hold their labels; the *_labels paths stay empty.
-    if (csv && absl::EndsWith(field, "_labels")) {
+    // CSV files hold their labels, image datasets their class (directory or .cls member); the
+    // *_labels paths stay empty.
+    if ((csv || images) && absl::EndsWith(field, "_labels")) {
       if (!path->empty()) {
-        return FieldError(field, "must be empty for csv (the label is a column of the file)");
+        return FieldError(
+            field,
+            csv ? "must be empty for csv (the label is a column of the file)"
+                : absl::StrCat("must be empty for ", data.format(), " (the class is the image's ",
+                               data.format() == "shards" ? "KEY.cls member)" : "directory)"));
       }
       continue;
     }
     STOKER_RETURN_IF_ERROR(CheckPathText(field, *path));
+    if (images && data.format() != "shards" && path->find_first_of("{}") != std::string::npos) {
+      return FieldError(field,
+                        "brace patterns are for format shards; an image_folder is one "
+                        "directory");
+    }
   }
   return CheckOneOf("dataset.csv_header", data.csv_header().empty() ? "auto" : data.csv_header(),
                     {"auto", "yes", "no"});
+}
+
+absl::Status CheckPair(absl::string_view field, const google::protobuf::RepeatedField<double>& pair,
+                       double low, double high) {
+  if (pair.empty()) return absl::OkStatus();
+  if (pair.size() != 2) {
+    return FieldError(field, absl::StrCat("needs two values [min, max] (got ", pair.size(), ")"));
+  }
+  if (!(pair[0] > low && pair[0] <= pair[1] && pair[1] <= high)) {
+    return FieldError(field, absl::StrCat("must satisfy ", low, " < min <= max <= ", high,
+                                          " (got [", pair[0], ", ", pair[1], "])"));
+  }
+  return absl::OkStatus();
+}
+
+// dataset.image and the image-only settings; refused for the other formats, where they would be
+// silently ignored.
+absl::Status CheckImageSpec(const v1::JobSpec& spec) {
+  const v1::DatasetSpec& data = spec.dataset();
+  STOKER_RETURN_IF_ERROR(CheckRange("dataset.max_bad_samples", data.max_bad_samples(), 0,
+                                    std::numeric_limits<int32_t>::max()));
+  STOKER_RETURN_IF_ERROR(CheckRange("dataset.shuffle_buffer", data.shuffle_buffer(), 1, 10000000));
+  if (!IsImageFormat(data.format())) {
+    if (data.has_image()) {
+      return FieldError("dataset.image", absl::StrCat("only for format image_folder or shards (the "
+                                                      "format is ",
+                                                      data.format(), ")"));
+    }
+    return absl::OkStatus();
+  }
+  const v1::ImageSpec& image = data.image();
+  if (image.channels() != 0 && image.channels() != 1 && image.channels() != 3) {
+    return FieldError(
+        "dataset.image.channels",
+        absl::StrCat("must be 1, 3 or 0 for the first image's (got ", image.channels(), ")"));
+  }
+  STOKER_RETURN_IF_ERROR(CheckRange("dataset.image.size", image.size(), 0, 4096));
+  STOKER_RETURN_IF_ERROR(CheckRange("dataset.image.resize", image.resize(), 0, 8192));
+  if (image.size() == 0) {
+    for (auto [field, set] :
+         {std::pair{"dataset.image.resize", image.resize() != 0},
+          std::pair{"dataset.image.random_resized_crop", image.has_random_resized_crop()}}) {
+      if (set) return FieldError(field, "needs dataset.image.size (the side of the samples)");
+    }
+  }
+  if (image.resize() != 0 && image.resize() < image.size()) {
+    return FieldError("dataset.image.resize",
+                      absl::StrCat("must be at least dataset.image.size (", image.size(), "; got ",
+                                   image.resize(), ")"));
+  }
+  STOKER_RETURN_IF_ERROR(CheckPair("dataset.image.random_resized_crop.scale",
+                                   image.random_resized_crop().scale(), 0.0, 1.0));
+  STOKER_RETURN_IF_ERROR(CheckPair("dataset.image.random_resized_crop.ratio",
+                                   image.random_resized_crop().ratio(), 0.0, 100.0));
+  for (auto [field, values] : {std::pair{"dataset.image.mean", &image.mean()},
+                               std::pair{"dataset.image.std", &image.std()}}) {
+    if (values->size() != 0 && values->size() != 1 && values->size() != 3) {
+      return FieldError(
+          field, absl::StrCat("needs 1 value, or one per channel (got ", values->size(), ")"));
+    }
+    for (int i = 0; i < values->size(); ++i) {
+      const double v = values->Get(i);
+      const bool ok = absl::EndsWith(field, "std") ? (v > 1e-6 && v <= 1e6) : std::isfinite(v);
+      if (!ok) {
+        return FieldError(
+            absl::StrCat(field, "[", i, "]"),
+            absl::StrCat(absl::EndsWith(field, "std") ? "must be in (1e-6, 1e6]" : "must be finite",
+                         " (got ", v, ")"));
+      }
+    }
+  }
+  if (spec.loader().augment().crop_padding() != 0 || spec.loader().augment().horizontal_flip()) {
+    return FieldError("loader.augment",
+                      "is for decoded datasets (idx, npy, csv); images take dataset.image "
+                      "(random_resized_crop, horizontal_flip)");
+  }
+  return absl::OkStatus();
 }
 
 // Labels are bytes: at most 256 classes. 0 = counted from the training labels.
@@ -260,6 +351,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   STOKER_RETURN_IF_ERROR(CheckDatasetFiles(spec.dataset()));
   STOKER_RETURN_IF_ERROR(CheckRanges(spec, kDatasetRanges));
   STOKER_RETURN_IF_ERROR(CheckClasses(spec.dataset()));
+  STOKER_RETURN_IF_ERROR(CheckImageSpec(spec));
   STOKER_RETURN_IF_ERROR(CheckModel(spec.model()));
   STOKER_RETURN_IF_ERROR(CheckRanges(spec, kTrainRanges));
   STOKER_RETURN_IF_ERROR(CheckOptimizer(spec.train()));
@@ -268,7 +360,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
 
 absl::StatusOr<std::string> ResolveUnderDataRoot(const std::string& data_root,
                                                  const std::string& relative,
-                                                 absl::string_view field) {
+                                                 absl::string_view field, PathKind kind) {
   // Messages name the path as the job wrote it: never the data root's absolute location, nor
   // where a symlink leads (both are the server's business, and the user can do nothing with them).
   STOKER_RETURN_IF_ERROR(CheckPathText(field, relative));
@@ -295,15 +387,19 @@ absl::StatusOr<std::string> ResolveUnderDataRoot(const std::string& data_root,
   }
   char real_buf[PATH_MAX];
   if (realpath(joined.c_str(), real_buf) == nullptr) {
-    return FieldError(field, absl::StrCat("file '", relative, "' not found under the data root"));
+    return FieldError(field, absl::StrCat(kind == PathKind::kDirectory ? "directory '" : "file '",
+                                          relative, "' not found under the data root"));
   }
   if (!inside(real_buf)) {
     return FieldError(field, absl::StrCat("path '", relative,
                                           "' leads out of the data root through a symlink "
                                           "(symlinks may not leave it)"));
   }
-  if (!std::filesystem::is_regular_file(real_buf)) {
-    return FieldError(field, absl::StrCat("path '", relative, "' is not a regular file"));
+  if (kind == PathKind::kDirectory ? !std::filesystem::is_directory(real_buf)
+                                   : !std::filesystem::is_regular_file(real_buf)) {
+    return FieldError(field,
+                      absl::StrCat("path '", relative, "' is not a ",
+                                   kind == PathKind::kDirectory ? "directory" : "regular file"));
   }
   return std::string(real_buf);
 }
@@ -314,8 +410,24 @@ absl::Status ResolveDatasetPaths(const std::string& data_root, v1::JobSpec* spec
                              std::pair{"dataset.train_labels", data->mutable_train_labels()},
                              std::pair{"dataset.test_images", data->mutable_test_images()},
                              std::pair{"dataset.test_labels", data->mutable_test_labels()}}) {
-    if (data->format() == "csv" && path->empty()) continue;
-    STOKER_ASSIGN_OR_RETURN(*path, ResolveUnderDataRoot(data_root, *path, field));
+    if ((data->format() == "csv" || IsImageFormat(data->format())) && path->empty()) continue;
+    if (data->format() == "shards") {
+      const size_t slash = path->rfind('/');
+      const std::string dir = slash == std::string::npos ? "." : path->substr(0, slash + 1);
+      if (dir.find_first_of("{}") != std::string::npos) {
+        return FieldError(field, absl::StrCat("brace patterns may only name files, not "
+                                              "directories (got '",
+                                              *path, "')"));
+      }
+      STOKER_ASSIGN_OR_RETURN(const std::string resolved,
+                              ResolveUnderDataRoot(data_root, dir, field, PathKind::kDirectory));
+      *path = absl::StrCat(resolved, "/", path->substr(slash + 1));
+      continue;
+    }
+    STOKER_ASSIGN_OR_RETURN(
+        *path, ResolveUnderDataRoot(
+                   data_root, *path, field,
+                   data->format() == "image_folder" ? PathKind::kDirectory : PathKind::kFile));
   }
   return absl::OkStatus();
 }
@@ -330,6 +442,16 @@ std::string DatasetPathsAsWritten(absl::string_view message, const v1::JobSpec& 
                           std::pair{&r.test_images(), &w.test_images()},
                           std::pair{&r.test_labels(), &w.test_labels()}}) {
     if (!from->empty() && *from != *to) replacements.emplace_back(*from, *to);
+    // A shard pattern's expanded names share its directory: put that back as written too.
+    if (r.format() == "shards" && !from->empty()) {
+      const size_t from_slash = from->rfind('/');
+      const size_t to_slash = to->rfind('/');
+      if (from_slash != std::string::npos) {
+        replacements.emplace_back(
+            from->substr(0, from_slash + 1),
+            to_slash == std::string::npos ? std::string() : to->substr(0, to_slash + 1));
+      }
+    }
   }
   // absl::StrReplaceAll takes the longest path where two start at the same place.
   std::vector<std::pair<absl::string_view, absl::string_view>> views(replacements.begin(),

@@ -15,6 +15,12 @@ namespace stoker {
 // The spec a job file starts from: every key a job file leaves out takes its value from here.
 v1::JobSpec DefaultJobSpec();
 
+// "image_folder" and "shards": datasets of encoded images, decoded and transformed by the loaders
+// (dataset.image), their classes from directories or .cls members rather than labels files.
+inline bool IsImageFormat(absl::string_view format) {
+  return format == "image_folder" || format == "shards";
+}
+
 // The hidden widths of an mlp whose job file names none (ParseJobYaml fills them in).
 inline constexpr int kDefaultMlpHidden[] = {256, 128};
 
@@ -24,13 +30,17 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
 // Resolves `relative` (a job-file dataset path) under `data_root`. Refuses empty paths, '..'
 // components, absolute paths outside the root, and paths whose real location (after following
-// symlinks) leaves the root; the file must exist. `field` names the spec field for the message.
-// Returns the canonical absolute path.
+// symlinks) leaves the root; the file (or directory) must exist. `field` names the spec field for
+// the message. Returns the canonical absolute path.
+enum class PathKind { kFile, kDirectory };
 absl::StatusOr<std::string> ResolveUnderDataRoot(const std::string& data_root,
                                                  const std::string& relative,
-                                                 absl::string_view field);
+                                                 absl::string_view field,
+                                                 PathKind kind = PathKind::kFile);
 
-// Resolves every dataset path of `spec` in place (see ResolveUnderDataRoot).
+// Resolves every dataset path of `spec` in place (see ResolveUnderDataRoot). For format "shards"
+// the path is a pattern: its directory is resolved, and the file-name part (which alone may hold
+// brace groups) is kept as written; the shards themselves are checked when the pattern is expanded.
 absl::Status ResolveDatasetPaths(const std::string& data_root, v1::JobSpec* spec);
 
 // `message` (an error about the files of `resolved`, the spec ResolveDatasetPaths made of

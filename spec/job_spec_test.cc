@@ -162,3 +162,101 @@ TEST(Utf8Test, ValidateJobSpecNamesTheFieldBeforeAnythingIsSerialised) {
 
 }  // namespace
 }  // namespace stoker
+
+namespace stoker {
+namespace {
+
+v1::JobSpec ImageSpecJob(const std::string& format) {
+  v1::JobSpec spec = DefaultJobSpec();
+  spec.mutable_dataset()->set_format(format);
+  spec.mutable_dataset()->set_train_images(format == "shards" ? "s/train-{0..3}.tar" : "f/train");
+  spec.mutable_dataset()->set_test_images(format == "shards" ? "s/test-0.tar" : "f/test");
+  spec.mutable_dataset()->mutable_image()->set_size(32);
+  spec.mutable_model()->add_hidden(32);
+  return spec;
+}
+
+TEST(JobSpecTest, ImageDatasetsValidate) {
+  for (const std::string format : {"image_folder", "shards"}) {
+    EXPECT_TRUE(ValidateJobSpec(ImageSpecJob(format)).ok())
+        << ValidateJobSpec(ImageSpecJob(format));
+  }
+  struct Case {
+    std::function<void(v1::JobSpec*)> mutate;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::JobSpec* s) { s->mutable_dataset()->set_train_labels("x"); },
+       "dataset.train_labels: must be empty for image_folder (the class is the image's "
+       "directory)"},
+      {[](v1::JobSpec* s) { s->mutable_dataset()->set_train_images("f/{a,b}"); },
+       "dataset.train_images: brace patterns are for format shards; an image_folder is one "
+       "directory"},
+      {[](v1::JobSpec* s) { s->mutable_dataset()->mutable_image()->set_channels(2); },
+       "dataset.image.channels: must be 1, 3 or 0 for the first image's (got 2)"},
+      {[](v1::JobSpec* s) {
+         s->mutable_dataset()->mutable_image()->set_size(0);
+         s->mutable_dataset()->mutable_image()->mutable_random_resized_crop();
+       },
+       "dataset.image.random_resized_crop: needs dataset.image.size (the side of the samples)"},
+      {[](v1::JobSpec* s) { s->mutable_dataset()->mutable_image()->set_resize(16); },
+       "dataset.image.resize: must be at least dataset.image.size (32; got 16)"},
+      {[](v1::JobSpec* s) {
+         s->mutable_dataset()->mutable_image()->mutable_random_resized_crop()->add_ratio(1);
+       },
+       "dataset.image.random_resized_crop.ratio: needs two values [min, max] (got 1)"},
+      {[](v1::JobSpec* s) {
+         s->mutable_dataset()->mutable_image()->add_std(0.2);
+         s->mutable_dataset()->mutable_image()->add_std(0);
+       },
+       "dataset.image.std: needs 1 value, or one per channel (got 2)"},
+      {[](v1::JobSpec* s) { s->mutable_dataset()->mutable_image()->add_std(0); },
+       "dataset.image.std[0]: must be in (1e-6, 1e6] (got 0)"},
+      {[](v1::JobSpec* s) { s->mutable_dataset()->set_max_bad_samples(-1); },
+       "dataset.max_bad_samples: must be between 0 and 2147483647 (got -1)"},
+      {[](v1::JobSpec* s) { s->mutable_dataset()->set_shuffle_buffer(0); },
+       "dataset.shuffle_buffer: must be between 1 and 10000000 (got 0)"},
+      {[](v1::JobSpec* s) { s->mutable_loader()->mutable_augment()->set_horizontal_flip(true); },
+       "loader.augment: is for decoded datasets (idx, npy, csv); images take dataset.image "
+       "(random_resized_crop, horizontal_flip)"},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec spec = ImageSpecJob("image_folder");
+    c.mutate(&spec);
+    EXPECT_EQ(ValidateJobSpec(spec).message(), c.message);
+  }
+  v1::JobSpec idx = ValidSpec();
+  idx.mutable_dataset()->mutable_image()->set_size(8);
+  EXPECT_EQ(ValidateJobSpec(idx).message(),
+            "dataset.image: only for format image_folder or shards (the format is idx)");
+}
+
+TEST(JobSpecTest, ShardPatternsResolveTheirDirectoryOnly) {
+  const std::string root =
+      std::filesystem::temp_directory_path() / ("stoker_shards_" + std::to_string(getpid()));
+  std::filesystem::create_directories(root + "/s/imgs/cat");
+  v1::JobSpec spec = ImageSpecJob("shards");
+  ASSERT_TRUE(ResolveDatasetPaths(root, &spec).ok());
+  const std::string real_root = std::filesystem::canonical(root);
+  EXPECT_EQ(spec.dataset().train_images(), real_root + "/s/train-{0..3}.tar");
+  EXPECT_EQ(
+      DatasetPathsAsWritten(real_root + "/s/train-2.tar: not found", ImageSpecJob("shards"), spec),
+      "s/train-2.tar: not found");
+  v1::JobSpec braces_in_dir = ImageSpecJob("shards");
+  braces_in_dir.mutable_dataset()->set_train_images("{a,b}/t.tar");
+  EXPECT_EQ(ResolveDatasetPaths(root, &braces_in_dir).message(),
+            "dataset.train_images: brace patterns may only name files, not directories (got "
+            "'{a,b}/t.tar')");
+  v1::JobSpec folder = ImageSpecJob("image_folder");
+  folder.mutable_dataset()->set_train_images("s/imgs");
+  folder.mutable_dataset()->set_test_images("s/imgs");
+  ASSERT_TRUE(ResolveDatasetPaths(root, &folder).ok());
+  EXPECT_EQ(folder.dataset().train_images(), real_root + "/s/imgs");
+  folder.mutable_dataset()->set_train_images("s/none");
+  EXPECT_EQ(ResolveDatasetPaths(root, &folder).message(),
+            "dataset.train_images: directory 's/none' not found under the data root");
+  std::filesystem::remove_all(root);
+}
+
+}  // namespace
+}  // namespace stoker
