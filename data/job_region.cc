@@ -29,9 +29,10 @@ namespace {
 // "STOKERRG" read as a little-endian integer.
 constexpr uint64_t kRegionMagic = 0x475252454b4f5453ull;
 // Bump whenever RegionHeader, RegionControl, SlotHeader, JobStats or the layout rules change.
-constexpr uint32_t kRegionVersion = 6;  // 2: sample_type; 3: loader eras; 4: slot waiters;
+constexpr uint32_t kRegionVersion = 7;  // 2: sample_type; 3: loader eras; 4: slot waiters;
                                         // 5: checkpoint_and_stop; 6: requested_loaders and
-                                        // heartbeats_total (the consumer appends eras)
+                                        // heartbeats_total (the consumer appends eras);
+                                        // 7: bad_samples_total
 constexpr uint64_t kCacheLineBytes = 64;
 // Longest single futex sleep: every wait re-checks stop and peer liveness at least this often.
 constexpr auto kWaitTick = std::chrono::milliseconds(100);

@@ -59,6 +59,9 @@ struct JobStats {
   // loads its data or sleeps its loader.delay_ms. When it stops moving, nothing in the job is
   // doing anything: the agent's watchdog ends the attempt (RunnerOptions::trainer_stall_timeout).
   std::atomic<uint64_t> heartbeats_total{0};
+  // Samples the loaders skipped because they could not be decoded (image datasets); the job fails
+  // once it passes dataset.max_bad_samples.
+  std::atomic<uint64_t> bad_samples_total{0};
 };
 
 void StoreDouble(std::atomic<uint64_t>& cell, double value);

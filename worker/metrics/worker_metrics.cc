@@ -138,6 +138,7 @@ struct WorkerMetrics::Impl {
   Family<Counter>* loader_batches = nullptr;
   Family<Histogram>* loader_batch_seconds = nullptr;
   Family<Counter>* loader_restarts = nullptr;
+  Family<Counter>* loader_bad_samples = nullptr;
   Family<Counter>* h2d_bytes = nullptr;
   Family<Counter>* samples = nullptr;
   Family<Histogram>* step_seconds = nullptr;
@@ -161,6 +162,7 @@ struct WorkerMetrics::Impl {
     Counter* loader_batches = nullptr;
     Histogram* loader_batch_seconds = nullptr;
     Counter* loader_restarts = nullptr;
+    Counter* loader_bad_samples = nullptr;
     Counter* h2d_bytes = nullptr;
     Counter* samples = nullptr;
     Histogram* step_seconds = nullptr;
@@ -216,6 +218,10 @@ struct WorkerMetrics::Impl {
                                   "Time a loader took to make one batch.");
     loader_restarts = &Build(prometheus::BuildCounter(), "stoker_loader_restarts_total",
                              "Loader processes respawned after they died.");
+    loader_bad_samples =
+        &Build(prometheus::BuildCounter(), "stoker_loader_bad_samples_total",
+               "Samples the loaders skipped because they could not be decoded (corrupt or "
+               "truncated images; each is named in the job's log).");
     h2d_bytes = &Build(prometheus::BuildCounter(), "stoker_h2d_bytes_total",
                        "Bytes copied from the ring to the device.");
     samples =
@@ -242,6 +248,7 @@ struct WorkerMetrics::Impl {
     series.loader_batch_seconds =
         &loader_batch_seconds->Add(l, ToBoundaries(kLoaderBatchSecondsBounds));
     series.loader_restarts = &loader_restarts->Add(l);
+    series.loader_bad_samples = &loader_bad_samples->Add(l);
     series.h2d_bytes = &h2d_bytes->Add(l);
     series.samples = &samples->Add(l);
     series.step_seconds = &step_seconds->Add(l, ToBoundaries(kStepSecondsBounds));
@@ -257,6 +264,7 @@ struct WorkerMetrics::Impl {
     loader_batches->Remove(series.loader_batches);
     loader_batch_seconds->Remove(series.loader_batch_seconds);
     loader_restarts->Remove(series.loader_restarts);
+    loader_bad_samples->Remove(series.loader_bad_samples);
     h2d_bytes->Remove(series.h2d_bytes);
     samples->Remove(series.samples);
     step_seconds->Remove(series.step_seconds);
@@ -306,6 +314,8 @@ struct WorkerMetrics::Impl {
         static_cast<double>(Advance(now.loader_batches_total, &last.loader_batches_total)));
     series.loader_restarts->Increment(
         static_cast<double>(Advance(now.loader_restarts_total, &last.loader_restarts_total)));
+    series.loader_bad_samples->Increment(
+        static_cast<double>(Advance(now.loader_bad_samples_total, &last.loader_bad_samples_total)));
     series.h2d_bytes->Increment(
         static_cast<double>(Advance(now.h2d_bytes_total, &last.h2d_bytes_total)));
     series.ring_filled->Set(now.ring_filled_slots);

@@ -49,6 +49,7 @@ struct JobCounters {
   uint64_t loader_batches_total = 0;
   double loader_busy_seconds = 0;  // loaders' time making batches, summed over loaders
   uint64_t loader_restarts_total = 0;
+  uint64_t loader_bad_samples_total = 0;  // undecodable images skipped
   uint64_t h2d_bytes_total = 0;
   uint32_t ring_filled_slots = 0;
   uint32_t loader_processes = 0;     // loaders making batches now (autotune grows and shrinks it)

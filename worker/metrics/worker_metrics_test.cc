@@ -55,6 +55,7 @@ TEST(WorkerMetricsTest, ServesJobCountersOverHttp) {
   c.loader_batches_total = 12;
   c.loader_busy_seconds = 0.25;
   c.loader_restarts_total = 1;
+  c.loader_bad_samples_total = 7;
   c.h2d_bytes_total = 1000;
   c.ring_filled_slots = 3;
   c.loader_processes = 4;
@@ -72,6 +73,7 @@ TEST(WorkerMetricsTest, ServesJobCountersOverHttp) {
   EXPECT_EQ(Value(*text, JobSeries("stoker_device_busy_seconds_total", "j1")), 2.0);
   EXPECT_EQ(Value(*text, JobSeries("stoker_loader_batches_total", "j1")), 12);
   EXPECT_EQ(Value(*text, JobSeries("stoker_loader_restarts_total", "j1")), 1);
+  EXPECT_EQ(Value(*text, JobSeries("stoker_loader_bad_samples_total", "j1")), 7);
   EXPECT_EQ(Value(*text, JobSeries("stoker_h2d_bytes_total", "j1")), 1000);
   EXPECT_EQ(Value(*text, JobSeries("stoker_ring_filled_slots", "j1")), 3);
   EXPECT_EQ(Value(*text, JobSeries("stoker_loader_processes", "j1")), 4);
