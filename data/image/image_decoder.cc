@@ -1,0 +1,532 @@
+// libjpeg and libpng report errors by calling a function that must not return. Ours longjmp back
+// to a setjmp in a small "Guarded..." function that holds no C++ object with a destructor (so no
+// destructor is skipped), and that function returns false. Each such function wraps only
+// libjpeg/libpng calls; every C++ object (vectors, strings, statuses) lives in the callers.
+#include "data/image/image_decoder.h"
+
+#include <csetjmp>
+#include <cstdio>
+#include <cstring>
+// jpeglib.h needs <cstdio> first, jerror.h needs jpeglib.h.
+// clang-format off
+#include <jpeglib.h>
+#include <jerror.h>
+// clang-format on
+#include <png.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace stoker::image_internal {
+namespace {
+
+// libjpeg's own allocations are capped too (coefficient buffers of progressive files): a file
+// asking for more than this fails instead of exhausting memory. 2^28 pixels need at most
+// 3 * 2 bytes of coefficients each (1.5 GiB); the cap leaves room for that.
+constexpr long kJpegMemoryLimitBytes = 1800L << 20;
+
+uint8_t Luma(int r, int g, int b) {
+  return static_cast<uint8_t>((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16);
+}
+
+// PIL's MULDIV255: a * b / 255, rounded.
+int MulDiv255(int a, int b) {
+  const int t = a * b + 128;
+  return ((t >> 8) + t) >> 8;
+}
+
+}  // namespace
+
+void ConvertPixels(NativeLayout layout, const uint8_t* in, int count, int channels, uint8_t* out) {
+  switch (layout) {
+    case NativeLayout::kGray8:
+      if (channels == 1) {
+        std::memcpy(out, in, count);
+      } else {
+        for (int i = 0; i < count; ++i) out[3 * i] = out[3 * i + 1] = out[3 * i + 2] = in[i];
+      }
+      return;
+    case NativeLayout::kGray16:
+      for (int i = 0; i < count; ++i) {
+        const int v = (in[2 * i] << 8) | in[2 * i + 1];
+        const uint8_t g = v > 255 ? 255 : static_cast<uint8_t>(v);
+        if (channels == 1) {
+          out[i] = g;
+        } else {
+          out[3 * i] = out[3 * i + 1] = out[3 * i + 2] = g;
+        }
+      }
+      return;
+    case NativeLayout::kGrayAlpha8:
+      for (int i = 0; i < count; ++i) {
+        if (channels == 1) {
+          out[i] = in[2 * i];
+        } else {
+          out[3 * i] = out[3 * i + 1] = out[3 * i + 2] = in[2 * i];
+        }
+      }
+      return;
+    case NativeLayout::kRgb8:
+      if (channels == 3) {
+        std::memcpy(out, in, static_cast<size_t>(count) * 3);
+      } else {
+        for (int i = 0; i < count; ++i) out[i] = Luma(in[3 * i], in[3 * i + 1], in[3 * i + 2]);
+      }
+      return;
+    case NativeLayout::kRgba8:
+      for (int i = 0; i < count; ++i) {
+        const uint8_t* p = in + 4 * i;
+        if (channels == 1) {
+          out[i] = Luma(p[0], p[1], p[2]);
+        } else {
+          out[3 * i] = p[0];
+          out[3 * i + 1] = p[1];
+          out[3 * i + 2] = p[2];
+        }
+      }
+      return;
+    case NativeLayout::kCmyk8:
+      for (int i = 0; i < count; ++i) {
+        const uint8_t* p = in + 4 * i;
+        // PIL reads libjpeg's CMYK as inverted ("CMYK;I"): c = 255 - stored, nk = 255 - k.
+        const int nk = p[3];
+        int rgb[3];
+        for (int c = 0; c < 3; ++c) {
+          const int v = nk - MulDiv255(255 - p[c], nk);
+          rgb[c] = v < 0 ? 0 : v;
+        }
+        if (channels == 1) {
+          out[i] = Luma(rgb[0], rgb[1], rgb[2]);
+        } else {
+          out[3 * i] = static_cast<uint8_t>(rgb[0]);
+          out[3 * i + 1] = static_cast<uint8_t>(rgb[1]);
+          out[3 * i + 2] = static_cast<uint8_t>(rgb[2]);
+        }
+      }
+      return;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// JPEG
+
+struct JpegErrorManager {
+  jpeg_error_mgr pub;  // first: libjpeg sees only this part
+  jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+struct JpegState {
+  jpeg_decompress_struct cinfo;
+  JpegErrorManager err;
+  NativeLayout layout = NativeLayout::kRgb8;
+  JpegState() {
+    std::memset(&cinfo, 0, sizeof cinfo);
+    std::memset(&err, 0, sizeof err);
+  }
+  // Safe in any state, also after a longjmp out of jpeg_create_decompress (mem is then null).
+  ~JpegState() { jpeg_destroy_decompress(&cinfo); }
+};
+
+namespace {
+
+[[noreturn]] void JpegErrorExit(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<JpegErrorManager*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  std::longjmp(err->jump, 1);
+}
+
+// Warnings that mean the entropy-coded data is damaged or missing: the decoded image would be
+// partly grey or garbage, so they end the decoding as errors.
+bool IsFatalJpegWarning(int code) {
+  switch (code) {
+    case JWRN_HIT_MARKER:
+    case JWRN_JPEG_EOF:
+    case JWRN_HUFF_BAD_CODE:
+#if defined(D_ARITH_CODING_SUPPORTED) || JPEG_LIB_VERSION >= 70
+    case JWRN_ARITH_BAD_CODE:
+#endif
+    case JWRN_MUST_RESYNC:
+    case JWRN_BOGUS_PROGRESSION:
+    case JWRN_NOT_SEQUENTIAL:
+    case JWRN_TOO_MUCH_DATA:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void JpegEmitMessage(j_common_ptr cinfo, int msg_level) {
+  if (msg_level >= 0) return;  // trace messages
+  if (IsFatalJpegWarning(cinfo->err->msg_code)) JpegErrorExit(cinfo);
+  cinfo->err->num_warnings++;
+}
+
+void JpegOutputMessage(j_common_ptr) {}  // library code never prints
+
+bool GuardedJpegOpen(JpegState* s, const uint8_t* data, size_t size) {
+  if (setjmp(s->err.jump)) return false;
+  jpeg_create_decompress(&s->cinfo);
+  s->cinfo.mem->max_memory_to_use = kJpegMemoryLimitBytes;
+  jpeg_mem_src(&s->cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&s->cinfo, TRUE);
+  return true;
+}
+
+bool GuardedJpegCalcDimensions(JpegState* s) {
+  if (setjmp(s->err.jump)) return false;
+  jpeg_calc_output_dimensions(&s->cinfo);
+  return true;
+}
+
+bool GuardedJpegStart(JpegState* s, JDIMENSION* xoffset, JDIMENSION* width, bool crop) {
+  if (setjmp(s->err.jump)) return false;
+  jpeg_start_decompress(&s->cinfo);
+  if (crop) jpeg_crop_scanline(&s->cinfo, xoffset, width);
+  return true;
+}
+
+bool GuardedJpegSkip(JpegState* s, JDIMENSION rows, JDIMENSION* skipped) {
+  if (setjmp(s->err.jump)) return false;
+  *skipped = jpeg_skip_scanlines(&s->cinfo, rows);
+  return true;
+}
+
+bool GuardedJpegReadRow(JpegState* s, uint8_t* row, JDIMENSION* read) {
+  if (setjmp(s->err.jump)) return false;
+  JSAMPROW rows[1] = {row};
+  *read = jpeg_read_scanlines(&s->cinfo, rows, 1);
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// PNG
+
+}  // namespace
+
+struct PngState {
+  png_structp png = nullptr;
+  png_infop info = nullptr;
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  size_t offset = 0;
+  char message[256] = {};
+  NativeLayout layout = NativeLayout::kRgb8;
+  size_t row_bytes = 0;
+  bool interlaced = false;
+  ~PngState() {
+    if (png != nullptr) png_destroy_read_struct(&png, info != nullptr ? &info : nullptr, nullptr);
+  }
+};
+
+namespace {
+
+[[noreturn]] void PngError(png_structp png, png_const_charp message) {
+  auto* s = static_cast<PngState*>(png_get_error_ptr(png));
+  std::snprintf(s->message, sizeof s->message, "%s", message);
+  png_longjmp(png, 1);
+}
+
+void PngWarning(png_structp, png_const_charp) {}
+
+void PngRead(png_structp png, png_bytep out, size_t count) {
+  auto* s = static_cast<PngState*>(png_get_io_ptr(png));
+  if (count > s->size - s->offset) {
+    std::snprintf(s->message, sizeof s->message, "truncated: %zu bytes needed at byte offset %zu",
+                  count, s->offset);
+    png_longjmp(png, 1);
+  }
+  std::memcpy(out, s->data + s->offset, count);
+  s->offset += count;
+}
+
+bool GuardedPngOpen(PngState* s) {
+  if (setjmp(png_jmpbuf(s->png))) return false;
+  png_set_read_fn(s->png, s, PngRead);
+  png_read_info(s->png, s->info);
+  return true;
+}
+
+// Sets up the transformations (see the header's conversions) and reads the resulting layout.
+bool GuardedPngPrepare(PngState* s, int* channels, int* bit_depth, int* passes) {
+  if (setjmp(png_jmpbuf(s->png))) return false;
+  const int color_type = png_get_color_type(s->png, s->info);
+  const int depth = png_get_bit_depth(s->png, s->info);
+  if (color_type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(s->png);
+  if (color_type == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(s->png);
+  // 16-bit gray stays 16 bits (PIL's mode "I", clipped when converted); the rest keep the high
+  // byte as PIL's 16-bit raw modes do.
+  if (depth == 16 && color_type != PNG_COLOR_TYPE_GRAY) png_set_strip_16(s->png);
+  *passes = png_set_interlace_handling(s->png);
+  png_read_update_info(s->png, s->info);
+  *channels = png_get_channels(s->png, s->info);
+  *bit_depth = png_get_bit_depth(s->png, s->info);
+  s->row_bytes = png_get_rowbytes(s->png, s->info);
+  return true;
+}
+
+bool GuardedPngReadRow(PngState* s, uint8_t* row) {
+  if (setjmp(png_jmpbuf(s->png))) return false;
+  png_read_row(s->png, row, nullptr);
+  return true;
+}
+
+bool GuardedPngReadImage(PngState* s, uint8_t** rows) {
+  if (setjmp(png_jmpbuf(s->png))) return false;
+  png_read_image(s->png, rows);
+  return true;
+}
+
+absl::Status CheckSize(absl::string_view name, int64_t width, int64_t height) {
+  if (width <= 0 || height <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: image has no pixels (%d x %d)", name, width, height));
+  }
+  if (width > kMaxImageSide || height > kMaxImageSide || width * height > kMaxImagePixels) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: image is %d x %d pixels, over the limit of %d pixels a side and %d pixels in all",
+        name, width, height, kMaxImageSide, kMaxImagePixels));
+  }
+  return absl::OkStatus();
+}
+
+int LayoutBytes(NativeLayout layout) {
+  switch (layout) {
+    case NativeLayout::kGray8:
+      return 1;
+    case NativeLayout::kGray16:
+    case NativeLayout::kGrayAlpha8:
+      return 2;
+    case NativeLayout::kRgb8:
+      return 3;
+    case NativeLayout::kRgba8:
+    case NativeLayout::kCmyk8:
+      return 4;
+  }
+  return 4;
+}
+
+}  // namespace
+
+ImageDecoder::ImageDecoder() = default;
+ImageDecoder::~ImageDecoder() = default;
+
+void ImageDecoder::Close() {
+  jpeg_.reset();
+  png_.reset();
+  header_ = ImageHeader{};
+  scaled_width_ = scaled_height_ = 0;
+}
+
+absl::Status ImageDecoder::Open(absl::string_view name, const uint8_t* data, size_t size) {
+  Close();
+  name_.assign(name.data(), name.size());
+  if (size == 0) return absl::InvalidArgumentError(absl::StrCat(name, ": empty image file"));
+  const ImageEncoding encoding = SniffImageEncoding(data, size);
+  if (encoding == ImageEncoding::kJpeg) {
+    jpeg_ = std::make_unique<JpegState>();
+    JpegState* s = jpeg_.get();
+    s->cinfo.err = jpeg_std_error(&s->err.pub);
+    s->err.pub.error_exit = JpegErrorExit;
+    s->err.pub.emit_message = JpegEmitMessage;
+    s->err.pub.output_message = JpegOutputMessage;
+    if (!GuardedJpegOpen(s, data, size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": corrupt JPEG header: ", s->err.message));
+    }
+    const jpeg_decompress_struct& c = s->cinfo;
+    if (absl::Status st = CheckSize(name, c.image_width, c.image_height); !st.ok()) return st;
+    int channels = 3;
+    switch (c.jpeg_color_space) {
+      case JCS_GRAYSCALE:
+        channels = 1;
+        s->layout = NativeLayout::kGray8;
+        s->cinfo.out_color_space = JCS_GRAYSCALE;
+        break;
+      case JCS_RGB:
+      case JCS_YCbCr:
+        s->layout = NativeLayout::kRgb8;
+        s->cinfo.out_color_space = JCS_RGB;
+        break;
+      case JCS_CMYK:
+      case JCS_YCCK:
+        s->layout = NativeLayout::kCmyk8;
+        s->cinfo.out_color_space = JCS_CMYK;
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: JPEG with %d components in an unknown colour space is not "
+                            "supported (gray, YCbCr, RGB, CMYK and YCCK are)",
+                            name, c.num_components));
+    }
+    header_ = ImageHeader{static_cast<int>(c.image_width), static_cast<int>(c.image_height),
+                          channels, ImageEncoding::kJpeg};
+    scaled_width_ = header_.width;
+    scaled_height_ = header_.height;
+    return absl::OkStatus();
+  }
+  if (encoding == ImageEncoding::kPng) {
+    png_ = std::make_unique<PngState>();
+    PngState* s = png_.get();
+    s->data = data;
+    s->size = size;
+    s->png = png_create_read_struct(PNG_LIBPNG_VER_STRING, s, PngError, PngWarning);
+    if (s->png == nullptr) return absl::ResourceExhaustedError(absl::StrCat(name, ": libpng"));
+    s->info = png_create_info_struct(s->png);
+    if (s->info == nullptr) return absl::ResourceExhaustedError(absl::StrCat(name, ": libpng"));
+    if (!GuardedPngOpen(s)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": corrupt PNG header: ", s->message));
+    }
+    const int64_t width = png_get_image_width(s->png, s->info);
+    const int64_t height = png_get_image_height(s->png, s->info);
+    if (absl::Status st = CheckSize(name, width, height); !st.ok()) return st;
+    const int color_type = png_get_color_type(s->png, s->info);
+    const int channels =
+        (color_type == PNG_COLOR_TYPE_GRAY || color_type == PNG_COLOR_TYPE_GRAY_ALPHA) ? 1 : 3;
+    header_ = ImageHeader{static_cast<int>(width), static_cast<int>(height), channels,
+                          ImageEncoding::kPng};
+    scaled_width_ = header_.width;
+    scaled_height_ = header_.height;
+    return absl::OkStatus();
+  }
+  std::string magic;
+  for (size_t i = 0; i < size && i < 4; ++i) absl::StrAppendFormat(&magic, " %02x", data[i]);
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, ": not a JPEG or PNG image (first bytes", magic, ")"));
+}
+
+absl::Status ImageDecoder::SetScale(int denom) {
+  if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: scale 1/%d", name_, denom));
+  }
+  if (jpeg_ != nullptr) {
+    jpeg_->cinfo.scale_num = 1;
+    jpeg_->cinfo.scale_denom = denom;
+    if (!GuardedJpegCalcDimensions(jpeg_.get())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name_, ": corrupt JPEG: ", jpeg_->err.message));
+    }
+    scaled_width_ = static_cast<int>(jpeg_->cinfo.output_width);
+    scaled_height_ = static_cast<int>(jpeg_->cinfo.output_height);
+    return absl::OkStatus();
+  }
+  if (png_ != nullptr) {
+    if (denom != 1) return absl::InvalidArgumentError(name_ + ": PNG decodes only at full size");
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError("ImageDecoder::SetScale before Open");
+}
+
+absl::Status ImageDecoder::ReadRegion(int channels, int x0, int x1, int y0, int y1,
+                                      absl::FunctionRef<void(int, const uint8_t*)> row) {
+  if (channels != 1 && channels != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %d channels asked for (1 or 3)", name_, channels));
+  }
+  if (x0 < 0 || x0 >= x1 || x1 > scaled_width_ || y0 < 0 || y0 >= y1 || y1 > scaled_height_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: region [%d, %d) x [%d, %d) is not inside the %d x %d image", name_, x0,
+                        x1, y0, y1, scaled_width_, scaled_height_));
+  }
+  converted_row_.resize(static_cast<size_t>(x1 - x0) * channels);
+  if (jpeg_ != nullptr) return ReadJpegRegion(channels, x0, x1, y0, y1, row);
+  if (png_ != nullptr) return ReadPngRegion(channels, x0, x1, y0, y1, row);
+  return absl::FailedPreconditionError("ImageDecoder::ReadRegion before Open");
+}
+
+absl::Status ImageDecoder::ReadJpegRegion(int channels, int x0, int x1, int y0, int y1,
+                                          absl::FunctionRef<void(int, const uint8_t*)> row) {
+  JpegState* s = jpeg_.get();
+  JDIMENSION xoffset = static_cast<JDIMENSION>(x0);
+  JDIMENSION width = static_cast<JDIMENSION>(x1 - x0);
+  const bool crop = x0 > 0 || x1 < scaled_width_;
+  if (!GuardedJpegStart(s, &xoffset, &width, crop)) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": corrupt JPEG: ", s->err.message));
+  }
+  if (!crop) xoffset = 0;
+  const int bytes = LayoutBytes(s->layout);
+  native_row_.resize(static_cast<size_t>(s->cinfo.output_width) * bytes);
+  if (y0 > 0) {
+    JDIMENSION skipped = 0;
+    if (!GuardedJpegSkip(s, static_cast<JDIMENSION>(y0), &skipped)) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": corrupt JPEG: ", s->err.message));
+    }
+    if (skipped != static_cast<JDIMENSION>(y0)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: JPEG ended after %d of its rows", name_, skipped));
+    }
+  }
+  const uint8_t* first = native_row_.data() + static_cast<size_t>(x0 - xoffset) * bytes;
+  for (int y = y0; y < y1; ++y) {
+    JDIMENSION read = 0;
+    if (!GuardedJpegReadRow(s, native_row_.data(), &read)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: corrupt JPEG at row %d: %s", name_, y, s->err.message));
+    }
+    if (read != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: JPEG ended after %d of its rows", name_, y));
+    }
+    ConvertPixels(s->layout, first, x1 - x0, channels, converted_row_.data());
+    row(y, converted_row_.data());
+  }
+  jpeg_.reset();  // releases libjpeg's memory now; the rest of the file is not needed
+  return absl::OkStatus();
+}
+
+absl::Status ImageDecoder::ReadPngRegion(int channels, int x0, int x1, int y0, int y1,
+                                         absl::FunctionRef<void(int, const uint8_t*)> row) {
+  PngState* s = png_.get();
+  int native_channels = 0, bit_depth = 0, passes = 0;
+  if (!GuardedPngPrepare(s, &native_channels, &bit_depth, &passes)) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": corrupt PNG: ", s->message));
+  }
+  if (bit_depth == 16 && native_channels == 1) {
+    s->layout = NativeLayout::kGray16;
+  } else if (bit_depth == 8 && native_channels >= 1 && native_channels <= 4) {
+    constexpr NativeLayout kLayouts[] = {NativeLayout::kGray8, NativeLayout::kGrayAlpha8,
+                                         NativeLayout::kRgb8, NativeLayout::kRgba8};
+    s->layout = kLayouts[native_channels - 1];
+  } else {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: unsupported PNG layout (%d channels of %d bits)", name_, native_channels, bit_depth));
+  }
+  const size_t pixel_bytes = static_cast<size_t>(LayoutBytes(s->layout));
+  if (s->row_bytes != pixel_bytes * static_cast<size_t>(header_.width)) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: PNG rows are %d bytes, expected %d",
+                                                      name_, s->row_bytes,
+                                                      pixel_bytes * header_.width));
+  }
+  const size_t offset = pixel_bytes * static_cast<size_t>(x0);
+  if (passes > 1) {
+    // Adam7: every pass touches every row, so the whole image is decoded first.
+    whole_image_.resize(s->row_bytes * static_cast<size_t>(header_.height));
+    row_pointers_.resize(header_.height);
+    for (int y = 0; y < header_.height; ++y) {
+      row_pointers_[y] = whole_image_.data() + y * s->row_bytes;
+    }
+    if (!GuardedPngReadImage(s, row_pointers_.data())) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": corrupt PNG: ", s->message));
+    }
+    for (int y = y0; y < y1; ++y) {
+      ConvertPixels(s->layout, row_pointers_[y] + offset, x1 - x0, channels, converted_row_.data());
+      row(y, converted_row_.data());
+    }
+  } else {
+    native_row_.resize(s->row_bytes);
+    for (int y = 0; y < y1; ++y) {
+      if (!GuardedPngReadRow(s, native_row_.data())) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: corrupt PNG at row %d: %s", name_, y, s->message));
+      }
+      if (y < y0) continue;
+      ConvertPixels(s->layout, native_row_.data() + offset, x1 - x0, channels,
+                    converted_row_.data());
+      row(y, converted_row_.data());
+    }
+  }
+  png_.reset();
+  return absl::OkStatus();
+}
+
+}  // namespace stoker::image_internal

@@ -1,0 +1,91 @@
+// The streaming decoder under image_codec.h and image_transform.h: opens a JPEG or PNG, optionally
+// asks libjpeg for a DCT-scaled image (1/2, 1/4, 1/8), and hands out a rectangle of rows converted
+// to 1 or 3 channels (PIL's conversions, see image_codec.h), one row at a time, decoding no row
+// below the rectangle and, for JPEG, skipping the rows above it (jpeg_skip_scanlines) and the
+// columns beside it (jpeg_crop_scanline).
+//
+// Internal to data/image: the public entry points are DecodeImage and DecodeTransformed.
+//
+// Contract: errors are INVALID_ARGUMENT naming the file; the rectangle must lie inside the
+// (scaled) image. Data after the last row asked for is not read: a file truncated below the
+// rectangle decodes (its pixels there are not used). A decoder is reusable: Open starts over and
+// keeps the row buffers (no allocation in this class once warm; libjpeg and libpng allocate
+// their own state per image).
+#ifndef STOKER_DATA_IMAGE_IMAGE_DECODER_H_
+#define STOKER_DATA_IMAGE_IMAGE_DECODER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "data/image/image_codec.h"
+
+namespace stoker::image_internal {
+
+// The pixel layout a decoder produces before conversion to 1 or 3 channels.
+enum class NativeLayout {
+  kGray8,       // 1 byte
+  kGray16,      // 2 bytes, big-endian (PNG gray 16: PIL's mode "I", clipped to 0..255)
+  kGrayAlpha8,  // 2 bytes
+  kRgb8,        // 3 bytes
+  kRgba8,       // 4 bytes
+  kCmyk8,       // 4 bytes, Adobe (inverted) CMYK as libjpeg returns it
+};
+
+// Converts `count` pixels of `layout` to `channels` (1 or 3) as PIL does.
+void ConvertPixels(NativeLayout layout, const uint8_t* in, int count, int channels, uint8_t* out);
+
+struct JpegState;
+struct PngState;
+
+class ImageDecoder {
+ public:
+  ImageDecoder();
+  ~ImageDecoder();
+  ImageDecoder(const ImageDecoder&) = delete;
+  ImageDecoder& operator=(const ImageDecoder&) = delete;
+
+  // Reads the header of `data` (which must outlive the decoding) and checks the size bounds.
+  absl::Status Open(absl::string_view name, const uint8_t* data, size_t size);
+  const ImageHeader& header() const { return header_; }
+
+  // JPEG only: decode at 1/denom of the full size (denom 1, 2, 4 or 8); the scaled image is
+  // ceil(width / denom) x ceil(height / denom) (libjpeg's rounding). PNG supports only 1.
+  // Call after Open and before ReadRegion.
+  absl::Status SetScale(int denom);
+  int scaled_width() const { return scaled_width_; }
+  int scaled_height() const { return scaled_height_; }
+
+  // Decodes rows [y0, y1) and columns [x0, x1) of the (scaled) image converted to `channels`,
+  // calling `row(y, pixels)` for each y in order, with (x1 - x0) * channels bytes valid until the
+  // next call. One ReadRegion per Open.
+  absl::Status ReadRegion(int channels, int x0, int x1, int y0, int y1,
+                          absl::FunctionRef<void(int y, const uint8_t* pixels)> row);
+
+ private:
+  absl::Status ReadJpegRegion(int channels, int x0, int x1, int y0, int y1,
+                              absl::FunctionRef<void(int, const uint8_t*)> row);
+  absl::Status ReadPngRegion(int channels, int x0, int x1, int y0, int y1,
+                             absl::FunctionRef<void(int, const uint8_t*)> row);
+  void Close();
+
+  std::string name_;
+  ImageHeader header_;
+  int scaled_width_ = 0;
+  int scaled_height_ = 0;
+  std::unique_ptr<JpegState> jpeg_;
+  std::unique_ptr<PngState> png_;
+  std::vector<uint8_t> native_row_;     // one decoded row before conversion
+  std::vector<uint8_t> converted_row_;  // the region's columns after conversion
+  std::vector<uint8_t> whole_image_;    // interlaced PNG only
+  std::vector<uint8_t*> row_pointers_;  // into whole_image_
+};
+
+}  // namespace stoker::image_internal
+
+#endif  // STOKER_DATA_IMAGE_IMAGE_DECODER_H_
