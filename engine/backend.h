@@ -70,9 +70,14 @@ struct MlpConfig {
   // Seeds the weight initialisation (PyTorch's nn.Linear default: U(-1/sqrt(fan_in), +)).
   uint64_t seed = 1;
   OptimizerConfig optimizer;
-  // Input normalisation, done by the model on its own side: x = pixel * input_scale + input_shift.
-  float input_scale = 1.0f / 127.5f;
-  float input_shift = -1.0f;
+  // Input normalisation, done by the model on its own side, per channel: a sample's values are
+  // `input_channels` equal blocks (an image's [C, H, W] planes, flattened), and value i, in
+  // channel c = i / (input_features / input_channels), becomes pixel * input_scale[c] +
+  // input_shift[c]. input_scale and input_shift hold one value per channel, or one for all.
+  // The defaults map [0, 255] to [-1, 1] (torchvision's Normalize(0.5, 0.5) after ToTensor).
+  int input_channels = 1;
+  std::vector<float> input_scale = {1.0f / 127.5f};
+  std::vector<float> input_shift = {-1.0f};
   LossScaleConfig loss_scale;
 };
 
@@ -118,9 +123,23 @@ struct NetworkConfig {
   // weights and biases) and the dropout masks (with the step number).
   uint64_t seed = 1;
   OptimizerConfig optimizer;
-  float input_scale = 1.0f / 127.5f;
-  float input_shift = -1.0f;
+  // Input normalisation, per channel, as MlpConfig's. The channels are input_shape[0] for a
+  // {C, H, W} input (input_channels is then 0 or C); a flat {features} input is input_channels
+  // equal blocks (0 = 1), as an MLP's (NetworkFromMlp).
+  int input_channels = 0;
+  std::vector<float> input_scale = {1.0f / 127.5f};
+  std::vector<float> input_shift = {-1.0f};
   LossScaleConfig loss_scale;
+};
+
+// The normalisation a model applies to uint8 samples, one value per channel: a sample is
+// `channels` consecutive planes of `plane` values, and a value of plane c becomes
+// pixel * scale[c] + shift[c] (computed in fp32, a multiply then an add, no FMA).
+struct ChannelNormalization {
+  int channels = 1;
+  int64_t plane = 0;         // values per channel of one sample
+  std::vector<float> scale;  // [channels]
+  std::vector<float> shift;  // [channels]
 };
 
 // A batch as it sits in a ring slot: `count` samples of `input_features` uint8 values each,
@@ -252,10 +271,30 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend();
 // ---- Helpers shared by backends (mlp_common.cc) ----
 
 // INVALID_ARGUMENT, naming the field, unless: input_features > 0, 1 <= classes <= 256 (labels are
-// uint8), every hidden width > 0, max_batch > 0, finite input_scale and input_shift, and the
-// optimizer and loss scale pass ValidateTrainingOptions (learning_rate >= 0, 0 <= momentum <= 1,
-// weight_decay >= 0, ...).
+// uint8), every hidden width > 0, max_batch > 0, input_channels >= 1 dividing input_features,
+// input_scale and input_shift of 1 or input_channels values each (every scale finite and != 0,
+// every shift finite), and the optimizer and loss scale pass ValidateTrainingOptions
+// (learning_rate >= 0, 0 <= momentum <= 1, weight_decay >= 0, ...).
 absl::Status ValidateMlpConfig(const MlpConfig& config);
+
+// The per-channel normalisation of a config that ValidateMlpConfig (ValidateNetworkConfig)
+// accepts: input_scale and input_shift expanded to one value per channel.
+ChannelNormalization InputNormalization(const MlpConfig& config);
+ChannelNormalization InputNormalization(const NetworkConfig& config);
+
+// The checks of input_channels, input_scale and input_shift that ValidateMlpConfig and
+// ValidateNetworkConfig share, for a sample of `features` values in `channels` channels;
+// `channels_name` names where the channel count came from ("input_channels", "input_shape[0]").
+absl::Status ValidateInputNormalization(int64_t features, int channels,
+                                        const std::string& channels_name,
+                                        const std::vector<float>& scale,
+                                        const std::vector<float>& shift);
+
+// `scale` and `shift` (1 or `channels` values each) expanded to one value per channel, for a
+// sample of `features` values; arguments that ValidateInputNormalization accepts.
+ChannelNormalization ExpandNormalization(int64_t features, int channels,
+                                         const std::vector<float>& scale,
+                                         const std::vector<float>& shift);
 
 // INVALID_ARGUMENT unless samples/labels are set, 1 <= count <= config.max_batch and every label is
 // < config.classes.
@@ -287,7 +326,9 @@ absl::StatusOr<std::vector<std::vector<int>>> NetworkShapes(const NetworkConfig&
 
 // INVALID_ARGUMENT, naming the layer or field, unless every layer fits its input (kernel no larger
 // than the padded input, positive sizes, 0 <= rate < 1, Conv2d/MaxPool2d on [C, H, W] only), the
-// output is flat with `classes` features, and the rest is as ValidateMlpConfig asks, plus: AdamW
+// output is flat with `classes` features, input_channels is 0 or input_shape[0] for a {C, H, W}
+// input (0 or a divisor of the features for a flat one), input_scale and input_shift hold 1 or
+// C values, and the rest is as ValidateMlpConfig asks, plus: AdamW
 // betas in [0, 1), eps > 0, nesterov only with SGD momentum > 0, clip_grad_norm >= 0, and a sane
 // LossScaleConfig (initial > 0, growth_interval >= 1, growth_factor > 1, 0 < backoff_factor < 1).
 absl::Status ValidateNetworkConfig(const NetworkConfig& config);
@@ -331,9 +372,9 @@ std::vector<NamedTensor> InitialNetworkParameters(
     const NetworkConfig& config, ParameterNaming naming = ParameterNaming::kByLayer);
 
 // The MLP as a network: Linear(+ReLU) per hidden width, then Linear to the classes; same seed,
-// optimizer and precision. Its initial parameters equal InitialMlpParameters(mlp) value for value,
-// and name for name under ParameterNaming::kMlp (by layer index, layers.0, layers.2, ..., under
-// kByLayer).
+// optimizer, precision and input normalisation (a flat input of input_channels blocks). Its initial
+// parameters equal InitialMlpParameters(mlp) value for value, and name for name under
+// ParameterNaming::kMlp (by layer index, layers.0, layers.2, ..., under kByLayer).
 NetworkConfig NetworkFromMlp(const MlpConfig& mlp);
 
 // Multiply-adds x 2 of one sample's forward pass (Conv2d and Linear layers only); 0 for a bad

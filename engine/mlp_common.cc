@@ -1,7 +1,11 @@
 // Backend-independent parts of the MLP contract: config and batch checks, the seeded
 // initialisation, and the route an MLP takes (Backend::CreateMlp).
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -28,6 +32,24 @@ double UnitUniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 1
 
 }  // namespace
 
+ChannelNormalization ExpandNormalization(int64_t features, int channels,
+                                         const std::vector<float>& scale,
+                                         const std::vector<float>& shift) {
+  // Arguments the validation refuses still give a well-formed (if meaningless) result.
+  ChannelNormalization out;
+  out.channels = std::max(channels, 1);
+  out.plane = features / out.channels;
+  auto value = [](const std::vector<float>& values, int c, float fallback) {
+    if (values.empty()) return fallback;
+    return values.size() == 1 ? values[0] : values[std::min<size_t>(c, values.size() - 1)];
+  };
+  for (int c = 0; c < out.channels; ++c) {
+    out.scale.push_back(value(scale, c, 1.0f));
+    out.shift.push_back(value(shift, c, 0.0f));
+  }
+  return out;
+}
+
 absl::Status ValidateMlpConfig(const MlpConfig& config) {
   if (config.input_features <= 0) {
     return absl::InvalidArgumentError(
@@ -47,10 +69,42 @@ absl::Status ValidateMlpConfig(const MlpConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_batch must be > 0, got ", config.max_batch));
   }
-  if (!std::isfinite(config.input_scale) || !std::isfinite(config.input_shift)) {
-    return absl::InvalidArgumentError("input_scale and input_shift must be finite");
-  }
+  STOKER_RETURN_IF_ERROR(ValidateInputNormalization(config.input_features, config.input_channels,
+                                                    "input_channels", config.input_scale,
+                                                    config.input_shift));
   return ValidateTrainingOptions(config.optimizer, config.loss_scale);
+}
+
+absl::Status ValidateInputNormalization(int64_t features, int channels,
+                                        const std::string& channels_name,
+                                        const std::vector<float>& scale,
+                                        const std::vector<float>& shift) {
+  if (channels < 1 || features % channels != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(channels_name, " must be >= 1 and divide the ",
+                                                   features, " values of a sample, got ",
+                                                   channels));
+  }
+  for (const auto& [name, values] : {std::pair{"input_scale", &scale}, {"input_shift", &shift}}) {
+    if (values->size() != 1 && values->size() != static_cast<size_t>(channels)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " holds ", values->size(), " values; it needs 1 (every channel) or ",
+                       channels, " (one per channel: ", channels_name, ")"));
+    }
+    for (size_t c = 0; c < values->size(); ++c) {
+      const float v = (*values)[c];
+      const bool is_scale = values == &scale;
+      if (!std::isfinite(v) || (is_scale && v == 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(name, "[", c, "] must be finite",
+                                                       is_scale ? " and != 0" : "", ", got ", v));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+ChannelNormalization InputNormalization(const MlpConfig& config) {
+  return ExpandNormalization(config.input_features, config.input_channels, config.input_scale,
+                             config.input_shift);
 }
 
 absl::Status ValidateLearningRate(double learning_rate) {

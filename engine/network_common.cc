@@ -28,6 +28,13 @@ int64_t Product(const std::vector<int>& shape) {
   return product;
 }
 
+// The channels the input normalisation sees: C of a {C, H, W} input, input_channels (0 = 1) of a
+// flat one.
+int InputChannels(const NetworkConfig& config) {
+  if (config.input_shape.size() == 3) return config.input_shape[0];
+  return config.input_channels == 0 ? 1 : config.input_channels;
+}
+
 // Uniform in [0, 1) from the top 53 bits (as mlp_common.cc: independent of the standard library).
 double UnitUniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
@@ -212,11 +219,25 @@ absl::Status ValidateNetworkConfig(const NetworkConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_batch must be > 0, got ", config.max_batch));
   }
-  if (!std::isfinite(config.input_scale) || !std::isfinite(config.input_shift)) {
-    return absl::InvalidArgumentError("input_scale and input_shift must be finite");
-  }
   if (absl::Status s = NetworkShapes(config).status(); !s.ok()) return s;
+  const bool image = config.input_shape.size() == 3;
+  if (image && config.input_channels != 0 && config.input_channels != config.input_shape[0]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input_channels must be 0 or input_shape[0] (", config.input_shape[0],
+                     ") for a [C, H, W] input, got ", config.input_channels));
+  }
+  if (absl::Status s = ValidateInputNormalization(
+          Product(config.input_shape), InputChannels(config),
+          image ? "input_shape[0]" : "input_channels", config.input_scale, config.input_shift);
+      !s.ok()) {
+    return s;
+  }
   return ValidateTrainingOptions(config.optimizer, config.loss_scale);
+}
+
+ChannelNormalization InputNormalization(const NetworkConfig& config) {
+  return ExpandNormalization(Product(config.input_shape), InputChannels(config), config.input_scale,
+                             config.input_shift);
 }
 
 absl::Status ValidateBatch(const NetworkConfig& config, const BatchView& batch) {
@@ -276,6 +297,7 @@ NetworkConfig NetworkFromMlp(const MlpConfig& mlp) {
   config.precision = mlp.precision;
   config.seed = mlp.seed;
   config.optimizer = mlp.optimizer;
+  config.input_channels = mlp.input_channels;
   config.input_scale = mlp.input_scale;
   config.input_shift = mlp.input_shift;
   config.loss_scale = mlp.loss_scale;

@@ -15,12 +15,12 @@ const KernelTable& Kernels() {
 
 }  // namespace
 
-void NormalizeToF32(const uint8_t* src, int64_t n, float scale, float shift, float* dst) {
-  Kernels().normalize_to_f32(src, n, scale, shift, dst);
+void NormalizeToF32(const uint8_t* src, int64_t n, const ChannelAffine& affine, float* dst) {
+  Kernels().normalize_to_f32(src, n, affine, dst);
 }
 
-void NormalizeToBf16(const uint8_t* src, int64_t n, float scale, float shift, bf16_t* dst) {
-  Kernels().normalize_to_bf16(src, n, scale, shift, dst);
+void NormalizeToBf16(const uint8_t* src, int64_t n, const ChannelAffine& affine, bf16_t* dst) {
+  Kernels().normalize_to_bf16(src, n, affine, dst);
 }
 
 double SoftmaxCrossEntropy(const float* logits, const uint8_t* labels, int rows, int classes,

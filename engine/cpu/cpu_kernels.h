@@ -10,9 +10,22 @@
 
 namespace stoker::cpu {
 
-// dst[i] = src[i] * scale + shift for i < n (computed in fp32, then rounded for bf16).
-void NormalizeToF32(const uint8_t* src, int64_t n, float scale, float shift, float* dst);
-void NormalizeToBf16(const uint8_t* src, int64_t n, float scale, float shift, bf16_t* dst);
+// Per-channel input normalisation of a batch: consecutive planes of `plane` values, the planes of
+// each sample in channel order (NCHW, or a flat sample cut into `channels` equal blocks), so plane
+// p is in channel p % channels. `scale` and `shift` point to `channels` values each.
+struct ChannelAffine {
+  int channels = 1;
+  int64_t plane = 1;
+  const float* scale = nullptr;
+  const float* shift = nullptr;
+};
+
+// dst[i] = src[i] * scale[c] + shift[c] for i < n, c = (i / plane) % channels (computed in fp32,
+// a multiply then an add, then rounded for bf16). n must be a multiple of channels * plane. Every
+// plane uses constants (no division per value); when all channels share their values, the whole
+// batch runs as one plane.
+void NormalizeToF32(const uint8_t* src, int64_t n, const ChannelAffine& affine, float* dst);
+void NormalizeToBf16(const uint8_t* src, int64_t n, const ChannelAffine& affine, bf16_t* dst);
 
 // Softmax cross-entropy of `rows` x `classes` logits against `labels` (each < classes).
 // Returns the summed loss (in double). When `grad` is set it receives d(mean loss)/d(logits),

@@ -5,13 +5,14 @@
 #include <cstdint>
 
 #include "engine/bf16.h"
+#include "engine/cpu/cpu_kernels.h"
 
 namespace stoker::cpu {
 
 // Signatures and contracts as in cpu_kernels.h.
 struct KernelTable {
-  void (*normalize_to_f32)(const uint8_t*, int64_t, float, float, float*);
-  void (*normalize_to_bf16)(const uint8_t*, int64_t, float, float, bf16_t*);
+  void (*normalize_to_f32)(const uint8_t*, int64_t, const ChannelAffine&, float*);
+  void (*normalize_to_bf16)(const uint8_t*, int64_t, const ChannelAffine&, bf16_t*);
   double (*softmax_cross_entropy)(const float*, const uint8_t*, int, int, float*, int64_t*);
   void (*finish_output_grad_f32)(const float*, int, int, float*, float*, bf16_t*);
   void (*finish_output_grad_bf16)(const bf16_t*, int, int, float*, float*, bf16_t*);

@@ -42,8 +42,9 @@ TEST(CpuKernelsTest, NormalizeMatchesFormula) {
   std::vector<float> f32(pixels.size());
   std::vector<bf16_t> bf16(pixels.size());
   const float scale = 1.0f / 127.5f, shift = -1.0f;
-  NormalizeToF32(pixels.data(), pixels.size(), scale, shift, f32.data());
-  NormalizeToBf16(pixels.data(), pixels.size(), scale, shift, bf16.data());
+  const ChannelAffine affine{1, static_cast<int64_t>(pixels.size()), &scale, &shift};
+  NormalizeToF32(pixels.data(), pixels.size(), affine, f32.data());
+  NormalizeToBf16(pixels.data(), pixels.size(), affine, bf16.data());
   for (size_t i = 0; i < pixels.size(); ++i) {
     const double expected = pixels[i] / 127.5 - 1.0;
     ASSERT_NEAR(f32[i], expected, 1e-6) << i;
@@ -143,9 +144,14 @@ TEST(CpuKernelsTest, GenericAndAvx512BuildsAgree) {
   std::vector<uint8_t> labels(rows);
   for (int r = 0; r < rows; ++r) labels[r] = static_cast<uint8_t>(r % cols);
 
+  // One value for all channels, and one per channel (planes of 2000 values, 25 samples).
+  const float scale = 1 / 255.0f, shift = -0.5f;
+  const ChannelAffine uniform{1, n, &scale, &shift};
+  const float scales[] = {1 / 58.0f, 1 / 57.0f, 1 / 57.5f}, shifts[] = {-2.1f, -2.0f, -1.8f};
+  const ChannelAffine per_channel{3, 2000, scales, shifts};
   struct Outputs {
-    std::vector<float> normalized, softmax_grad, grad, bias, weight, velocity;
-    std::vector<bf16_t> normalized_bf16, grad_bf16, weight_bf16;
+    std::vector<float> normalized, normalized_channels, softmax_grad, grad, bias, weight, velocity;
+    std::vector<bf16_t> normalized_bf16, normalized_channels_bf16, grad_bf16, weight_bf16;
     double loss = 0;
   } out[2];
   for (int t = 0; t < 2; ++t) {
@@ -153,8 +159,12 @@ TEST(CpuKernelsTest, GenericAndAvx512BuildsAgree) {
     Outputs& o = out[t];
     o.normalized.resize(n);
     o.normalized_bf16.resize(n);
-    k.normalize_to_f32(pixels.data(), n, 1 / 255.0f, -0.5f, o.normalized.data());
-    k.normalize_to_bf16(pixels.data(), n, 1 / 255.0f, -0.5f, o.normalized_bf16.data());
+    k.normalize_to_f32(pixels.data(), n, uniform, o.normalized.data());
+    k.normalize_to_bf16(pixels.data(), n, uniform, o.normalized_bf16.data());
+    o.normalized_channels.resize(n);
+    o.normalized_channels_bf16.resize(n);
+    k.normalize_to_f32(pixels.data(), n, per_channel, o.normalized_channels.data());
+    k.normalize_to_bf16(pixels.data(), n, per_channel, o.normalized_channels_bf16.data());
     o.softmax_grad.resize(rows * cols);
     o.loss = k.softmax_cross_entropy(grad_in.data(), labels.data(), rows, cols,
                                      o.softmax_grad.data(), nullptr);
@@ -172,6 +182,8 @@ TEST(CpuKernelsTest, GenericAndAvx512BuildsAgree) {
   EXPECT_EQ(out[0].loss, out[1].loss);
   EXPECT_EQ(out[0].normalized, out[1].normalized);
   EXPECT_EQ(out[0].normalized_bf16, out[1].normalized_bf16);
+  EXPECT_EQ(out[0].normalized_channels, out[1].normalized_channels);
+  EXPECT_EQ(out[0].normalized_channels_bf16, out[1].normalized_channels_bf16);
   EXPECT_EQ(out[0].softmax_grad, out[1].softmax_grad);
   EXPECT_EQ(out[0].grad, out[1].grad);
   EXPECT_EQ(out[0].grad_bf16, out[1].grad_bf16);

@@ -102,6 +102,7 @@ class CpuMlp final : public Model {
   void RefreshBf16Weights();
 
   const MlpConfig config_;
+  const ChannelNormalization normalization_;  // of uint8 samples, per channel
   const bool bf16_;
   dnnl::engine engine_;
   dnnl::stream stream_;
@@ -113,6 +114,7 @@ class CpuMlp final : public Model {
 
 CpuMlp::CpuMlp(const MlpConfig& config)
     : config_(config),
+      normalization_(InputNormalization(config)),
       bf16_(config.precision == Precision::kBf16),
       engine_(dnnl::engine::kind::cpu, 0),
       stream_(engine_) {
@@ -259,12 +261,12 @@ void CpuMlp::LoadInput(const BatchView& batch) {
     }
     return;
   }
+  const cpu::ChannelAffine affine{normalization_.channels, normalization_.plane,
+                                  normalization_.scale.data(), normalization_.shift.data()};
   if (bf16_) {
-    cpu::NormalizeToBf16(batch.samples, n, config_.input_scale, config_.input_shift,
-                         reinterpret_cast<bf16_t*>(input_.data()));
+    cpu::NormalizeToBf16(batch.samples, n, affine, reinterpret_cast<bf16_t*>(input_.data()));
   } else {
-    cpu::NormalizeToF32(batch.samples, n, config_.input_scale, config_.input_shift,
-                        reinterpret_cast<float*>(input_.data()));
+    cpu::NormalizeToF32(batch.samples, n, affine, reinterpret_cast<float*>(input_.data()));
   }
 }
 

@@ -193,6 +193,7 @@ class CpuNetwork final : public Model {
   std::vector<std::pair<std::string, std::vector<float>>> ScalarState() const;
 
   const NetworkConfig config_;
+  const ChannelNormalization normalization_;    // of uint8 samples, per channel
   const std::vector<std::vector<int>> shapes_;  // per activation, without the batch
   const ParameterNaming naming_;
   // NHWC: oneDNN 2.6 runs NCHW convolutions as im2col + GEMM here; with NHWC it picks its
@@ -221,6 +222,7 @@ class CpuNetwork final : public Model {
 CpuNetwork::CpuNetwork(const NetworkConfig& config, std::vector<std::vector<int>> shapes,
                        ParameterNaming naming)
     : config_(config),
+      normalization_(InputNormalization(config)),
       shapes_(std::move(shapes)),
       naming_(naming),
       engine_(dnnl::engine::kind::cpu, 0),
@@ -637,12 +639,14 @@ void CpuNetwork::LoadInput(const BatchView& batch) {
     } else {
       std::memcpy(input, batch.features, n * sizeof(float));
     }
-  } else if (bf16()) {
-    cpu::NormalizeToBf16(batch.samples, n, config_.input_scale, config_.input_shift,
-                         reinterpret_cast<bf16_t*>(input));
   } else {
-    cpu::NormalizeToF32(batch.samples, n, config_.input_scale, config_.input_shift,
-                        reinterpret_cast<float*>(input));
+    const cpu::ChannelAffine affine{normalization_.channels, normalization_.plane,
+                                    normalization_.scale.data(), normalization_.shift.data()};
+    if (bf16()) {
+      cpu::NormalizeToBf16(batch.samples, n, affine, reinterpret_cast<bf16_t*>(input));
+    } else {
+      cpu::NormalizeToF32(batch.samples, n, affine, reinterpret_cast<float*>(input));
+    }
   }
   if (fp16()) cpu::RoundToFp16InPlace(reinterpret_cast<float*>(input), n);
 }

@@ -66,9 +66,9 @@ double ReferenceLoss(const MlpConfig& config, const DoubleParams& params, const 
   for (int s = 0; s < batch.count; ++s) {
     std::vector<double> x(config.input_features);
     for (int i = 0; i < config.input_features; ++i) {
-      x[i] =
-          batch.samples[s * config.input_features + i] * static_cast<double>(config.input_scale) +
-          config.input_shift;
+      x[i] = batch.samples[s * config.input_features + i] *
+                 static_cast<double>(config.input_scale[0]) +
+             config.input_shift[0];
     }
     const size_t layers = params.size() / 2;
     for (size_t l = 0; l < layers; ++l) {
@@ -458,7 +458,7 @@ TEST(CpuMlpTest, RejectsBadConfigs) {
   EXPECT_EQ(code([](MlpConfig& c) { c.optimizer.momentum = 1.5; }), StatusCode::kInvalidArgument);
   EXPECT_EQ(code([](MlpConfig& c) { c.optimizer.weight_decay = -1; }),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(code([](MlpConfig& c) { c.input_scale = INFINITY; }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code([](MlpConfig& c) { c.input_scale = {INFINITY}; }), StatusCode::kInvalidArgument);
   EXPECT_EQ(code([](MlpConfig& c) { c.precision = Precision::kFp16; }), StatusCode::kOk);
 }
 

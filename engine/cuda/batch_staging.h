@@ -25,8 +25,9 @@ namespace stoker::cuda {
 // What a model's input is made of, and how staged samples become it.
 struct InputFormat {
   int64_t values_per_sample = 0;  // features (or pixels) per sample
-  float scale = 1.0f;             // uint8 samples: pixel * scale + shift
-  float shift = 0.0f;
+  // uint8 samples, per channel: pixel * scale[c] + shift[c] (InputNormalization(config); its
+  // plane times its channels is values_per_sample).
+  ChannelNormalization normalization;
   DType type = DType::kF32;  // the input's element type (the model's compute type)
 };
 
@@ -39,8 +40,11 @@ class BatchStaging {
   ~BatchStaging();
 
   // Allocates both slots, each with room for `max_batch` samples as float features (the larger
-  // of the two input forms) and their labels, and creates the slots' events. Call once, on the
-  // model's device. RESOURCE_EXHAUSTED when device memory runs out, INTERNAL for other errors.
+  // of the two input forms) and their labels, creates the slots' events and, when the channels'
+  // normalisations differ, copies them to the device (else one scale and shift serve the whole
+  // batch, as kernel arguments). Call once, on the model's device. RESOURCE_EXHAUSTED when
+  // device memory runs out, INVALID_ARGUMENT for a normalisation that does not fit
+  // values_per_sample, INTERNAL for other errors.
   absl::Status Init(int max_batch, const InputFormat& format);
 
   // Enqueues the copy of `batch` (already validated against the model) into the next slot on
@@ -63,6 +67,8 @@ class BatchStaging {
 
  private:
   InputFormat format_;
+  bool per_channel_ = false;     // the channels' normalisations differ
+  DeviceBuffer channel_values_;  // per_channel_: [scale x channels, shift x channels], fp32
   DeviceBuffer samples_[2];
   DeviceBuffer labels_[2];
   cudaEvent_t copy_done_[2] = {nullptr, nullptr};     // recorded on the copy stream

@@ -184,8 +184,7 @@ absl::Status CudaMlp::Init(int device) {
   STOKER_ASSIGN_BUFFER(input_, max_batch * config_.input_features * compute_bytes);
   STOKER_RETURN_IF_ERROR(
       staging_.Init(config_.max_batch, {.values_per_sample = config_.input_features,
-                                        .scale = config_.input_scale,
-                                        .shift = config_.input_shift,
+                                        .normalization = InputNormalization(config_),
                                         .type = type_}));
 
   std::vector<int> widths = config_.hidden;

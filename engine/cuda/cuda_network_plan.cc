@@ -151,8 +151,7 @@ absl::Status CudaNetwork::BuildLayers() {
 absl::Status CudaNetwork::AllocateStepBuffers() {
   STOKER_RETURN_IF_ERROR(
       staging_.Init(config_.max_batch, {.values_per_sample = Product(config_.input_shape),
-                                        .scale = config_.input_scale,
-                                        .shift = config_.input_shift,
+                                        .normalization = InputNormalization(config_),
                                         .type = type_}));
   if (clipping()) STOKER_ASSIGN_BUFFER(clip_, sizeof(cuda::ClipState));
   const cudaStream_t stream = context_->compute_stream();

@@ -30,6 +30,23 @@ __global__ void NormalizeInputKernel(const uint8_t* samples, int64_t n, float sc
   }
 }
 
+// blockIdx.y strides over the planes (its channel's constants loaded once), x over a plane.
+template <typename T>
+__global__ void NormalizeInputPerChannelKernel(const uint8_t* samples, int64_t planes,
+                                               int64_t plane, int channels, const float* scale,
+                                               const float* shift, T* out) {
+  for (int64_t p = blockIdx.y; p < planes; p += gridDim.y) {
+    const int c = static_cast<int>(p % channels);
+    const float a = scale[c];
+    const float b = shift[c];
+    const uint8_t* in = samples + p * plane;
+    T* o = out + p * plane;
+    STOKER_GRID_STRIDE_LOOP(i, plane) {
+      o[i] = FromFloat<T>(__fadd_rn(__fmul_rn(static_cast<float>(in[i]), a), b));
+    }
+  }
+}
+
 template <typename T>
 __global__ void ConvertFloatKernel(const float* in, int64_t n, T* out) {
   STOKER_GRID_STRIDE_LOOP(i, n) { out[i] = FromFloat<T>(in[i]); }
@@ -174,6 +191,23 @@ cudaError_t LaunchNormalizeInput(const uint8_t* samples, int64_t n, float scale,
     using T = decltype(zero);
     NormalizeInputKernel<T><<<ElementwiseBlocks(n), kThreads, 0, stream>>>(samples, n, scale, shift,
                                                                            static_cast<T*>(out));
+  });
+}
+
+cudaError_t LaunchNormalizeInputPerChannel(const uint8_t* samples, int64_t planes, int64_t plane,
+                                           int channels, const float* scale, const float* shift,
+                                           DType type, void* out, cudaStream_t stream) {
+  if (samples == nullptr || out == nullptr || scale == nullptr || shift == nullptr || planes <= 0 ||
+      plane <= 0 || channels <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  // grid.y is limited to 65535; the kernel strides over the rest.
+  const dim3 grid(ElementwiseBlocks(plane),
+                  static_cast<unsigned>(std::min<int64_t>(planes, 65535)));
+  return DispatchType(type, [&](auto zero) {
+    using T = decltype(zero);
+    NormalizeInputPerChannelKernel<T><<<grid, kThreads, 0, stream>>>(
+        samples, planes, plane, channels, scale, shift, static_cast<T*>(out));
   });
 }
 

@@ -50,6 +50,13 @@ struct SgdTensor {
 // to `type`.
 cudaError_t LaunchNormalizeInput(const uint8_t* samples, int64_t n, float scale, float shift,
                                  DType type, void* out, cudaStream_t stream);
+// The same per channel: `planes` consecutive planes of `plane` values, plane p in channel
+// p % channels (a batch of [C, H, W] samples, or of flat samples cut into C equal blocks), and
+// out[i] = samples[i] * scale[c] + shift[c] with the same roundings. `scale` and `shift` are
+// device arrays of `channels` floats; each block reads them once per plane.
+cudaError_t LaunchNormalizeInputPerChannel(const uint8_t* samples, int64_t planes, int64_t plane,
+                                           int channels, const float* scale, const float* shift,
+                                           DType type, void* out, cudaStream_t stream);
 // out[i] = features[i] in `type`.
 cudaError_t LaunchConvertFloat(const float* features, int64_t n, DType type, void* out,
                                cudaStream_t stream);
