@@ -4,6 +4,7 @@
 // libjpeg/libpng calls; every C++ object (vectors, strings, statuses) lives in the callers.
 #include "data/image/image_decoder.h"
 
+#include <algorithm>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
@@ -437,9 +438,16 @@ absl::Status ImageDecoder::ReadRegion(int channels, int x0, int x1, int y0, int 
 absl::Status ImageDecoder::ReadJpegRegion(int channels, int x0, int x1, int y0, int y1,
                                           absl::FunctionRef<void(int, const uint8_t*)> row) {
   JpegState* s = jpeg_.get();
-  JDIMENSION xoffset = static_cast<JDIMENSION>(x0);
-  JDIMENSION width = static_cast<JDIMENSION>(x1 - x0);
-  const bool crop = x0 > 0 || x1 < scaled_width_;
+  // jpeg_crop_scanline makes the decoded columns start on an iMCU boundary at or left of the
+  // offset asked for, and end exactly where asked. The chroma upsampler treats both ends as image
+  // edges, so the columns next to them differ from a full decode: ask for 2 more columns on
+  // each side (enough for 2x horizontal subsampling, the most libjpeg produces), then drop them.
+  constexpr int kCropMargin = 2;
+  const int crop_x0 = std::max(0, x0 - kCropMargin);
+  const int crop_x1 = std::min(scaled_width_, x1 + kCropMargin);
+  JDIMENSION xoffset = static_cast<JDIMENSION>(crop_x0);
+  JDIMENSION width = static_cast<JDIMENSION>(crop_x1 - crop_x0);
+  const bool crop = crop_x0 > 0 || crop_x1 < scaled_width_;
   if (!GuardedJpegStart(s, &xoffset, &width, crop)) {
     return absl::InvalidArgumentError(absl::StrCat(name_, ": corrupt JPEG: ", s->err.message));
   }

@@ -1,0 +1,78 @@
+// PIL's bilinear resampling (Image.resize(size, BILINEAR, box)), which torchvision's Resize and
+// RandomResizedCrop run on PIL images, as precomputed taps per output row and column and two
+// passes (horizontal, then vertical, with an 8-bit intermediate as PIL has).
+//
+// The facts reproduced (from PIL's documented behaviour and measured against it in image_test):
+// - for output index i of an axis resized from the box [in0, in1) to n outputs,
+//   scale = (in1 - in0) / n, filterscale = max(scale, 1), support = filterscale (the triangle
+//   filter's support 1 widened by the downscale: antialiasing), center = in0 + (i + 0.5) * scale,
+//   taps over source pixels [int(center - support + 0.5), int(center + support + 0.5)) clipped to
+//   the image, weight of pixel x = max(0, 1 - |(x - center + 0.5) / filterscale|), normalised to
+//   sum 1;
+// - weights in fixed point with 22 fraction bits, rounded half away from zero; a pass sums
+//   pixel * weight from 2^21 (so the >> 22 rounds) and clamps to 0..255.
+//
+// Internal to data/image (image_transform.cc uses it; image_test checks it against PIL).
+#ifndef STOKER_DATA_IMAGE_IMAGE_RESAMPLE_H_
+#define STOKER_DATA_IMAGE_IMAGE_RESAMPLE_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace stoker::image_internal {
+
+inline constexpr int kResampleFractionBits = 22;
+
+// One axis of a resize, in PIL's terms, generalised to cover torchvision's crop, pad and
+// center-crop around it:
+// - the taps are clipped to the window [window_lo, window_hi) of source positions (PIL clips to
+//   its input image: for torchvision's crop-then-resize the input is the crop, so the window is
+//   the crop box; for a resize of the whole image it is [0, size));
+// - the box [in0, in1) is relative to window_lo (fractional when the source is a DCT-scaled
+//   JPEG);
+// - out_full outputs make the whole resize; this axis produces outputs
+//   [out_begin, out_begin + out_count) of it, and those outside [0, out_full) are 0 (the zero
+//   padding of torchvision's CenterCrop);
+// - source positions outside [0, image_size) are zero pixels (PIL's crop pads with zeros): their
+//   taps are dropped, keeping the other weights as they are.
+struct AxisSpec {
+  int window_lo = 0;
+  int window_hi = 0;
+  double in0 = 0;
+  double in1 = 0;
+  int out_full = 0;
+  int out_begin = 0;
+  int out_count = 0;
+  int image_size = 0;
+};
+
+// Precomputed taps: output o reads source positions [start[o], start[o] + count[o]) with
+// weights coeffs[o * ksize ...]. `start` is absolute (source coordinates); count may be 0
+// (output 0). [src_lo, src_hi) is the union of all taps (empty when src_lo >= src_hi).
+struct AxisTaps {
+  int ksize = 0;
+  int src_lo = 0;
+  int src_hi = 0;
+  std::vector<int32_t> coeffs;
+  std::vector<int32_t> start;
+  std::vector<int32_t> count;
+};
+
+// Fills `taps` (reusing its vectors). With `reverse`, output o gets the taps of output
+// out_count - 1 - o (a horizontal flip after the resize).
+void ComputeAxisTaps(const AxisSpec& spec, bool reverse, AxisTaps* taps);
+
+// Horizontal pass of one row: `row` holds source columns [row_lo, ...) with `channels` (1 or 3)
+// interleaved bytes each, and covers every tap; writes taps.start.size() pixels to `out`.
+void ResampleRowHorizontal(const AxisTaps& taps, const uint8_t* row, int row_lo, int channels,
+                           uint8_t* out);
+
+// Vertical pass: `rows` holds source rows [rows_lo, ...) of `row_bytes` bytes each (the
+// horizontal pass's output), covering every tap; writes output row `o` (row_bytes bytes) to
+// `out`, using `acc` (row_bytes int32 values) as the accumulator.
+void ResampleRowVertical(const AxisTaps& taps, int o, const uint8_t* rows, int rows_lo,
+                         int row_bytes, int32_t* acc, uint8_t* out);
+
+}  // namespace stoker::image_internal
+
+#endif  // STOKER_DATA_IMAGE_IMAGE_RESAMPLE_H_
