@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "data/dataset.h"
+#include "data/image_dataset.h"
 #include "server/scheduler.h"
 #include "spec/job_options.h"
 #include "spec/job_spec.h"
@@ -41,8 +42,63 @@ absl::Status RequireId(const std::string& value, const char* field) {
 // worker, which names the byte or line. Labels outside dataset.classes are refused here too
 // (OUT_OF_RANGE from the probe), naming the file as the job wrote it; a job that does not declare
 // dataset.classes (and is not a cnn) is not probed, and a bad label fails it on the worker.
+// Image datasets: what can be seen without building an index (ProbeImageDataset): image folders
+// have class directories and the test folder's classes are among the training folder's; every
+// shard a pattern names exists. Where the sample geometry is known (dataset.image.size, and the
+// channels from the job or the first training image) and the classes too (dataset.classes or the
+// training folder's class directories), a cnn is checked against them.
+absl::Status CheckImageDataset(const v1::JobSpec& written, const v1::JobSpec& resolved) {
+  const v1::DatasetSpec& data = resolved.dataset();
+  ImageDatasetProbe train;
+  for (auto [field, path] : {std::pair{"dataset.train_images", &data.train_images()},
+                             std::pair{"dataset.test_images", &data.test_images()}}) {
+    absl::StatusOr<ImageDatasetProbe> probe = ProbeImageDataset(data.format(), *path);
+    if (!probe.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", DatasetPathsAsWritten(probe.status().message(), written, resolved)));
+    }
+    if (path == &data.train_images()) {
+      train = std::move(*probe);
+      continue;
+    }
+    for (const std::string& name : probe->class_names) {
+      if (std::find(train.class_names.begin(), train.class_names.end(), name) ==
+          train.class_names.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": class directory '", name, "' is not among the training classes (",
+            absl::StrJoin(train.class_names.begin(),
+                          train.class_names.begin() + std::min<size_t>(train.class_names.size(), 8),
+                          ", "),
+            train.class_names.size() > 8 ? ", ..." : "", ")"));
+      }
+    }
+  }
+  const int classes =
+      data.classes() > 0 ? data.classes() : static_cast<int>(train.class_names.size());
+  const int channels = data.image().channels() > 0 ? data.image().channels()
+                       : train.first               ? (train.first->channels == 1 ? 1 : 3)
+                                                   : 0;
+  if (data.classes() > 0 && !train.class_names.empty() &&
+      static_cast<int>(train.class_names.size()) > data.classes()) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset.classes: ", data.classes(),
+                                                   ", but dataset.train_images has ",
+                                                   train.class_names.size(), " class directories"));
+  }
+  if (resolved.model().type() != "cnn" || classes == 0 || channels == 0 ||
+      data.image().size() == 0) {
+    return absl::OkStatus();
+  }
+  if (classes > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.train_images: ", classes, " class directories; at most 256 are supported"));
+  }
+  return ValidateModelForData(resolved, {channels, data.image().size(), data.image().size()},
+                              std::max(2, classes));
+}
+
 absl::Status CheckModelAgainstData(const v1::JobSpec& written, const v1::JobSpec& resolved) {
   const std::string& format = resolved.dataset().format();
+  if (IsImageFormat(format)) return CheckImageDataset(written, resolved);
   if (format != "idx" && format != "npy") return absl::OkStatus();
   if (resolved.model().type() != "cnn" && resolved.dataset().classes() == 0) {
     return absl::OkStatus();

@@ -48,4 +48,56 @@ LoaderOptions LoaderOptionsFromSpec(const v1::JobSpec& spec, uint32_t index) {
   return options;
 }
 
+namespace {
+
+ImageTransform BaseImageTransform(const v1::JobSpec& spec, const ImageHeader& first) {
+  const v1::ImageSpec& image = spec.dataset().image();
+  ImageTransform t;
+  t.channels = image.channels() != 0 ? image.channels() : (first.channels == 1 ? 1 : 3);
+  t.size = image.size();
+  if (t.size == 0) {
+    t.expect_height = first.height;
+    t.expect_width = first.width;
+  }
+  t.resize = image.resize();
+  return t;
+}
+
+}  // namespace
+
+ImageTransform EvalImageTransform(const v1::JobSpec& spec, const ImageHeader& first) {
+  return BaseImageTransform(spec, first);
+}
+
+ImageTransform TrainImageTransform(const v1::JobSpec& spec, const ImageHeader& first) {
+  ImageTransform t = BaseImageTransform(spec, first);
+  const v1::ImageSpec& image = spec.dataset().image();
+  if (image.has_random_resized_crop() && t.size > 0) {
+    const v1::RandomResizedCropSpec& crop = image.random_resized_crop();
+    t.random_resized_crop = true;
+    if (crop.scale_size() == 2) {
+      t.scale_min = static_cast<float>(crop.scale(0));
+      t.scale_max = static_cast<float>(crop.scale(1));
+    }
+    if (crop.ratio_size() == 2) {
+      t.ratio_min = static_cast<float>(crop.ratio(0));
+      t.ratio_max = static_cast<float>(crop.ratio(1));
+    }
+  }
+  t.horizontal_flip = image.horizontal_flip();
+  return t;
+}
+
+ImageSourceOptions ImageSourceOptionsFromSpec(const v1::JobSpec& spec, const ImageHeader& first,
+                                              std::atomic<uint64_t>* bad_samples_total) {
+  ImageSourceOptions options;
+  options.transform = TrainImageTransform(spec, first);
+  options.seed = static_cast<uint64_t>(spec.train().seed());
+  options.shuffle_buffer = spec.dataset().shuffle_buffer();
+  options.limit = spec.dataset().train_limit();
+  options.max_bad_samples = spec.dataset().max_bad_samples();
+  options.bad_samples_total = bad_samples_total;
+  return options;
+}
+
 }  // namespace stoker

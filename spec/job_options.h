@@ -7,6 +7,9 @@
 #include <cstdint>
 
 #include "data/dataset.h"
+#include "data/image/image_codec.h"
+#include "data/image/image_transform.h"
+#include "data/image_dataset.h"
 #include "data/loader.h"
 #include "stoker.pb.h"
 
@@ -23,6 +26,19 @@ DatasetFiles TestDatasetFiles(const v1::JobSpec& spec, int train_classes = 0);
 // Loader `index`'s options: train.seed, loader.delay_ms, and augmentation (off until the proto
 // carries it).
 LoaderOptions LoaderOptionsFromSpec(const v1::JobSpec& spec, uint32_t index);
+
+// Image datasets (format image_folder or shards). `first` is the header of the training set's
+// first image (FirstImageHeader): it gives the channel count when dataset.image.channels is 0 and
+// the sample size when dataset.image.size is 0, so the loaders, the trainer and the agent, which
+// each read it, agree on the samples' geometry.
+// Training: random_resized_crop and horizontal_flip as the job says, else the evaluation
+// transform (resize, center crop).
+ImageTransform TrainImageTransform(const v1::JobSpec& spec, const ImageHeader& first);
+// Evaluation: resize (shorter side to dataset.image.resize, or size) and center crop.
+ImageTransform EvalImageTransform(const v1::JobSpec& spec, const ImageHeader& first);
+// The loader's image source options, bad samples counted in `bad_samples_total`.
+ImageSourceOptions ImageSourceOptionsFromSpec(const v1::JobSpec& spec, const ImageHeader& first,
+                                              std::atomic<uint64_t>* bad_samples_total);
 
 }  // namespace stoker
 

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <thread>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
@@ -23,10 +24,13 @@
 #include "common/status_macros.h"
 #include "data/dataset.h"
 #include "data/heartbeat.h"
+#include "data/image_dataset.h"
+#include "data/index/sample_index.h"
 #include "data/job_region.h"
 #include "engine/backend.h"
 #include "google/protobuf/util/delimited_message_util.h"
 #include "spec/job_options.h"
+#include "spec/job_spec.h"
 #include "stoker.pb.h"
 #ifdef STOKER_HAVE_CUDA
 #include "engine/cuda/cuda_backend.h"
@@ -129,12 +133,32 @@ struct TrainingSetup {
 // Reads the test set, starts the backend (resources.gpus > 0: cuda, device 0 of those the agent
 // gave us) and builds the model. Every error means bad data or spec (exit 2); its message is what
 // the trainer prints.
-absl::Status SetUp(const v1::JobSpec& spec, int train_classes, JobRegion& region,
-                   TrainingSetup& setup) {
+// The test split of an image dataset (image_folder, shards), decoded with the evaluation
+// transform. `train_data` is the training index the agent built (the loaders' --data): its first
+// images decide the geometry where the job leaves it open, and its classes the labels.
+absl::StatusOr<LabeledSamples> LoadImageTestSet(const v1::JobSpec& spec,
+                                                const std::string& train_data, int train_classes) {
+  const v1::DatasetSpec& data = spec.dataset();
+  if (train_data.empty()) return absl::InvalidArgumentError("--train-data is required for images");
+  STOKER_ASSIGN_OR_RETURN(const SampleIndex train, OpenSampleIndex(train_data));
+  STOKER_ASSIGN_OR_RETURN(const ImageHeader first, FirstImageHeader(train));
+  auto log = [](const std::string& line) { std::cerr << "stoker-trainer: " << line << "\n"; };
+  STOKER_ASSIGN_OR_RETURN(const SampleIndex test,
+                          BuildImageIndex(data.format(), data.test_images(), log));
+  const int classes = std::max({2, train_classes, data.classes()});
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return DecodeImageTestSplit(train, test, EvalImageTransform(spec, first), classes,
+                              data.test_limit(), threads, data.max_bad_samples(), log);
+}
+
+absl::Status SetUp(const v1::JobSpec& spec, int train_classes, const std::string& train_data,
+                   JobRegion& region, TrainingSetup& setup) {
   const RingGeometry& geometry = region.geometry();
   const v1::DatasetSpec& data = spec.dataset();
   absl::StatusOr<LabeledSamples> test =
-      LoadDataset(TestDatasetFiles(spec, train_classes), data.test_limit());
+      IsImageFormat(data.format())
+          ? LoadImageTestSet(spec, train_data, train_classes)
+          : LoadDataset(TestDatasetFiles(spec, train_classes), data.test_limit());
   if (!test.ok())
     return absl::InvalidArgumentError(absl::StrCat("test set: ", test.status().message()));
   if (test->sample_bytes != static_cast<int>(geometry.sample_bytes) ||
@@ -173,7 +197,8 @@ absl::Status SetUp(const v1::JobSpec& spec, int train_classes, JobRegion& region
 }
 
 int Train(int region_fd, int events_fd, const std::string& job_path,
-          const std::string& checkpoint_path, const std::string& resume_path, int train_classes) {
+          const std::string& checkpoint_path, const std::string& resume_path, int train_classes,
+          const std::string& train_data) {
   EventWriter events(events_fd);
   v1::JobSpec spec;
   {
@@ -195,7 +220,7 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
   std::optional<ScopedHeartbeat> starting(std::in_place, region.stats().heartbeats_total);
 
   TrainingSetup setup;
-  if (absl::Status s = SetUp(spec, train_classes, region, setup); !s.ok()) {
+  if (absl::Status s = SetUp(spec, train_classes, train_data, region, setup); !s.ok()) {
     std::cerr << "stoker-trainer: " << s.message() << "\n";
     return kExitBadInput;
   }
@@ -243,13 +268,15 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
 int main(int argc, char** argv) {
   CLI::App app{"stoker-trainer: trains one job attempt; started by stoker-worker"};
   int region_fd = -1, events_fd = -1;
-  std::string job_path, checkpoint_path, resume_path;
+  std::string job_path, checkpoint_path, resume_path, train_data;
   pid_t parent_pid = 0;
   int classes = 0;
   app.add_option("--classes", classes, "classes in the training labels (max label + 1)");
   app.add_option("--checkpoint", checkpoint_path,
                  "write checkpoints here (safetensors, replaced atomically)");
   app.add_option("--resume", resume_path, "resume from this checkpoint");
+  app.add_option("--train-data", train_data,
+                 "image datasets: the training index the agent built (as the loaders' --data)");
   app.add_option("--parent-pid", parent_pid, "the agent's pid; exit if it is gone");
   app.add_option("--region-fd", region_fd, "inherited memfd of the job's region")->required();
   app.add_option("--events-fd", events_fd, "inherited pipe for events to the agent")->required();
@@ -266,5 +293,6 @@ int main(int argc, char** argv) {
   // The agent supervises us; if it dies, so do we (the loaders notice our death in turn).
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (parent_pid > 0 && getppid() != parent_pid) return stoker::kExitStopped;
-  return stoker::Train(region_fd, events_fd, job_path, checkpoint_path, resume_path, classes);
+  return stoker::Train(region_fd, events_fd, job_path, checkpoint_path, resume_path, classes,
+                       train_data);
 }

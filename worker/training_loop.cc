@@ -107,13 +107,20 @@ absl::StatusOr<ReadableBatch> TrainingLoop::WaitForBatch(uint64_t batch) {
 absl::Status TrainingLoop::Step(uint64_t batch, const ReadableBatch& readable,
                                 absl::Time wait_start, absl::Time got_batch) {
   const int epoch = EpochOf(batch);
+  JobStats& stats = region_.stats();
+  if (readable.count == 0) {
+    // Every image of the batch was bad (the loaders skipped and counted them): nothing to train
+    // on, but the batch still ends an epoch or falls on a checkpoint.
+    region_.Release(batch);
+    stats.heartbeats_total.fetch_add(1, std::memory_order_relaxed);
+    return AfterStep(batch + 1, epoch, absl::Now());
+  }
   const BatchView view =
       MakeBatchView(readable.samples, readable.labels, static_cast<int>(readable.count),
                     region_.geometry().sample_type);
   absl::StatusOr<StepResult> step =
       model_.TrainStep(view, LearningRateAt(options_.optimizer, batch, total_batches_));
   region_.Release(batch);
-  JobStats& stats = region_.stats();
   stats.heartbeats_total.fetch_add(1, std::memory_order_relaxed);
   const absl::Time step_done = absl::Now();
   if (!step.ok()) {
@@ -138,8 +145,10 @@ absl::Status TrainingLoop::Step(uint64_t batch, const ReadableBatch& readable,
   window_steps_ += 1;
   window_samples_ += readable.count;
   window_stall_ns_ += stall_ns;
+  return AfterStep(batch + 1, epoch, step_done);
+}
 
-  const uint64_t done = batch + 1;
+absl::Status TrainingLoop::AfterStep(uint64_t done, int epoch, absl::Time step_done) {
   if (done % batches_per_epoch_ == 0) return EndOfEpoch(done, epoch, step_done);
   const uint64_t every = options_.checkpoint_every_steps;
   if (every > 0 && done % every == 0) STOKER_RETURN_IF_ERROR(Checkpoint(done, epoch));

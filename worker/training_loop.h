@@ -74,6 +74,9 @@ class TrainingLoop {
   absl::StatusOr<ReadableBatch> WaitForBatch(uint64_t batch);
   absl::Status Step(uint64_t batch, const ReadableBatch& readable, absl::Time wait_start,
                     absl::Time got_batch);
+  // After batch done - 1 (trained, or empty because every image of it was bad): the end of an
+  // epoch, a periodic checkpoint or a progress report, whichever falls due.
+  absl::Status AfterStep(uint64_t done, int epoch, absl::Time step_done);
   absl::Status EndOfEpoch(uint64_t step, int epoch, absl::Time now);
   void Report(uint64_t step, int epoch, absl::Time now);
   absl::Status Checkpoint(uint64_t step, int epoch);

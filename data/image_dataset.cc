@@ -1,0 +1,382 @@
+#include "data/image_dataset.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "data/index/brace.h"
+
+namespace stoker {
+namespace {
+
+// SplitMix64's finaliser (as data/augment.cc draws its crops), with a constant of its own.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Bad-sample names kept for the error that fails the job.
+constexpr size_t kNamedBadSamples = 10;
+
+int64_t Limited(const SampleIndex& index, int64_t limit) {
+  return limit > 0 ? std::min(index.count(), limit) : index.count();
+}
+
+}  // namespace
+
+std::vector<int> ImageSampleDims(const ImageTransform& transform) {
+  if (transform.size > 0) return {transform.channels, transform.size, transform.size};
+  return {transform.channels, transform.expect_height, transform.expect_width};
+}
+
+uint64_t SampleRandomBits(uint64_t seed, uint64_t batch, uint32_t position) {
+  return Mix(Mix(Mix(seed ^ 0x696d616765733a29ull) ^ batch) ^ position);
+}
+
+absl::StatusOr<SampleIndex> BuildImageIndex(const std::string& format, const std::string& path,
+                                            const std::function<void(const std::string&)>& log) {
+  // A line for the first, every 10th, and the last class or shard, and at most every 10 s.
+  absl::Time last_line = absl::InfinitePast();
+  const ProgressFn progress = [&](const IndexProgress& p) {
+    const absl::Time now = absl::Now();
+    if (!log || !(p.done == 1 || p.done == p.total || now - last_line >= absl::Seconds(10))) {
+      return;
+    }
+    last_line = now;
+    log(absl::StrFormat("indexing %s: %d of %d %s, %d samples (%.1f MiB)", path, p.done, p.total,
+                        format == "shards" ? "shards" : "classes", p.samples,
+                        p.bytes / (1024.0 * 1024.0)));
+  };
+  if (format == "image_folder") return BuildImageFolderIndex(path, progress);
+  if (format == "shards") return BuildShardIndex(path, progress);
+  return absl::InvalidArgumentError(
+      absl::StrCat("dataset format '", format, "' is not an image format"));
+}
+
+absl::StatusOr<ImageDatasetProbe> ProbeImageDataset(const std::string& format,
+                                                    const std::string& path) {
+  ImageDatasetProbe probe;
+  if (format == "shards") {
+    STOKER_ASSIGN_OR_RETURN(const std::vector<std::string> shards, ExpandBraces(path, kMaxShards));
+    std::string first_missing;
+    size_t missing = 0;
+    for (const std::string& shard : shards) {
+      std::error_code error;
+      if (std::filesystem::is_regular_file(shard, error)) continue;
+      if (missing++ == 0) first_missing = shard;
+    }
+    if (missing > 0) {
+      return absl::NotFoundError(absl::StrCat("shard ", first_missing, " not found (", missing,
+                                              " of the ", shards.size(),
+                                              " shards the pattern names are missing)"));
+    }
+    probe.shards = shards.size();
+    return probe;
+  }
+  if (format != "image_folder") {
+    return absl::InvalidArgumentError(absl::StrCat("'", format, "' is not an image format"));
+  }
+  std::error_code error;
+  if (!std::filesystem::is_directory(path, error)) {
+    return absl::NotFoundError(absl::StrCat(path, ": no such directory"));
+  }
+  for (std::filesystem::directory_iterator it(path, error), end; !error && it != end;
+       it.increment(error)) {
+    std::error_code dir_error;
+    if (it->is_directory(dir_error)) probe.class_names.push_back(it->path().filename().string());
+  }
+  if (error) return absl::InvalidArgumentError(absl::StrCat(path, ": ", error.message()));
+  if (probe.class_names.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": holds no class directories (an image folder is ROOT/CLASS/IMAGE)"));
+  }
+  std::sort(probe.class_names.begin(), probe.class_names.end());
+  // The first image of the first class, by name, at its top level (a cheap look, not the walk).
+  const std::filesystem::path first_class = std::filesystem::path(path) / probe.class_names[0];
+  std::vector<std::string> files;
+  for (std::filesystem::directory_iterator it(first_class, error), end; !error && it != end;
+       it.increment(error)) {
+    std::string ext = absl::AsciiStrToLower(it->path().extension().string());
+    std::error_code file_error;
+    if ((ext == ".jpg" || ext == ".jpeg" || ext == ".png") && it->is_regular_file(file_error)) {
+      files.push_back(it->path().string());
+    }
+  }
+  if (!files.empty()) {
+    const std::string& file = *std::min_element(files.begin(), files.end());
+    std::vector<uint8_t> head(1 << 18);  // headers (EXIF, ICC) fit in 256 KiB
+    const int fd = open(file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      const ssize_t n = pread(fd, head.data(), head.size(), 0);
+      close(fd);
+      if (n > 0) {
+        absl::StatusOr<ImageHeader> header = ReadImageHeader(file, head.data(), n);
+        if (header.ok()) probe.first = *header;
+      }
+    }
+  }
+  return probe;
+}
+
+FileCache::~FileCache() {
+  for (const auto& [source, fd] : open_) close(fd);
+}
+
+absl::StatusOr<int> FileCache::Get(uint32_t source, absl::string_view path) {
+  for (const auto& [s, fd] : open_) {
+    if (s == source) return fd;
+  }
+  const int fd = open(std::string(path).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  }
+  if (open_.size() >= capacity_) {
+    close(open_.front().second);
+    open_.erase(open_.begin());
+  }
+  open_.emplace_back(source, fd);
+  return fd;
+}
+
+absl::Status ReadSampleBytes(const SampleIndex& index, int64_t i, FileCache& files,
+                             std::vector<uint8_t>& bytes) {
+  const IndexedSample& sample = index.sample(i);
+  STOKER_ASSIGN_OR_RETURN(const int fd, files.Get(sample.source, index.source_path(sample.source)));
+  bytes.resize(sample.size);
+  size_t done = 0;
+  while (done < sample.size) {
+    const ssize_t n = pread(fd, bytes.data() + done, sample.size - done,
+                            static_cast<off_t>(sample.offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::DataLossError(absl::StrCat(index.SampleName(i), ": read failed at byte ",
+                                              sample.offset + done, ": ", std::strerror(errno)));
+    }
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat(index.SampleName(i), ": the file ends at byte ",
+                                              sample.offset + done, ", before the sample's ",
+                                              sample.size, " bytes (changed since indexed?)"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ImageHeader> FirstImageHeader(const SampleIndex& index) {
+  FileCache files(4);
+  std::vector<uint8_t> bytes;
+  absl::Status first_error;
+  std::optional<ImageHeader> first;
+  for (int64_t i = 0; i < std::min<int64_t>(index.count(), 16); ++i) {
+    absl::Status read = ReadSampleBytes(index, i, files, bytes);
+    absl::StatusOr<ImageHeader> header =
+        read.ok() ? ReadImageHeader(index.SampleName(i), bytes.data(), bytes.size())
+                  : absl::StatusOr<ImageHeader>(read);
+    if (!header.ok()) {
+      if (first_error.ok()) first_error = header.status();
+      continue;
+    }
+    if (!first) first = *header;
+    if (header->channels == 3) first->channels = 3;
+  }
+  if (first) return *first;
+  if (first_error.ok()) return absl::InvalidArgumentError("the dataset holds no images");
+  return absl::InvalidArgumentError(
+      absl::StrCat("none of the first images can be read: ", first_error.message()));
+}
+
+absl::StatusOr<std::unique_ptr<ImageBatchSource>> ImageBatchSource::Create(
+    SampleIndex index, uint32_t batch_size, ImageSourceOptions options) {
+  if (index.count() <= 0) return absl::InvalidArgumentError("the image dataset holds no samples");
+  if (batch_size == 0) return absl::InvalidArgumentError("batch size 0");
+  if (TransformOutputBytes(options.transform) == 0) {
+    return absl::InvalidArgumentError("the image transform produces no pixels");
+  }
+  return std::unique_ptr<ImageBatchSource>(
+      new ImageBatchSource(std::move(index), batch_size, std::move(options)));
+}
+
+ImageBatchSource::ImageBatchSource(SampleIndex index, uint32_t batch_size,
+                                   ImageSourceOptions options)
+    : index_(std::move(index)),
+      batch_size_(batch_size),
+      options_(std::move(options)),
+      count_(Limited(index_, options_.limit)),
+      batches_per_epoch_(BatchesPerEpoch(count_, static_cast<int>(batch_size))),
+      sample_bytes_(TransformOutputBytes(options_.transform)),
+      scratch_(std::make_unique<TransformScratch>()) {}
+
+absl::StatusOr<uint32_t> ImageBatchSource::Make(uint64_t batch, uint8_t* samples, uint8_t* labels) {
+  const uint64_t epoch = batch / static_cast<uint64_t>(batches_per_epoch_);
+  const int64_t index = static_cast<int64_t>(batch % static_cast<uint64_t>(batches_per_epoch_));
+  if (epoch != cached_epoch_) {
+    if (count_ == index_.count()) {
+      order_ = EpochSampleOrder(index_, options_.seed, epoch, options_.shuffle_buffer);
+    } else {
+      // A limit keeps the first samples of the index: shuffle those (as IDX data is).
+      order_ = EpochPermutation(count_, options_.seed, epoch);
+    }
+    cached_epoch_ = epoch;
+  }
+  const int64_t first = index * batch_size_;
+  const int64_t end = std::min<int64_t>(first + batch_size_, count_);
+  // Ask the kernel for every member of the batch at once: a shard is then read ahead in large
+  // requests while the first images decode.
+  for (int64_t i = first; i < end && index_.sharded(); ++i) {
+    const IndexedSample& s = index_.sample(order_[static_cast<size_t>(i)]);
+    absl::StatusOr<int> fd = files_.Get(s.source, index_.source_path(s.source));
+    if (fd.ok()) {
+      posix_fadvise(*fd, static_cast<off_t>(s.offset), static_cast<off_t>(s.size),
+                    POSIX_FADV_WILLNEED);
+    }
+  }
+  std::atomic<uint64_t>& bad_total =
+      options_.bad_samples_total != nullptr ? *options_.bad_samples_total : local_bad_;
+  uint32_t made = 0;
+  for (int64_t i = first; i < end; ++i) {
+    const uint32_t position = static_cast<uint32_t>(i - first);
+    const int64_t sample = order_[static_cast<size_t>(i)];
+    absl::Status status = ReadSampleBytes(index_, sample, files_, bytes_);
+    if (status.ok()) {
+      status =
+          DecodeTransformed(index_.SampleName(sample), bytes_.data(), bytes_.size(),
+                            options_.transform, SampleRandomBits(options_.seed, batch, position),
+                            samples + made * sample_bytes_, scratch_.get());
+    }
+    if (status.ok()) {
+      labels[made++] = index_.sample(sample).label;
+      continue;
+    }
+    // Skipped: named, counted, and the job fails once too many are bad.
+    const std::string line = absl::StrCat("bad sample ", status.message());
+    if (options_.log) options_.log(line);
+    if (bad_names_.size() < kNamedBadSamples) bad_names_.push_back(std::string(status.message()));
+    const uint64_t bad = bad_total.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (bad > static_cast<uint64_t>(options_.max_bad_samples)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          bad, " samples could not be decoded, more than dataset.max_bad_samples (",
+          options_.max_bad_samples, "); this loader skipped: ", absl::StrJoin(bad_names_, "; "),
+          " (every one is named in the loader logs)"));
+    }
+  }
+  return made;
+}
+
+absl::StatusOr<LabeledSamples> DecodeImageSplit(
+    const SampleIndex& index, const ImageTransform& transform, int64_t limit, int threads,
+    int64_t max_bad_samples, const std::function<void(const std::string&)>& log) {
+  const int64_t count = Limited(index, limit);
+  const size_t sample_bytes = TransformOutputBytes(transform);
+  if (count <= 0) return absl::InvalidArgumentError("the image dataset holds no samples");
+  if (sample_bytes == 0) return absl::InvalidArgumentError("the image transform produces nothing");
+  std::vector<uint8_t> pixels(static_cast<size_t>(count) * sample_bytes);
+  std::vector<uint8_t> ok(static_cast<size_t>(count), 0);
+  std::mutex mu;
+  std::vector<std::string> bad;
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    FileCache files(8);
+    std::vector<uint8_t> bytes;
+    TransformScratch scratch;
+    for (int64_t i = next++; i < count; i = next++) {
+      absl::Status status = ReadSampleBytes(index, i, files, bytes);
+      if (status.ok()) {
+        status = DecodeTransformed(index.SampleName(i), bytes.data(), bytes.size(), transform, 0,
+                                   pixels.data() + static_cast<size_t>(i) * sample_bytes, &scratch);
+      }
+      if (status.ok()) {
+        ok[static_cast<size_t>(i)] = 1;
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      bad.push_back(std::string(status.message()));
+      if (log) log(absl::StrCat("bad sample ", status.message()));
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::max(1, threads); ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  if (static_cast<int64_t>(bad.size()) > max_bad_samples) {
+    bad.resize(std::min(bad.size(), kNamedBadSamples));
+    return absl::InvalidArgumentError(
+        absl::StrCat(count - std::count(ok.begin(), ok.end(), 1),
+                     " samples could not be decoded, more than dataset.max_bad_samples (",
+                     max_bad_samples, "): ", absl::StrJoin(bad, "; ")));
+  }
+  LabeledSamples out;
+  out.sample_type = SampleType::kUint8;
+  out.sample_bytes = static_cast<int>(sample_bytes);
+  out.features = static_cast<int>(sample_bytes);
+  out.sample_dims = ImageSampleDims(transform);
+  // Compact: the decodable samples, in index order.
+  size_t kept = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    if (!ok[static_cast<size_t>(i)]) continue;
+    if (kept != static_cast<size_t>(i)) {
+      std::memmove(pixels.data() + kept * sample_bytes,
+                   pixels.data() + static_cast<size_t>(i) * sample_bytes, sample_bytes);
+    }
+    out.labels.push_back(index.sample(i).label);
+    ++kept;
+  }
+  pixels.resize(kept * sample_bytes);
+  out.samples = std::move(pixels);
+  out.count = static_cast<int64_t>(kept);
+  out.classes = index.classes();
+  if (out.count == 0) return absl::InvalidArgumentError("no sample of the split can be decoded");
+  return out;
+}
+
+absl::StatusOr<LabeledSamples> DecodeImageTestSplit(
+    const SampleIndex& train, const SampleIndex& test, const ImageTransform& transform, int classes,
+    int64_t limit, int threads, int64_t max_bad_samples,
+    const std::function<void(const std::string&)>& log) {
+  // Image folders: test label -> training label, by class directory name.
+  std::vector<int> relabel;
+  const std::vector<std::string> train_names = train.class_names();
+  const std::vector<std::string> test_names = test.class_names();
+  if (!test_names.empty()) {
+    for (const std::string& name : test_names) {
+      const auto it = std::find(train_names.begin(), train_names.end(), name);
+      if (it == train_names.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "test class directory '", name, "' has no counterpart among the training classes (",
+            absl::StrJoin(train_names.begin(),
+                          train_names.begin() + std::min<size_t>(train_names.size(), 8), ", "),
+            train_names.size() > 8 ? ", ..." : "", ")"));
+      }
+      relabel.push_back(static_cast<int>(it - train_names.begin()));
+    }
+  }
+  STOKER_ASSIGN_OR_RETURN(LabeledSamples out,
+                          DecodeImageSplit(test, transform, limit, threads, max_bad_samples, log));
+  for (uint8_t& label : out.labels) {
+    const int mapped = relabel.empty() ? label : relabel[label];
+    if (mapped >= classes) {
+      return absl::OutOfRangeError(absl::StrCat("a test sample has class ", mapped,
+                                                ", but the job has ", classes, " classes (0 to ",
+                                                classes - 1, ")"));
+    }
+    label = static_cast<uint8_t>(mapped);
+  }
+  out.classes = classes;
+  return out;
+}
+
+}  // namespace stoker

@@ -1,0 +1,149 @@
+// Image datasets ("image_folder", "shards") as loaders and the trainer use them: an index of
+// encoded images (data/index/sample_index.h) turned into samples by decoding and transforming
+// each image (data/image/image_transform.h) into uint8 [channels, size, size].
+//
+// - Loaders: ImageBatchSource makes batch b of the job from EpochSampleOrder(seed, epoch)
+//   [i*B, (i+1)*B) of the training index, reading each image with pread from its file (shards
+//   with readahead advice for the batch's members), so a loader holds one batch of encoded bytes,
+//   never the dataset. The random crop and flip of sample p of batch b are a pure function of
+//   (seed, b, p): a batch is the same whichever loader makes it, and after a respawn.
+// - Bad samples: an image that cannot be read or decoded is skipped (the batch holds fewer
+//   samples), counted in JobStats::bad_samples_total and named on the loader's log; once more
+//   than max_bad_samples have been skipped (all loaders together), Make fails with
+//   INVALID_ARGUMENT naming the ones it saw, which fails the job (its data is bad).
+// - The trainer: DecodeImageSplit decodes a (test) split whole with the evaluation transform.
+#ifndef STOKER_DATA_IMAGE_DATASET_H_
+#define STOKER_DATA_IMAGE_DATASET_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "data/dataset.h"
+#include "data/image/image_codec.h"
+#include "data/image/image_transform.h"
+#include "data/index/sample_index.h"
+#include "data/loader.h"
+
+namespace stoker {
+
+// The training split's index, built from the job's path: a directory (image_folder) or a shard
+// pattern (shards). `log` receives progress lines (the first and last class or shard, and one
+// every 10 s between).
+absl::StatusOr<SampleIndex> BuildImageIndex(const std::string& format, const std::string& path,
+                                            const std::function<void(const std::string&)>& log);
+
+// What the server can learn about an image dataset at submit, cheaply (no index is built):
+// image_folder: the class directories (sorted; INVALID_ARGUMENT when there are none, NOT_FOUND
+// when the root is missing) and the header of the first image file of the first class, if one
+// reads; shards: that every shard the pattern names exists as a regular file (NOT_FOUND naming
+// the first missing one and how many are), and their number.
+struct ImageDatasetProbe {
+  std::vector<std::string> class_names;  // image_folder
+  std::optional<ImageHeader> first;      // image_folder, when the first image's header reads
+  size_t shards = 0;                     // shards
+};
+absl::StatusOr<ImageDatasetProbe> ProbeImageDataset(const std::string& format,
+                                                    const std::string& path);
+
+// What decides a job's sample geometry when dataset.image leaves it open: the size of the first
+// sample of `index` whose header can be read, and 3 channels if any of the first 16 readable
+// images is in colour, else 1 (one grayscale image first in an RGB dataset does not make it a
+// grayscale job). INVALID_ARGUMENT when none of the first 16 can be read.
+absl::StatusOr<ImageHeader> FirstImageHeader(const SampleIndex& index);
+
+// Reads sample `i`'s encoded bytes into `bytes`. `fds` caches open files (closed by the caller's
+// FileCache destructor).
+class FileCache {
+ public:
+  explicit FileCache(size_t capacity = 64) : capacity_(capacity) {}
+  ~FileCache();
+  FileCache(const FileCache&) = delete;
+  FileCache& operator=(const FileCache&) = delete;
+  // An open descriptor of `path` (source number `source`), or an error naming the path.
+  absl::StatusOr<int> Get(uint32_t source, absl::string_view path);
+
+ private:
+  size_t capacity_;
+  std::vector<std::pair<uint32_t, int>> open_;  // oldest first
+};
+absl::Status ReadSampleBytes(const SampleIndex& index, int64_t i, FileCache& files,
+                             std::vector<uint8_t>& bytes);
+
+struct ImageSourceOptions {
+  ImageTransform transform;  // the training transform, geometry resolved
+  uint64_t seed = 0;
+  int shuffle_buffer = 10000;  // shards
+  int64_t limit = 0;           // > 0: only the first `limit` samples of the index
+  int64_t max_bad_samples = 100;
+  // Shared by all loaders of the job (the region's JobStats::bad_samples_total); may be null in
+  // tests (then a local count is used).
+  std::atomic<uint64_t>* bad_samples_total = nullptr;
+  // Receives "bad sample NAME: why" lines.
+  std::function<void(const std::string&)> log;
+};
+
+class ImageBatchSource : public BatchSource {
+ public:
+  // INVALID_ARGUMENT when the transform is unusable or the index is empty.
+  static absl::StatusOr<std::unique_ptr<ImageBatchSource>> Create(SampleIndex index,
+                                                                  uint32_t batch_size,
+                                                                  ImageSourceOptions options);
+
+  int64_t count() const { return count_; }
+  int64_t batches_per_epoch() const override { return batches_per_epoch_; }
+  SampleType sample_type() const override { return SampleType::kUint8; }
+  int sample_bytes() const override { return static_cast<int>(sample_bytes_); }
+  absl::StatusOr<uint32_t> Make(uint64_t batch, uint8_t* samples, uint8_t* labels) override;
+
+ private:
+  ImageBatchSource(SampleIndex index, uint32_t batch_size, ImageSourceOptions options);
+
+  SampleIndex index_;
+  uint32_t batch_size_;
+  ImageSourceOptions options_;
+  int64_t count_;
+  int64_t batches_per_epoch_;
+  size_t sample_bytes_;
+  uint64_t cached_epoch_ = UINT64_MAX;
+  std::vector<uint32_t> order_;
+  FileCache files_;
+  std::vector<uint8_t> bytes_;
+  std::unique_ptr<TransformScratch> scratch_;
+  std::atomic<uint64_t> local_bad_{0};
+  std::vector<std::string> bad_names_;  // the first few this loader skipped, for the error
+};
+
+// {channels, height, width} of the samples `transform` makes.
+std::vector<int> ImageSampleDims(const ImageTransform& transform);
+
+// The 64 random bits sample `position` of batch `batch` is transformed with.
+uint64_t SampleRandomBits(uint64_t seed, uint64_t batch, uint32_t position);
+
+// Decodes the first `limit` (all when 0) samples of `index` with `transform` (deterministic: no
+// random crop or flip) into memory, in index order, on `threads` threads. Samples that cannot be
+// decoded are skipped and named on `log`; more than `max_bad_samples` of them is an
+// INVALID_ARGUMENT naming some. `classes` of the result is the index's.
+absl::StatusOr<LabeledSamples> DecodeImageSplit(const SampleIndex& index,
+                                                const ImageTransform& transform, int64_t limit,
+                                                int threads, int64_t max_bad_samples,
+                                                const std::function<void(const std::string&)>& log);
+
+// The test split of an image dataset, ready for evaluation: `test` decoded as DecodeImageSplit
+// does, its labels made the training set's. Image folders: classes are matched by directory
+// name, so a test folder may lack classes of the training folder; a class the training folder
+// does not have is INVALID_ARGUMENT naming it. Shards: .cls numbers are labels already, and must
+// be below `classes` (the job's class count). `classes` of the result is `classes`.
+absl::StatusOr<LabeledSamples> DecodeImageTestSplit(
+    const SampleIndex& train, const SampleIndex& test, const ImageTransform& transform, int classes,
+    int64_t limit, int threads, int64_t max_bad_samples,
+    const std::function<void(const std::string&)>& log);
+
+}  // namespace stoker
+
+#endif  // STOKER_DATA_IMAGE_DATASET_H_
