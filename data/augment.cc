@@ -43,21 +43,40 @@ absl::Status ValidateAugment(const AugmentOptions& options, const std::vector<in
   if (!options.enabled()) return absl::OkStatus();
   if (sample_dims.size() != 2 && sample_dims.size() != 3) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "augmentation needs images of shape {H, W} or {H, W, C}; the samples have shape {",
+        "augmentation needs images of shape {H, W} or {C, H, W} (channels first); the samples "
+        "have shape {",
         absl::StrJoin(sample_dims, ", "), "}"));
   }
-  const int limit = std::min(sample_dims[0], sample_dims[1]);
+  const ImageShape shape = ImageShapeOf(sample_dims, 1);
+  const int limit = std::min(shape.height, shape.width);
   if (options.crop_padding < 0 || options.crop_padding > limit) {
     return absl::InvalidArgumentError(absl::StrCat("augment crop_padding ", options.crop_padding,
                                                    " must be in [0, ", limit, "] for images of ",
-                                                   sample_dims[0], "x", sample_dims[1]));
+                                                   shape.height, "x", shape.width));
   }
   return absl::OkStatus();
 }
 
-void CopyAugmented(const uint8_t* src, uint8_t* dst, int height, int width, int pixel_bytes,
-                   const AugmentDraw& draw) {
-  const size_t row_bytes = static_cast<size_t>(width) * pixel_bytes;
+ImageShape ImageShapeOf(const std::vector<int>& sample_dims, int element_bytes) {
+  ImageShape shape;
+  shape.element_bytes = element_bytes;
+  if (sample_dims.size() == 3) {
+    shape.channels = sample_dims[0];
+    shape.height = sample_dims[1];
+    shape.width = sample_dims[2];
+  } else if (sample_dims.size() == 2) {
+    shape.height = sample_dims[0];
+    shape.width = sample_dims[1];
+  }
+  return shape;
+}
+
+namespace {
+
+// One plane of height x width values of `value_bytes` each.
+void CopyAugmentedPlane(const uint8_t* src, uint8_t* dst, int height, int width, int value_bytes,
+                        const AugmentDraw& draw) {
+  const size_t row_bytes = static_cast<size_t>(width) * value_bytes;
   // Output columns [x_begin, x_end) have a source column; the rest are padding.
   const int x_begin = std::clamp(-draw.shift_x, 0, width);
   const int x_end = std::clamp(width - draw.shift_x, 0, width);
@@ -70,22 +89,34 @@ void CopyAugmented(const uint8_t* src, uint8_t* dst, int height, int width, int 
     }
     const uint8_t* in = src + sy * row_bytes;
     if (!draw.flip) {
-      std::memset(out, 0, x_begin * pixel_bytes);
-      std::memcpy(out + x_begin * pixel_bytes, in + (x_begin + draw.shift_x) * pixel_bytes,
-                  static_cast<size_t>(x_end - x_begin) * pixel_bytes);
-      std::memset(out + x_end * pixel_bytes, 0, static_cast<size_t>(width - x_end) * pixel_bytes);
+      std::memset(out, 0, x_begin * value_bytes);
+      std::memcpy(out + x_begin * value_bytes, in + (x_begin + draw.shift_x) * value_bytes,
+                  static_cast<size_t>(x_end - x_begin) * value_bytes);
+      std::memset(out + x_end * value_bytes, 0, static_cast<size_t>(width - x_end) * value_bytes);
       continue;
     }
     // Flipped: output column x shows cropped column width-1-x.
     for (int x = 0; x < width; ++x) {
       const int cx = width - 1 - x;
-      uint8_t* o = out + x * pixel_bytes;
+      uint8_t* o = out + x * value_bytes;
       if (cx < x_begin || cx >= x_end) {
-        std::memset(o, 0, pixel_bytes);
+        std::memset(o, 0, value_bytes);
       } else {
-        std::memcpy(o, in + (cx + draw.shift_x) * pixel_bytes, pixel_bytes);
+        std::memcpy(o, in + (cx + draw.shift_x) * value_bytes, value_bytes);
       }
     }
+  }
+}
+
+}  // namespace
+
+void CopyAugmented(const uint8_t* src, uint8_t* dst, const ImageShape& shape,
+                   const AugmentDraw& draw) {
+  const size_t plane_bytes =
+      static_cast<size_t>(shape.height) * shape.width * static_cast<size_t>(shape.element_bytes);
+  for (int c = 0; c < shape.channels; ++c) {
+    CopyAugmentedPlane(src + c * plane_bytes, dst + c * plane_bytes, shape.height, shape.width,
+                       shape.element_bytes, draw);
   }
 }
 

@@ -1,6 +1,7 @@
 // Image augmentation done by the loaders: a random crop of a zero-padded image and a random
-// horizontal flip. Every random choice is a pure function of (seed, batch, position in the batch),
-// so a batch is the same whichever loader makes it and after a loader is respawned.
+// horizontal flip, of images {H, W} or channels first {C, H, W} (each channel plane alike).
+// Every random choice is a pure function of (seed, batch, position in the batch), so a batch is
+// the same whichever loader makes it and after a loader is respawned.
 #ifndef STOKER_DATA_AUGMENT_H_
 #define STOKER_DATA_AUGMENT_H_
 
@@ -32,13 +33,26 @@ struct AugmentDraw {
 AugmentDraw DrawAugment(const AugmentOptions& options, uint64_t seed, uint64_t batch,
                         uint32_t position);
 
-// Checks that `options` fit samples of `sample_dims`: images are {H, W} or {H, W, C} (channels
-// last), and 0 <= crop_padding <= min(H, W). Returns INVALID_ARGUMENT otherwise.
+// Checks that `options` fit samples of `sample_dims`: images are {H, W} (one channel) or
+// {C, H, W} (channels first, PyTorch's layout: C planes of H x W), and 0 <= crop_padding <=
+// min(H, W). Returns INVALID_ARGUMENT otherwise.
 absl::Status ValidateAugment(const AugmentOptions& options, const std::vector<int>& sample_dims);
 
-// Writes the augmented copy of one image `src` into `dst` (no overlap). The image is
-// height x width pixels of `pixel_bytes` bytes each (channels x element size).
-void CopyAugmented(const uint8_t* src, uint8_t* dst, int height, int width, int pixel_bytes,
+// The geometry of one image sample for CopyAugmented.
+struct ImageShape {
+  int channels = 1;  // planes, each height x width values
+  int height = 0;
+  int width = 0;
+  int element_bytes = 1;  // bytes per value (1 for uint8, 4 for float32)
+};
+
+// The image shape of samples of `sample_dims` ({H, W} or {C, H, W}; ValidateAugment accepts them)
+// whose values are `element_bytes` wide.
+ImageShape ImageShapeOf(const std::vector<int>& sample_dims, int element_bytes);
+
+// Writes the augmented copy of one image `src` into `dst` (no overlap): every channel plane is
+// cropped and flipped by the same draw.
+void CopyAugmented(const uint8_t* src, uint8_t* dst, const ImageShape& shape,
                    const AugmentDraw& draw);
 
 }  // namespace stoker

@@ -1,6 +1,6 @@
 // Datasets as loaders and the trainer read them: labelled samples held in memory, from IDX, NPY
-// or CSV files. LoadDataset is the one entry point; the per-format readers are in idx (below),
-// npy_reader.h and csv_reader.h.
+// or CSV files, and views of such samples wherever they lie (SamplesView). LoadDataset is the one
+// entry point; the per-format readers are in idx (below), npy_reader.h and csv_reader.h.
 #ifndef STOKER_DATA_DATASET_H_
 #define STOKER_DATA_DATASET_H_
 
@@ -23,6 +23,33 @@ struct LabeledSamples {
   std::vector<uint8_t> labels;   // count
   int classes = 0;               // max(label) + 1 (DatasetFiles::classes through LoadDataset)
 };
+
+// Labelled samples as loaders read them, wherever they lie: in memory (View of a LabeledSamples)
+// or in a read-only mapping of a prepared file (data/prepared_dataset.h). The fields mean what
+// LabeledSamples' do; the bytes are not owned and must outlive the view.
+struct SamplesView {
+  int64_t count = 0;
+  SampleType sample_type = SampleType::kUint8;
+  int features = 0;
+  int sample_bytes = 0;
+  std::vector<int> sample_dims;
+  int classes = 0;
+  const uint8_t* samples = nullptr;  // count * sample_bytes
+  const uint8_t* labels = nullptr;   // count
+};
+
+inline SamplesView View(const LabeledSamples& data) {
+  return SamplesView{.count = data.count,
+                     .sample_type = data.sample_type,
+                     .features = data.features,
+                     .sample_bytes = data.sample_bytes,
+                     .sample_dims = data.sample_dims,
+                     .classes = data.classes,
+                     .samples = data.samples.data(),
+                     .labels = data.labels.data()};
+}
+// A view of a temporary would dangle.
+SamplesView View(LabeledSamples&&) = delete;
 
 // Whether the first row of a CSV file names the columns.
 enum class CsvHeader {

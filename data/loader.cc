@@ -1,32 +1,38 @@
 #include "data/loader.h"
 
-#include <algorithm>
-#include <chrono>
+#include <fcntl.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "data/prepared_dataset.h"
 #include "data/stream_copy.h"
 
 namespace stoker {
 
-BatchMaker::BatchMaker(const LabeledSamples& data, uint32_t batch_size, uint64_t seed,
+BatchMaker::BatchMaker(SamplesView data, uint32_t batch_size, uint64_t seed,
                        const AugmentOptions& augment)
-    : data_(data),
+    : data_(std::move(data)),
       batch_size_(batch_size),
       seed_(seed),
       augment_(augment),
-      batches_per_epoch_(BatchesPerEpoch(data.count, static_cast<int>(batch_size))) {
-  if (augment_.enabled() && data.sample_dims.size() >= 2) {
-    image_height_ = data.sample_dims[0];
-    image_width_ = data.sample_dims[1];
-    pixel_bytes_ = data.sample_bytes / (image_height_ * image_width_);
+      batches_per_epoch_(BatchesPerEpoch(data_.count, static_cast<int>(batch_size))) {
+  if (augment_.enabled() && data_.sample_dims.size() >= 2) {
+    image_ = ImageShapeOf(data_.sample_dims, SampleTypeBytes(data_.sample_type));
   } else {
     augment_ = AugmentOptions{};
   }
 }
 
-uint32_t BatchMaker::Make(uint64_t batch, uint8_t* samples, uint8_t* labels) {
+absl::StatusOr<uint32_t> BatchMaker::Make(uint64_t batch, uint8_t* samples, uint8_t* labels) {
   const uint64_t epoch = batch / static_cast<uint64_t>(batches_per_epoch_);
   const int64_t index = static_cast<int64_t>(batch % static_cast<uint64_t>(batches_per_epoch_));
   if (epoch != cached_epoch_) {
@@ -38,13 +44,13 @@ uint32_t BatchMaker::Make(uint64_t batch, uint8_t* samples, uint8_t* labels) {
   const size_t sample_bytes = static_cast<size_t>(data_.sample_bytes);
   for (int64_t i = first; i < end; ++i) {
     const uint32_t source = order_[static_cast<size_t>(i)];
-    const uint8_t* from = data_.samples.data() + source * sample_bytes;
+    const uint8_t* from = data_.samples + source * sample_bytes;
     uint8_t* to = samples + static_cast<size_t>(i - first) * sample_bytes;
     if (augment_.enabled()) {
       const AugmentDraw draw =
           DrawAugment(augment_, seed_, batch, static_cast<uint32_t>(i - first));
       augmented_.resize(sample_bytes);
-      CopyAugmented(from, augmented_.data(), image_height_, image_width_, pixel_bytes_, draw);
+      CopyAugmented(from, augmented_.data(), image_, draw);
       StreamCopy(to, augmented_.data(), sample_bytes);
     } else {
       StreamCopy(to, from, sample_bytes);
@@ -54,27 +60,100 @@ uint32_t BatchMaker::Make(uint64_t batch, uint8_t* samples, uint8_t* labels) {
   return static_cast<uint32_t>(end - first);
 }
 
-absl::Status RunLoader(JobRegion& region, const LabeledSamples& data,
-                       const LoaderOptions& options) {
-  const RingGeometry& geometry = region.geometry();
+namespace {
+
+absl::Status CheckLoaderIndex(const RingGeometry& geometry, const LoaderOptions& options) {
   if (options.index >= geometry.loader_count) {
     return absl::InvalidArgumentError(absl::StrCat("loader index ", options.index,
                                                    " is out of range: the job has ",
                                                    geometry.loader_count, " loaders"));
   }
-  if (data.count <= 0) return absl::InvalidArgumentError("the training set is empty");
-  if (data.sample_type != geometry.sample_type) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "training samples are ", SampleTypeName(data.sample_type), " but the ring's slots hold ",
-        SampleTypeName(geometry.sample_type), " samples"));
+  return absl::OkStatus();
+}
+
+absl::Status CheckFitsRing(const RingGeometry& geometry, SampleType type, int sample_bytes) {
+  if (type != geometry.sample_type) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training samples are ", SampleTypeName(type), " but the ring's slots hold ",
+                     SampleTypeName(geometry.sample_type), " samples"));
   }
-  if (data.sample_bytes != static_cast<int>(geometry.sample_bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("training samples are ", data.sample_bytes,
+  if (sample_bytes != static_cast<int>(geometry.sample_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("training samples are ", sample_bytes,
                                                    " bytes but the ring's slots hold ",
                                                    geometry.sample_bytes, "-byte samples"));
   }
+  return absl::OkStatus();
+}
+
+// The BatchMaker of a mapped prepared samples file, keeping the mapping.
+class MappedBatchSource : public BatchSource {
+ public:
+  MappedBatchSource(std::unique_ptr<MappedSamples> mapped, uint32_t batch_size,
+                    const LoaderOptions& options)
+      : mapped_(std::move(mapped)),
+        maker_(mapped_->view(), batch_size, options.seed, options.augment) {}
+
+  int64_t batches_per_epoch() const override { return maker_.batches_per_epoch(); }
+  SampleType sample_type() const override { return maker_.sample_type(); }
+  int sample_bytes() const override { return maker_.sample_bytes(); }
+  absl::StatusOr<uint32_t> Make(uint64_t batch, uint8_t* samples, uint8_t* labels) override {
+    return maker_.Make(batch, samples, labels);
+  }
+
+ private:
+  std::unique_ptr<MappedSamples> mapped_;
+  BatchMaker maker_;  // after mapped_: it points into the mapping
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenPreparedDataset(const std::string& path,
+                                                                 uint32_t batch_size,
+                                                                 const LoaderOptions& options) {
+  if (batch_size == 0) return absl::InvalidArgumentError("batch size 0");
+  // The kind of prepared file is in its first 8 bytes: one branch per kind.
+  char magic[8] = {};
+  {
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open"));
+    const ssize_t n = pread(fd, magic, sizeof(magic), 0);
+    close(fd);
+    if (n != static_cast<ssize_t>(sizeof(magic))) {
+      return absl::DataLossError(absl::StrCat(path, ": truncated: ", std::max<ssize_t>(n, 0),
+                                              " bytes, no 8-byte magic at offset 0"));
+    }
+  }
+  if (std::memcmp(magic, kPreparedSamplesMagic, sizeof(magic)) == 0) {
+    STOKER_ASSIGN_OR_RETURN(std::unique_ptr<MappedSamples> mapped, MappedSamples::Open(path));
+    if (absl::Status s = ValidateAugment(options.augment, mapped->view().sample_dims); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+    }
+    return std::make_unique<MappedBatchSource>(std::move(mapped), batch_size, options);
+  }
+  std::string shown;
+  for (char c : magic) shown += absl::ascii_isprint(c) ? c : '.';
+  return absl::DataLossError(absl::StrCat(path, ": not a prepared dataset: magic \"", shown,
+                                          "\" at offset 0 is none this loader knows"));
+}
+
+absl::Status RunLoader(JobRegion& region, const LabeledSamples& data,
+                       const LoaderOptions& options) {
+  const RingGeometry& geometry = region.geometry();
+  STOKER_RETURN_IF_ERROR(CheckLoaderIndex(geometry, options));
+  if (data.count <= 0) return absl::InvalidArgumentError("the training set is empty");
+  STOKER_RETURN_IF_ERROR(CheckFitsRing(geometry, data.sample_type, data.sample_bytes));
   STOKER_RETURN_IF_ERROR(ValidateAugment(options.augment, data.sample_dims));
   BatchMaker maker(data, geometry.batch_size, options.seed, options.augment);
+  return RunLoader(region, maker, options);
+}
+
+absl::Status RunLoader(JobRegion& region, BatchSource& source, const LoaderOptions& options) {
+  const RingGeometry& geometry = region.geometry();
+  STOKER_RETURN_IF_ERROR(CheckLoaderIndex(geometry, options));
+  if (source.batches_per_epoch() <= 0) {
+    return absl::InvalidArgumentError("the training set is empty");
+  }
+  STOKER_RETURN_IF_ERROR(CheckFitsRing(geometry, source.sample_type(), source.sample_bytes()));
   JobStats& stats = region.stats();
   // The loader eras decide which batches are ours, and eras may be appended while we run. `from`
   // is our position: every batch before it is made or not ours. A batch that looks like ours is
@@ -103,13 +182,22 @@ absl::Status RunLoader(JobRegion& region, const LabeledSamples& data,
     }
     if (slot.ok()) {
       const auto start = std::chrono::steady_clock::now();
-      const uint32_t count = maker.Make(batch, slot->samples, slot->labels);
+      absl::StatusOr<uint32_t> count = source.Make(batch, slot->samples, slot->labels);
+      if (!count.ok()) {
+        return absl::Status(count.status().code(),
+                            absl::StrCat("batch ", batch, ": ", count.status().message()));
+      }
+      if (*count == 0 || *count > geometry.batch_size) {
+        return absl::InternalError(absl::StrCat("batch ", batch, ": the source made ", *count,
+                                                " samples; a batch holds 1 to ",
+                                                geometry.batch_size));
+      }
       // The artificial delay, in slices with a heartbeat each: a loader that sleeps is working.
       for (int left_ms = options.delay_ms; left_ms > 0; left_ms -= 1000) {
         absl::SleepFor(absl::Milliseconds(std::min(left_ms, 1000)));
         stats.heartbeats_total.fetch_add(1, std::memory_order_relaxed);
       }
-      region.Publish(batch, count);
+      region.Publish(batch, *count);
       const auto busy = std::chrono::steady_clock::now() - start;
       stats.loader_batches_total.fetch_add(1, std::memory_order_relaxed);
       stats.loader_busy_ns_total.fetch_add(

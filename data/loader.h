@@ -1,42 +1,66 @@
 // What a loader process does: turns the job's batch numbers into batches of samples and writes
 // them into ring slots. Batch b of the job is batch (b % batches_per_epoch) of epoch
-// (b / batches_per_epoch), whose samples are EpochPermutation(count, seed, epoch)[i*B, (i+1)*B).
-// The content of batch b depends only on (data, B, seed, b), never on which loader made it.
+// (b / batches_per_epoch); which samples it holds is up to its BatchSource, and depends only on
+// (data, B, seed, b), never on which loader made it. For decoded samples (BatchMaker) they are
+// EpochPermutation(count, seed, epoch)[i*B, (i+1)*B). A loader process takes its source from the
+// prepared file the agent wrote for the job (OpenPreparedDataset): every loader maps the same file
+// read-only, so K loaders share one copy of the training set.
 #ifndef STOKER_DATA_LOADER_H_
 #define STOKER_DATA_LOADER_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "data/augment.h"
 #include "data/dataset.h"
 #include "data/job_region.h"
 
 namespace stoker {
 
-// Makes batches by number, caching the permutation of the epoch it last worked in. Not
-// thread-safe. `data` must outlive the maker.
-class BatchMaker {
+// What a loader makes batches from. Make() writes batch `batch` (samples and labels) and returns
+// how many samples it holds; an error ends the loader (INVALID_ARGUMENT = bad data, exit 2).
+class BatchSource {
  public:
-  // Requires data.count > 0, batch_size > 0, and ValidateAugment(augment, data.sample_dims).
-  // Sample i of batch b is augmented with DrawAugment(augment, seed, b, i).
-  BatchMaker(const LabeledSamples& data, uint32_t batch_size, uint64_t seed,
-             const AugmentOptions& augment = {});
+  virtual ~BatchSource() = default;
+  virtual int64_t batches_per_epoch() const = 0;
+  virtual SampleType sample_type() const = 0;
+  virtual int sample_bytes() const = 0;
+  // Writes into `samples` (room for batch_size * sample_bytes) and `labels` (room for batch_size)
+  // and returns the number of samples: the batch size, or less for an epoch's last batch. Samples
+  // may be written with StreamCopy: call StreamFence() (or JobRegion::Publish) before another
+  // thread reads them.
+  virtual absl::StatusOr<uint32_t> Make(uint64_t batch, uint8_t* samples, uint8_t* labels) = 0;
+};
 
-  int64_t batches_per_epoch() const { return batches_per_epoch_; }
-  // Writes batch `batch` into `samples` (room for batch_size * sample_bytes) and `labels` (room
-  // for batch_size); returns the number of samples (batch_size, or less for an epoch's last one).
-  // Samples are written with StreamCopy: call StreamFence() (or JobRegion::Publish) before
-  // another thread reads them.
-  uint32_t Make(uint64_t batch, uint8_t* samples, uint8_t* labels);
+// The BatchSource of decoded samples (in memory or mapped): makes batches by number, caching the
+// permutation of the epoch it last worked in. Sample i of batch b is augmented with
+// DrawAugment(augment, seed, b, i). Never fails. Not thread-safe.
+class BatchMaker : public BatchSource {
+ public:
+  // Requires data.count in [1, 2^32), batch_size > 0, and ValidateAugment(augment,
+  // data.sample_dims). The bytes `data` points at must outlive the maker.
+  BatchMaker(SamplesView data, uint32_t batch_size, uint64_t seed,
+             const AugmentOptions& augment = {});
+  BatchMaker(const LabeledSamples& data, uint32_t batch_size, uint64_t seed,
+             const AugmentOptions& augment = {})
+      : BatchMaker(View(data), batch_size, seed, augment) {}
+  BatchMaker(LabeledSamples&&, uint32_t, uint64_t, const AugmentOptions& = {}) = delete;
+
+  int64_t batches_per_epoch() const override { return batches_per_epoch_; }
+  SampleType sample_type() const override { return data_.sample_type; }
+  int sample_bytes() const override { return data_.sample_bytes; }
+  absl::StatusOr<uint32_t> Make(uint64_t batch, uint8_t* samples, uint8_t* labels) override;
 
  private:
-  const LabeledSamples& data_;
+  const SamplesView data_;
   uint32_t batch_size_;
   uint64_t seed_;
   AugmentOptions augment_;
-  int image_height_ = 0, image_width_ = 0, pixel_bytes_ = 0;  // when augment_ is enabled
+  ImageShape image_;  // when augment_ is enabled
   int64_t batches_per_epoch_;
   uint64_t cached_epoch_ = UINT64_MAX;
   std::vector<uint32_t> order_;
@@ -52,16 +76,32 @@ struct LoaderOptions {
   AugmentOptions augment;  // off by default
 };
 
-// Fills the region's slots with this loader's batches, starting with the first one the consumer
-// has not released (so a respawned loader resumes with the batch it owed) and skipping batches
-// already published. Which batches are its own follows the region's loader eras, re-derived after
-// every slot wait (see JobRegion::NextBatchFor). Counts loader_batches_total and
+// Fills the region's slots with this loader's batches from `source`, starting with the first one
+// the consumer has not released (so a respawned loader resumes with the batch it owed) and
+// skipping batches already published. Which batches are its own follows the region's loader eras,
+// re-derived after every slot wait (see JobRegion::NextBatchFor). Counts loader_batches_total and
 // loader_busy_ns_total, and raises heartbeats_total for each batch (and each second of delay).
 // Returns OK once the era table leaves it nothing to make (the job's end, or eras without it:
 // the agent starts it again if a later era gives it batches); CANCELLED on stop; ABORTED when the
-// consumer died; INVALID_ARGUMENT when the data or options do not fit the region's geometry (sample
-// size or type) or the augmentation does not fit the samples' shape.
+// consumer died; INVALID_ARGUMENT when the source does not fit the region's geometry (sample size
+// or type) or is empty; the error of a failed Make(), prefixed with "batch B: " (its code kept).
+absl::Status RunLoader(JobRegion& region, BatchSource& source, const LoaderOptions& options);
+
+// RunLoader over in-memory samples (a BatchMaker of them); also INVALID_ARGUMENT when the
+// training set is empty or the augmentation does not fit the samples' shape.
 absl::Status RunLoader(JobRegion& region, const LabeledSamples& data, const LoaderOptions& options);
+
+// The source a loader process makes its batches from: the prepared file at `path` (see
+// data/prepared_dataset.h), mapped read-only and shared with the job's other loaders. The file's
+// first 8 bytes say what it holds; this is the one place that reads them, so a new kind of
+// prepared file is added here. Errors name the file: INVALID_ARGUMENT when the job's options do
+// not fit the data (an augmentation for samples that are not images); DATA_LOSS when the file is
+// truncated or corrupt, NOT_FOUND or another code when it cannot be read, FAILED_PRECONDITION when
+// the dataset file it refers to changed since it was prepared. The source lives on its own: it
+// keeps the mapping while it lives.
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenPreparedDataset(const std::string& path,
+                                                                 uint32_t batch_size,
+                                                                 const LoaderOptions& options);
 
 }  // namespace stoker
 

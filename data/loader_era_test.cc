@@ -98,7 +98,7 @@ RunResult RunOnce(uint64_t rng_seed, std::set<std::pair<uint32_t, uint32_t>>& re
     BatchMaker maker(data, batch_size, seed);
     std::vector<uint8_t> samples(batch_size * data.sample_bytes), labels(batch_size);
     for (uint64_t b = 0; b < g.total_batches; ++b) {
-      const uint32_t n = maker.Make(b, samples.data(), labels.data());
+      const uint32_t n = *maker.Make(b, samples.data(), labels.data());
       expected.Add(&b, sizeof(b));
       expected.Add(&n, sizeof(n));
       expected.Add(samples.data(), n * data.sample_bytes);
@@ -257,7 +257,7 @@ TEST(LoaderEraTest, ALoaderAlreadyPastANewErasStartMakesTheBatchesItGains) {
     absl::StatusOr<ReadableBatch> batch = region.WaitReadable(b, absl::Seconds(5));
     ASSERT_TRUE(batch.ok()) << "batch " << b << " (loader " << region.LoaderFor(b)
                             << "): " << batch.status();
-    const uint32_t count = maker.Make(b, samples.data(), labels.data());
+    const uint32_t count = *maker.Make(b, samples.data(), labels.data());
     ASSERT_EQ(batch->count, count);
     EXPECT_EQ(std::memcmp(batch->samples, samples.data(), count * g.sample_bytes), 0) << b;
     region.Release(b);

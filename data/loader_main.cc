@@ -1,15 +1,22 @@
 // stoker-loader: one loader process of a job. The agent starts K of them with the job's region
-// fd inherited; each fills the ring with its share of the batch stream (see loader.h).
+// fd inherited and the path of the training set it prepared for the attempt; each maps that file
+// read-only (all K share its pages) and fills the ring with its share of the batch stream (see
+// loader.h).
 //
-// Exit status (common/exit_codes.h): 0 done, stopped, or the consumer is gone; 1 the region cannot
-// be used or the parent is already gone; 2 the training data is bad (the message names file and
-// offset); 64 bad arguments.
+// Exit status (common/exit_codes.h): 0 done, stopped, or the consumer is gone; 1 the region or the
+// prepared training set cannot be used (missing, truncated, corrupt, its source changed: the
+// message names the file and offset), or the parent is already gone; 2 the job's data or options
+// do not fit (a sample type or size the ring does not hold, an augmentation for samples that are
+// not images, a batch the source refused); 64 bad arguments.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -19,7 +26,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/exit_codes.h"
-#include "data/dataset.h"
 #include "data/heartbeat.h"
 #include "data/job_region.h"
 #include "data/loader.h"
@@ -34,21 +40,24 @@ using stoker::kExitSuccess;
 using stoker::kExitUsage;
 
 constexpr char kUsage[] =
-    "usage: stoker-loader --region-fd N --index K --job FILE [--parent-pid P]\n"
+    "usage: stoker-loader --region-fd N --index K --job FILE --data FILE [--parent-pid P]\n"
     "  --region-fd N   inherited fd of the job's shared-memory region\n"
     "  --index K       this loader's index, 0 <= K < the region's loader count\n"
-    "  --job FILE      binary stoker.v1.JobSpec with absolute dataset paths\n"
+    "  --job FILE      binary stoker.v1.JobSpec (the loader's options: seed, delay, augment)\n"
+    "  --data FILE     the training set the agent prepared (data/prepared_dataset.h)\n"
     "  --parent-pid P  exit at once unless the parent is P (default: exit if reparented to 1)\n"
-    "exit status: 0 done or stopped, 1 region/parent error, 2 bad data, 64 bad arguments\n";
+    "exit status: 0 done or stopped, 1 region/prepared data/parent error, 2 data or options\n"
+    "that do not fit the job, 64 bad arguments\n";
 
 struct Args {
   int region_fd = -1;
   int index = -1;
   std::string job_path;
+  std::string data_path;
   std::optional<pid_t> parent_pid;
 };
 
-// Three flags whose errors must exit 64 (EX_USAGE); absl's flag parser exits 1 on its own.
+// Flags whose errors must exit 64 (EX_USAGE); absl's flag parser exits 1 on its own.
 std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
   Args args;
   for (int i = 1; i < argc; ++i) {
@@ -79,16 +88,42 @@ std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
       args.parent_pid = number;
     } else if (name == "--job") {
       args.job_path = value;
+    } else if (name == "--data") {
+      args.data_path = value;
     } else {
       *error = absl::StrCat("unknown argument ", arg);
       return std::nullopt;
     }
   }
-  if (args.region_fd < 0 || args.index < 0 || args.job_path.empty()) {
-    *error = "--region-fd, --index and --job are required";
+  if (args.region_fd < 0 || args.index < 0 || args.job_path.empty() || args.data_path.empty()) {
+    *error = "--region-fd, --index, --job and --data are required";
     return std::nullopt;
   }
   return args;
+}
+
+// The mapped files can shrink under us (a truncated dataset or prepared file): reading past their
+// new end raises SIGBUS. Say which file and exit 1 (the agent respawns the loader, which then
+// finds the file changed and says how), instead of dying of the signal.
+char sigbus_message[1024];
+size_t sigbus_message_bytes = 0;
+
+void OnSigbus(int) {
+  ssize_t ignored = write(STDERR_FILENO, sigbus_message, sigbus_message_bytes);
+  (void)ignored;
+  _exit(kExitFailure);
+}
+
+void InstallSigbusHandler(const std::string& prefix, const std::string& data_path) {
+  const std::string message =
+      absl::StrCat(prefix, ": SIGBUS reading the mapped training set: ", data_path,
+                   " (or the dataset file it maps in place) was truncated while the job ran\n");
+  sigbus_message_bytes = std::min(message.size(), sizeof(sigbus_message));
+  std::memcpy(sigbus_message, message.data(), sigbus_message_bytes);
+  struct sigaction action = {};
+  action.sa_handler = OnSigbus;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGBUS, &action, nullptr);
 }
 
 int Fail(int code, const std::string& prefix, const absl::Status& status) {
@@ -136,16 +171,19 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
 
-  absl::StatusOr<stoker::LabeledSamples> data = [&] {
-    // Loading a large dataset takes a while; the job is not hung meanwhile.
-    const stoker::ScopedHeartbeat beating((*region)->stats().heartbeats_total);
-    return stoker::LoadDataset(stoker::TrainDatasetFiles(spec), spec.dataset().train_limit());
-  }();
-  if (!data.ok()) return Fail(kExitBadInput, prefix, data.status());
-
   const stoker::LoaderOptions options =
       stoker::LoaderOptionsFromSpec(spec, static_cast<uint32_t>(args->index));
-  const absl::Status status = stoker::RunLoader(**region, *data, options);
+  InstallSigbusHandler(prefix, args->data_path);
+  absl::StatusOr<std::unique_ptr<stoker::BatchSource>> source = [&] {
+    // Mapping is quick, but checking a large file's labels reads them: beat meanwhile.
+    const stoker::ScopedHeartbeat beating((*region)->stats().heartbeats_total);
+    return stoker::OpenPreparedDataset(args->data_path, (*region)->geometry().batch_size, options);
+  }();
+  if (!source.ok()) {
+    return Fail(absl::IsInvalidArgument(source.status()) ? kExitBadInput : kExitFailure, prefix,
+                source.status());
+  }
+  const absl::Status status = stoker::RunLoader(**region, **source, options);
   if (status.ok() || absl::IsCancelled(status) || absl::IsAborted(status)) return kExitSuccess;
   if (absl::IsInvalidArgument(status)) return Fail(kExitBadInput, prefix, status);
   return Fail(kExitFailure, prefix, status);

@@ -1,5 +1,5 @@
 // The loader: batch contents, and the stoker-loader binary started as the agent starts it
-// (fork + exec with the region fd inherited).
+// (fork + exec with the region fd inherited, the training set prepared in a file it maps).
 #include "data/loader.h"
 
 #include <fcntl.h>
@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "data/prepared_dataset.h"
 #include "data/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -61,7 +63,7 @@ uint64_t ExpectedStreamHash(const LabeledSamples& data, uint64_t total_batches) 
   std::vector<uint8_t> samples(kBatchSize * data.sample_bytes), labels(kBatchSize);
   StreamHash hash;
   for (uint64_t b = 0; b < total_batches; ++b) {
-    const uint32_t count = maker.Make(b, samples.data(), labels.data());
+    const uint32_t count = *maker.Make(b, samples.data(), labels.data());
     hash.AddBatch(b, count, samples.data(), labels.data(), data.sample_bytes);
   }
   return hash.value();
@@ -75,7 +77,7 @@ TEST(BatchMakerTest, EachEpochCoversEverySampleOnce) {
   for (uint64_t epoch = 0; epoch < 2; ++epoch) {
     std::vector<int> seen(kCount);
     for (uint64_t i = 0; i < 13; ++i) {
-      const uint32_t count = maker.Make(epoch * 13 + i, samples.data(), labels.data());
+      const uint32_t count = *maker.Make(epoch * 13 + i, samples.data(), labels.data());
       EXPECT_EQ(count, i < 12 ? 8u : 7u);
       for (uint32_t s = 0; s < count; ++s) {
         const int index = samples[s * 6];
@@ -90,7 +92,7 @@ TEST(BatchMakerTest, EachEpochCoversEverySampleOnce) {
   }
   // The order follows EpochPermutation of the epoch.
   const std::vector<uint32_t> order = EpochPermutation(kCount, kSeed, 1);
-  maker.Make(13 + 2, samples.data(), labels.data());
+  ASSERT_TRUE(maker.Make(13 + 2, samples.data(), labels.data()).ok());
   EXPECT_EQ(samples[0], order[2 * kBatchSize]);
 }
 
@@ -107,8 +109,10 @@ class LoaderProcessTest : public ::testing::Test {
     WriteJob(dir_.File("images.gz"), dir_.File("labels"));
   }
 
+  // The job's spec (the loader takes its seed, delay and augmentation from it) and, as the agent
+  // does, its training set prepared into train.samples (`map_raw_sources` as PrepareOptions).
   void WriteJob(const std::string& images, const std::string& labels, int delay_ms = 0,
-                const std::string& format = "idx") {
+                const std::string& format = "idx", bool map_raw_sources = true) {
     v1::JobSpec spec;
     spec.set_name("loader-test");
     spec.mutable_dataset()->set_format(format);
@@ -117,8 +121,14 @@ class LoaderProcessTest : public ::testing::Test {
     spec.mutable_train()->set_seed(kSeed);
     spec.mutable_train()->set_batch_size(kBatchSize);
     spec.mutable_loader()->set_delay_ms(delay_ms);
+    *spec.mutable_loader()->mutable_augment() = augment_;
     std::ofstream out(dir_.File("job.pb"), std::ios::binary | std::ios::trunc);
     ASSERT_TRUE(spec.SerializeToOstream(&out));
+    const DatasetFiles files = testing::Files(format, images, labels);
+    absl::StatusOr<PreparedInfo> prepared = PrepareTrainingSet(
+        files, 0, dir_.File("train.samples"), {.map_raw_sources = map_raw_sources});
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    prepared_storage_ = prepared->storage;
   }
 
   std::unique_ptr<JobRegion> MakeRegion(uint32_t loaders, uint32_t slots) {
@@ -157,19 +167,26 @@ class LoaderProcessTest : public ::testing::Test {
   }
 
   pid_t SpawnLoader(const JobRegion& region, int index) {
-    return Spawn(region, {"--region-fd", std::to_string(region.fd()), "--index",
-                          std::to_string(index), "--job", dir_.File("job.pb")});
+    return Spawn(region,
+                 {"--region-fd", std::to_string(region.fd()), "--index", std::to_string(index),
+                  "--job", dir_.File("job.pb"), "--data", dir_.File("train.samples")});
   }
 
-  // Runs loader 0 of the job, expects exit code 2 (bad input) and returns what it printed.
-  std::string RunLoaderExpectingBadInput(const JobRegion& region) {
-    const pid_t pid = Spawn(
-        region,
-        {"--region-fd", std::to_string(region.fd()), "--index", "0", "--job", dir_.File("job.pb")},
-        dir_.File("stderr"));
-    EXPECT_EQ(ExitCode(pid), 2);
+  // Runs loader 0 of the job on `data`, expects exit code `code` and returns what it printed.
+  std::string RunLoaderExpectingExit(const JobRegion& region, int code,
+                                     const std::string& data = "") {
+    const pid_t pid =
+        Spawn(region,
+              {"--region-fd", std::to_string(region.fd()), "--index", "0", "--job",
+               dir_.File("job.pb"), "--data", data.empty() ? dir_.File("train.samples") : data},
+              dir_.File("stderr"));
+    EXPECT_EQ(ExitCode(pid), code);
     std::ifstream in(dir_.File("stderr"));
     return std::string((std::istreambuf_iterator<char>(in)), {});
+  }
+  // Exit code 2: the job's data or options do not fit.
+  std::string RunLoaderExpectingBadInput(const JobRegion& region) {
+    return RunLoaderExpectingExit(region, 2);
   }
 
   // Exit code of `pid`, or -1 if it did not exit normally within the timeout.
@@ -205,14 +222,52 @@ class LoaderProcessTest : public ::testing::Test {
   testing::TempDir dir_;
   testing::ChildReaper reaper_;
   LabeledSamples data_;
+  v1::AugmentSpec augment_;
+  SamplesStorage prepared_storage_ = SamplesStorage::kCopy;
 };
 
 TEST_F(LoaderProcessTest, StreamIsTheSameForAnyNumberOfLoaders) {
   const uint64_t expected = ExpectedStreamHash(data_, kEpochs * 13);
+  ASSERT_EQ(prepared_storage_, SamplesStorage::kCopy);  // gzipped IDX: decoded into the file
   EXPECT_EQ(RunWithLoaders(1, 4), expected);
   EXPECT_EQ(RunWithLoaders(2, 4), expected);
   EXPECT_EQ(RunWithLoaders(3, 2), expected);
   EXPECT_EQ(RunWithLoaders(4, 4), expected);
+}
+
+// A raw IDX file is mapped in place (the prepared file holds the labels only), or copied: the
+// same stream either way.
+TEST_F(LoaderProcessTest, RawIdxMappedInPlaceOrCopiedGivesTheSameStream) {
+  testing::WriteRaw(dir_.File("images.raw"), testing::IdxBytes({kCount, 2, 3}, data_.samples));
+  const uint64_t expected = ExpectedStreamHash(data_, kEpochs * 13);
+  WriteJob(dir_.File("images.raw"), dir_.File("labels"));
+  ASSERT_EQ(prepared_storage_, SamplesStorage::kSource);
+  EXPECT_LT(std::filesystem::file_size(dir_.File("train.samples")), 4096u);
+  EXPECT_EQ(RunWithLoaders(2, 4), expected);
+  WriteJob(dir_.File("images.raw"), dir_.File("labels"), 0, "idx", /*map_raw_sources=*/false);
+  ASSERT_EQ(prepared_storage_, SamplesStorage::kCopy);
+  EXPECT_EQ(RunWithLoaders(3, 2), expected);
+}
+
+// Every loader maps the one prepared file (shared page cache), none reads the dataset files.
+TEST_F(LoaderProcessTest, LoadersMapTheOnePreparedFile) {
+  auto region = MakeRegion(2, 2);
+  ASSERT_NE(region, nullptr);
+  const std::vector<pid_t> pids = {SpawnLoader(*region, 0), SpawnLoader(*region, 1)};
+  // Both fill the ring and wait for the consumer: they have mapped their data by then.
+  for (uint64_t b = 0; b < 2; ++b) ASSERT_TRUE(region->WaitReadable(b, absl::Seconds(10)).ok());
+  const std::string prepared = std::filesystem::canonical(dir_.File("train.samples")).string();
+  for (pid_t pid : pids) {
+    std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+    std::string line, mapped;
+    while (std::getline(maps, line)) {
+      if (line.find(prepared) != std::string::npos) mapped = line;
+    }
+    // "r--s": read-only and shared.
+    EXPECT_THAT(mapped, HasSubstr(" r--s ")) << "pid " << pid << " does not map " << prepared;
+  }
+  region->RequestStop();
+  for (pid_t pid : pids) EXPECT_EQ(ExitCode(pid), 0);
 }
 
 // What `loader.processes: auto` does mid-job, through real loader processes: 4 loaders, then an
@@ -270,8 +325,13 @@ TEST_F(LoaderProcessTest, Float32NpyAndCsvStreamThroughLoaderProcesses) {
   const uint64_t expected = ExpectedStreamHash(data_, kEpochs * 13);
 
   WriteJob(dir_.File("x.npy"), dir_.File("y.npy"), 0, "npy");
+  EXPECT_EQ(prepared_storage_, SamplesStorage::kSource);
+  EXPECT_EQ(RunWithLoaders(2, 4), expected);
+  WriteJob(dir_.File("x.npy"), dir_.File("y.npy"), 0, "npy", /*map_raw_sources=*/false);
+  EXPECT_EQ(prepared_storage_, SamplesStorage::kCopy);
   EXPECT_EQ(RunWithLoaders(2, 4), expected);
   WriteJob(dir_.File("d.csv"), "", 0, "csv");
+  EXPECT_EQ(prepared_storage_, SamplesStorage::kCopy);
   EXPECT_EQ(RunWithLoaders(3, 2), expected);
 }
 
@@ -283,12 +343,29 @@ TEST_F(LoaderProcessTest, SampleTypeMismatchExitsTwo) {
   EXPECT_THAT(message, HasSubstr("samples are uint8 but the ring's slots hold float32 samples"));
 }
 
-TEST_F(LoaderProcessTest, UnknownFormatExitsTwo) {
-  WriteJob(dir_.File("images.gz"), dir_.File("labels"), 0, "hdf5");
+// An augmentation that does not fit the samples (2x3 images cannot take a crop padding of 3) is
+// the job's error: exit 2, for good.
+TEST_F(LoaderProcessTest, AugmentationThatDoesNotFitExitsTwo) {
+  augment_.set_crop_padding(3);
+  WriteJob(dir_.File("images.gz"), dir_.File("labels"));
   auto region = MakeRegion(1, 2);
   ASSERT_NE(region, nullptr);
   const std::string message = RunLoaderExpectingBadInput(*region);
-  EXPECT_THAT(message, HasSubstr("dataset format 'hdf5' is not supported"));
+  EXPECT_THAT(message, HasSubstr(dir_.File("train.samples")));
+  EXPECT_THAT(message, HasSubstr("crop_padding 3 must be in [0, 2] for images of 2x3"));
+}
+
+// The agent refuses an unknown format when it prepares the training set; a file the loader does
+// not know is refused by its magic (exit 1: the next attempt prepares the data again).
+TEST_F(LoaderProcessTest, UnknownFormatAndUnknownFileAreRefused) {
+  const DatasetFiles files = testing::Files("hdf5", dir_.File("images.gz"), dir_.File("labels"));
+  const absl::Status status = PrepareTrainingSet(files, 0, dir_.File("other.samples")).status();
+  EXPECT_THAT(status.message(), HasSubstr("dataset format 'hdf5' is not supported"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.File("other.samples")));
+  auto region = MakeRegion(1, 2);
+  ASSERT_NE(region, nullptr);
+  const std::string message = RunLoaderExpectingExit(*region, 1, dir_.File("images.gz"));
+  EXPECT_THAT(message, HasSubstr(dir_.File("images.gz") + ": not a prepared dataset"));
 }
 
 TEST_F(LoaderProcessTest, KilledLoaderIsReplacedAndStreamIsUnchanged) {
@@ -322,16 +399,36 @@ TEST_F(LoaderProcessTest, StopEndsLoadersQuietly) {
   EXPECT_EQ(ExitCode(b, milliseconds(1000)), 0);
 }
 
-TEST_F(LoaderProcessTest, CorruptDataExitsTwoNamingTheFile) {
+// A truncated dataset file is refused when the training set is prepared (both ways), naming the
+// file and what is missing; a truncated or corrupt prepared file is refused by the loader, naming
+// it and the byte offset (exit 1: the next attempt prepares it again).
+TEST_F(LoaderProcessTest, CorruptDataIsRefusedNamingTheFile) {
   std::vector<uint8_t> truncated = testing::IdxBytes({kCount, 2, 3}, data_.samples);
   truncated.resize(truncated.size() - 5);
   testing::WriteRaw(dir_.File("short-images"), truncated);
-  WriteJob(dir_.File("short-images"), dir_.File("labels"));
+  for (bool map_raw_sources : {true, false}) {
+    const DatasetFiles files =
+        testing::Files("idx", dir_.File("short-images"), dir_.File("labels"));
+    const absl::Status status = PrepareTrainingSet(files, 0, dir_.File("short.samples"),
+                                                   {.map_raw_sources = map_raw_sources})
+                                    .status();
+    EXPECT_THAT(status.message(), HasSubstr(dir_.File("short-images")));
+    EXPECT_THAT(status.message(), HasSubstr("expected 618 data bytes after offset 16, got 613"));
+  }
+
   auto region = MakeRegion(1, 2);
   ASSERT_NE(region, nullptr);
-  const std::string message = RunLoaderExpectingBadInput(*region);
-  EXPECT_THAT(message, HasSubstr(dir_.File("short-images")));
-  EXPECT_THAT(message, HasSubstr("expected 618 data bytes after offset 16, got 613"));
+  std::vector<uint8_t> prepared = testing::ReadRaw(dir_.File("train.samples"));
+  prepared.resize(prepared.size() - 5);
+  testing::WriteRaw(dir_.File("cut.samples"), prepared);
+  std::string message = RunLoaderExpectingExit(*region, 1, dir_.File("cut.samples"));
+  EXPECT_THAT(message, HasSubstr(dir_.File("cut.samples") + ": truncated"));
+  prepared = testing::ReadRaw(dir_.File("train.samples"));
+  prepared[24] ^= 1;  // the sample count
+  testing::WriteRaw(dir_.File("bad.samples"), prepared);
+  message = RunLoaderExpectingExit(*region, 1, dir_.File("bad.samples"));
+  EXPECT_THAT(message, HasSubstr(dir_.File("bad.samples") + ": corrupt header: checksum"));
+  EXPECT_EQ(region->stats().loader_batches_total.load(), 0u);
 }
 
 TEST_F(LoaderProcessTest, BadArgumentsExit64) {
@@ -339,16 +436,25 @@ TEST_F(LoaderProcessTest, BadArgumentsExit64) {
   ASSERT_NE(region, nullptr);
   const std::string fd = std::to_string(region->fd());
   EXPECT_EQ(ExitCode(Spawn(*region, {"--region-fd", fd, "--index", "0"})), 64);
+  EXPECT_EQ(
+      ExitCode(Spawn(*region, {"--region-fd", fd, "--index", "0", "--job", dir_.File("job.pb")})),
+      64)
+      << "no --data";
   EXPECT_EQ(ExitCode(Spawn(*region, {"--region-fd", "x", "--index", "0", "--job", "j"})), 64);
   EXPECT_EQ(ExitCode(Spawn(*region, {"--bogus", "1"})), 64);
+  const std::string data = dir_.File("train.samples");
   // Index out of range for a 2-loader region.
-  EXPECT_EQ(
-      ExitCode(Spawn(*region, {"--region-fd", fd, "--index", "2", "--job", dir_.File("job.pb")})),
-      64);
+  EXPECT_EQ(ExitCode(Spawn(*region, {"--region-fd", fd, "--index", "2", "--job",
+                                     dir_.File("job.pb"), "--data", data})),
+            64);
   // A region fd that is not a region.
-  EXPECT_EQ(
-      ExitCode(Spawn(*region, {"--region-fd", "0", "--index", "0", "--job", dir_.File("job.pb")})),
-      1);
+  EXPECT_EQ(ExitCode(Spawn(*region, {"--region-fd", "0", "--index", "0", "--job",
+                                     dir_.File("job.pb"), "--data", data})),
+            1);
+  // No such prepared file.
+  EXPECT_EQ(ExitCode(Spawn(*region, {"--region-fd", fd, "--index", "0", "--job",
+                                     dir_.File("job.pb"), "--data", dir_.File("none")})),
+            1);
 }
 
 }  // namespace

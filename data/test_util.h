@@ -107,6 +107,16 @@ LabeledSamples PatternSamples(int count, const std::vector<int>& dims, ByteFn by
   return data;
 }
 
+// DatasetFiles of `format` (idx, npy, csv) naming the samples and labels files; the rest default.
+inline DatasetFiles Files(const std::string& format, const std::string& samples,
+                          const std::string& labels = "") {
+  DatasetFiles files;
+  files.format = format;
+  files.samples_path = samples;
+  files.labels_path = labels;
+  return files;
+}
+
 inline void WriteText(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;
