@@ -1,0 +1,197 @@
+#include "data/image_dataset.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace stoker {
+namespace {
+
+// An image folder of `per_class` PNGs in each of `classes` classes; pixel values encode
+// (class, index) so a sample can be recognised after decoding.
+class ImageFolder {
+ public:
+  ImageFolder(int classes, int per_class, int side, int channels)
+      : root_(std::filesystem::temp_directory_path() /
+              absl::StrCat("stoker_image_dataset_", getpid(), "_", next_++)) {
+    for (int c = 0; c < classes; ++c) {
+      const std::string dir = absl::StrCat(root_, "/class", c);
+      std::filesystem::create_directories(dir);
+      for (int i = 0; i < per_class; ++i) {
+        Image image{side, side, channels, {}};
+        image.pixels.assign(static_cast<size_t>(side) * side * channels,
+                            static_cast<uint8_t>(c * 40 + i));
+        absl::StatusOr<std::vector<uint8_t>> png = EncodePng(image);
+        EXPECT_TRUE(png.ok()) << png.status();
+        std::ofstream(absl::StrCat(dir, "/img", i, ".png"), std::ios::binary)
+            .write(reinterpret_cast<const char*>(png->data()), png->size());
+      }
+    }
+  }
+  ~ImageFolder() { std::filesystem::remove_all(root_); }
+  const std::string& root() const { return root_; }
+
+ private:
+  static inline int next_ = 0;
+  std::string root_;
+};
+
+SampleIndex Index(const std::string& root) {
+  absl::StatusOr<SampleIndex> index = BuildImageIndex("image_folder", root, nullptr);
+  EXPECT_TRUE(index.ok()) << index.status();
+  return std::move(*index);
+}
+
+ImageSourceOptions Options(int side, int channels) {
+  ImageSourceOptions options;
+  options.transform.channels = channels;
+  options.transform.size = side;
+  options.transform.horizontal_flip = true;
+  options.seed = 7;
+  return options;
+}
+
+struct Batch {
+  std::vector<uint8_t> samples, labels;
+  uint32_t count = 0;
+};
+
+Batch MakeBatch(ImageBatchSource& source, uint64_t batch, uint32_t batch_size) {
+  Batch out;
+  out.samples.resize(static_cast<size_t>(batch_size) * source.sample_bytes());
+  out.labels.resize(batch_size);
+  absl::StatusOr<uint32_t> count = source.Make(batch, out.samples.data(), out.labels.data());
+  EXPECT_TRUE(count.ok()) << count.status();
+  out.count = count.value_or(0);
+  return out;
+}
+
+TEST(ImageDatasetTest, BatchesAreTheSameFromEverySourceAndCoverTheEpoch) {
+  ImageFolder folder(3, 5, 6, 3);
+  const uint32_t batch_size = 4;
+  absl::StatusOr<std::unique_ptr<ImageBatchSource>> a =
+      ImageBatchSource::Create(Index(folder.root()), batch_size, Options(6, 3));
+  absl::StatusOr<std::unique_ptr<ImageBatchSource>> b =
+      ImageBatchSource::Create(Index(folder.root()), batch_size, Options(6, 3));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->batches_per_epoch(), 4);
+  EXPECT_EQ((*a)->sample_bytes(), 3 * 6 * 6);
+  std::vector<int> seen(15, 0);
+  // Made in another order by the second source: the same bytes.
+  for (uint64_t batch : {3, 0, 2, 1, 5}) {
+    const Batch x = MakeBatch(**a, batch, batch_size);
+    const Batch y = MakeBatch(**b, batch, batch_size);
+    EXPECT_EQ(x.samples, y.samples) << "batch " << batch;
+    EXPECT_EQ(x.labels, y.labels) << "batch " << batch;
+    if (batch >= 4) continue;
+    EXPECT_EQ(x.count, batch == 3 ? 3u : 4u);
+    for (uint32_t s = 0; s < x.count; ++s) {
+      // Constant images: every pixel says which one it is; CHW of 3 channels.
+      const uint8_t value = x.samples[s * 108];
+      const int label = value / 40;
+      EXPECT_EQ(label, x.labels[s]);
+      ++seen[label * 5 + value % 40];
+    }
+  }
+  EXPECT_EQ(seen, std::vector<int>(15, 1)) << "every sample exactly once per epoch";
+}
+
+TEST(ImageDatasetTest, BadImagesAreSkippedCountedAndNamedUntilTooMany) {
+  ImageFolder folder(2, 4, 4, 1);
+  const std::string bad1 = folder.root() + "/class0/img1.png";
+  const std::string bad2 = folder.root() + "/class1/img2.png";
+  std::filesystem::resize_file(bad1, 30);
+  std::ofstream(bad2, std::ios::trunc) << "not a png";
+  std::atomic<uint64_t> bad_total{0};
+  std::vector<std::string> lines;
+  ImageSourceOptions options = Options(4, 1);
+  options.bad_samples_total = &bad_total;
+  options.max_bad_samples = 2;
+  options.log = [&](const std::string& line) { lines.push_back(line); };
+  absl::StatusOr<std::unique_ptr<ImageBatchSource>> source =
+      ImageBatchSource::Create(Index(folder.root()), 8, options);
+  ASSERT_TRUE(source.ok());
+  const Batch batch = MakeBatch(**source, 0, 8);  // the whole epoch in one batch
+  EXPECT_EQ(batch.count, 6u);
+  EXPECT_EQ(bad_total.load(), 2u);
+  ASSERT_EQ(lines.size(), 2u);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_TRUE(absl::StrContains(lines[0], bad1)) << lines[0];
+  EXPECT_TRUE(absl::StrContains(lines[1], bad2)) << lines[1];
+  // The next epoch meets them again: past max_bad_samples, Make fails naming them.
+  std::vector<uint8_t> samples(8 * 16), labels(8);
+  absl::StatusOr<uint32_t> failed = (*source)->Make(1, samples.data(), labels.data());
+  ASSERT_FALSE(failed.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(failed.status()));
+  EXPECT_TRUE(absl::StrContains(failed.status().message(), "dataset.max_bad_samples (2)"))
+      << failed.status();
+  EXPECT_TRUE(absl::StrContains(failed.status().message(), bad1)) << failed.status();
+}
+
+TEST(ImageDatasetTest, TestSplitClassesAreMatchedByName) {
+  ImageFolder train(3, 2, 4, 1);
+  ImageFolder test(3, 2, 4, 1);
+  // The test folder lacks class0: its class1 and class2 are labels 1 and 2 of the training set.
+  std::filesystem::remove_all(test.root() + "/class0");
+  ImageTransform eval;
+  eval.channels = 1;
+  eval.size = 4;
+  absl::StatusOr<LabeledSamples> split =
+      DecodeImageTestSplit(Index(train.root()), Index(test.root()), eval, 3, 0, 2, 0, nullptr);
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ(split->count, 4);
+  EXPECT_EQ(split->labels, (std::vector<uint8_t>{1, 1, 2, 2}));
+  EXPECT_EQ(split->samples[0], 40);  // class1/img0
+  EXPECT_EQ(split->sample_dims, (std::vector<int>{1, 4, 4}));
+
+  std::filesystem::rename(test.root() + "/class2", test.root() + "/zebra");
+  absl::StatusOr<LabeledSamples> unknown =
+      DecodeImageTestSplit(Index(train.root()), Index(test.root()), eval, 3, 0, 1, 0, nullptr);
+  EXPECT_TRUE(absl::StartsWith(unknown.status().message(),
+                               "test class directory 'zebra' has no counterpart"))
+      << unknown.status();
+}
+
+TEST(ImageDatasetTest, ProbeSeesClassesFirstImageAndMissingShards) {
+  ImageFolder folder(2, 1, 5, 3);
+  absl::StatusOr<ImageDatasetProbe> probe = ProbeImageDataset("image_folder", folder.root());
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  EXPECT_EQ(probe->class_names, (std::vector<std::string>{"class0", "class1"}));
+  ASSERT_TRUE(probe->first.has_value());
+  EXPECT_EQ(probe->first->width, 5);
+  EXPECT_EQ(probe->first->channels, 3);
+  absl::StatusOr<ImageDatasetProbe> shards =
+      ProbeImageDataset("shards", folder.root() + "/s-{0..3}.tar");
+  EXPECT_TRUE(absl::IsNotFound(shards.status()));
+  EXPECT_EQ(shards.status().message(),
+            absl::StrCat("shard ", folder.root(),
+                         "/s-0.tar not found (4 of the 4 shards the pattern names are missing)"));
+  EXPECT_TRUE(absl::IsNotFound(ProbeImageDataset("image_folder", "/nonexistent").status()));
+}
+
+TEST(ImageDatasetTest, FirstImageHeaderPrefersColour) {
+  ImageFolder folder(2, 1, 4, 1);
+  {
+    // class1's image in colour: one colour image among the first makes the job RGB.
+    Image rgb{4, 4, 3, std::vector<uint8_t>(48, 9)};
+    absl::StatusOr<std::vector<uint8_t>> png = EncodePng(rgb);
+    ASSERT_TRUE(png.ok());
+    std::ofstream(folder.root() + "/class1/img0.png", std::ios::binary | std::ios::trunc)
+        .write(reinterpret_cast<const char*>(png->data()), png->size());
+  }
+  absl::StatusOr<ImageHeader> header = FirstImageHeader(Index(folder.root()));
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->channels, 3);
+  EXPECT_EQ(header->height, 4);
+}
+
+}  // namespace
+}  // namespace stoker
