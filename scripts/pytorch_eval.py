@@ -11,11 +11,16 @@ The file is read with the `safetensors` library when it is installed, else with 
 spec-following parsing (8-byte little-endian header length, JSON header, raw little-endian data)
 and torch.frombuffer: Debian 12 packages PyTorch but not safetensors.
 
+The test images are uint8 and normalised as the model was trained: x = pixel * input_scale[c] +
+input_shift[c], c the channel (input_shape[0] planes of a cnn's [C, H, W] input, input_channels
+equal blocks of an mlp's flat input); each of the two is a number (one value for every channel, as
+every checkpoint from before per-channel values holds) or a list of one value per channel.
+
   scripts/pytorch_eval.py CHECKPOINT [--images t10k-images-idx3-ubyte.gz]
                                      [--labels t10k-labels-idx1-ubyte.gz] [--limit N]
   scripts/pytorch_eval.py --verify CHECKPOINT
-Prints "accuracy=<fraction> samples=<n> loader=<safetensors|builtin>" and exits 0; exits 2 with a
-message on a file it cannot use. --verify needs the safetensors library: it reads the file with it
+Prints "accuracy=<fraction> samples=<n> loader=<safetensors|builtin> loss=<mean cross-entropy>"
+and exits 0; exits 2 with a message on a file it cannot use. --verify needs the safetensors library: it reads the file with it
 and with the built-in parser, checks that every tensor is identical, builds the model and loads
 the weights (strict), and prints "verified=<tensors> safetensors=<version>" (exit 1 on any
 difference), without a dataset.
@@ -158,6 +163,32 @@ def build_model(arch):
     return Mlp(arch) if arch["type"] == "mlp" else Cnn(arch)
 
 
+def input_channels(arch):
+    """The channels the normalisation sees: C of a cnn's [C, H, W] input, an mlp's input_channels
+    (absent in older checkpoints: 1)."""
+    if arch["type"] == "cnn":
+        shape = arch["input_shape"]
+        return shape[0] if len(shape) == 3 else 1
+    return arch.get("input_channels", 1)
+
+
+def normalize(images, arch):
+    """uint8 images [N, ...] -> float32 [N, ...]: pixel * input_scale[c] + input_shift[c], a
+    multiply then an add in float32, as Stoker computes it."""
+    channels = input_channels(arch)
+    per_channel = []
+    for key in ("input_scale", "input_shift"):
+        values = arch[key] if isinstance(arch[key], list) else [arch[key]]
+        if len(values) not in (1, channels):
+            fail(f"the checkpoint's {key} holds {len(values)} values for {channels} channels")
+        per_channel.append(torch.tensor(values, dtype=torch.float32).view(1, -1, 1))
+    scale, shift = per_channel
+    x = images.reshape(images.shape[0], channels, -1).float()
+    if x.shape[2] * channels != images[0].numel():
+        fail(f"test samples of {images[0].numel()} values do not split into {channels} channels")
+    return (x * scale + shift).reshape(images.shape)
+
+
 def verify(path):
     import safetensors  # noqa: PLC0415 (required here)
 
@@ -211,13 +242,19 @@ def main():
         labels = read_idx(args.labels, args.limit).long()
     except (OSError, ValueError, struct.error) as error:
         fail(f"cannot read the test set: {error}")
+    if len(images) == 0 or len(images) != len(labels):
+        fail(f"the test set has {len(images)} images and {len(labels)} labels")
     with torch.no_grad():
-        x = images.float() * arch["input_scale"] + arch["input_shift"]
+        x = normalize(images, arch)
         correct = 0
+        loss_sum = 0.0
         for begin in range(0, len(x), 1000):
             logits = model(x[begin : begin + 1000])
-            correct += (logits.argmax(1) == labels[begin : begin + 1000]).sum().item()
-    print(f"accuracy={correct / len(labels):.4f} samples={len(labels)} loader={loader}")
+            batch_labels = labels[begin : begin + 1000]
+            correct += (logits.argmax(1) == batch_labels).sum().item()
+            loss_sum += F.cross_entropy(logits.double(), batch_labels, reduction="sum").item()
+    print(f"accuracy={correct / len(labels):.4f} samples={len(labels)} loader={loader} "
+          f"loss={loss_sum / len(labels):.6f}")
 
 
 if __name__ == "__main__":

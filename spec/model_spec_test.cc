@@ -1,13 +1,26 @@
 // model_spec on the cpu backend: the configs a job's model section becomes, the errors that name
-// the job-file field, and the memory check that refuses a model too large to train.
+// the job-file field, and the memory check that refuses a model too large to train; image
+// datasets' [C, H, W] samples and their per-channel normalisation (dataset.image.mean and std),
+// down to scripts/pytorch_eval.py scoring a checkpoint with the same normalisation.
 #include "spec/model_spec.h"
 
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "common/checkpoint.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "spec/job_file.h"
 #include "spec/job_spec.h"
 
@@ -43,7 +56,9 @@ std::unique_ptr<Backend> Cpu() {
 
 TEST(ModelSpecTest, AnMlpWithoutHiddenWidthsGetsTheDocumentedDefault) {
   const v1::JobSpec spec = ParsedSpec(std::string(kDataset) + "model: {type: mlp}\n");
-  const MlpConfig config = MlpConfigFromSpec(spec, 784, 10);
+  absl::StatusOr<MlpConfig> mlp = MlpConfigFromSpec(spec, {28, 28}, 10);
+  ASSERT_TRUE(mlp.ok()) << mlp.status();
+  const MlpConfig& config = *mlp;
   EXPECT_EQ(config.hidden,
             std::vector<int>(std::begin(kDefaultMlpHidden), std::end(kDefaultMlpHidden)));
   EXPECT_EQ(config.hidden, (std::vector<int>{256, 128}));
@@ -116,6 +131,285 @@ TEST(ModelSpecTest, AModelTooLargeForTheMachineIsRefusedBeforeAllocating) {
   absl::StatusOr<BuiltModel> built = BuildModel(*backend, spec, {1 << 22}, 10);
   EXPECT_EQ(built.status().code(), absl::StatusCode::kResourceExhausted) << built.status();
   EXPECT_TRUE(absl::StrContains(built.status().message(), "this machine")) << built.status();
+}
+
+// ---- Image datasets: [C, H, W] samples, dataset.image.mean and std ----
+
+// CnnSpec's layers on an image_folder dataset with the given mean and std.
+v1::JobSpec ImageSpec(const std::string& model_type, const std::vector<double>& mean,
+                      const std::vector<double>& stdev) {
+  v1::JobSpec spec = CnnSpec();
+  if (model_type == "mlp") spec.mutable_model()->set_type("mlp");
+  spec.mutable_dataset()->set_format("image_folder");
+  v1::ImageSpec* image = spec.mutable_dataset()->mutable_image();
+  for (double m : mean) image->add_mean(m);
+  for (double s : stdev) image->add_std(s);
+  return spec;
+}
+
+const std::vector<double> kMean = {0.485, 0.456, 0.406};
+const std::vector<double> kStd = {0.229, 0.224, 0.225};
+
+TEST(ModelSpecImageTest, MeanAndStdBecomePerChannelScaleAndShift) {
+  const v1::JobSpec spec = ImageSpec("cnn", kMean, kStd);
+  absl::StatusOr<NetworkConfig> cnn = NetworkConfigFromSpec(spec, {3, 32, 32}, 10);
+  ASSERT_TRUE(cnn.ok()) << cnn.status();
+  EXPECT_EQ(cnn->input_shape, (std::vector<int>{3, 32, 32}));
+  absl::StatusOr<MlpConfig> mlp = MlpConfigFromSpec(ImageSpec("mlp", kMean, kStd), {3, 32, 32}, 10);
+  ASSERT_TRUE(mlp.ok()) << mlp.status();
+  EXPECT_EQ(mlp->input_features, 3 * 32 * 32);
+  EXPECT_EQ(mlp->input_channels, 3);
+  for (const auto& [scale, shift] : {std::pair{cnn->input_scale, cnn->input_shift},
+                                     std::pair{mlp->input_scale, mlp->input_shift}}) {
+    ASSERT_EQ(scale.size(), 3u);
+    ASSERT_EQ(shift.size(), 3u);
+    for (int c = 0; c < 3; ++c) {
+      // x = (pixel / 255 - mean) / std = pixel * scale + shift
+      EXPECT_EQ(scale[c], static_cast<float>(1.0 / (255.0 * kStd[c]))) << c;
+      EXPECT_EQ(shift[c], static_cast<float>(-kMean[c] / kStd[c])) << c;
+      for (int pixel : {0, 77, 255}) {
+        EXPECT_NEAR(pixel * scale[c] + shift[c], (pixel / 255.0 - kMean[c]) / kStd[c], 1e-5);
+      }
+    }
+  }
+  EXPECT_TRUE(ValidateModelForData(spec, {3, 32, 32}, 10).ok());
+
+  std::unique_ptr<Backend> backend = Cpu();
+  ASSERT_NE(backend, nullptr);
+  absl::StatusOr<BuiltModel> built = BuildModel(*backend, spec, {3, 32, 32}, 10);
+  ASSERT_TRUE(built.ok()) << built.status();
+  EXPECT_EQ(built->description, "cnn 3x32x32 conv2d-relu-maxpool2d-flatten-linear");
+  EXPECT_EQ(built->model->Parameters()[0].shape, (std::vector<int64_t>{8, 3, 3, 3}));
+  const nlohmann::json arch = nlohmann::json::parse(built->architecture);
+  EXPECT_EQ(arch["input_shape"], (std::vector<int>{3, 32, 32}));
+  ASSERT_TRUE(arch["input_scale"].is_array()) << built->architecture;
+  EXPECT_EQ(arch["input_scale"].size(), 3u);
+  EXPECT_EQ(arch["input_scale"][2].get<float>(), cnn->input_scale[2]);
+  EXPECT_EQ(arch["input_shift"][1].get<float>(), cnn->input_shift[1]);
+  built = BuildModel(*backend, ImageSpec("mlp", kMean, kStd), {3, 32, 32}, 10);
+  ASSERT_TRUE(built.ok()) << built.status();
+  EXPECT_EQ(built->description, "mlp 3072-10");  // no hidden layers in CnnSpec
+  EXPECT_EQ(nlohmann::json::parse(built->architecture)["input_channels"], 3);
+}
+
+TEST(ModelSpecImageTest, OneValueServesEveryChannel) {
+  // One mean, one std: one scale and one shift.
+  absl::StatusOr<NetworkConfig> config =
+      NetworkConfigFromSpec(ImageSpec("cnn", {0.5}, {0.25}), {3, 16, 16}, 10);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->input_scale, std::vector<float>{static_cast<float>(1 / 63.75)});
+  EXPECT_EQ(config->input_shift, std::vector<float>{-2.0f});
+  // A mean per channel and one std (and the other way round): a value per channel.
+  config = NetworkConfigFromSpec(ImageSpec("cnn", {0.1, 0.2, 0.3}, {0.5}), {3, 16, 16}, 10);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->input_scale, std::vector<float>(3, static_cast<float>(1 / 127.5)));
+  EXPECT_EQ(config->input_shift, (std::vector<float>{-0.2f, -0.4f, -0.6f}));
+  // Only std: mean defaults to 0.5.
+  config = NetworkConfigFromSpec(ImageSpec("cnn", {}, {0.5, 0.25, 1.0}), {3, 16, 16}, 10);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->input_shift, (std::vector<float>{-1.0f, -2.0f, -0.5f}));
+  // Neither: the engine's defaults, as for IDX data (mean 0.5, std 0.5).
+  const MlpConfig defaults;
+  for (const v1::JobSpec& spec : {ImageSpec("cnn", {}, {}), CnnSpec()}) {
+    config = NetworkConfigFromSpec(spec, {28, 28}, 10);
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->input_shape, (std::vector<int>{1, 28, 28}));
+    EXPECT_EQ(config->input_scale, defaults.input_scale);
+    EXPECT_EQ(config->input_shift, defaults.input_shift);
+  }
+  // A single-channel image dataset's samples may come as {1, H, W} too.
+  config = NetworkConfigFromSpec(ImageSpec("cnn", {0.2}, {0.3}), {1, 28, 28}, 10);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->input_shape, (std::vector<int>{1, 28, 28}));
+  EXPECT_EQ(config->input_scale.size(), 1u);
+}
+
+TEST(ModelSpecImageTest, MeanOrStdCountThatFitsNoChannelCountIsRefused) {
+  std::unique_ptr<Backend> backend = Cpu();
+  ASSERT_NE(backend, nullptr);
+  // Three means for grayscale images; three stds for grayscale images; an mlp and a cnn alike.
+  for (const auto& [spec, field] :
+       {std::pair{ImageSpec("cnn", kMean, {0.5}), "dataset.image.mean"},
+        std::pair{ImageSpec("mlp", {0.5}, kStd), "dataset.image.std"},
+        std::pair{ImageSpec("mlp", kMean, kStd), "dataset.image.mean"}}) {
+    const std::vector<int> dims = {1, 28, 28};
+    for (const absl::Status& status :
+         {ValidateModelForData(spec, dims, 10), BuildModel(*backend, spec, dims, 10).status(),
+          spec.model().type() == "cnn" ? NetworkConfigFromSpec(spec, dims, 10).status()
+                                       : MlpConfigFromSpec(spec, dims, 10).status()}) {
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+      EXPECT_TRUE(absl::StartsWith(status.message(), field)) << status;
+      EXPECT_TRUE(absl::StrContains(status.message(), "1 channel")) << status;
+    }
+  }
+  // Two values for three channels.
+  absl::Status status = ValidateModelForData(ImageSpec("cnn", {0.1, 0.2}, {}), {3, 28, 28}, 10);
+  EXPECT_TRUE(absl::StartsWith(status.message(), "dataset.image.mean")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "3 channels")) << status;
+}
+
+TEST(ModelSpecImageTest, OnlyImageDatasetsGiveACnnThreeDimensionalSamples) {
+  // IDX/NPY samples with a third dimension are channels-last: not taken as [C, H, W].
+  absl::Status status = NetworkConfigFromSpec(CnnSpec(), {32, 32, 3}, 10).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "channels last")) << status;
+  // An mlp takes them flat, with the default normalisation.
+  v1::JobSpec mlp = CnnSpec();
+  mlp.mutable_model()->set_type("mlp");
+  absl::StatusOr<MlpConfig> config = MlpConfigFromSpec(mlp, {32, 32, 3}, 10);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->input_features, 3072);
+  EXPECT_EQ(config->input_channels, 1);
+  EXPECT_EQ(config->input_scale, MlpConfig().input_scale);
+}
+
+// ---- scripts/pytorch_eval.py scores a checkpoint with the model's normalisation ----
+
+std::string ScriptPath() {
+  // This file is spec/model_spec_test.cc; the build compiles it by its absolute path.
+  return (std::filesystem::path(__FILE__).parent_path().parent_path() / "scripts" /
+          "pytorch_eval.py")
+      .string();
+}
+
+// Runs `command`, returning its exit code and what it printed (stdout and stderr).
+int RunCommand(const std::string& command, std::string* output) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output->append(buffer, n);
+  return pclose(pipe);
+}
+
+// An uncompressed IDX file of uint8 values with the given dimensions.
+void WriteIdx(const std::string& path, const std::vector<int>& dims,
+              const std::vector<uint8_t>& data) {
+  std::ofstream out(path, std::ios::binary);
+  const char magic[4] = {0, 0, 8, static_cast<char>(dims.size())};
+  out.write(magic, 4);
+  for (int d : dims) {
+    const char be[4] = {static_cast<char>(d >> 24), static_cast<char>(d >> 16),
+                        static_cast<char>(d >> 8), static_cast<char>(d)};
+    out.write(be, 4);
+  }
+  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+}
+
+class PytorchEvalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string output;
+    if (RunCommand("/usr/bin/python3 -c 'import torch'", &output) != 0) {
+      GTEST_SKIP() << "/usr/bin/python3 has no torch (Debian's python3-torch): " << output;
+    }
+    char pattern[] = "/tmp/model_spec_test_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  // Writes `count` random samples of `dims` and their labels (< classes) as IDX files.
+  void WriteTestSet(const std::vector<int>& dims, int count, int classes) {
+    std::mt19937_64 rng(17);
+    int64_t features = 1;
+    for (int d : dims) features *= d;
+    samples_.resize(count * features);
+    labels_.resize(count);
+    for (uint8_t& p : samples_) p = static_cast<uint8_t>(rng() >> 56);
+    for (uint8_t& l : labels_) l = static_cast<uint8_t>(rng() % classes);
+    std::vector<int> image_dims = {count};
+    image_dims.insert(image_dims.end(), dims.begin(), dims.end());
+    WriteIdx(dir_ + "/images.idx", image_dims, samples_);
+    WriteIdx(dir_ + "/labels.idx", {count}, labels_);
+  }
+
+  // Stoker's mean loss of `model` on the test set.
+  double StokerLoss(Model& model) {
+    absl::StatusOr<EvalResult> eval =
+        model.Evaluate({samples_.data(), labels_.data(), static_cast<int>(labels_.size())});
+    EXPECT_TRUE(eval.ok()) << eval.status();
+    return eval.ok() ? eval->loss_sum / eval->count : NAN;
+  }
+
+  // The mean loss pytorch_eval.py reports for `model`'s weights under `architecture`.
+  double PytorchLoss(const Model& model, const std::string& architecture) {
+    Checkpoint checkpoint;
+    for (const NamedTensor& t : model.Parameters()) {
+      checkpoint.tensors.push_back({t.name, t.shape, t.values});
+    }
+    checkpoint.metadata["model"] = architecture;
+    const std::string path = dir_ + "/model.safetensors";
+    EXPECT_TRUE(WriteCheckpoint(path, checkpoint).ok());
+    std::string output;
+    const int code = RunCommand("/usr/bin/python3 " + ScriptPath() + " " + path + " --images " +
+                                    dir_ + "/images.idx --labels " + dir_ + "/labels.idx",
+                                &output);
+    EXPECT_EQ(code, 0) << output;
+    const size_t at = output.find("loss=");
+    double loss = NAN;
+    EXPECT_TRUE(
+        at != std::string::npos &&
+        absl::SimpleAtod(output.substr(at + 5, output.find_first_of(" \n", at) - at - 5), &loss))
+        << output;
+    return loss;
+  }
+
+  std::string dir_;
+  std::vector<uint8_t> samples_;
+  std::vector<uint8_t> labels_;
+};
+
+// RGB images with a mean and std per channel: pytorch_eval.py's loss equals Stoker's, for a cnn
+// and an mlp (trained a little); the same weights under the first channel's values for all three
+// score measurably differently, so the agreement is the per-channel normalisation's.
+TEST_F(PytorchEvalTest, ScoresWithPerChannelNormalisation) {
+  const std::vector<int> dims = {3, 8, 8};
+  WriteTestSet(dims, 64, 4);
+  const std::vector<double> mean = {0.2, 0.5, 0.8}, stdev = {0.2, 0.5, 0.9};
+  std::unique_ptr<Backend> backend = Cpu();
+  ASSERT_NE(backend, nullptr);
+  for (const std::string type : {"cnn", "mlp"}) {
+    SCOPED_TRACE(type);
+    auto build = [&](const std::vector<double>& m, const std::vector<double>& s) {
+      v1::JobSpec spec = ImageSpec(type, m, s);
+      spec.mutable_model()->mutable_layers(4)->set_units(4);  // 4 classes
+      return BuildModel(*backend, spec, dims, 4);
+    };
+    absl::StatusOr<BuiltModel> built = build(mean, stdev);
+    absl::StatusOr<BuiltModel> first_channel = build({mean[0]}, {stdev[0]});
+    ASSERT_TRUE(built.ok()) << built.status();
+    ASSERT_TRUE(first_channel.ok()) << first_channel.status();
+    // Fitted to the test set, so that the loss depends on what the inputs are.
+    const BatchView test_set{samples_.data(), labels_.data(), static_cast<int>(labels_.size())};
+    for (int step = 0; step < 20; ++step) ASSERT_TRUE(built->model->TrainStep(test_set, 0.05).ok());
+    ASSERT_TRUE(first_channel->model->SetParameters(built->model->Parameters()).ok());
+
+    const double stoker = StokerLoss(*built->model);
+    EXPECT_NEAR(PytorchLoss(*built->model, built->architecture), stoker, 1e-4 * stoker);
+    const double uniform = StokerLoss(*first_channel->model);
+    // Ten times the tolerance above: pytorch_eval.py with one channel's values would fail it.
+    EXPECT_GT(std::abs(uniform - stoker), 1e-3 * stoker) << "a check that could not tell";
+  }
+}
+
+// A checkpoint from before per-channel values (scalar input_scale and input_shift, no
+// input_channels) still loads and scores as it did.
+TEST_F(PytorchEvalTest, ScoresCheckpointsWithScalarValues) {
+  WriteTestSet({28, 28}, 50, 10);
+  std::unique_ptr<Backend> backend = Cpu();
+  ASSERT_NE(backend, nullptr);
+  v1::JobSpec spec = ParsedSpec(std::string(kDataset) + "model: {type: mlp, hidden: [32]}\n");
+  absl::StatusOr<BuiltModel> built = BuildModel(*backend, spec, {28, 28}, 10);
+  ASSERT_TRUE(built.ok()) << built.status();
+  nlohmann::json arch = nlohmann::json::parse(built->architecture);
+  ASSERT_TRUE(arch["input_scale"].is_number()) << built->architecture;
+  ASSERT_TRUE(arch["input_shift"].is_number()) << built->architecture;
+  arch.erase("input_channels");
+  const double stoker = StokerLoss(*built->model);
+  EXPECT_NEAR(PytorchLoss(*built->model, arch.dump()), stoker, 1e-4 * stoker);
 }
 
 }  // namespace
