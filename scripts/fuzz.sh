@@ -17,7 +17,7 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || ((seconds < 1)); then
 fi
 
 packages=(clang libclang-rt-14-dev libabsl-dev zlib1g-dev pkg-config libprotobuf-dev
-  protobuf-compiler libyaml-cpp-dev)
+  protobuf-compiler libyaml-cpp-dev libjpeg62-turbo-dev libpng-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -62,6 +62,12 @@ read -r -a jobfile_libs <<<"$(pkg-config --libs protobuf yaml-cpp absl_status ab
 "$cxx" "${cxxflags[@]}" -I"$out/gen" -fsanitize=fuzzer fuzz/jobfile_fuzz.cc "${jobfile_sources[@]}" \
   "${jobfile_libs[@]}" -o "$out/jobfile_fuzz"
 targets+=(jobfile)
+# The image codecs and transforms (data/image) with libjpeg-turbo and libpng.
+image_sources=(data/image/image_decoder.cc data/image/image_codec.cc data/image/image_resample.cc
+  data/image/image_transform.cc)
+"$cxx" "${cxxflags[@]}" -fsanitize=fuzzer fuzz/image_fuzz.cc "${image_sources[@]}" "${libs[@]}" \
+  -ljpeg -lpng16 -o "$out/image_fuzz"
+targets+=(image)
 echo "fuzz: built ${targets[*]} in $(($(date +%s) - start)) s with $("$cxx" --version | head -1)"
 
 failed=()
