@@ -2,8 +2,9 @@
 // inputs: forward loss, one and two optimizer steps (parameters and momentum), Evaluate, 20 steps
 // of training, in fp32 (tolerance 1e-4: cuBLASLt runs with CUBLAS_COMPUTE_32F, no TF32) and bf16
 // (1e-2), with the fused cuBLASLt epilogues and with the fallback kernels; fp16 loss scaling
-// (skip and halve on overflow, growth after N clean steps); that the fast paths (fused epilogues,
-// CUDA graph replays) really ran where they must (GetCudaModelCounters). Every test but the first
+// (skip and halve on overflow, growth after N clean steps); per-channel input normalisation;
+// that the fast paths (fused epilogues, CUDA graph replays) really ran where they must
+// (GetCudaModelCounters). Every test but the first
 // two skips without a device (fails with STOKER_REQUIRE_CUDA=1); the first checks the clean
 // failure on machines without one, and the calls that succeed on machines with one.
 #include <cmath>
@@ -30,6 +31,7 @@ using cuda_testing::CpuMlp;
 using cuda_testing::CudaMlp;
 using cuda_testing::Delta;
 using cuda_testing::ExpectTensorsNear;
+using cuda_testing::Normalized;
 using cuda_testing::RandomBatch;
 
 MlpConfig TestConfig(Precision precision) {
@@ -260,6 +262,54 @@ TEST_P(CudaConformanceTest, RejectsBadInput) {
   EXPECT_EQ(gpu->SetParameters(parameters).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// 48 inputs as 3 channels of 16 values, each with its own scale and shift.
+MlpConfig ThreeChannelConfig(Precision precision) {
+  MlpConfig config = TestConfig(precision);
+  config.input_features = 48;
+  config.input_channels = 3;
+  config.input_scale = {1 / 58.4f, 1 / 57.1f, 1 / 57.4f};
+  config.input_shift = {-2.12f, -2.04f, -1.8f};
+  return config;
+}
+
+// Per-channel normalisation on the MLP fast path (the per-plane kernel, captured in the CUDA
+// graphs of the later steps): Evaluate and four steps (full and partial batches) track the cpu,
+// and the model fed pixels agrees with a second cuda model fed the same batches pre-normalised
+// on the host, far closer than a mix-up of channels would allow.
+TEST_P(CudaConformanceTest, PerChannelNormalisationTracksCpu) {
+  SKIP_WITHOUT_DEVICE();
+  const MlpConfig config = ThreeChannelConfig(precision());
+  std::unique_ptr<Model> cpu = CpuMlp(config);
+  std::unique_ptr<Model> gpu = CudaMlp(config, options());
+  std::unique_ptr<Model> gpu_floats = CudaMlp(config, options());
+  ASSERT_TRUE(cpu && gpu && gpu_floats);
+  const ChannelNormalization norm = InputNormalization(config);
+  for (const int count : {64, 37}) {
+    const Batch batch = RandomBatch(count, config.input_features, config.classes, 300 + count);
+    absl::StatusOr<EvalResult> expected = cpu->Evaluate(batch.View());
+    absl::StatusOr<EvalResult> actual = gpu->Evaluate(batch.View());
+    absl::StatusOr<EvalResult> floats = gpu_floats->Evaluate(Normalized(batch, norm).View());
+    ASSERT_TRUE(expected.ok() && actual.ok() && floats.ok()) << actual.status();
+    EXPECT_NEAR(actual->loss_sum, expected->loss_sum, tolerance() * expected->loss_sum);
+    EXPECT_NEAR(actual->loss_sum, floats->loss_sum, 1e-6 * floats->loss_sum);
+  }
+  const std::vector<NamedTensor> initial = cpu->Parameters();
+  for (int step = 0; step < 4; ++step) {
+    const Batch batch =
+        RandomBatch(step == 2 ? 29 : 64, config.input_features, config.classes, 310 + step);
+    absl::StatusOr<StepResult> expected = cpu->TrainStep(batch.View(), 0.05);
+    absl::StatusOr<StepResult> actual = gpu->TrainStep(batch.View(), 0.05);
+    absl::StatusOr<StepResult> floats = gpu_floats->TrainStep(Normalized(batch, norm).View(), 0.05);
+    ASSERT_TRUE(expected.ok() && actual.ok() && floats.ok()) << actual.status();
+    EXPECT_NEAR(actual->loss, expected->loss, tolerance() * expected->loss) << "step " << step;
+    const std::string what = "step " + std::to_string(step);
+    ExpectTensorsNear(Delta(gpu->Parameters(), initial), Delta(cpu->Parameters(), initial),
+                      tolerance(), what + " update");
+    ExpectTensorsNear(gpu->Parameters(), gpu_floats->Parameters(), 1e-6,
+                      what + " pixels against pre-normalised floats");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(PrecisionsAndEpilogues, CudaConformanceTest,
                          ::testing::Combine(::testing::Values(Precision::kFp32, Precision::kBf16),
                                             ::testing::Bool()),
@@ -425,6 +475,36 @@ TEST(CudaFp16Test, ScaleGrowsAfterIntervalOfCleanSteps) {
     EXPECT_FALSE(result->skipped) << "step " << step;
     EXPECT_EQ(result->loss_scale, expected_scales[step]) << "step " << step;
   }
+}
+
+// An fp16 MLP (a network where cuDNN is built in, else the fast path) on a flat input of 3
+// channels, each with its own values, tracks the cpu.
+TEST(CudaFp16Test, PerChannelNormalisationTracksCpu) {
+  SKIP_WITHOUT_DEVICE();
+  MlpConfig config;
+  config.input_features = 3 * 10;
+  config.input_channels = 3;
+  config.input_scale = {1 / 50.0f, 1 / 60.0f, 1 / 70.0f};
+  config.input_shift = {-2.5f, -2.0f, -1.5f};
+  config.hidden = {24};
+  config.classes = 6;
+  config.max_batch = 20;
+  config.precision = Precision::kFp16;
+  ASSERT_TRUE(MlpNeedsNetwork(config));
+  std::unique_ptr<Model> cpu = CpuMlp(config);
+  std::unique_ptr<Model> gpu = CudaMlp(config);
+  ASSERT_TRUE(cpu && gpu);
+  const std::vector<NamedTensor> initial = cpu->Parameters();
+  for (int step = 0; step < 3; ++step) {
+    const Batch batch =
+        RandomBatch(config.max_batch, config.input_features, config.classes, 600 + step);
+    absl::StatusOr<StepResult> expected = cpu->TrainStep(batch.View(), 0.05);
+    absl::StatusOr<StepResult> actual = gpu->TrainStep(batch.View(), 0.05);
+    ASSERT_TRUE(expected.ok() && actual.ok()) << actual.status();
+    EXPECT_NEAR(actual->loss, expected->loss, 1e-2 * expected->loss) << "step " << step;
+  }
+  ExpectTensorsNear(Delta(gpu->Parameters(), initial), Delta(cpu->Parameters(), initial), 2e-2,
+                    "fp16 MLP updates");
 }
 
 TEST(CudaHostRegionTest, RegisterAndUnregister) {

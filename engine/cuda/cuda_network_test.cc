@@ -35,6 +35,7 @@ using cuda_testing::CudaBackend;
 using cuda_testing::CudaNetwork;
 using cuda_testing::Delta;
 using cuda_testing::ExpectTensorsNear;
+using cuda_testing::Normalized;
 using namespace stoker::test_layers;  // NOLINT: Conv, Pool, Linear, Of, Dropout, Kind
 
 #ifdef STOKER_HAVE_CUDNN
@@ -396,6 +397,32 @@ TEST_P(CudaNetworkTest, ResumeContinuesExactly) {
     ExpectTensorsNear(second->Parameters(), first->Parameters(), 1e-6, "resumed parameters");
     ExpectTensorsNear(second->OptimizerState(), first->OptimizerState(), 1e-6, "resumed state");
   }
+}
+
+// GeluDropoutNet on [3, 9, 9] images with a scale and shift per channel (ImageNet's mean and std):
+// Evaluate matches the cpu and the same network fed the batches pre-normalised on the host; steps
+// on pixels (alternating with float batches) track the cpu.
+TEST_P(CudaNetworkTest, PerChannelNormalisationTracksCpu) {
+  SKIP_WITHOUT_DEVICE();
+  SKIP_WITHOUT_CUDNN();
+  NetworkConfig config = GeluDropoutNet(GetParam());
+  config.input_scale = {1 / (255 * 0.229f), 1 / (255 * 0.224f), 1 / (255 * 0.225f)};
+  config.input_shift = {-0.485f / 0.229f, -0.456f / 0.224f, -0.406f / 0.225f};
+  std::unique_ptr<Model> cpu = CpuNetwork(config);
+  std::unique_ptr<Model> gpu = CudaNetwork(config);
+  ASSERT_TRUE(cpu && gpu);
+  const ChannelNormalization norm = InputNormalization(config);
+  for (const int count : {config.max_batch, 7}) {
+    const Batch batch = RandomBatch(config, count, 2000 + count);
+    absl::StatusOr<EvalResult> expected = cpu->Evaluate(batch.View());
+    absl::StatusOr<EvalResult> actual = gpu->Evaluate(batch.View());
+    absl::StatusOr<EvalResult> floats = gpu->Evaluate(Normalized(batch, norm).View());
+    ASSERT_TRUE(expected.ok() && actual.ok() && floats.ok()) << actual.status();
+    EXPECT_NEAR(actual->loss_sum, expected->loss_sum,
+                LossTolerance(GetParam()) * expected->loss_sum);
+    EXPECT_NEAR(actual->loss_sum, floats->loss_sum, 1e-6 * floats->loss_sum);
+  }
+  ExpectTrainingTracksCpu(config, 4, 0.05);
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, CudaNetworkTest,

@@ -60,6 +60,19 @@ Batch RandomBatch(int count, int64_t features, int classes, uint64_t seed, bool 
   return batch;
 }
 
+Batch Normalized(const Batch& pixels, const ChannelNormalization& norm) {
+  Batch out;
+  out.count = pixels.count;
+  out.labels = pixels.labels;
+  out.features.reserve(pixels.samples.size());
+  for (size_t i = 0; i < pixels.samples.size(); ++i) {
+    const size_t c = (i / norm.plane) % norm.channels;
+    volatile float product = static_cast<float>(pixels.samples[i]) * norm.scale[c];  // no FMA
+    out.features.push_back(product + norm.shift[c]);
+  }
+  return out;
+}
+
 namespace {
 
 std::unique_ptr<Backend> CpuBackend() {

@@ -57,6 +57,10 @@ enum class Pixels {
 Batch RandomBatch(int count, int64_t features, int classes, uint64_t seed,
                   bool float_features = false, Pixels pixels = Pixels::kAnyByte);
 
+// `pixels`'s uint8 samples as the model should see them, as float features (labels kept):
+// pixel * scale[c] + shift[c] in fp32, a multiply then an add, c the value's channel.
+Batch Normalized(const Batch& pixels, const ChannelNormalization& norm);
+
 // The cpu backend's models (the reference), or nullptr after a test failure.
 std::unique_ptr<Model> CpuMlp(const MlpConfig& config);
 std::unique_ptr<Model> CpuNetwork(const NetworkConfig& config);
