@@ -11,8 +11,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "data/image/image_codec.h"
 
 namespace stoker {
+
+static_assert(kIndexedJpeg == static_cast<uint8_t>(ImageEncoding::kJpeg) &&
+                  kIndexedPng == static_cast<uint8_t>(ImageEncoding::kPng),
+              "IndexedSample::encoding holds ImageEncoding values");
+
 namespace {
 
 constexpr uint64_t RoundUp8(uint64_t n) { return (n + 7) / 8 * 8; }

@@ -45,9 +45,11 @@ struct TarOffsets {
   int64_t size = -1;
 };
 
-// Runs a shell command; returns its exit status (-1 if it did not exit) and output.
-inline int RunShell(const std::string& command, std::string* output = nullptr) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+// Runs a shell command; returns its exit status (-1 if it did not exit) and its output (stdout,
+// and stderr unless `with_stderr` is false).
+inline int RunShell(const std::string& command, std::string* output = nullptr,
+                    bool with_stderr = true) {
+  FILE* pipe = popen((with_stderr ? command + " 2>&1" : command).c_str(), "r");
   if (pipe == nullptr) return -1;
   std::string text;
   char buffer[4096];
