@@ -165,7 +165,8 @@ class TempFile {
     std::string pattern = path + ".tmp-XXXXXX";
     fd_ = mkostemp(pattern.data(), O_CLOEXEC);
     if (fd_ < 0) {
-      return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot create ", pattern));
+      return absl::UnavailableError(
+          absl::StrCat(path, ": cannot create ", pattern, ": ", std::strerror(errno)));
     }
     name_ = pattern;
     return absl::OkStatus();
@@ -230,13 +231,11 @@ absl::StatusOr<uint64_t> WriteFile(const std::string& path, const HeaderFields& 
   if (!ok) {
     const int error = errno;
     constexpr double kMiB = 1024.0 * 1024.0;
-    return absl::ErrnoToStatus(
-        error,
-        absl::StrFormat(
-            "%s: cannot write the prepared training set (%.1f of %.1f MiB "
-            "written; the partial file is removed)%s",
-            path, file.written() / kMiB, e.file_bytes / kMiB,
-            error == ENOSPC || error == EDQUOT ? ": free space in the worker's --work-dir" : ""));
+    return absl::UnavailableError(absl::StrFormat(
+        "%s: cannot write the prepared training set: %s (%.1f of %.1f MiB written; the partial "
+        "file is removed)%s",
+        path, std::strerror(error), file.written() / kMiB, e.file_bytes / kMiB,
+        error == ENOSPC || error == EDQUOT ? ": free space in the worker's --work-dir" : ""));
   }
   return e.file_bytes;
 }

@@ -75,7 +75,8 @@ struct PreparedInfo {
 // Reads and checks the training split `files` (as LoadDataset does, with the same errors, naming
 // the dataset's files) and writes the prepared file `path`: a temporary file in the same
 // directory, renamed to `path` once complete. `limit` > 0 keeps the first `limit` samples. An
-// error writing it (a full disk) names `path`, says how far it got, and leaves no file behind.
+// error writing it (a full disk) is UNAVAILABLE (the dataset is not at fault: another worker may
+// succeed); it names `path` and the reason, says how far it got, and leaves no file behind.
 absl::StatusOr<PreparedInfo> PrepareTrainingSet(const DatasetFiles& files, int64_t limit,
                                                 const std::string& path,
                                                 const PrepareOptions& options = {});

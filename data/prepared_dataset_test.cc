@@ -336,10 +336,10 @@ TEST_F(PreparedDatasetTest, AFailedWriteNamesTheFileAndRemovesIt) {
         testing::PatternSamples(1000, {28, 28}, [](int i, int j) { return i ^ j; });
     const absl::Status status = WritePreparedSamples(View(big), File("train.samples"));
     const std::string message(status.message());
-    const bool named = message.find(File("train.samples") +
-                                    ": cannot write the prepared "
-                                    "training set (0.0 of 0.8 MiB written; "
-                                    "the partial file is removed)") != std::string::npos;
+    const bool named = absl::IsUnavailable(status) &&
+                       message == File("train.samples") +
+                                      ": cannot write the prepared training set: File too large "
+                                      "(0.0 of 0.8 MiB written; the partial file is removed)";
     _exit(status.ok() ? 10 : !named ? (fprintf(stderr, "%s\n", message.c_str()), 11) : 0);
   }
   int wait_status = 0;
@@ -384,9 +384,12 @@ TEST_F(PreparedDatasetTest, AFullDiskNamesTheFileAndWhatToDo) {
     const std::string message(status.message());
     std::error_code error;
     const bool empty = std::filesystem::is_empty(mount_point, error) && !error;
-    const bool named = message.find(path + ": cannot write the prepared training set (") == 0 &&
-                       message.find("free space in the worker's --work-dir") != std::string::npos &&
-                       message.find("No space left on device") != std::string::npos;
+    const bool named =
+        absl::IsUnavailable(status) &&
+        message.find(path +
+                     ": cannot write the prepared training set: No space left on device (") == 0 &&
+        message.find("the partial file is removed): free space in the worker's --work-dir") !=
+            std::string::npos;
     if (!named) fprintf(stderr, "%s\n", message.c_str());
     umount(mount_point.c_str());
     _exit(status.ok() ? 10 : !named ? 11 : !empty ? 12 : 0);

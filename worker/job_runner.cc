@@ -15,11 +15,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint.h"
 #include "common/exit_codes.h"
 #include "common/system_memory.h"
 #include "data/dataset.h"
+#include "data/prepared_dataset.h"
 #include "google/protobuf/io/zero_copy_stream_impl.h"
 #include "google/protobuf/util/delimited_message_util.h"
 #include "spec/job_options.h"
@@ -167,6 +169,48 @@ AttemptOutcome TrainerOutcome(const ExitInfo& exit, bool drained, const std::str
 
 }  // namespace
 
+PipelineMemory EstimatePipelineMemory(const DatasetSummary& train, uint32_t batch_size,
+                                      uint64_t ring_batches, bool decodes) {
+  PipelineMemory memory;
+  const double record_bytes = double(train.sample_bytes) + 1;  // a sample and its label
+  memory.ring_bytes = double(ring_batches) * batch_size * record_bytes;
+  memory.per_loader_bytes =
+      kLoaderProcessBytes + 4.0 * double(train.count) + double(train.sample_bytes);
+  memory.dataset_bytes = double(train.count) * record_bytes;
+  memory.prepare_bytes = decodes ? memory.dataset_bytes : 0;
+  return memory;
+}
+
+absl::StatusOr<int> FitLoadersInMemory(const PipelineMemory& memory, int loader_count,
+                                       bool autotune, int64_t available_bytes) {
+  constexpr double kGiB = 1024.0 * 1024 * 1024, kMiB = 1024.0 * 1024;
+  const double budget = available_bytes / 2.0;
+  if (memory.prepare_bytes > budget) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the agent decodes the %.2f GiB training set once to prepare it for the loaders; this "
+        "machine has %.1f GiB available, half of it for the data pipeline: use "
+        "dataset.train_limit, or the training set as raw (not gzipped) IDX or as NPY, which the "
+        "loaders map in place without decoding",
+        memory.prepare_bytes / kGiB, available_bytes / kGiB));
+  }
+  if (autotune) {
+    const double affordable = std::floor((budget - memory.ring_bytes) / memory.per_loader_bytes);
+    loader_count = static_cast<int>(std::clamp(affordable, 1.0, double(loader_count)));
+  }
+  const double need = memory.ring_bytes + loader_count * memory.per_loader_bytes;
+  if (need > budget) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "loader.processes: %d loader(s) of %.0f MiB each (the %.2f GiB training set is one "
+        "read-only mapping they share, not counted per loader), plus a ring of %.2f GiB "
+        "(loader.ring_slots x train.batch_size), need %.2f GiB; this machine has %.1f GiB "
+        "available, half of it for the data pipeline: use fewer loader processes or ring slots, "
+        "or a smaller batch",
+        loader_count, memory.per_loader_bytes / kMiB, memory.dataset_bytes / kGiB,
+        memory.ring_bytes / kGiB, need / kGiB, available_bytes / kGiB));
+  }
+  return loader_count;
+}
+
 JobRunner::JobRunner(RunnerOptions options, v1::Assignment assignment, EventCallback on_event)
     : options_(std::move(options)),
       assignment_(std::move(assignment)),
@@ -217,39 +261,56 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   // `auto` starts with one loader and grows while the trainer waits for data (see Supervise).
   const bool autotune = spec.loader().processes() == 0;
   int loader_count = autotune ? AutoLoaderLimit(options_.cpu_count) : spec.loader().processes();
-  const uint64_t total_batches =
+  uint64_t total_batches =
       static_cast<uint64_t>(BatchesPerEpoch(shape->count, spec.train().batch_size())) *
       spec.train().epochs();
-  // Memory: every loader holds its own copy of the training set, and the ring holds up to
-  // ring_slots batches. They may take half of what is available; the trainer sizes its model
-  // against what is left when it starts.
+  // Memory: the ring, each loader's own memory, and preparing the training set; not a copy of the
+  // training set per loader (they share one mapping). They may take half of what is available;
+  // the trainer sizes its model against what is left when it starts.
   if (absl::StatusOr<int64_t> available = AvailableSystemMemoryBytes(); available.ok()) {
-    const double budget = *available / 2.0;
-    const double dataset_bytes = double(shape->count) * (shape->sample_bytes + 1);
-    const double ring_bytes =
-        double(std::min<uint64_t>(spec.loader().ring_slots(), total_batches)) *
-        spec.train().batch_size() * (shape->sample_bytes + 1);
-    if (autotune) {
-      const double affordable = std::floor((budget - ring_bytes) / dataset_bytes);
-      loader_count = static_cast<int>(std::clamp(affordable, 1.0, double(loader_count)));
-    }
-    if (ring_bytes + loader_count * dataset_bytes > budget) {
-      constexpr double kGiB = 1024.0 * 1024 * 1024;
-      return Failed(
-          absl::StrFormat("loader.processes: %d loader(s) each holding the %.2f GiB training set, "
-                          "plus a ring of %.2f GiB (loader.ring_slots x train.batch_size), need "
-                          "%.1f GiB; this machine has %.1f GiB available, half of it for the data "
-                          "pipeline: use fewer loader processes or ring slots, or a smaller batch",
-                          loader_count, dataset_bytes / kGiB, ring_bytes / kGiB,
-                          (ring_bytes + loader_count * dataset_bytes) / kGiB, *available / kGiB),
-          true);
-    }
+    const absl::StatusOr<SamplesStorage> storage = ChooseSamplesStorage(TrainDatasetFiles(spec));
+    const PipelineMemory memory =
+        EstimatePipelineMemory(*shape, spec.train().batch_size(),
+                               std::min<uint64_t>(spec.loader().ring_slots(), total_batches),
+                               !storage.ok() || *storage == SamplesStorage::kCopy);
+    absl::StatusOr<int> fitted = FitLoadersInMemory(memory, loader_count, autotune, *available);
+    if (!fitted.ok()) return Failed(std::string(fitted.status().message()), true);
+    loader_count = *fitted;
   }
+  // Decoded once, here, for every loader of the attempt.
+  absl::StatusOr<PreparedInfo> prepared = PrepareTrainingSetLogged(spec);
+  if (!prepared.ok()) {
+    std::error_code ignored;
+    std::filesystem::remove(training_set_path(), ignored);
+    // A dataset the agent cannot read fails the job; a file it cannot write (a full disk) only
+    // this attempt.
+    return Failed(DatasetPathsAsWritten(prepared.status().message(), assignment_.spec(), spec),
+                  !absl::IsUnavailable(prepared.status()));
+  }
+  // The loaders are gone when Run returns: the file goes too (it may be as large as the dataset).
+  struct RemoveTrainingSet {
+    std::string path;
+    ~RemoveTrainingSet() {
+      std::error_code ignored;
+      std::filesystem::remove(path, ignored);
+    }
+  } remove_training_set{training_set_path()};
+  if (cancel_requested_.load()) {
+    AttemptOutcome outcome;
+    outcome.state = v1::JOB_STATE_CANCELLED;
+    outcome.error = "cancelled";
+    return outcome;
+  }
+  // From here on the prepared set is the training set (the same as probed, unless the files
+  // changed meanwhile).
+  const DatasetSummary& train = prepared->summary;
+  total_batches = static_cast<uint64_t>(BatchesPerEpoch(train.count, spec.train().batch_size())) *
+                  spec.train().epochs();
   RingGeometry geometry;
   geometry.slot_count = spec.loader().ring_slots();
   geometry.batch_size = spec.train().batch_size();
-  geometry.sample_bytes = shape->sample_bytes;
-  geometry.sample_type = shape->sample_type;
+  geometry.sample_bytes = train.sample_bytes;
+  geometry.sample_type = train.sample_type;
   geometry.loader_count = loader_count;
   geometry.initial_loaders = autotune ? 1 : loader_count;
   geometry.total_batches = total_batches;
@@ -277,8 +338,8 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
     if (!spec.SerializeToOstream(&out)) return Failed("cannot write " + job_file, false);
   }
   on_event_(
-      LogEvent(absl::StrCat("dataset: ", shape->count, " training samples of ", shape->features,
-                            " ", SampleTypeName(shape->sample_type), " features, ", shape->classes,
+      LogEvent(absl::StrCat("dataset: ", train.count, " training samples of ", train.features, " ",
+                            SampleTypeName(train.sample_type), " features, ", train.classes,
                             " classes; ", geometry.initial_loaders, " loader process(es)",
                             autotune ? absl::StrCat(" (auto, up to ", loader_count, ")") : "", ", ",
                             geometry.slot_count, " ring slots")));
@@ -287,7 +348,7 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
     region_ = region->get();
   }
   AttemptOutcome outcome =
-      Supervise(**region, job_file, resume_checkpoint, loader_count, shape->classes);
+      Supervise(**region, job_file, resume_checkpoint, loader_count, train.classes);
   // Loader and trainer errors name the files as the job wrote them, not under the data root.
   outcome.error = DatasetPathsAsWritten(outcome.error, assignment_.spec(), spec);
   {
@@ -295,6 +356,37 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
     region_ = nullptr;
   }
   return outcome;
+}
+
+absl::StatusOr<PreparedInfo> JobRunner::PrepareTrainingSetLogged(const v1::JobSpec& spec) {
+  const DatasetFiles files = TrainDatasetFiles(spec);
+  on_event_(LogEvent("preparing the training set: the loaders will share one read-only copy"));
+  // Decoding a large dataset takes a while (and no heartbeat exists yet): say so every 10 s.
+  const absl::Time start = absl::Now();
+  absl::Notification done;
+  std::thread ticker([this, &done, start] {
+    while (!done.WaitForNotificationWithTimeout(absl::Seconds(10))) {
+      on_event_(LogEvent(absl::StrCat(
+          "still preparing the training set (",
+          absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Seconds(1))), ")")));
+    }
+  });
+  absl::StatusOr<PreparedInfo> prepared =
+      PrepareTrainingSet(files, spec.dataset().train_limit(), training_set_path());
+  done.Notify();
+  ticker.join();
+  if (!prepared.ok()) return prepared;
+  constexpr double kMiB = 1024.0 * 1024;
+  const double data_mib =
+      double(prepared->summary.count) * (prepared->summary.sample_bytes + 1) / kMiB;
+  on_event_(LogEvent(absl::StrFormat(
+      "prepared the training set in %.1f s: %s", absl::ToDoubleSeconds(absl::Now() - start),
+      prepared->storage == SamplesStorage::kSource
+          ? absl::StrFormat("its %.1f MiB of samples are mapped in place from "
+                            "dataset.train_images (not copied); train.samples holds the labels",
+                            data_mib - prepared->summary.count / kMiB)
+          : absl::StrFormat("%.1f MiB decoded into train.samples", data_mib))));
+  return prepared;
 }
 
 absl::StatusOr<pid_t> JobRunner::StartTrainer(JobRegion& region, int events_fd,
@@ -350,6 +442,7 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   LoaderPool loaders(region,
                      {.loader_path = options_.loader_path,
                       .job_file = job_file,
+                      .data_file = training_set_path(),
                       .dir = dir,
                       .max_restarts = options_.max_loader_restarts},
                      [this](const std::string& line) { on_event_(LogEvent(line)); });

@@ -1,6 +1,8 @@
-// Runs one attempt of a job on this worker: one memfd region (ring + stats + control), one
-// stoker-trainer and K stoker-loader processes, supervised until the trainer ends. A loader that
-// dies is respawned and resumes with the batch it owed; a trainer that dies fails the attempt.
+// Runs one attempt of a job on this worker: the training set prepared once in the attempt's
+// directory (data/prepared_dataset.h), one memfd region (ring + stats + control), one
+// stoker-trainer and K stoker-loader processes that share one read-only mapping of the prepared
+// training set, supervised until the trainer ends. A loader that dies is respawned and resumes
+// with the batch it owed; a trainer that dies fails the attempt.
 #ifndef STOKER_WORKER_JOB_RUNNER_H_
 #define STOKER_WORKER_JOB_RUNNER_H_
 
@@ -8,9 +10,12 @@
 #include <functional>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "data/dataset.h"
 #include "data/job_region.h"
+#include "data/prepared_dataset.h"
 #include "stoker.pb.h"
 #include "worker/autotuner.h"  // AutoLoaderLimit, AutotuneLoaderCount
 
@@ -44,6 +49,33 @@ struct AttemptOutcome {
   v1::TrainingProgress progress;
 };
 
+// The data pipeline's memory as the agent budgets it: the ring, what each loader holds of its own,
+// and what preparing the training set takes in the agent. The training set itself is not counted
+// per loader: the loaders share one read-only mapping of the prepared file, page cache that the
+// kernel can drop and read again.
+struct PipelineMemory {
+  double ring_bytes = 0;        // min(ring_slots, total batches) x batch_size x (sample + label)
+  double per_loader_bytes = 0;  // kLoaderProcessBytes, the epoch's order (4 bytes a sample), one
+                                // augmented sample
+  double dataset_bytes = 0;     // count x (sample + label): the prepared file's samples and labels
+  double prepare_bytes = 0;     // the agent's peak while preparing: dataset_bytes when it decodes
+                                // the samples (gzipped IDX, CSV), 0 when they are mapped in place
+};
+
+// A loader's own memory besides the epoch's order: code, heap, stacks, as measured
+// (bench/run_loader_memory.sh: RssAnon of a Fashion-MNIST loader) with room to spare.
+inline constexpr double kLoaderProcessBytes = 8.0 * 1024 * 1024;
+
+PipelineMemory EstimatePipelineMemory(const DatasetSummary& train, uint32_t batch_size,
+                                      uint64_t ring_batches, bool decodes);
+
+// How many loaders the pipeline may have in `available_bytes` (half of them for the data
+// pipeline): `loader_count` if they fit; with `autotune`, as many as fit up to `loader_count`
+// (at least 1). RESOURCE_EXHAUSTED, saying what needs how much and what to do, when they do not
+// fit, or preparing the training set does not.
+absl::StatusOr<int> FitLoadersInMemory(const PipelineMemory& memory, int loader_count,
+                                       bool autotune, int64_t available_bytes);
+
 class JobRunner {
  public:
   using EventCallback = std::function<void(const v1::JobEvent&)>;
@@ -52,7 +84,9 @@ class JobRunner {
   JobRunner(RunnerOptions options, v1::Assignment assignment, EventCallback on_event);
 
   // Blocks until the attempt ends. With `resume_checkpoint`, the trainer loads it and the batch
-  // stream starts at the step it holds.
+  // stream starts at the step it holds. Before any process starts it prepares the training set in
+  // training_set_path() (logging when it starts, every 10 s while it takes, and when it is done)
+  // and removes it when the attempt ends.
   AttemptOutcome Run(const std::string& resume_checkpoint = "");
   // Asks a running attempt to stop (thread-safe); Run() then returns CANCELLED within ~2 s.
   void Cancel() { cancel_requested_.store(true); }
@@ -77,6 +111,8 @@ class JobRunner {
   const std::string& dir() const { return dir_; }
   // Where the trainer writes its checkpoints (replaced atomically each time).
   std::string checkpoint_path() const { return dir_ + "/checkpoint.safetensors"; }
+  // The prepared training set the loaders map (while the attempt runs).
+  std::string training_set_path() const { return dir_ + "/train.samples"; }
 
  private:
   // Starts stoker-trainer with the region, the event pipe's write end and its flags.
@@ -87,6 +123,9 @@ class JobRunner {
   // stalled, or a loader fails for good) and says how the attempt ended.
   AttemptOutcome Supervise(JobRegion& region, const std::string& job_file,
                            const std::string& resume_checkpoint, int loader_count, int classes);
+  // Prepares the training set in training_set_path(), logging its progress; the error is the
+  // attempt's outcome.
+  absl::StatusOr<PreparedInfo> PrepareTrainingSetLogged(const v1::JobSpec& spec);
 
   const RunnerOptions options_;
   const v1::Assignment assignment_;

@@ -1,6 +1,16 @@
 #include "worker/job_runner.h"
 
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "data/prepared_dataset.h"
+#include "data/test_util.h"
 #include "gtest/gtest.h"
+#include "spec/job_spec.h"
 
 namespace stoker {
 namespace {
@@ -59,6 +69,162 @@ TEST(AutotuneLoaderCountTest, ShrinkingThenGrowingNeedsTheTrainerToWait) {
   EXPECT_EQ(shrunk, 4);
   EXPECT_EQ(AutotuneLoaderCount(shrunk, 16, 0.0, 1.0), 2) << "still plenty: 2 are 50% busy";
   EXPECT_EQ(AutotuneLoaderCount(2, 16, 0.0, 1.0), 2) << "1 would be 100% busy";
+}
+
+constexpr double kMiB = 1024.0 * 1024;
+
+// Fashion-MNIST's training set: 60000 samples of 784 bytes.
+DatasetSummary FashionMnist() {
+  DatasetSummary train;
+  train.count = 60000;
+  train.features = 784;
+  train.sample_bytes = 784;
+  train.sample_dims = {28, 28};
+  train.classes = 10;
+  return train;
+}
+
+TEST(PipelineMemoryTest, LoadersShareOneCopyOfTheTrainingSet) {
+  const PipelineMemory memory = EstimatePipelineMemory(FashionMnist(), 128, 8, /*decodes=*/true);
+  EXPECT_DOUBLE_EQ(memory.ring_bytes, 8.0 * 128 * 785);
+  EXPECT_DOUBLE_EQ(memory.dataset_bytes, 60000.0 * 785);
+  EXPECT_DOUBLE_EQ(memory.per_loader_bytes, kLoaderProcessBytes + 4.0 * 60000 + 784);
+  EXPECT_DOUBLE_EQ(memory.prepare_bytes, memory.dataset_bytes);
+  EXPECT_DOUBLE_EQ(EstimatePipelineMemory(FashionMnist(), 128, 8, false).prepare_bytes, 0);
+  // 512 MiB available, 256 MiB for the pipeline: 16 loaders fit. A copy of the training set each
+  // (as before) would not have: 16 x 44.9 MiB.
+  const int64_t available = 512 * 1024 * 1024;
+  ASSERT_GT(16 * memory.dataset_bytes, available / 2.0);
+  absl::StatusOr<int> loaders = FitLoadersInMemory(memory, 16, /*autotune=*/false, available);
+  ASSERT_TRUE(loaders.ok()) << loaders.status();
+  EXPECT_EQ(*loaders, 16);
+  EXPECT_EQ(*FitLoadersInMemory(memory, 16, /*autotune=*/true, available), 16);
+}
+
+TEST(PipelineMemoryTest, WhatDoesNotFitIsRefusedSayingWhy) {
+  const PipelineMemory memory = EstimatePipelineMemory(FashionMnist(), 128, 8, /*decodes=*/false);
+  // 64 MiB available, 32 for the pipeline: the ring (0.8 MiB) and three loaders of 8.2 MiB fit,
+  // four do not.
+  const int64_t available = 64 * 1024 * 1024;
+  EXPECT_EQ(*FitLoadersInMemory(memory, 3, false, available), 3);
+  absl::StatusOr<int> four = FitLoadersInMemory(memory, 4, false, available);
+  EXPECT_TRUE(absl::IsResourceExhausted(four.status())) << four.status();
+  EXPECT_TRUE(absl::StrContains(four.status().message(),
+                                "loader.processes: 4 loader(s) of 8 MiB each (the 0.04 GiB "
+                                "training set is one read-only mapping they share, not "
+                                "counted per loader), plus a ring of 0.00 GiB"))
+      << four.status().message();
+  EXPECT_TRUE(absl::StrContains(four.status().message(),
+                                "this machine has 0.1 GiB available, half of it for the data "
+                                "pipeline: use fewer loader processes"))
+      << four.status().message();
+  EXPECT_EQ(*FitLoadersInMemory(memory, 16, /*autotune=*/true, available), 3);
+  EXPECT_EQ(*FitLoadersInMemory(memory, 16, /*autotune=*/true, 20 * 1024 * 1024), 1);
+  EXPECT_TRUE(absl::IsResourceExhausted(FitLoadersInMemory(memory, 16, true, 1024 * 1024).status()))
+      << "not even one loader fits";
+  // Decoding the 44.9 MiB training set in the agent does not fit in 32 MiB either.
+  const PipelineMemory decoded = EstimatePipelineMemory(FashionMnist(), 128, 8, true);
+  absl::StatusOr<int> refused = FitLoadersInMemory(decoded, 1, false, available);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(),
+                                "the agent decodes the 0.04 GiB training set once"))
+      << refused.status().message();
+}
+
+// JobRunner::Run up to its preparation of the training set (no trainer or loader is started: the
+// attempt is cancelled or fails before).
+class PrepareInRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = dir_.File("data");
+    std::filesystem::create_directories(root_);
+    const LabeledSamples data =
+        testing::PatternSamples(50, {4, 4}, [](int i, int j) { return i * 3 + j; });
+    testing::WriteGzip(root_ + "/images.gz", testing::IdxBytes({50, 4, 4}, data.samples));
+    testing::WriteRaw(root_ + "/labels.idx", testing::IdxBytes({50}, data.labels));
+    spec_ = DefaultJobSpec();
+    v1::DatasetSpec* dataset = spec_.mutable_dataset();
+    dataset->set_train_images("images.gz");
+    dataset->set_train_labels("labels.idx");
+    dataset->set_test_images("images.gz");
+    dataset->set_test_labels("labels.idx");
+    spec_.mutable_train()->set_batch_size(8);
+    spec_.mutable_loader()->set_processes(2);
+  }
+
+  // Runs the attempt; `on_event` sees each event as it comes.
+  AttemptOutcome Run(
+      bool cancel, const std::function<void(JobRunner&, const std::string&)>& on_event = nullptr) {
+    RunnerOptions options;
+    options.trainer_path = "/nonexistent/stoker-trainer";
+    options.loader_path = "/nonexistent/stoker-loader";
+    options.work_dir = dir_.File("work");
+    options.data_root = root_;
+    v1::Assignment assignment;
+    assignment.set_job_id("j-000001");
+    assignment.set_attempt(1);
+    *assignment.mutable_spec() = spec_;
+    JobRunner* self = nullptr;
+    auto runner = std::make_unique<JobRunner>(options, assignment, [&](const v1::JobEvent& e) {
+      absl::MutexLock lock(&mu_);
+      events_.push_back(e.message());
+      if (on_event) on_event(*self, e.message());
+    });
+    self = runner.get();
+    if (cancel) runner->Cancel();
+    return runner->Run();
+  }
+
+  testing::TempDir dir_;
+  std::string root_;
+  v1::JobSpec spec_;
+  absl::Mutex mu_;
+  std::vector<std::string> events_;
+};
+
+TEST_F(PrepareInRunTest, TheTrainingSetIsPreparedOnceForTheAttemptAndRemovedAfter) {
+  int64_t mapped_count = -1;
+  std::string path;
+  const AttemptOutcome outcome = Run(true, [&](JobRunner& runner, const std::string& message) {
+    if (message.rfind("prepared the training set in ", 0) != 0) return;
+    path = runner.training_set_path();
+    absl::StatusOr<std::unique_ptr<MappedSamples>> mapped = MappedSamples::Open(path);
+    mapped_count = mapped.ok() ? (*mapped)->view().count : -2;
+  });
+  EXPECT_EQ(outcome.state, v1::JOB_STATE_CANCELLED) << outcome.error;
+  EXPECT_EQ(mapped_count, 50) << "the file loaders map, complete before they start";
+  EXPECT_EQ(path, dir_.File("work") + "/j-000001-a1/train.samples");
+  EXPECT_FALSE(std::filesystem::exists(path)) << "removed when the attempt ended";
+  absl::MutexLock lock(&mu_);
+  ASSERT_GE(events_.size(), 2u);
+  EXPECT_EQ(events_[0], "preparing the training set: the loaders will share one read-only copy");
+  EXPECT_TRUE(absl::StartsWith(events_[1], "prepared the training set in ") &&
+              absl::EndsWith(events_[1], " s: 0.0 MiB decoded into train.samples"))
+      << events_[1];
+}
+
+TEST_F(PrepareInRunTest, BadDataFailsTheJobNamingTheFileAsWritten) {
+  // Gzipped samples cut short: the probe reads only their header, the preparation all of them.
+  std::vector<uint8_t> whole = testing::ReadRaw(root_ + "/images.gz");
+  testing::WriteRaw(root_ + "/images.gz", std::vector<uint8_t>(whole.begin(), whole.end() - 20));
+  const AttemptOutcome outcome = Run(false);
+  EXPECT_EQ(outcome.state, v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(outcome.permanent) << "bad data is not retried";
+  EXPECT_TRUE(absl::StartsWith(outcome.error, "images.gz: ")) << outcome.error;
+  EXPECT_EQ(outcome.error.find(root_), std::string::npos) << outcome.error;
+  EXPECT_FALSE(std::filesystem::exists(dir_.File("work") + "/j-000001-a1/train.samples"));
+}
+
+TEST_F(PrepareInRunTest, AFileItCannotWriteFailsOnlyTheAttempt) {
+  // A directory where the file goes: the rename into place fails.
+  const std::string path = dir_.File("work") + "/j-000001-a1/train.samples";
+  std::filesystem::create_directories(path + "/x");
+  const AttemptOutcome outcome = Run(false);
+  EXPECT_EQ(outcome.state, v1::JOB_STATE_FAILED);
+  EXPECT_FALSE(outcome.permanent) << "another worker may do better";
+  EXPECT_TRUE(absl::StrContains(outcome.error, path + ": cannot write the prepared training set: "))
+      << outcome.error;
+  EXPECT_TRUE(std::filesystem::is_directory(path + "/x")) << "not ours to remove";
 }
 
 }  // namespace

@@ -27,7 +27,8 @@ std::string LoaderPool::LogPath(int k) const {
 absl::Status LoaderPool::Start(int k) {
   absl::StatusOr<pid_t> pid =
       Spawn({{options_.loader_path, "--region-fd", absl::StrCat(region_.fd()), "--index",
-              absl::StrCat(k), "--job", options_.job_file, "--parent-pid", absl::StrCat(getpid())},
+              absl::StrCat(k), "--job", options_.job_file, "--data", options_.data_file,
+              "--parent-pid", absl::StrCat(getpid())},
              {region_.fd()},
              LogPath(k)});
   if (!pid.ok()) return absl::InternalError(pid.status().message());

@@ -1,8 +1,9 @@
 // The stoker-loader processes of one job attempt, as the supervisor (JobRunner) keeps them: loader
-// k is started with the region's fd and the job file, logs to <dir>/loader-k.log, is reaped when it
-// ends, and is started again when it failed, up to a restart budget for the whole attempt. Which
-// loaders should run follows the region's loader eras (JobRegion::LoaderNeeded), so the pool also
-// starts every loader that owes a batch and is not running.
+// k is started with the region's fd, the job file and the prepared training set (which every
+// loader maps read-only: one copy of the data for all of them), logs to <dir>/loader-k.log, is
+// reaped when it ends, and is started again when it failed, up to a restart budget for the whole
+// attempt. Which loaders should run follows the region's loader eras (JobRegion::LoaderNeeded),
+// so the pool also starts every loader that owes a batch and is not running.
 #ifndef STOKER_WORKER_LOADER_POOL_H_
 #define STOKER_WORKER_LOADER_POOL_H_
 
@@ -22,6 +23,7 @@ namespace stoker {
 struct LoaderPoolOptions {
   std::string loader_path;  // the stoker-loader executable
   std::string job_file;     // binary JobSpec with absolute dataset paths (--job)
+  std::string data_file;    // the training set prepared for the attempt (--data)
   std::string dir;          // the attempt's directory: loader-<k>.log go here
   int max_restarts = 20;    // respawns of failed loaders, all loaders together
 };
