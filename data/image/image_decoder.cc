@@ -121,12 +121,22 @@ struct JpegState {
   jpeg_decompress_struct cinfo;
   JpegErrorManager err;
   NativeLayout layout = NativeLayout::kRgb8;
-  JpegState() {
+  JpegState() { Clear(); }
+  // jpeg_destroy is safe in any state, also after a longjmp out of jpeg_create_decompress (mem
+  // is then null).
+  ~JpegState() { jpeg_destroy_decompress(&cinfo); }
+  // Back to the constructed state, keeping this object (no allocation for the next image).
+  void Reset() {
+    jpeg_destroy_decompress(&cinfo);
+    Clear();
+  }
+
+ private:
+  void Clear() {
     std::memset(&cinfo, 0, sizeof cinfo);
     std::memset(&err, 0, sizeof err);
+    layout = NativeLayout::kRgb8;
   }
-  // Safe in any state, also after a longjmp out of jpeg_create_decompress (mem is then null).
-  ~JpegState() { jpeg_destroy_decompress(&cinfo); }
 };
 
 namespace {
@@ -214,9 +224,15 @@ struct PngState {
   char message[256] = {};
   NativeLayout layout = NativeLayout::kRgb8;
   size_t row_bytes = 0;
-  bool interlaced = false;
-  ~PngState() {
+  ~PngState() { Reset(); }
+  void Reset() {
     if (png != nullptr) png_destroy_read_struct(&png, info != nullptr ? &info : nullptr, nullptr);
+    png = nullptr;
+    info = nullptr;
+    data = nullptr;
+    size = offset = row_bytes = 0;
+    message[0] = '\0';
+    layout = NativeLayout::kRgb8;
   }
 };
 
@@ -312,20 +328,23 @@ int LayoutBytes(NativeLayout layout) {
 ImageDecoder::ImageDecoder() = default;
 ImageDecoder::~ImageDecoder() = default;
 
+// Releases the library's state; header() stays as it was.
 void ImageDecoder::Close() {
-  jpeg_.reset();
-  png_.reset();
-  header_ = ImageHeader{};
-  scaled_width_ = scaled_height_ = 0;
+  if (open_ == ImageEncoding::kJpeg) jpeg_->Reset();
+  if (open_ == ImageEncoding::kPng) png_->Reset();
+  open_ = ImageEncoding::kUnknown;
 }
 
 absl::Status ImageDecoder::Open(absl::string_view name, const uint8_t* data, size_t size) {
   Close();
+  header_ = ImageHeader{};
+  scaled_width_ = scaled_height_ = 0;
   name_.assign(name.data(), name.size());
   if (size == 0) return absl::InvalidArgumentError(absl::StrCat(name, ": empty image file"));
   const ImageEncoding encoding = SniffImageEncoding(data, size);
   if (encoding == ImageEncoding::kJpeg) {
-    jpeg_ = std::make_unique<JpegState>();
+    if (jpeg_ == nullptr) jpeg_ = std::make_unique<JpegState>();
+    open_ = ImageEncoding::kJpeg;
     JpegState* s = jpeg_.get();
     s->cinfo.err = jpeg_std_error(&s->err.pub);
     s->err.pub.error_exit = JpegErrorExit;
@@ -367,7 +386,8 @@ absl::Status ImageDecoder::Open(absl::string_view name, const uint8_t* data, siz
     return absl::OkStatus();
   }
   if (encoding == ImageEncoding::kPng) {
-    png_ = std::make_unique<PngState>();
+    if (png_ == nullptr) png_ = std::make_unique<PngState>();
+    open_ = ImageEncoding::kPng;
     PngState* s = png_.get();
     s->data = data;
     s->size = size;
@@ -400,7 +420,7 @@ absl::Status ImageDecoder::SetScale(int denom) {
   if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: scale 1/%d", name_, denom));
   }
-  if (jpeg_ != nullptr) {
+  if (open_ == ImageEncoding::kJpeg) {
     jpeg_->cinfo.scale_num = 1;
     jpeg_->cinfo.scale_denom = denom;
     if (!GuardedJpegCalcDimensions(jpeg_.get())) {
@@ -411,7 +431,7 @@ absl::Status ImageDecoder::SetScale(int denom) {
     scaled_height_ = static_cast<int>(jpeg_->cinfo.output_height);
     return absl::OkStatus();
   }
-  if (png_ != nullptr) {
+  if (open_ == ImageEncoding::kPng) {
     if (denom != 1) return absl::InvalidArgumentError(name_ + ": PNG decodes only at full size");
     return absl::OkStatus();
   }
@@ -429,9 +449,9 @@ absl::Status ImageDecoder::ReadRegion(int channels, int x0, int x1, int y0, int 
         absl::StrFormat("%s: region [%d, %d) x [%d, %d) is not inside the %d x %d image", name_, x0,
                         x1, y0, y1, scaled_width_, scaled_height_));
   }
-  converted_row_.resize(static_cast<size_t>(x1 - x0) * channels);
-  if (jpeg_ != nullptr) return ReadJpegRegion(channels, x0, x1, y0, y1, row);
-  if (png_ != nullptr) return ReadPngRegion(channels, x0, x1, y0, y1, row);
+  converted_row_.resize(static_cast<size_t>(x1 - x0) * channels + kRowSlackBytes);
+  if (open_ == ImageEncoding::kJpeg) return ReadJpegRegion(channels, x0, x1, y0, y1, row);
+  if (open_ == ImageEncoding::kPng) return ReadPngRegion(channels, x0, x1, y0, y1, row);
   return absl::FailedPreconditionError("ImageDecoder::ReadRegion before Open");
 }
 
@@ -478,7 +498,7 @@ absl::Status ImageDecoder::ReadJpegRegion(int channels, int x0, int x1, int y0, 
     ConvertPixels(s->layout, first, x1 - x0, channels, converted_row_.data());
     row(y, converted_row_.data());
   }
-  jpeg_.reset();  // releases libjpeg's memory now; the rest of the file is not needed
+  Close();  // releases libjpeg's memory now; the rest of the file is not needed
   return absl::OkStatus();
 }
 
@@ -533,7 +553,7 @@ absl::Status ImageDecoder::ReadPngRegion(int channels, int x0, int x1, int y0, i
       row(y, converted_row_.data());
     }
   }
-  png_.reset();
+  Close();
   return absl::OkStatus();
 }
 

@@ -37,6 +37,8 @@ enum class NativeLayout {
   kCmyk8,       // 4 bytes, Adobe (inverted) CMYK as libjpeg returns it
 };
 
+inline constexpr int kRowSlackBytes = 4;
+
 // Converts `count` pixels of `layout` to `channels` (1 or 3) as PIL does.
 void ConvertPixels(NativeLayout layout, const uint8_t* in, int count, int channels, uint8_t* out);
 
@@ -63,7 +65,8 @@ class ImageDecoder {
 
   // Decodes rows [y0, y1) and columns [x0, x1) of the (scaled) image converted to `channels`,
   // calling `row(y, pixels)` for each y in order, with (x1 - x0) * channels bytes valid until the
-  // next call. One ReadRegion per Open.
+  // next call, followed by kRowSlackBytes readable bytes (for the resampler's vector loads). One
+  // ReadRegion per Open.
   absl::Status ReadRegion(int channels, int x0, int x1, int y0, int y1,
                           absl::FunctionRef<void(int y, const uint8_t* pixels)> row);
 
@@ -72,13 +75,14 @@ class ImageDecoder {
                               absl::FunctionRef<void(int, const uint8_t*)> row);
   absl::Status ReadPngRegion(int channels, int x0, int x1, int y0, int y1,
                              absl::FunctionRef<void(int, const uint8_t*)> row);
-  void Close();
+  void Close();  // releases libjpeg's or libpng's state, keeps header()
 
   std::string name_;
   ImageHeader header_;
   int scaled_width_ = 0;
   int scaled_height_ = 0;
-  std::unique_ptr<JpegState> jpeg_;
+  ImageEncoding open_ = ImageEncoding::kUnknown;  // which state below holds an image
+  std::unique_ptr<JpegState> jpeg_;               // kept across images
   std::unique_ptr<PngState> png_;
   std::vector<uint8_t> native_row_;     // one decoded row before conversion
   std::vector<uint8_t> converted_row_;  // the region's columns after conversion

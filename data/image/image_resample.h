@@ -62,6 +62,12 @@ struct AxisTaps {
 // out_count - 1 - o (a horizontal flip after the resize).
 void ComputeAxisTaps(const AxisSpec& spec, bool reverse, AxisTaps* taps);
 
+// Both passes have an SSE4.1 version (32-bit multiplies, the same integer arithmetic, so the
+// same bytes) chosen at run time when the CPU has it, and a portable one. Their buffers need
+// slack: kResampleSlackBytes readable bytes after the last pixel of `row`, and as many writable
+// bytes after the end of `out` (the vector code loads and stores 4 bytes per 3-byte pixel).
+inline constexpr int kResampleSlackBytes = 4;
+
 // Horizontal pass of one row: `row` holds source columns [row_lo, ...) with `channels` (1 or 3)
 // interleaved bytes each, and covers every tap; writes taps.start.size() pixels to `out`.
 void ResampleRowHorizontal(const AxisTaps& taps, const uint8_t* row, int row_lo, int channels,
@@ -69,9 +75,13 @@ void ResampleRowHorizontal(const AxisTaps& taps, const uint8_t* row, int row_lo,
 
 // Vertical pass: `rows` holds source rows [rows_lo, ...) of `row_bytes` bytes each (the
 // horizontal pass's output), covering every tap; writes output row `o` (row_bytes bytes) to
-// `out`, using `acc` (row_bytes int32 values) as the accumulator.
+// `out`, using `acc` (row_bytes int32 values) as the portable version's accumulator.
 void ResampleRowVertical(const AxisTaps& taps, int o, const uint8_t* rows, int rows_lo,
                          int row_bytes, int32_t* acc, uint8_t* out);
+
+// Whether the SSE4.1 versions run; tests switch them off to compare both.
+bool ResampleUsesSimd();
+void SetResampleSimdForTesting(bool enabled);
 
 }  // namespace stoker::image_internal
 

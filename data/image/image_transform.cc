@@ -137,7 +137,8 @@ absl::Status ResizeOpened(int channels, const AxisPlan& rows, const AxisPlan& co
     std::memset(out, 0, row_bytes * out_h);
     return absl::OkStatus();
   }
-  s->horizontal.resize(row_bytes * static_cast<size_t>(rt.src_hi - rt.src_lo));
+  s->horizontal.resize(row_bytes * static_cast<size_t>(rt.src_hi - rt.src_lo) +
+                       image_internal::kResampleSlackBytes);
   uint8_t* horizontal = s->horizontal.data();
   const absl::Status status = s->decoder.ReadRegion(
       channels, ct.src_lo, ct.src_hi, rt.src_lo, rt.src_hi, [&](int y, const uint8_t* pixels) {
@@ -146,7 +147,7 @@ absl::Status ResizeOpened(int channels, const AxisPlan& rows, const AxisPlan& co
       });
   if (!status.ok()) return status;
   s->accumulator.resize(row_bytes);
-  s->out_row.resize(row_bytes);
+  s->out_row.resize(row_bytes + image_internal::kResampleSlackBytes);
   const size_t plane = static_cast<size_t>(out_w) * out_h;
   for (int oy = 0; oy < out_h; ++oy) {
     if (channels == 1) {

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_format.h"
 #include "data/image/image_codec.h"
+#include "data/image/image_resample.h"
 #include "data/image/image_test_reference.h"
 #include "gtest/gtest.h"
 
@@ -48,6 +49,7 @@ TEST(ImageTransformTest, CropResizeMatchesTorchvision) {
   TransformScratch scratch;
   std::map<std::string, std::vector<uint8_t>> files;
   DiffStats png, jpeg_full, jpeg_dct;
+  std::map<int, DiffStats> by_denom;
   int dct_cases = 0;
   for (const auto& c : ref.Cases("crop")) {
     ASSERT_EQ(c.size(), 10u);
@@ -88,6 +90,11 @@ TEST(ImageTransformTest, CropResizeMatchesTorchvision) {
       EXPECT_LE(dct.mean(), 4.0);
       jpeg_dct.Add(scaled, expected);
       ++dct_cases;
+      int denom = 2;  // the header's rule, to report the difference per scale
+      while (denom < 8 && box.height >= 2 * denom * size && box.width >= 2 * denom * size) {
+        denom *= 2;
+      }
+      by_denom[denom].Add(scaled, expected);
     }
   }
   std::printf(
@@ -95,6 +102,10 @@ TEST(ImageTransformTest, CropResizeMatchesTorchvision) {
       "max %d; JPEG DCT-scaled (%d cases) mean %.4f max %d\n",
       png.mean(), png.max, jpeg_full.mean(), jpeg_full.max, dct_cases, jpeg_dct.mean(),
       jpeg_dct.max);
+  for (const auto& [denom, stats] : by_denom) {
+    std::printf("  DCT scale 1/%d: mean |diff| %.4f max %d over %zu values\n", denom, stats.mean(),
+                stats.max, stats.count);
+  }
   EXPECT_GT(png.count, 0u);
   EXPECT_LT(png.mean(), 0.01);
   EXPECT_LT(jpeg_full.mean(), 0.01);
@@ -191,6 +202,40 @@ TEST(ImageTransformTest, CroppedJpegDecodeMatchesFullDecode) {
   }
 }
 
+// The same on PIL's files: 4:4:4, 4:2:2, gray, progressive, CMYK; 1 and 3 channels.
+TEST(ImageTransformTest, CroppedJpegDecodeMatchesFullDecodeInEveryLayout) {
+  STOKER_IMAGE_REFERENCE_OR_RETURN(ref);
+  TransformScratch scratch;
+  int files = 0;
+  for (const auto& c : ref.Cases("codec")) {
+    if (!IsJpeg(c[1])) continue;
+    ++files;
+    const std::vector<uint8_t> data = ReadBytes(ref.Path(c[1]));
+    for (int channels : {1, 3}) {
+      const Image full = *DecodeImage(c[1], data.data(), data.size(), channels);
+      for (CropBox box : {CropBox{0, 0, 77, 77}, CropBox{9, 0, 40, 40}, CropBox{17, 17, 31, 31},
+                          CropBox{61, 40, 37, 37}, CropBox{24, 61, 16, 16}}) {
+        SCOPED_TRACE(absl::StrFormat("%s %d channels box t%d l%d side %d", c[1], channels, box.top,
+                                     box.left, box.width));
+        std::vector<uint8_t> out(channels * box.width * box.width);
+        ASSERT_TRUE(DecodeCropResize(c[1], data.data(), data.size(), channels, box, box.width,
+                                     false, out.data(), &scratch, false)
+                        .ok());
+        for (int ch = 0; ch < channels; ++ch) {
+          for (int y = 0; y < box.height; ++y) {
+            for (int x = 0; x < box.width; ++x) {
+              ASSERT_EQ(out[(ch * box.height + y) * box.width + x],
+                        full.pixels[((box.top + y) * full.width + box.left + x) * channels + ch])
+                  << "at " << x << ", " << y;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(files, 5);
+}
+
 TEST(ImageTransformTest, FlipMirrorsTheOutput) {
   const Image image = PhotoLike(97, 71, 3, 4);
   TransformScratch scratch;
@@ -207,6 +252,29 @@ TEST(ImageTransformTest, FlipMirrorsTheOutput) {
       for (int x = 0; x < 31; ++x) ASSERT_EQ(flipped[row * 31 + x], plain[row * 31 + 30 - x]);
     }
     EXPECT_NE(plain, flipped);
+  }
+}
+
+TEST(ImageTransformTest, VectorAndPortableResamplingAgree) {
+  if (!image_internal::ResampleUsesSimd()) GTEST_SKIP() << "no SSE4.1 here: only one version";
+  const Image image = PhotoLike(211, 163, 3, 12);
+  const std::vector<uint8_t> png = *EncodePng(image);
+  TransformScratch scratch;
+  for (int channels : {1, 3}) {
+    for (CropBox box : {CropBox{0, 0, 163, 211}, CropBox{3, 7, 50, 190}, CropBox{60, 100, 5, 4}}) {
+      for (int size : {224, 37, 16, 1}) {
+        std::vector<uint8_t> vector(channels * size * size), portable(vector.size());
+        ASSERT_TRUE(DecodeCropResize("v.png", png.data(), png.size(), channels, box, size, true,
+                                     vector.data(), &scratch)
+                        .ok());
+        image_internal::SetResampleSimdForTesting(false);
+        const absl::Status status = DecodeCropResize("v.png", png.data(), png.size(), channels, box,
+                                                     size, true, portable.data(), &scratch);
+        image_internal::SetResampleSimdForTesting(true);
+        ASSERT_TRUE(status.ok()) << status;
+        ASSERT_EQ(vector, portable) << channels << " channels, size " << size;
+      }
+    }
   }
 }
 
