@@ -27,9 +27,11 @@
 #include "absl/strings/string_view.h"
 #include "common/exit_codes.h"
 #include "data/heartbeat.h"
+#include "data/image_dataset.h"
 #include "data/job_region.h"
 #include "data/loader.h"
 #include "spec/job_options.h"
+#include "spec/job_spec.h"
 #include "stoker.pb.h"
 
 namespace {
@@ -126,6 +128,28 @@ void InstallSigbusHandler(const std::string& prefix, const std::string& data_pat
   sigaction(SIGBUS, &action, nullptr);
 }
 
+// Image datasets: --data is the training index the agent built; images are decoded and
+// transformed here, and the ones that cannot be are named on stderr (the loader's log, which the
+// agent forwards to the job's log) and counted in the region.
+absl::StatusOr<std::unique_ptr<stoker::BatchSource>> OpenImageSource(
+    const stoker::v1::JobSpec& spec, stoker::JobRegion& region, const Args& args,
+    const std::string& prefix) {
+  absl::StatusOr<stoker::SampleIndex> index = stoker::OpenSampleIndex(args.data_path);
+  if (!index.ok()) return index.status();
+  absl::StatusOr<stoker::ImageHeader> first = stoker::FirstImageHeader(*index);
+  if (!first.ok()) return first.status();
+  stoker::ImageSourceOptions options =
+      stoker::ImageSourceOptionsFromSpec(spec, *first, &region.stats().bad_samples_total);
+  options.log = [prefix](const std::string& line) {
+    std::fprintf(stderr, "%s: %s\n", prefix.c_str(), line.c_str());
+  };
+  absl::StatusOr<std::unique_ptr<stoker::ImageBatchSource>> source =
+      stoker::ImageBatchSource::Create(std::move(*index), region.geometry().batch_size,
+                                       std::move(options));
+  if (!source.ok()) return source.status();
+  return std::unique_ptr<stoker::BatchSource>(std::move(*source));
+}
+
 int Fail(int code, const std::string& prefix, const absl::Status& status) {
   std::fprintf(stderr, "%s: %s\n", prefix.c_str(), std::string(status.message()).c_str());
   return code;
@@ -177,6 +201,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<stoker::BatchSource>> source = [&] {
     // Mapping is quick, but checking a large file's labels reads them: beat meanwhile.
     const stoker::ScopedHeartbeat beating((*region)->stats().heartbeats_total);
+    if (stoker::IsImageFormat(spec.dataset().format()))
+      return OpenImageSource(spec, **region, *args, prefix);
     return stoker::OpenPreparedDataset(args->data_path, (*region)->geometry().batch_size, options);
   }();
   if (!source.ok()) {
