@@ -39,7 +39,7 @@ cxxflags=(-std=c++20 -g -O1 -I. -Wall -Wextra "${sanitize[@]}")
 read -r -a libs <<<"$(pkg-config --libs absl_status absl_statusor absl_strings absl_str_format) -lz"
 
 # The readers are compiled once, instrumented for coverage, and linked into every target.
-readers=(file_bytes idx_reader npy_reader csv_reader dataset)
+readers=(file_bytes idx_reader npy_reader csv_reader dataset prepared_dataset)
 start=$(date +%s)
 pids=()
 for r in "${readers[@]}"; do
@@ -49,7 +49,7 @@ done
 for pid in "${pids[@]}"; do wait "$pid"; done
 objects=()
 for r in "${readers[@]}"; do objects+=("$out/obj/$r.o"); done
-targets=(idx npy csv)
+targets=(idx npy csv prepared)
 for t in "${targets[@]}"; do
   "$cxx" "${cxxflags[@]}" -fsanitize=fuzzer "fuzz/${t}_fuzz.cc" "${objects[@]}" "${libs[@]}" \
     -o "$out/${t}_fuzz"
@@ -68,6 +68,16 @@ image_sources=(data/image/image_decoder.cc data/image/image_codec.cc data/image/
 "$cxx" "${cxxflags[@]}" -fsanitize=fuzzer fuzz/image_fuzz.cc "${image_sources[@]}" "${libs[@]}" \
   -ljpeg -lpng16 -o "$out/image_fuzz"
 targets+=(image)
+# Sample indexes (data/index): tar shards through libarchive and index files; brace patterns.
+index_sources=(data/index/brace.cc data/index/index_format.cc data/index/sample_index.cc
+  data/index/epoch_sample_order.cc data/index/image_folder_index.cc data/index/shard_index.cc
+  data/epoch_order.cc)
+read -r -a index_libs <<<"$(pkg-config --libs absl_flat_hash_set)"
+"$cxx" "${cxxflags[@]}" -fsanitize=fuzzer fuzz/tar_index_fuzz.cc "${index_sources[@]}" "${libs[@]}" \
+  "${index_libs[@]}" -larchive -o "$out/tar_index_fuzz"
+"$cxx" "${cxxflags[@]}" -fsanitize=fuzzer fuzz/brace_fuzz.cc data/index/brace.cc "${libs[@]}" \
+  -o "$out/brace_fuzz"
+targets+=(tar_index brace)
 echo "fuzz: built ${targets[*]} in $(($(date +%s) - start)) s with $("$cxx" --version | head -1)"
 
 failed=()

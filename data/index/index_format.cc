@@ -116,8 +116,10 @@ absl::StatusOr<SampleIndex> IndexBuilder::Finish(int classes, const std::string&
   uint8_t* bytes = reinterpret_cast<uint8_t*>(words.data());
   std::memcpy(bytes + layout.samples, samples_.data(), samples_.size() * sizeof(IndexedSample));
   std::memcpy(bytes + layout.sources, sources_.data(), sources_.size() * sizeof(SourceRecord));
-  std::memcpy(bytes + layout.class_names, class_names_.data(),
-              class_names_.size() * sizeof(uint32_t));
+  if (!class_names_.empty()) {  // (memcpy from a null data() is undefined even for 0 bytes)
+    std::memcpy(bytes + layout.class_names, class_names_.data(),
+                class_names_.size() * sizeof(uint32_t));
+  }
   std::memcpy(bytes + layout.strings, strings_.data(), strings_.size());
   std::memcpy(bytes, &header, sizeof(header));  // the CRC covers the body only
   header.body_crc32 = BodyCrc(bytes, layout.end);
