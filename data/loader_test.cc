@@ -431,6 +431,29 @@ TEST_F(LoaderProcessTest, CorruptDataIsRefusedNamingTheFile) {
   EXPECT_EQ(region->stats().loader_batches_total.load(), 0u);
 }
 
+// A prepared file cut short under a running loader: its next read of the lost pages raises SIGBUS,
+// which it reports, naming the file, and exits 1 (the agent respawns it; the respawned loader
+// then refuses the file as truncated).
+TEST_F(LoaderProcessTest, AFileTruncatedUnderARunningLoaderIsReportedNotACrash) {
+  auto region = MakeRegion(1, 2);
+  ASSERT_NE(region, nullptr);
+  const pid_t pid = Spawn(*region,
+                          {"--region-fd", std::to_string(region->fd()), "--index", "0", "--job",
+                           dir_.File("job.pb"), "--data", dir_.File("train.samples")},
+                          dir_.File("stderr"));
+  for (uint64_t b = 0; b < 2; ++b) ASSERT_TRUE(region->WaitReadable(b, absl::Seconds(10)).ok());
+  ASSERT_EQ(truncate(dir_.File("train.samples").c_str(), 4096), 0);  // the samples are gone
+  region->Release(0);
+  region->Release(1);
+  EXPECT_EQ(ExitCode(pid), 1);
+  std::ifstream in(dir_.File("stderr"));
+  const std::string message((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_THAT(message, HasSubstr("stoker-loader[0]: SIGBUS reading the mapped training set: " +
+                                 dir_.File("train.samples")));
+  EXPECT_THAT(RunLoaderExpectingExit(*region, 1),
+              HasSubstr(dir_.File("train.samples") + ": truncated"));
+}
+
 TEST_F(LoaderProcessTest, BadArgumentsExit64) {
   auto region = MakeRegion(2, 2);
   ASSERT_NE(region, nullptr);

@@ -5,8 +5,16 @@
 // Where the samples file already holds the samples as the ring wants them (a raw, not gzipped,
 // IDX file; an NPY file, which is never compressed), the prepared file holds only the header and
 // the labels and refers to the samples in that file, which loaders map in place: no copy is
-// written (PrepareOptions::map_raw_sources; the measurement is in bench/RESULTS.md). Gzipped IDX
-// and CSV are decoded and their samples copied into the prepared file.
+// written (PrepareOptions::map_raw_sources). Gzipped IDX and CSV are decoded and their samples
+// copied into the prepared file. Measured (Intel Xeon, 2 cores, warm page cache): a 1 GiB uint8
+// NPY (350000 x 3 x 32 x 32) prepares in 5-22 ms in place against 2.6-3.3 s copied, which also
+// writes 1 GiB more to the work directory and holds the whole array in the agent's memory while
+// it does; Fashion-MNIST as raw IDX (45 MiB) in 2-18 ms against 0.11-0.13 s (0.49 s from the
+// gzipped files, which must be decoded). A loader's first pass over the samples costs the same
+// either way (the same page cache). The price of mapping in place: a dataset file changed while
+// the job runs is read as it is then; a loader that starts later refuses it (its size or time
+// differ from those recorded), and one that reads past a truncation gets SIGBUS, which
+// stoker-loader reports as such.
 //
 // Layout of a prepared samples file (integers little-endian), version 1:
 //   0   8 bytes   magic "STOKSMPL"

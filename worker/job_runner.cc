@@ -175,7 +175,7 @@ PipelineMemory EstimatePipelineMemory(const DatasetSummary& train, uint32_t batc
   const double record_bytes = double(train.sample_bytes) + 1;  // a sample and its label
   memory.ring_bytes = double(ring_batches) * batch_size * record_bytes;
   memory.per_loader_bytes =
-      kLoaderProcessBytes + 4.0 * double(train.count) + double(train.sample_bytes);
+      kLoaderProcessBytes + 8.0 * double(train.count) + double(train.sample_bytes);
   memory.dataset_bytes = double(train.count) * record_bytes;
   memory.prepare_bytes = decodes ? memory.dataset_bytes : 0;
   return memory;

@@ -55,16 +55,17 @@ struct AttemptOutcome {
 // kernel can drop and read again.
 struct PipelineMemory {
   double ring_bytes = 0;        // min(ring_slots, total batches) x batch_size x (sample + label)
-  double per_loader_bytes = 0;  // kLoaderProcessBytes, the epoch's order (4 bytes a sample), one
-                                // augmented sample
+  double per_loader_bytes = 0;  // kLoaderProcessBytes, the epoch's order (4 bytes a sample, twice
+                                // while the next epoch's replaces it), one augmented sample
   double dataset_bytes = 0;     // count x (sample + label): the prepared file's samples and labels
   double prepare_bytes = 0;     // the agent's peak while preparing: dataset_bytes when it decodes
                                 // the samples (gzipped IDX, CSV), 0 when they are mapped in place
 };
 
-// A loader's own memory besides the epoch's order: code, heap, stacks, as measured
-// (bench/run_loader_memory.sh: RssAnon of a Fashion-MNIST loader) with room to spare.
-inline constexpr double kLoaderProcessBytes = 8.0 * 1024 * 1024;
+// A loader's own memory besides the epoch's order: code, heap, stacks. Measured with
+// bench/run_loader_memory.sh: RssAnon 0.9 to 1.2 MiB per loader of a Fashion-MNIST job (its
+// 0.23 MiB order included), 46 MiB before the loaders shared the training set; 4 MiB leaves room.
+inline constexpr double kLoaderProcessBytes = 4.0 * 1024 * 1024;
 
 PipelineMemory EstimatePipelineMemory(const DatasetSummary& train, uint32_t batch_size,
                                       uint64_t ring_batches, bool decodes);

@@ -88,7 +88,7 @@ TEST(PipelineMemoryTest, LoadersShareOneCopyOfTheTrainingSet) {
   const PipelineMemory memory = EstimatePipelineMemory(FashionMnist(), 128, 8, /*decodes=*/true);
   EXPECT_DOUBLE_EQ(memory.ring_bytes, 8.0 * 128 * 785);
   EXPECT_DOUBLE_EQ(memory.dataset_bytes, 60000.0 * 785);
-  EXPECT_DOUBLE_EQ(memory.per_loader_bytes, kLoaderProcessBytes + 4.0 * 60000 + 784);
+  EXPECT_DOUBLE_EQ(memory.per_loader_bytes, kLoaderProcessBytes + 8.0 * 60000 + 784);
   EXPECT_DOUBLE_EQ(memory.prepare_bytes, memory.dataset_bytes);
   EXPECT_DOUBLE_EQ(EstimatePipelineMemory(FashionMnist(), 128, 8, false).prepare_bytes, 0);
   // 512 MiB available, 256 MiB for the pipeline: 16 loaders fit. A copy of the training set each
@@ -103,26 +103,26 @@ TEST(PipelineMemoryTest, LoadersShareOneCopyOfTheTrainingSet) {
 
 TEST(PipelineMemoryTest, WhatDoesNotFitIsRefusedSayingWhy) {
   const PipelineMemory memory = EstimatePipelineMemory(FashionMnist(), 128, 8, /*decodes=*/false);
-  // 64 MiB available, 32 for the pipeline: the ring (0.8 MiB) and three loaders of 8.2 MiB fit,
-  // four do not.
-  const int64_t available = 64 * 1024 * 1024;
-  EXPECT_EQ(*FitLoadersInMemory(memory, 3, false, available), 3);
-  absl::StatusOr<int> four = FitLoadersInMemory(memory, 4, false, available);
-  EXPECT_TRUE(absl::IsResourceExhausted(four.status())) << four.status();
-  EXPECT_TRUE(absl::StrContains(four.status().message(),
-                                "loader.processes: 4 loader(s) of 8 MiB each (the 0.04 GiB "
+  // 40 MiB available, 20 for the pipeline: the ring (0.8 MiB) and four loaders of 4.5 MiB fit,
+  // five do not.
+  const int64_t available = 40 * 1024 * 1024;
+  EXPECT_EQ(*FitLoadersInMemory(memory, 4, false, available), 4);
+  absl::StatusOr<int> five = FitLoadersInMemory(memory, 5, false, available);
+  EXPECT_TRUE(absl::IsResourceExhausted(five.status())) << five.status();
+  EXPECT_TRUE(absl::StrContains(five.status().message(),
+                                "loader.processes: 5 loader(s) of 4 MiB each (the 0.04 GiB "
                                 "training set is one read-only mapping they share, not "
                                 "counted per loader), plus a ring of 0.00 GiB"))
-      << four.status().message();
-  EXPECT_TRUE(absl::StrContains(four.status().message(),
-                                "this machine has 0.1 GiB available, half of it for the data "
-                                "pipeline: use fewer loader processes"))
-      << four.status().message();
-  EXPECT_EQ(*FitLoadersInMemory(memory, 16, /*autotune=*/true, available), 3);
-  EXPECT_EQ(*FitLoadersInMemory(memory, 16, /*autotune=*/true, 20 * 1024 * 1024), 1);
+      << five.status().message();
+  EXPECT_TRUE(absl::StrContains(five.status().message(),
+                                "need 0.02 GiB; this machine has 0.0 GiB available, half of it "
+                                "for the data pipeline: use fewer loader processes"))
+      << five.status().message();
+  EXPECT_EQ(*FitLoadersInMemory(memory, 16, /*autotune=*/true, available), 4);
+  EXPECT_EQ(*FitLoadersInMemory(memory, 16, /*autotune=*/true, 20 * 1024 * 1024), 2);
   EXPECT_TRUE(absl::IsResourceExhausted(FitLoadersInMemory(memory, 16, true, 1024 * 1024).status()))
       << "not even one loader fits";
-  // Decoding the 44.9 MiB training set in the agent does not fit in 32 MiB either.
+  // Decoding the 44.9 MiB training set in the agent does not fit in 20 MiB either.
   const PipelineMemory decoded = EstimatePipelineMemory(FashionMnist(), 128, 8, true);
   absl::StatusOr<int> refused = FitLoadersInMemory(decoded, 1, false, available);
   EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
