@@ -39,7 +39,7 @@ cxxflags=(-std=c++20 -g -O1 -I. -Wall -Wextra "${sanitize[@]}")
 read -r -a libs <<<"$(pkg-config --libs absl_status absl_statusor absl_strings absl_str_format) -lz"
 
 # The readers are compiled once, instrumented for coverage, and linked into every target.
-readers=(file_bytes idx_reader npy_reader csv_reader dataset)
+readers=(file_bytes idx_reader npy_reader csv_reader dataset prepared_dataset)
 start=$(date +%s)
 pids=()
 for r in "${readers[@]}"; do
@@ -49,7 +49,7 @@ done
 for pid in "${pids[@]}"; do wait "$pid"; done
 objects=()
 for r in "${readers[@]}"; do objects+=("$out/obj/$r.o"); done
-targets=(idx npy csv)
+targets=(idx npy csv prepared)
 for t in "${targets[@]}"; do
   "$cxx" "${cxxflags[@]}" -fsanitize=fuzzer "fuzz/${t}_fuzz.cc" "${objects[@]}" "${libs[@]}" \
     -o "$out/${t}_fuzz"
