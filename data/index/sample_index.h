@@ -163,8 +163,11 @@ absl::Status WriteSampleIndex(const SampleIndex& index, const std::string& path)
 // Maps an index file read-only (PROT_READ, MAP_SHARED) and validates it whole: magic, version,
 // layout against the file's length, the CRC, and every record (sources' paths and sample ranges,
 // each sample's source, name, label, encoding, and offset + size within its source's length).
-// Errors (DATA_LOSS for a damaged file, NOT_FOUND for a missing one) name the file and the byte
-// offset or record at fault.
+// Errors name the file and the byte offset or record at fault: DATA_LOSS for a damaged,
+// truncated or extended file or another version, NOT_FOUND for a missing one, INVALID_ARGUMENT
+// for one that is not a regular file, INTERNAL when it cannot be read or mapped. The mapping is
+// valid as long as the file is only ever replaced by rename (WriteSampleIndex), never truncated
+// in place (a truncated mapped file would fault on access).
 absl::StatusOr<SampleIndex> OpenSampleIndex(const std::string& path);
 
 // The order of one epoch, a permutation of [0, count()); a pure function of (index, seed, epoch,
