@@ -34,7 +34,7 @@ struct RunnerOptions {
   // device, a deadlock): it is stopped and the attempt fails, to be retried. Silent means nothing
   // raised JobStats::heartbeats_total and the trainer sent no event: the trainer beats for every
   // step and at least once a second while it starts, evaluates or writes a checkpoint, a loader
-  // for every batch and while it loads its data, but neither while it only waits for the other.
+  // for every batch and while it maps its data, but neither while it only waits for the other.
   // absl::InfiniteDuration() never gives up.
   absl::Duration trainer_stall_timeout = absl::Seconds(30);
 };
