@@ -1,5 +1,5 @@
 // Test helpers for data/image: reference data made by PIL and torchvision
-// (data/image/torchvision_reference.py, run once per test process into a temporary directory),
+// (data/image/torchvision_reference.py, run once per build directory and script version),
 // file reading, and a synthetic photo-like image.
 #ifndef STOKER_DATA_IMAGE_IMAGE_TEST_REFERENCE_H_
 #define STOKER_DATA_IMAGE_IMAGE_TEST_REFERENCE_H_
@@ -9,9 +9,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <sstream>
 #include <string>
@@ -28,7 +30,10 @@ inline std::vector<uint8_t> ReadBytes(const std::string& path) {
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
 
-// The script's output, made once per process and removed at exit.
+// The script's output. It is made once per build directory and script version (ctest runs each
+// test in its own process): into STOKER_IMAGE_REFERENCE_CACHE/image_reference_<hash of the
+// script>, written to a temporary directory first and renamed into place, so concurrent test
+// processes never see half of it.
 struct Reference {
   std::string dir;
   std::string skip_reason;  // non-empty: the reference could not be made for a known reason
@@ -43,62 +48,74 @@ struct Reference {
     }
     return out;
   }
-  ~Reference() {
-    if (!dir.empty()) std::filesystem::remove_all(dir);
-  }
 };
 
-inline const Reference& GetReference() {
-  static Reference* reference = [] {
-    auto* r = new Reference;
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/stoker-image-XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) {
-      r->error = "mkdtemp " + pattern;
-      return r;
-    }
-    r->dir = pattern;
-    if (access("/usr/bin/python3", X_OK) != 0) {
-      r->skip_reason = "/usr/bin/python3 is missing: no PIL/torchvision reference";
-      return r;
-    }
-    const std::string log = r->dir + "/script.log";
-    const std::string command = std::string("/usr/bin/python3 ") + STOKER_IMAGE_REFERENCE_SCRIPT +
-                                " " + r->dir + " >" + log + " 2>&1";
-    const int status = std::system(command.c_str());
-    std::ifstream log_in(log);
-    const std::string log_text((std::istreambuf_iterator<char>(log_in)), {});
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
-      r->skip_reason = "/usr/bin/python3 lacks PIL, numpy or torchvision: " + log_text;
-      return r;
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      r->error = command + " failed: " + log_text;
-      return r;
-    }
-    std::ifstream manifest(r->dir + "/manifest.txt");
-    std::string line;
-    while (std::getline(manifest, line)) {
-      std::istringstream fields(line);
-      std::vector<std::string> c;
-      for (std::string f; fields >> f;) c.push_back(f);
-      if (!c.empty()) r->cases.push_back(c);
-    }
+inline std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+inline Reference MakeReference() {
+  Reference r;
+  if (access("/usr/bin/python3", X_OK) != 0) {
+    r.skip_reason = "/usr/bin/python3 is missing: no PIL/torchvision reference";
     return r;
-  }();
-  static const bool cleanup_registered = [] {
-    std::atexit([] { delete reference; });
-    return true;
-  }();
-  (void)cleanup_registered;
-  return *reference;
+  }
+  const std::string script = STOKER_IMAGE_REFERENCE_SCRIPT;
+  const std::string text = ReadText(script);
+  if (text.empty()) {
+    r.error = "cannot read " + script;
+    return r;
+  }
+  const std::string cache = STOKER_IMAGE_REFERENCE_CACHE;
+  r.dir = cache + "/image_reference_" + std::to_string(std::hash<std::string>()(text));
+  if (!std::filesystem::exists(r.dir + "/manifest.txt")) {
+    std::string pattern = cache + "/image_reference_tmp_XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) {
+      r.error = "mkdtemp " + pattern;
+      return r;
+    }
+    const std::string log = pattern + "/script.log";
+    const std::string command = "/usr/bin/python3 " + script + " " + pattern + " >" + log + " 2>&1";
+    const int status = std::system(command.c_str());
+    const std::string log_text = ReadText(log);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::filesystem::remove_all(pattern);
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+        r.skip_reason = "/usr/bin/python3 lacks PIL, numpy or torchvision: " + log_text;
+      } else {
+        r.error = command + " failed: " + log_text;
+      }
+      return r;
+    }
+    // Another test process may have finished first: then its copy stays and this one goes.
+    if (rename(pattern.c_str(), r.dir.c_str()) != 0) std::filesystem::remove_all(pattern);
+  }
+  std::ifstream manifest(r.dir + "/manifest.txt");
+  std::string line;
+  while (std::getline(manifest, line)) {
+    std::istringstream fields(line);
+    std::vector<std::string> c;
+    for (std::string f; fields >> f;) c.push_back(f);
+    if (!c.empty()) r.cases.push_back(c);
+  }
+  return r;
+}
+
+inline const Reference& GetReference() {
+  static const Reference reference = MakeReference();
+  return reference;
 }
 
 // In a TEST body: the reference, or skip/fail and return.
 #define STOKER_IMAGE_REFERENCE_OR_RETURN(ref)                                              \
   const ::stoker::image_testing::Reference& ref = ::stoker::image_testing::GetReference(); \
-  if (!ref.error.empty()) FAIL() << ref.error;                                             \
-  if (!ref.skip_reason.empty()) GTEST_SKIP() << ref.skip_reason;                           \
+  if (!ref.error.empty()) {                                                                \
+    FAIL() << ref.error;                                                                   \
+  }                                                                                        \
+  if (!ref.skip_reason.empty()) {                                                          \
+    GTEST_SKIP() << ref.skip_reason;                                                       \
+  }                                                                                        \
   ASSERT_FALSE(ref.cases.empty()) << "empty manifest in " << ref.dir
 
 // A photo-like image: gradients, a few discs, mild noise (deterministic from `seed`).
