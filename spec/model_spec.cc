@@ -211,15 +211,10 @@ absl::StatusOr<NetworkConfig> NetworkConfigFromSpec(const v1::JobSpec& spec,
     config.input_shape = {1, sample_dims[0], sample_dims[1]};
   } else if (sample_dims.size() == 1) {
     config.input_shape = {sample_dims[0]};
-  } else if (sample_dims.size() == 3 && IsImageFormat(format)) {
-    config.input_shape = sample_dims;  // [C, H, W], as the image loaders write them
   } else if (sample_dims.size() == 3) {
-    // IDX and NPY images with a third dimension are channels-last ({H, W, C}, see
-    // data/augment.h): taking them as [C, H, W] would scramble every image.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.type: a cnn takes [C, H, W] images from format image_folder or shards; these ",
-        format, " samples are ", absl::StrJoin(sample_dims, "x"),
-        " (channels last); use an mlp, or 2-D samples"));
+    // [C, H, W], as PyTorch: the image loaders write them so, and 3-D IDX/NPY samples are read so
+    // (data/augment.h crops and flips them per channel plane).
+    config.input_shape = sample_dims;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("model.type: a cnn takes [C, H, W] or [H, W] images, or flat samples; these "

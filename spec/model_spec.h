@@ -32,9 +32,9 @@ struct BuiltModel {
 OptimizerConfig OptimizerFromSpec(const v1::TrainSpec& train);
 
 // The engine's configs for `spec` (no backend needed) on samples of `sample_dims`: an mlp on
-// their product of inputs, or a cnn. A cnn takes {H, W} images as {1, H, W}, [C, H, W] images
-// of format image_folder or shards as they are, and flat {features} samples; INVALID_ARGUMENT for
-// other ranks (IDX and NPY samples of three dimensions are channels-last) or an unknown layer.
+// their product of inputs, or a cnn. A cnn takes {H, W} images as {1, H, W}, 3-D samples as
+// [C, H, W] (PyTorch's layout, for every format), and flat {features} samples; INVALID_ARGUMENT
+// for other ranks or an unknown layer.
 // The input normalisation: for image_folder and shards, dataset.image.mean and std per channel
 // (input_scale_c = 1 / (255 std_c), input_shift_c = -mean_c / std_c; an mlp's input_channels is
 // the images' C), INVALID_ARGUMENT naming dataset.image.mean or dataset.image.std when one holds

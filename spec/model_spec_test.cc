@@ -118,7 +118,7 @@ TEST(ModelSpecTest, ErrorsNameTheLayerAsTheJobFileDoes) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StartsWith(status.message(), "model")) << status;
 
-  status = NetworkConfigFromSpec(CnnSpec(), {3, 28, 28}, 10).status();
+  status = NetworkConfigFromSpec(CnnSpec(), {2, 3, 28, 28}, 10).status();  // 4-D samples
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StartsWith(status.message(), "model.type: ")) << status;
 }
@@ -248,11 +248,11 @@ TEST(ModelSpecImageTest, MeanOrStdCountThatFitsNoChannelCountIsRefused) {
   EXPECT_TRUE(absl::StrContains(status.message(), "3 channels")) << status;
 }
 
-TEST(ModelSpecImageTest, OnlyImageDatasetsGiveACnnThreeDimensionalSamples) {
-  // IDX/NPY samples with a third dimension are channels-last: not taken as [C, H, W].
-  absl::Status status = NetworkConfigFromSpec(CnnSpec(), {32, 32, 3}, 10).status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(status.message(), "channels last")) << status;
+TEST(ModelSpecImageTest, ThreeDimensionalSamplesOfEveryFormatAreChannelsFirst) {
+  // IDX/NPY samples with a third dimension are [C, H, W], as PyTorch lays them out.
+  absl::StatusOr<NetworkConfig> network = NetworkConfigFromSpec(CnnSpec(), {3, 32, 32}, 10);
+  ASSERT_TRUE(network.ok()) << network.status();
+  EXPECT_EQ(network->input_shape, (std::vector<int>{3, 32, 32}));
   // An mlp takes them flat, with the default normalisation.
   v1::JobSpec mlp = CnnSpec();
   mlp.mutable_model()->set_type("mlp");

@@ -2,6 +2,7 @@
 // processes) and the stoker CLI, training on the real Fashion-MNIST files.
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -432,7 +433,7 @@ TEST_F(EndToEndTest, TrainsOnCsvAndNpyFloatFeatures) {
   }
 
   // A cnn is checked against NPY data at submit: a test set shaped unlike the training set, and
-  // samples that are not single-channel images, are refused before they are queued.
+  // a layer that does not fit the [C, H, W] samples, are refused before they are queued.
   v1::JobSpec cnn = npy;
   cnn.mutable_model()->clear_hidden();
   cnn.mutable_model()->set_type("cnn");
@@ -444,6 +445,14 @@ TEST_F(EndToEndTest, TrainsOnCsvAndNpyFloatFeatures) {
            images.size() * sizeof(float));
   v1::JobSpec mismatched = cnn;
   mismatched.mutable_dataset()->set_train_images("rgb-x.npy");
+  // A 3x3 convolution first: wider than the [4, 4, 2] samples' width of 2.
+  v1::LayerSpec* conv = mismatched.mutable_model()->mutable_layers()->Add();
+  conv->set_type("conv2d");
+  conv->set_out_channels(4);
+  conv->set_kernel(3);
+  std::rotate(mismatched.mutable_model()->mutable_layers()->rbegin(),
+              mismatched.mutable_model()->mutable_layers()->rbegin() + 1,
+              mismatched.mutable_model()->mutable_layers()->rend());
   absl::StatusOr<v1::Job> refused = cluster_.Submit(mismatched);
   EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
   EXPECT_EQ(refused.status().message(),
@@ -453,8 +462,7 @@ TEST_F(EndToEndTest, TrainsOnCsvAndNpyFloatFeatures) {
   mismatched.mutable_dataset()->set_test_labels("train-y.npy");
   refused = cluster_.Submit(mismatched);
   EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
-  EXPECT_EQ(refused.status().message(),
-            "model.type: a cnn takes single-channel images; these samples have 3 dimensions");
+  EXPECT_TRUE(absl::StartsWith(refused.status().message(), "model.layers[0]")) << refused.status();
   absl::StatusOr<v1::Job> flat = cluster_.Submit(cnn);  // a Flatten-Linear cnn on 8 features
   ASSERT_TRUE(flat.ok()) << flat.status();
   absl::StatusOr<v1::Job> flat_done = cluster_.WaitForFinal(flat->id(), absl::Seconds(60));

@@ -314,6 +314,7 @@ void Agent::ExportMetrics() {
     c.loader_batches_total = snapshot.loader_batches_total;
     c.loader_busy_seconds = snapshot.loader_busy_ns / 1e9;
     c.loader_restarts_total = snapshot.loader_restarts_total;
+    c.loader_bad_samples_total = snapshot.bad_samples_total;
     c.ring_filled_slots = snapshot.filled_slots;
     c.loader_processes = snapshot.loader_processes;
     c.epoch = snapshot.epoch;

@@ -14,13 +14,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint.h"
 #include "common/exit_codes.h"
+#include "common/status_macros.h"
 #include "common/system_memory.h"
 #include "data/dataset.h"
+#include "data/image_dataset.h"
 #include "data/prepared_dataset.h"
 #include "google/protobuf/io/zero_copy_stream_impl.h"
 #include "google/protobuf/util/delimited_message_util.h"
@@ -235,6 +238,7 @@ JobRunner::StatsSnapshot JobRunner::Snapshot() {
   snapshot.device_busy_ns = stats.device_busy_ns_total.load();
   snapshot.loader_batches_total = stats.loader_batches_total.load();
   snapshot.loader_restarts_total = stats.loader_restarts_total.load();
+  snapshot.bad_samples_total = stats.bad_samples_total.load();
   snapshot.filled_slots = region_->FilledSlots();
   snapshot.loader_processes = region_->ActiveLoaderCount();
   return snapshot;
@@ -252,10 +256,29 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   if (absl::Status s = ResolveDatasetPaths(options_.data_root, &spec); !s.ok()) {
     return Failed(absl::StrCat("on this worker: ", s.message()), true);
   }
+  resolved_spec_ = spec;
+  // The prepared training set (decoded samples, or an image index) goes when the attempt ends:
+  // the loaders are gone by then, and it may be as large as the dataset.
+  struct RemoveTrainingSet {
+    std::string path;
+    ~RemoveTrainingSet() {
+      std::error_code ignored;
+      std::filesystem::remove(path, ignored);
+    }
+  } remove_training_set{training_set_path()};
+  // Image datasets: the index is the probe (it is what knows the count and the classes), built
+  // once, here.
+  const bool images = IsImageFormat(spec.dataset().format());
+  std::optional<absl::StatusOr<PreparedInfo>> image_index;
+  if (images) image_index = IndexTrainingImagesLogged(spec);
   absl::StatusOr<DatasetSummary> shape =
-      ProbeDatasetFiles(TrainDatasetFiles(spec), spec.dataset().train_limit());
+      images ? (image_index->ok() ? absl::StatusOr<DatasetSummary>((*image_index)->summary)
+                                  : absl::StatusOr<DatasetSummary>(image_index->status()))
+             : ProbeDatasetFiles(TrainDatasetFiles(spec), spec.dataset().train_limit());
   if (!shape.ok()) {
-    return Failed(DatasetPathsAsWritten(shape.status().message(), assignment_.spec(), spec), true);
+    // A dataset the agent cannot read fails the job; an index it cannot write only the attempt.
+    return Failed(DatasetPathsAsWritten(shape.status().message(), assignment_.spec(), spec),
+                  !absl::IsUnavailable(shape.status()));
   }
 
   // `auto` starts with one loader and grows while the trainer waits for data (see Supervise).
@@ -268,7 +291,9 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   // training set per loader (they share one mapping). They may take half of what is available;
   // the trainer sizes its model against what is left when it starts.
   if (absl::StatusOr<int64_t> available = AvailableSystemMemoryBytes(); available.ok()) {
-    const absl::StatusOr<SamplesStorage> storage = ChooseSamplesStorage(TrainDatasetFiles(spec));
+    const absl::StatusOr<SamplesStorage> storage =
+        images ? absl::StatusOr<SamplesStorage>(SamplesStorage::kSource)
+               : ChooseSamplesStorage(TrainDatasetFiles(spec));
     const PipelineMemory memory =
         EstimatePipelineMemory(*shape, spec.train().batch_size(),
                                std::min<uint64_t>(spec.loader().ring_slots(), total_batches),
@@ -277,24 +302,15 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
     if (!fitted.ok()) return Failed(std::string(fitted.status().message()), true);
     loader_count = *fitted;
   }
-  // Decoded once, here, for every loader of the attempt.
-  absl::StatusOr<PreparedInfo> prepared = PrepareTrainingSetLogged(spec);
+  // Decoded once, here, for every loader of the attempt (image datasets: indexed above).
+  absl::StatusOr<PreparedInfo> prepared =
+      images ? std::move(*image_index) : PrepareTrainingSetLogged(spec);
   if (!prepared.ok()) {
-    std::error_code ignored;
-    std::filesystem::remove(training_set_path(), ignored);
     // A dataset the agent cannot read fails the job; a file it cannot write (a full disk) only
     // this attempt.
     return Failed(DatasetPathsAsWritten(prepared.status().message(), assignment_.spec(), spec),
                   !absl::IsUnavailable(prepared.status()));
   }
-  // The loaders are gone when Run returns: the file goes too (it may be as large as the dataset).
-  struct RemoveTrainingSet {
-    std::string path;
-    ~RemoveTrainingSet() {
-      std::error_code ignored;
-      std::filesystem::remove(path, ignored);
-    }
-  } remove_training_set{training_set_path()};
   if (cancel_requested_.load()) {
     AttemptOutcome outcome;
     outcome.state = v1::JOB_STATE_CANCELLED;
@@ -337,12 +353,14 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
     std::ofstream out(job_file, std::ios::binary | std::ios::trunc);
     if (!spec.SerializeToOstream(&out)) return Failed("cannot write " + job_file, false);
   }
-  on_event_(
-      LogEvent(absl::StrCat("dataset: ", train.count, " training samples of ", train.features, " ",
-                            SampleTypeName(train.sample_type), " features, ", train.classes,
-                            " classes; ", geometry.initial_loaders, " loader process(es)",
-                            autotune ? absl::StrCat(" (auto, up to ", loader_count, ")") : "", ", ",
-                            geometry.slot_count, " ring slots")));
+  on_event_(LogEvent(absl::StrCat("dataset: ", train.count, " training samples of ",
+                                  images ? absl::StrCat(absl::StrJoin(train.sample_dims, "x"), " ")
+                                         : absl::StrCat(train.features, " "),
+                                  SampleTypeName(train.sample_type),
+                                  images ? " pixels, " : " features, ", train.classes, " classes; ",
+                                  geometry.initial_loaders, " loader process(es)",
+                                  autotune ? absl::StrCat(" (auto, up to ", loader_count, ")") : "",
+                                  ", ", geometry.slot_count, " ring slots")));
   {
     absl::MutexLock lock(&region_mu_);
     region_ = region->get();
@@ -358,23 +376,113 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   return outcome;
 }
 
-absl::StatusOr<PreparedInfo> JobRunner::PrepareTrainingSetLogged(const v1::JobSpec& spec) {
-  const DatasetFiles files = TrainDatasetFiles(spec);
-  on_event_(LogEvent("preparing the training set: the loaders will share one read-only copy"));
-  // Decoding a large dataset takes a while (and no heartbeat exists yet): say so every 10 s.
+template <typename Work>
+auto JobRunner::WithProgressTicker(const std::string& what, Work work) {
+  // Preparing a large dataset takes a while (and no heartbeat exists yet): say so every 10 s.
   const absl::Time start = absl::Now();
   absl::Notification done;
-  std::thread ticker([this, &done, start] {
+  std::thread ticker([this, &done, &what, start] {
     while (!done.WaitForNotificationWithTimeout(absl::Seconds(10))) {
       on_event_(LogEvent(absl::StrCat(
-          "still preparing the training set (",
+          "still ", what, " (",
           absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Seconds(1))), ")")));
     }
   });
-  absl::StatusOr<PreparedInfo> prepared =
-      PrepareTrainingSet(files, spec.dataset().train_limit(), training_set_path());
+  auto result = work();
   done.Notify();
   ticker.join();
+  return result;
+}
+
+absl::StatusOr<PreparedInfo> JobRunner::IndexTrainingImagesLogged(const v1::JobSpec& spec) {
+  const v1::DatasetSpec& data = spec.dataset();
+  on_event_(LogEvent(absl::StrCat("indexing the training images (", data.format(),
+                                  "): the loaders will read, decode and transform them")));
+  const absl::Time start = absl::Now();
+  auto log = [this](const std::string& line) {
+    on_event_(LogEvent(DatasetPathsAsWritten(line, assignment_.spec(), resolved_spec_)));
+  };
+  absl::StatusOr<SampleIndex> index = WithProgressTicker("indexing the training images", [&] {
+    return BuildImageIndex(data.format(), data.train_images(), log);
+  });
+  if (!index.ok()) return index.status();
+  STOKER_ASSIGN_OR_RETURN(const ImageHeader first, FirstImageHeader(*index));
+  const ImageTransform transform = TrainImageTransform(spec, first);
+  if (absl::Status s = ValidateImageTransform(transform); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset.image: ", s.message()));
+  }
+  PreparedInfo info;
+  DatasetSummary& summary = info.summary;
+  summary.count = data.train_limit() > 0 ? std::min<int64_t>(index->count(), data.train_limit())
+                                         : index->count();
+  summary.sample_type = SampleType::kUint8;
+  summary.sample_dims = ImageSampleDims(transform);
+  summary.sample_bytes = static_cast<int>(TransformOutputBytes(transform));
+  summary.features = summary.sample_bytes;
+  if (data.classes() > 0 && index->classes() > data.classes()) {
+    return absl::OutOfRangeError(
+        absl::StrCat(data.train_images(), ": ", index->classes(), " classes (",
+                     index->sharded() ? "the largest .cls + 1" : "class directories",
+                     "), but dataset.classes is ", data.classes()));
+  }
+  summary.classes = data.classes() > 0 ? data.classes() : index->classes();
+  if (absl::Status s = WriteSampleIndex(*index, training_set_path()); !s.ok()) {
+    return absl::UnavailableError(s.message());  // this worker's disk, not the dataset
+  }
+  info.storage = SamplesStorage::kSource;
+  info.file_bytes = index->index_bytes();
+  on_event_(LogEvent(absl::StrFormat(
+      "indexed %d training images in %.1f s (%d classes, %.1f MiB index%s); samples are %s uint8",
+      index->count(), absl::ToDoubleSeconds(absl::Now() - start), summary.classes,
+      index->index_bytes() / (1024.0 * 1024.0),
+      index->skipped() > 0
+          ? absl::StrCat("; skipped ", index->skipped(), " entries that are not images")
+          : "",
+      absl::StrJoin(summary.sample_dims, "x"))));
+  return info;
+}
+
+void JobRunner::ForwardBadSamples(JobRegion& region, bool final) {
+  const uint64_t bad = region.stats().bad_samples_total.load(std::memory_order_relaxed);
+  if (bad == bad_samples_seen_ && !final) return;
+  bad_samples_seen_ = bad;
+  const uint32_t loaders = region.geometry().loader_count;
+  bad_sample_log_offsets_.resize(loaders, 0);
+  for (uint32_t k = 0; k < loaders; ++k) {
+    std::ifstream in(absl::StrCat(dir_, "/loader-", k, ".log"), std::ios::binary);
+    if (!in) continue;
+    in.seekg(0, std::ios::end);
+    const uint64_t size = static_cast<uint64_t>(in.tellg());
+    uint64_t& offset = bad_sample_log_offsets_[k];
+    if (size < offset) offset = 0;  // a respawned loader's fresh log
+    in.seekg(static_cast<std::streamoff>(offset));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (in.eof()) break;  // a line still being written: read it next time
+      offset += line.size() + 1;
+      const size_t at = line.find(": bad sample ");
+      if (at == std::string::npos) continue;
+      if (bad_samples_forwarded_ >= kForwardedBadSamples) continue;
+      ++bad_samples_forwarded_;
+      on_event_(
+          LogEvent(DatasetPathsAsWritten(absl::StrCat("loader ", k, line.substr(line.find(':'))),
+                                         assignment_.spec(), resolved_spec_)));
+    }
+  }
+  if (final && bad_samples_forwarded_ >= kForwardedBadSamples && bad > bad_samples_forwarded_) {
+    on_event_(LogEvent(absl::StrCat(bad - bad_samples_forwarded_,
+                                    " more bad samples are named in the loader logs (", dir_,
+                                    "/loader-*.log)")));
+  }
+}
+
+absl::StatusOr<PreparedInfo> JobRunner::PrepareTrainingSetLogged(const v1::JobSpec& spec) {
+  const DatasetFiles files = TrainDatasetFiles(spec);
+  on_event_(LogEvent("preparing the training set: the loaders will share one read-only copy"));
+  const absl::Time start = absl::Now();
+  absl::StatusOr<PreparedInfo> prepared = WithProgressTicker("preparing the training set", [&] {
+    return PrepareTrainingSet(files, spec.dataset().train_limit(), training_set_path());
+  });
   if (!prepared.ok()) return prepared;
   constexpr double kMiB = 1024.0 * 1024;
   const double data_mib =
@@ -405,7 +513,9 @@ absl::StatusOr<pid_t> JobRunner::StartTrainer(JobRegion& region, int events_fd,
                                    "--parent-pid",
                                    absl::StrCat(getpid()),
                                    "--classes",
-                                   absl::StrCat(classes)};
+                                   absl::StrCat(classes),
+                                   "--train-data",
+                                   training_set_path()};
   if (!resume_checkpoint.empty()) {
     argv.push_back("--resume");
     argv.push_back(resume_checkpoint);
@@ -484,6 +594,7 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
     }
     trainer_exit = TryReap(*trainer);
     if (trainer_exit) break;
+    ForwardBadSamples(region, false);
     if (absl::Status s = loaders.ReapAndRespawn(); !s.ok()) {
       fail(s);
     } else if (absl::Status s = loaders.StartNeeded(); !s.ok()) {
@@ -497,6 +608,7 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   if (!trainer_exit) trainer_exit = Terminate(*trainer, absl::Seconds(2));
   loaders.TerminateAll(absl::Seconds(1));
   events.Join();
+  ForwardBadSamples(region, true);
 
   AttemptOutcome outcome;
   if (cancelled) {

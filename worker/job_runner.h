@@ -66,6 +66,9 @@ struct PipelineMemory {
 // bench/run_loader_memory.sh: RssAnon 0.9 to 1.2 MiB per loader of a Fashion-MNIST job (its
 // 0.23 MiB order included), 46 MiB before the loaders shared the training set; 4 MiB leaves room.
 inline constexpr double kLoaderProcessBytes = 4.0 * 1024 * 1024;
+// Bad-sample lines forwarded from the loader logs to the job's log per attempt; the rest are
+// counted.
+inline constexpr uint64_t kForwardedBadSamples = 100;
 
 PipelineMemory EstimatePipelineMemory(const DatasetSummary& train, uint32_t batch_size,
                                       uint64_t ring_batches, bool decodes);
@@ -101,7 +104,7 @@ class JobRunner {
     bool running = false;  // false before the region exists and after the attempt ended
     uint64_t samples_total = 0, steps_total = 0, skipped_steps_total = 0, data_stall_ns = 0,
              device_busy_ns = 0, loader_batches_total = 0, loader_busy_ns = 0,
-             loader_restarts_total = 0, epoch = 0;
+             loader_restarts_total = 0, bad_samples_total = 0, epoch = 0;
     double loss = 0, loss_scale = 1, eval_accuracy = 0;
     uint32_t filled_slots = 0;
     uint32_t loader_processes = 0;  // loaders of the current era (loader.processes: auto moves it)
@@ -127,6 +130,16 @@ class JobRunner {
   // Prepares the training set in training_set_path(), logging its progress; the error is the
   // attempt's outcome.
   absl::StatusOr<PreparedInfo> PrepareTrainingSetLogged(const v1::JobSpec& spec);
+  // Image datasets (image_folder, shards): indexes the training images into training_set_path()
+  // (the loaders map the index and decode the images themselves), logging its progress. The
+  // summary describes the transformed samples ([C, size, size] uint8).
+  absl::StatusOr<PreparedInfo> IndexTrainingImagesLogged(const v1::JobSpec& spec);
+  // Calls `work` while a thread logs "still <what> (N s)" every 10 s.
+  template <typename Work>
+  auto WithProgressTicker(const std::string& what, Work work);
+  // Forwards the loaders' "bad sample" lines (from their logs) to the job's log, paths as the job
+  // wrote them; at most kForwardedBadSamples per attempt, then one line saying how many more.
+  void ForwardBadSamples(JobRegion& region, bool final);
 
   const RunnerOptions options_;
   const v1::Assignment assignment_;
@@ -136,6 +149,13 @@ class JobRunner {
   std::atomic<bool> drain_requested_{false};
   absl::Mutex region_mu_;
   JobRegion* region_ ABSL_GUARDED_BY(region_mu_) = nullptr;
+  // The spec with dataset paths resolved on this worker (set by Run).
+  v1::JobSpec resolved_spec_;
+  // ForwardBadSamples' state: bytes of each loader log read so far, lines forwarded, and the
+  // region's bad_samples_total when it last looked.
+  std::vector<uint64_t> bad_sample_log_offsets_;
+  uint64_t bad_samples_forwarded_ = 0;
+  uint64_t bad_samples_seen_ = 0;
 };
 
 }  // namespace stoker
