@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Image datasets end to end, against IDX: Fashion-MNIST exported as a PNG image folder and packed
+# into tar shards (stoker-dataset), then the example MLP and CNN (examples/fashion-mnist-*.yaml)
+# trained on each of the three (idx, image_folder, shards) through a real server and worker. Prints
+# each job's test accuracy and mean input stall, and the accuracy differences to IDX (the issue's
+# bar: within 0.3 points, input stall < 5 %).
+#
+# Usage: bench/run_images_e2e.sh [MODELS]   MODELS: "mlp cnn" (default) or one of them.
+#   Builds nothing (scripts/setup.sh builds). Work files go to $WORK (default /tmp/stoker-images-e2e).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+models=${1:-"mlp cnn"}
+work=${WORK:-/tmp/stoker-images-e2e}
+bin=build
+fmnist=/usr/share/datasets/fashion-mnist
+rm -rf "$work"
+mkdir -p "$work/data"
+cp -r "$fmnist" "$work/data/fashion-mnist"  # symlinks may not leave the data root
+
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+start=$(date +%s)
+"$bin/data/index/stoker-dataset" export-fashion-mnist --out "$work/data/fmnist-png" --format png
+"$bin/data/index/stoker-dataset" pack --root "$work/data/fmnist-png/train" \
+  --out "$work/data/fmnist-shards/train" --samples-per-shard 10000 | tail -1 >"$work/train-pattern"
+"$bin/data/index/stoker-dataset" pack --root "$work/data/fmnist-png/test" \
+  --out "$work/data/fmnist-shards/test" --samples-per-shard 10000 | tail -1 >"$work/test-pattern"
+echo "export and pack: $(($(date +%s) - start)) s"
+train_pattern=$(sed "s|$work/data/||" "$work/train-pattern")
+test_pattern=$(sed "s|$work/data/||" "$work/test-pattern")
+
+"$bin/server/stoker-server" --listen 127.0.0.1:0 --port-file "$work/port" --state-dir "$work/server" \
+  --data-root "$work/data" >"$work/server.log" 2>&1 &
+server_pid=$!
+for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.1; done
+server="127.0.0.1:$(cat "$work/port")"
+"$bin/worker/stoker-worker" --server "$server" --work-dir "$work/worker" --data-root "$work/data" \
+  >"$work/worker.log" 2>&1 &
+worker_pid=$!
+trap 'kill $worker_pid 2>/dev/null; wait $worker_pid 2>/dev/null; kill $server_pid 2>/dev/null' EXIT
+
+# The example's job file with its dataset section replaced.
+job_file() {  # MODEL FORMAT
+  local src="examples/fashion-mnist-$1.yaml" out="$work/$1-$2.yaml"
+  case "$2" in
+    idx) cp "$src" "$out" ;;
+    image_folder | shards)
+      local train test
+      if [ "$2" = image_folder ]; then
+        train=fmnist-png/train test=fmnist-png/test
+      else
+        train=$train_pattern test=$test_pattern
+      fi
+      /usr/bin/python3 - "$src" "$out" "$2" "$train" "$test" <<'PY'
+import re, sys
+src, out, fmt, train, test = sys.argv[1:]
+text = open(src).read()
+section = (f"dataset:\n  format: {fmt}\n  train_images: \"{train}\"\n  test_images: \"{test}\"\n"
+           "  classes: 10\n")
+text = re.sub(r"dataset:\n(  .*\n)+", section, text)
+text = re.sub(r"^name: (.*)$", r"name: \1-" + fmt.replace("_", "-"), text, flags=re.M)
+open(out, "w").write(text)
+PY
+      ;;
+  esac
+  echo "$out"
+}
+
+results=()
+for model in $models; do
+  for format in idx image_folder shards; do
+    file=$(job_file "$model" "$format")
+    t0=$(date +%s)
+    id=$("$bin/client/stoker" --server "$server" submit "$file" | grep -oE 'j-[A-Za-z0-9_-]+' | head -1)
+    [ -n "$id" ] || { echo "submit of $file failed"; exit 1; }
+    while :; do
+      state=$("$bin/client/stoker" --server "$server" -o json status "$id" |
+        /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])')
+      case "$state" in *SUCCEEDED* | *FAILED* | *CANCELLED*) break ;; esac
+      sleep 5
+    done
+    json=$("$bin/client/stoker" --server "$server" -o json status "$id")
+    acc=$(echo "$json" | /usr/bin/python3 -c 'import json,sys; j=json.load(sys.stdin); print(j.get("progress",{}).get("test_accuracy","nan"))')
+    stall=$("$bin/client/stoker" --server "$server" logs "$id" |
+      sed -n 's/.*input stall \([0-9]*\)%.*/\1/p' | awk '{s+=$1; n++} END {if (n) printf "%.1f", s/n; else print "nan"}')
+    secs=$(($(date +%s) - t0))
+    echo "RESULT model=$model format=$format state=$state accuracy=$acc stall_pct=$stall seconds=$secs job=$id"
+    results+=("$model $format $acc $stall $secs")
+  done
+done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+printf '%s\n' "${results[@]}" | /usr/bin/python3 -c '
+import sys
+rows = [l.split() for l in sys.stdin if l.strip()]
+idx = {r[0]: float(r[2]) for r in rows if r[1] == "idx"}
+print("| model | format | test accuracy | vs idx (points) | mean input stall | wall s |")
+print("|---|---|---|---|---|---|")
+for m, f, a, s, t in rows:
+    d = (float(a) - idx[m]) * 100 if m in idx else float("nan")
+    print(f"| {m} | {f} | {float(a):.4f} | {d:+.2f} | {s} % | {t} |")
+'
