@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fuzzes the dataset readers (IDX, NPY, CSV) with libFuzzer under AddressSanitizer and
+# Fuzzes the input parsers (IDX, NPY, CSV, job files, images, tar shards, brace patterns, prepared
+# training sets) with libFuzzer under AddressSanitizer and
 # UndefinedBehaviorSanitizer, SECONDS per target (default 30).
 #
 # Usage: scripts/fuzz.sh [SECONDS]
@@ -17,7 +18,7 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || ((seconds < 1)); then
 fi
 
 packages=(clang libclang-rt-14-dev libabsl-dev zlib1g-dev pkg-config libprotobuf-dev
-  protobuf-compiler libyaml-cpp-dev libjpeg62-turbo-dev libpng-dev)
+  protobuf-compiler libyaml-cpp-dev libjpeg62-turbo-dev libpng-dev libarchive-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
