@@ -56,7 +56,7 @@ struct JobStats {
   // The pipeline's heartbeat: raised by whoever does work, never by a process that only waits.
   // The trainer raises it for each step and at least once a second while it starts, evaluates or
   // writes a checkpoint; a loader for each batch it makes and at least once a second while it
-  // loads its data or sleeps its loader.delay_ms. When it stops moving, nothing in the job is
+  // maps its data or sleeps its loader.delay_ms. When it stops moving, nothing in the job is
   // doing anything: the agent's watchdog ends the attempt (RunnerOptions::trainer_stall_timeout).
   std::atomic<uint64_t> heartbeats_total{0};
   // Samples the loaders skipped because they could not be decoded (image datasets); the job fails
