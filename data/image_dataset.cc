@@ -39,6 +39,17 @@ int64_t Limited(const SampleIndex& index, int64_t limit) {
 
 }  // namespace
 
+std::vector<uint32_t> LimitedSubset(int64_t count, int64_t limit) {
+  if (limit <= 0 || limit >= count) return {};
+  // A fixed seed: the subset is the job's data, the same whatever train.seed and epoch.
+  std::vector<uint32_t> subset = EpochPermutation(count, 0x7375627365742121ull, 0);
+  subset.resize(static_cast<size_t>(limit));
+  std::sort(subset.begin(), subset.end());
+  return subset;
+}
+
+namespace {}  // namespace
+
 std::vector<int> ImageSampleDims(const ImageTransform& transform) {
   if (transform.size > 0) return {transform.channels, transform.size, transform.size};
   return {transform.channels, transform.expect_height, transform.expect_width};
@@ -219,17 +230,20 @@ ImageBatchSource::ImageBatchSource(SampleIndex index, uint32_t batch_size,
       count_(Limited(index_, options_.limit)),
       batches_per_epoch_(BatchesPerEpoch(count_, static_cast<int>(batch_size))),
       sample_bytes_(TransformOutputBytes(options_.transform)),
+      subset_(LimitedSubset(index_.count(), options_.limit)),
       scratch_(std::make_unique<TransformScratch>()) {}
 
 absl::StatusOr<uint32_t> ImageBatchSource::Make(uint64_t batch, uint8_t* samples, uint8_t* labels) {
   const uint64_t epoch = batch / static_cast<uint64_t>(batches_per_epoch_);
   const int64_t index = static_cast<int64_t>(batch % static_cast<uint64_t>(batches_per_epoch_));
   if (epoch != cached_epoch_) {
-    if (count_ == index_.count()) {
+    if (subset_.empty()) {
       order_ = EpochSampleOrder(index_, options_.seed, epoch, options_.shuffle_buffer);
     } else {
-      // A limit keeps the first samples of the index: shuffle those (as IDX data is).
+      // A limit keeps a fixed random subset (an image folder's first samples would be its first
+      // classes): shuffle that.
       order_ = EpochPermutation(count_, options_.seed, epoch);
+      for (uint32_t& i : order_) i = subset_[i];
     }
     cached_epoch_ = epoch;
   }
@@ -281,6 +295,7 @@ absl::StatusOr<LabeledSamples> DecodeImageSplit(
     const SampleIndex& index, const ImageTransform& transform, int64_t limit, int threads,
     int64_t max_bad_samples, const std::function<void(const std::string&)>& log) {
   const int64_t count = Limited(index, limit);
+  const std::vector<uint32_t> subset = LimitedSubset(index.count(), limit);
   const size_t sample_bytes = TransformOutputBytes(transform);
   if (count <= 0) return absl::InvalidArgumentError("the image dataset holds no samples");
   if (sample_bytes == 0) return absl::InvalidArgumentError("the image transform produces nothing");
@@ -294,10 +309,12 @@ absl::StatusOr<LabeledSamples> DecodeImageSplit(
     std::vector<uint8_t> bytes;
     TransformScratch scratch;
     for (int64_t i = next++; i < count; i = next++) {
-      absl::Status status = ReadSampleBytes(index, i, files, bytes);
+      const int64_t sample = subset.empty() ? i : subset[static_cast<size_t>(i)];
+      absl::Status status = ReadSampleBytes(index, sample, files, bytes);
       if (status.ok()) {
-        status = DecodeTransformed(index.SampleName(i), bytes.data(), bytes.size(), transform, 0,
-                                   pixels.data() + static_cast<size_t>(i) * sample_bytes, &scratch);
+        status =
+            DecodeTransformed(index.SampleName(sample), bytes.data(), bytes.size(), transform, 0,
+                              pixels.data() + static_cast<size_t>(i) * sample_bytes, &scratch);
       }
       if (status.ok()) {
         ok[static_cast<size_t>(i)] = 1;
@@ -332,7 +349,7 @@ absl::StatusOr<LabeledSamples> DecodeImageSplit(
       std::memmove(pixels.data() + kept * sample_bytes,
                    pixels.data() + static_cast<size_t>(i) * sample_bytes, sample_bytes);
     }
-    out.labels.push_back(index.sample(i).label);
+    out.labels.push_back(index.sample(subset.empty() ? i : subset[static_cast<size_t>(i)]).label);
     ++kept;
   }
   pixels.resize(kept * sample_bytes);

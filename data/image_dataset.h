@@ -79,7 +79,7 @@ struct ImageSourceOptions {
   ImageTransform transform;  // the training transform, geometry resolved
   uint64_t seed = 0;
   int shuffle_buffer = 10000;  // shards
-  int64_t limit = 0;           // > 0: only the first `limit` samples of the index
+  int64_t limit = 0;           // > 0: only LimitedSubset(count, limit) of the index
   int64_t max_bad_samples = 100;
   // Shared by all loaders of the job (the region's JobStats::bad_samples_total); may be null in
   // tests (then a local count is used).
@@ -110,6 +110,7 @@ class ImageBatchSource : public BatchSource {
   int64_t count_;
   int64_t batches_per_epoch_;
   size_t sample_bytes_;
+  std::vector<uint32_t> subset_;  // LimitedSubset(index_.count(), options_.limit)
   uint64_t cached_epoch_ = UINT64_MAX;
   std::vector<uint32_t> order_;
   FileCache files_;
@@ -119,16 +120,21 @@ class ImageBatchSource : public BatchSource {
   std::vector<std::string> bad_names_;  // the first few this loader skipped, for the error
 };
 
+// dataset.train_limit / test_limit on an image dataset: the index numbers of a fixed random
+// subset of `limit` samples, in index order (empty when limit <= 0 or >= count). Not the first
+// `limit`: an image folder's index is sorted by class, so those would be its first classes.
+std::vector<uint32_t> LimitedSubset(int64_t count, int64_t limit);
+
 // {channels, height, width} of the samples `transform` makes.
 std::vector<int> ImageSampleDims(const ImageTransform& transform);
 
 // The 64 random bits sample `position` of batch `batch` is transformed with.
 uint64_t SampleRandomBits(uint64_t seed, uint64_t batch, uint32_t position);
 
-// Decodes the first `limit` (all when 0) samples of `index` with `transform` (deterministic: no
-// random crop or flip) into memory, in index order, on `threads` threads. Samples that cannot be
-// decoded are skipped and named on `log`; more than `max_bad_samples` of them is an
-// INVALID_ARGUMENT naming some. `classes` of the result is the index's.
+// Decodes LimitedSubset(count, limit) (all when 0) of the samples of `index` with `transform`
+// (deterministic: no random crop or flip) into memory, in index order, on `threads` threads.
+// Samples that cannot be decoded are skipped and named on `log`; more than `max_bad_samples` of
+// them is an INVALID_ARGUMENT naming some. `classes` of the result is the index's.
 absl::StatusOr<LabeledSamples> DecodeImageSplit(const SampleIndex& index,
                                                 const ImageTransform& transform, int64_t limit,
                                                 int threads, int64_t max_bad_samples,

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -158,6 +159,40 @@ TEST(ImageDatasetTest, TestSplitClassesAreMatchedByName) {
   EXPECT_TRUE(absl::StartsWith(unknown.status().message(),
                                "test class directory 'zebra' has no counterpart"))
       << unknown.status();
+}
+
+TEST(ImageDatasetTest, ALimitKeepsARandomSubsetNotTheFirstClasses) {
+  ImageFolder folder(4, 10, 4, 1);
+  ImageSourceOptions options = Options(4, 1);
+  options.limit = 8;
+  absl::StatusOr<std::unique_ptr<ImageBatchSource>> source =
+      ImageBatchSource::Create(Index(folder.root()), 8, options);
+  ASSERT_TRUE(source.ok());
+  EXPECT_EQ((*source)->count(), 8);
+  const Batch epoch0 = MakeBatch(**source, 0, 8);
+  const Batch epoch1 = MakeBatch(**source, 1, 8);
+  ASSERT_EQ(epoch0.count, 8u);
+  std::set<uint8_t> labels(epoch0.labels.begin(), epoch0.labels.end());
+  EXPECT_GE(labels.size(), 2u) << "the first 8 of the index are all class 0";
+  // The same 8 samples every epoch, in another order.
+  std::multiset<uint8_t> a, b;
+  for (uint32_t s = 0; s < 8; ++s) {
+    a.insert(epoch0.samples[s * 16]);
+    b.insert(epoch1.samples[s * 16]);
+  }
+  EXPECT_EQ(a, b);
+  // The test split's limit picks the same kind of subset.
+  ImageTransform eval;
+  eval.channels = 1;
+  eval.size = 4;
+  absl::StatusOr<LabeledSamples> split =
+      DecodeImageSplit(Index(folder.root()), eval, 8, 1, 0, nullptr);
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ(split->count, 8);
+  EXPECT_GE(std::set<uint8_t>(split->labels.begin(), split->labels.end()).size(), 2u);
+  for (int64_t i = 0; i < split->count; ++i) {
+    EXPECT_EQ(split->samples[i * 16] / 40, split->labels[i]) << "labels follow their samples";
+  }
 }
 
 TEST(ImageDatasetTest, ProbeSeesClassesFirstImageAndMissingShards) {
