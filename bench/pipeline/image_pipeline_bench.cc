@@ -21,9 +21,10 @@
 //               the rows and columns the transform decodes (the crop box; Stoker's own decoder,
 //               data/image/image_decoder.h, with the DCT scale the transform picks), of the whole
 //               transform (DecodeTransformed: that decode + resize + flip + CHW), and, for
-//               reference, of a full-size decode (DecodeImage, what PIL does). resize = transform -
-//               box decode. Then ImageBatchSource::Make in-process for one epoch (a loader without
-//               the ring).
+//               reference, of a full-size decode (DecodeImage, what PIL does) and of entropy
+//               decoding alone (libjpeg's jpeg_read_coefficients on the whole image: the Huffman
+//               decoding no crop can skip). resize = transform - box decode. Then
+//               ImageBatchSource::Make in-process for one epoch (a loader without the ring).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -36,6 +37,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <csetjmp>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -46,6 +48,9 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+// jpeglib.h needs FILE (cstdio) declared first.
+#include <jpeglib.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -398,6 +403,39 @@ void Read(const stoker::SampleIndex& index) {
 
 // --- profile ------------------------------------------------------------------------------
 
+// libjpeg's errors end in a longjmp back to EntropyDecode (whose frame holds no C++ objects).
+struct JpegErrorJump {
+  jpeg_error_mgr manager;
+  jmp_buf jump;
+};
+
+void JpegErrorExit(j_common_ptr cinfo) {
+  longjmp(reinterpret_cast<JpegErrorJump*>(cinfo->err)->jump, 1);
+}
+
+void JpegQuiet(j_common_ptr) {}
+
+// Entropy-decodes a whole JPEG into its DCT coefficients (no IDCT, upsampling or colour
+// conversion). False when libjpeg reports an error.
+bool EntropyDecode(const uint8_t* data, size_t size) {
+  jpeg_decompress_struct cinfo{};
+  JpegErrorJump error;
+  cinfo.err = jpeg_std_error(&error.manager);
+  error.manager.error_exit = JpegErrorExit;
+  error.manager.output_message = JpegQuiet;
+  if (setjmp(error.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  jpeg_read_coefficients(&cinfo);
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  return true;
+}
+
 // The DCT scale DecodeTransformed picks for a crop box inside the image (image_transform.h): the
 // largest of 8, 4, 2 with the box at least that many times the output in both dimensions.
 int ScaleDenom(const stoker::CropBox& box, int size) {
@@ -425,9 +463,11 @@ void Profile(stoker::SampleIndex index) {
   stoker::image_internal::ImageDecoder decoder;
   std::vector<uint8_t> out(stoker::TransformOutputBytes(t));
   // Seconds of thread CPU time per stage, summed over the images.
-  double read_s = 0, decode_box_s = 0, transform_s = 0, full_decode_s = 0;
+  double read_s = 0, decode_box_s = 0, transform_s = 0, full_decode_s = 0, entropy_s = 0;
+  int64_t jpegs = 0;
   std::array<int64_t, 9> denoms{};
   uint64_t checksum = 0, box_pixels = 0, image_pixels = 0;
+  double rows_needed = 0;  // sum of (box bottom / height): the rows a crop decode entropy-decodes
   const Clock::time_point start = Clock::now();
   for (int64_t i = 0; i < count; ++i) {
     const uint32_t sample = order[static_cast<size_t>(i)];
@@ -461,6 +501,7 @@ void Profile(stoker::SampleIndex index) {
     decode_box_s += t2 - t1;
     box_pixels += static_cast<uint64_t>(box.width) * box.height;
     image_pixels += static_cast<uint64_t>(width) * height;
+    rows_needed += static_cast<double>(box.top + box.height) / height;
 
     if (absl::Status s = stoker::DecodeTransformed(name, bytes.data(), bytes.size(), t, bits,
                                                    out.data(), &scratch);
@@ -474,18 +515,27 @@ void Profile(stoker::SampleIndex index) {
     if (!full.ok()) Die(full.status().ToString());
     double t4 = ThreadCpuSeconds();
     full_decode_s += t4 - t3;
+
+    if (decoder.header().encoding == stoker::ImageEncoding::kJpeg) {
+      if (!EntropyDecode(bytes.data(), bytes.size())) Die(name + ": libjpeg failed");
+      entropy_s += ThreadCpuSeconds() - t4;
+      ++jpegs;
+    }
     checksum += out[out.size() / 2] + rows + full->pixels[0];
   }
   const double wall_s = Seconds(Clock::now() - start);
   const double n = static_cast<double>(count);
   std::printf(
       "profile format=%s images=%lld read_us=%.1f decode_box_us=%.1f resize_us=%.1f "
-      "transform_us=%.1f full_decode_us=%.1f box_fraction=%.3f denom1=%lld denom2=%lld "
+      "transform_us=%.1f full_decode_us=%.1f entropy_us=%.1f jpegs=%lld box_fraction=%.3f "
+      "rows_needed_fraction=%.3f "
+      "denom1=%lld denom2=%lld "
       "denom4=%lld denom8=%lld wall_s=%.3f checksum=%llu\n",
       absl::GetFlag(FLAGS_format).c_str(), static_cast<long long>(count), 1e6 * read_s / n,
       1e6 * decode_box_s / n, 1e6 * (transform_s - decode_box_s) / n, 1e6 * transform_s / n,
-      1e6 * full_decode_s / n, static_cast<double>(box_pixels) / image_pixels,
-      static_cast<long long>(denoms[1]), static_cast<long long>(denoms[2]),
+      1e6 * full_decode_s / n, jpegs > 0 ? 1e6 * entropy_s / jpegs : 0.0,
+      static_cast<long long>(jpegs), static_cast<double>(box_pixels) / image_pixels,
+      rows_needed / n, static_cast<long long>(denoms[1]), static_cast<long long>(denoms[2]),
       static_cast<long long>(denoms[4]), static_cast<long long>(denoms[8]), wall_s,
       static_cast<unsigned long long>(checksum));
   std::fflush(stdout);
