@@ -1,0 +1,324 @@
+#!/usr/bin/env bash
+# Loader memory on a shard set several times larger than a memory cgroup (the scaled-up form of
+# tests/memory_cgroup_test.cc): makes DATASET_MIB of WebDataset JPEG shards (DISTINCT synthetic
+# photo-like JPEGs from bench/images/make_jpegs.py, hard-linked many times under other names and
+# packed by stoker-dataset), starts a local stoker-server and one stoker-worker, puts the worker
+# (and so the trainer and loaders it forks) in a cgroup v1 memory cgroup of CGROUP_MIB nested
+# under this script's own, and trains one epoch with loader.processes K = 1, 2, 4. Before each
+# job the shards are dropped from the page cache (POSIX_FADV_DONTNEED) and the cgroup's peak and
+# failure counters are reset, so every job reads the whole dataset through the cgroup. While a
+# job runs, each loader's /proc/PID/status (RssAnon, RssFile) and the cgroup's usage are sampled
+# every 100 ms. Prints one row per K: the largest RssAnon of each loader, the largest sum over
+# the loaders, the cgroup's max usage, pages charged to it (pgpgin), OOM kills, and samples/s.
+#
+# Usage: bench/run_loader_memory_images.sh [BIN_DIR]
+#   Builds nothing. BIN_DIR holds stoker-server, stoker-worker, stoker-trainer, stoker-loader,
+#   stoker and stoker-dataset; default: the build/ tree. Needs root (cgroup v1 memory controller)
+#   and /usr/bin/python3 with numpy and Pillow.
+#   Environment:
+#     DATASET_MIB  size of the training shards (default 3584)
+#     CGROUP_MIB   the cgroup's memory.limit_in_bytes (default 512)
+#     LOADERS      loader counts (default "1 2 4")
+#     DISTINCT     distinct JPEGs (default 400); IMAGE_SIZE: sample side (default 32)
+#     WORK         work directory (default /tmp/stoker-loader-memory-images); removed at the end
+#                  unless KEEP_DATA=1, which also reuses shards of the same parameters there
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(dirname "$here")"
+bin="${1:-}"
+if [[ -n "$bin" ]]; then
+  server_bin="$bin/stoker-server" worker_bin="$bin/stoker-worker" cli="$bin/stoker"
+  trainer_bin="$bin/stoker-trainer" loader_bin="$bin/stoker-loader"
+  dataset_bin="$bin/stoker-dataset"
+else
+  server_bin="$root/build/server/stoker-server" worker_bin="$root/build/worker/stoker-worker"
+  cli="$root/build/client/stoker" dataset_bin="$root/build/data/index/stoker-dataset"
+  trainer_bin="$root/build/worker/stoker-trainer" loader_bin="$root/build/worker/stoker-loader"
+fi
+for b in "$server_bin" "$worker_bin" "$cli" "$trainer_bin" "$loader_bin" "$dataset_bin"; do
+  [[ -x "$b" ]] || { echo "not found: $b (build it, or pass a BIN_DIR)" >&2; exit 1; }
+done
+dataset_mib=${DATASET_MIB:-3584}
+cgroup_mib=${CGROUP_MIB:-512}
+loaders=${LOADERS:-"1 2 4"}
+distinct=${DISTINCT:-400}
+image_size=${IMAGE_SIZE:-32}
+work=${WORK:-/tmp/stoker-loader-memory-images}
+
+# The cgroup: nested under this script's own memory cgroup, never a top-level one.
+own=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print $3}' /proc/self/cgroup)
+[[ -n "$own" && "$own" != / ]] ||
+  { echo "no (non-root) cgroup v1 memory cgroup for this process: '$own'" >&2; exit 1; }
+[[ -w "/sys/fs/cgroup/memory$own" ]] ||
+  { echo "/sys/fs/cgroup/memory$own is not writable (needs root and cgroup v1)" >&2; exit 1; }
+cgroup="/sys/fs/cgroup/memory$own/stoker-bench-$$"
+
+# The data: made once per parameter set when KEEP_DATA=1.
+stamp="dataset_mib=$dataset_mib distinct=$distinct v1"
+data="$work/data"
+if [[ "${KEEP_DATA:-0}" != 1 || "$(cat "$work/stamp" 2>/dev/null)" != "$stamp" ]]; then
+  rm -rf "$work"
+  mkdir -p "$data"
+  start=$(date +%s)
+  /usr/bin/python3 "$here/images/make_jpegs.py" "$work/jpegs" --count "$distinct" --seed 7
+  # An image folder of hard links: each JPEG under as many names as DATASET_MIB needs.
+  /usr/bin/python3 - "$work/jpegs" "$work/folder" "$dataset_mib" <<'PY'
+import os
+import sys
+
+jpegs, folder, dataset_mib = sys.argv[1], sys.argv[2], int(sys.argv[3])
+files = [os.path.join(d, f) for d, _, names in os.walk(jpegs) for f in names]
+copies = -(-dataset_mib * 1048576 // sum(os.path.getsize(f) for f in files))
+for f in files:
+    target = os.path.join(folder, os.path.basename(os.path.dirname(f)))
+    os.makedirs(target, exist_ok=True)
+    for c in range(copies):
+        os.link(f, os.path.join(target, f"c{c:04d}_{os.path.basename(f)}"))
+print(f"{len(files)} JPEGs x {copies} names")
+PY
+  "$dataset_bin" pack --root "$work/folder" --out "$data/shards/train" --samples-per-shard 2000 |
+    tail -1 >"$work/train-pattern"
+  "$dataset_bin" pack --root "$work/jpegs" --out "$data/shards/test" --samples-per-shard 100000 |
+    tail -1 >/dev/null
+  rm -rf "$work/folder"
+  echo "$stamp" >"$work/stamp"
+  echo "data: $(du -sh "$data/shards" | cut -f1) of shards in $(($(date +%s) - start)) s"
+fi
+train_pattern=$(sed "s|$data/||" "$work/train-pattern")
+
+state="$(mktemp -d "$work/run-XXXXXX")"
+pids=()
+cleanup() {
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill "${pids[i]}" 2>/dev/null || true
+    wait "${pids[i]}" 2>/dev/null || true
+  done
+  if [[ -d "$cgroup" ]]; then
+    for _ in $(seq 100); do rmdir "$cgroup" 2>/dev/null && break; sleep 0.1; done
+    [[ -d "$cgroup" ]] && echo "could not remove $cgroup: $(cat "$cgroup/cgroup.procs")" >&2
+  fi
+  if [[ "${KEEP_DATA:-0}" == 1 ]]; then rm -rf "$state"; else rm -rf "$work"; fi
+}
+trap cleanup EXIT INT TERM
+
+mkdir "$cgroup"
+echo $((cgroup_mib * 1048576)) >"$cgroup/memory.limit_in_bytes"
+
+setsid "$server_bin" --listen 127.0.0.1:0 --port-file "$state/server.port" \
+  --state-dir "$state/server" --data-root "$data" >"$state/server.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [[ -s "$state/server.port" ]] && break; sleep 0.1; done
+[[ -s "$state/server.port" ]] || { cat "$state/server.log"; echo "stoker-server did not start" >&2; exit 1; }
+server="127.0.0.1:$(cat "$state/server.port")"
+setsid "$worker_bin" --server "$server" --worker-id bench-memory-images --work-dir "$state/worker" \
+  --data-root "$data" --trainer "$trainer_bin" --loader "$loader_bin" \
+  >"$state/worker.log" 2>&1 &
+worker_pid=$!
+pids+=($worker_pid)
+echo "$worker_pid" >"$cgroup/cgroup.procs"  # before it can fork: its children start inside
+
+echo "binaries: $(dirname "$loader_bin") (stoker-loader $(stat -c %y "$loader_bin" | cut -d. -f1))"
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+/usr/bin/python3 - "$cli" "$server" "$state" "$data" "$train_pattern" "$cgroup" "$loaders" \
+  "$cgroup_mib" "$image_size" <<'PY'
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+cli, server, state, data, train_pattern, cgroup, loaders, cgroup_mib, size = sys.argv[1:10]
+loader_counts = [int(k) for k in loaders.split()]
+MIB = 1024.0 * 1024.0
+BATCH = 64
+work_dir = os.path.join(state, "worker")
+shards = sorted(glob.glob(os.path.join(data, "shards", "train-*.tar")))
+dataset_bytes = sum(os.path.getsize(s) for s in shards)
+cgroup_relative = cgroup[len("/sys/fs/cgroup/memory"):]  # as /proc/PID/cgroup names it
+
+
+def stoker(*args, parse=True):
+    out = subprocess.run([cli, "--server", server, "-o", "json", *args], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out) if parse else out
+
+
+def cgroup_read(name):
+    with open(os.path.join(cgroup, name)) as f:
+        return f.read()
+
+
+def cgroup_values(name):
+    values = {}
+    for line in cgroup_read(name).splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().lstrip("-").isdigit():
+            values[key] = int(value)
+    return values
+
+
+def cgroup_write(name, value):
+    with open(os.path.join(cgroup, name), "w") as f:
+        f.write(str(value))
+
+
+def drop_page_cache():
+    for path in shards:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def job_file(k):
+    path = os.path.join(state, f"job-{k}.yaml")
+    with open(path, "w") as f:
+        f.write(f"""name: loader-memory-images-k{k}
+dataset:
+  format: shards
+  train_images: "{train_pattern}"
+  test_images: "shards/test-000000.tar"
+  test_limit: 200
+  classes: 10
+  max_bad_samples: 0
+  image: {{channels: 3, size: {size}, random_resized_crop: {{}}, horizontal_flip: true}}
+model: {{type: mlp, hidden: [64]}}
+train: {{epochs: 1, batch_size: {BATCH}, precision: fp32, seed: 1,
+         optimizer: {{type: sgd, lr: 0.05, momentum: 0.9}}}}
+loader: {{processes: {k}, ring_slots: 8}}
+resources: {{gpus: 0}}
+max_retries: 0
+""")
+    return path
+
+
+def loader_pids(job_id):
+    found = []
+    prefix = os.path.join(work_dir, job_id + "-a").encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"stoker-loader") and any(a.startswith(prefix) for a in argv):
+            found.append(int(entry))
+    return sorted(found)
+
+
+def memory(pid):
+    """kB of RssAnon and RssFile, and whether pid is in the cgroup; None once it is gone."""
+    values = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("RssAnon", "RssFile"):
+                    values[key] = int(rest.split()[0])
+        with open(f"/proc/{pid}/cgroup") as f:
+            values["in_cgroup"] = any(line.split(":", 2)[1:] == ["memory", cgroup_relative]
+                                      for line in f.read().splitlines())
+    except OSError:
+        return None
+    return values if len(values) == 3 else None
+
+
+def throughput(job_id):
+    """Samples/s between the first and the last progress event, and the mean data stall."""
+    points, stalls = [], []
+    for line in stoker("logs", job_id, parse=False).splitlines():
+        event = json.loads(line)
+        progress = event.get("progress")
+        if event.get("type") != "EVENT_TYPE_PROGRESS" or not progress:
+            continue
+        t = int(event.get("timeUnixMs", event.get("time_unix_ms", 0))) / 1000.0
+        points.append((t, int(progress.get("step", 0))))
+        stalls.append(float(progress.get("dataStallRatio", progress.get("data_stall_ratio", 0))))
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return float("nan"), float("nan")
+    rate = (points[-1][1] - points[0][1]) * BATCH / (points[-1][0] - points[0][0])
+    return rate, sum(stalls) / len(stalls)
+
+
+rows = []
+for k in loader_counts:
+    drop_page_cache()
+    cgroup_write("memory.max_usage_in_bytes", 0)
+    cgroup_write("memory.failcnt", 0)
+    pgpgin_before = cgroup_values("memory.stat").get("pgpgin", 0)
+    oom_before = cgroup_values("memory.oom_control").get("oom_kill", 0)
+    start = time.time()
+    job_id = stoker("submit", job_file(k))["job"]["id"]
+    peak = {}
+    total_anon = 0
+    max_usage_seen = 0
+    last_poll = 0.0
+    while True:
+        now = time.time()
+        if now - last_poll >= 1.0:
+            last_poll = now
+            status = stoker("status", job_id)
+            if status.get("state") in ("JOB_STATE_FAILED", "JOB_STATE_CANCELLED",
+                                       "JOB_STATE_SUCCEEDED"):
+                break
+            if now - start > 3600:
+                stoker("cancel", job_id)
+                sys.exit(f"job {job_id}: not done after an hour")
+        anon_sum = 0
+        for pid in loader_pids(job_id):
+            m = memory(pid)
+            if m is None:
+                continue
+            p = peak.setdefault(pid, {"RssAnon": 0, "RssFile": 0, "in_cgroup": True, "n": 0})
+            p["RssAnon"] = max(p["RssAnon"], m["RssAnon"])
+            p["RssFile"] = max(p["RssFile"], m["RssFile"])
+            p["in_cgroup"] = p["in_cgroup"] and m["in_cgroup"]
+            p["n"] += 1
+            anon_sum += m["RssAnon"]
+        total_anon = max(total_anon, anon_sum)
+        max_usage_seen = max(max_usage_seen, int(cgroup_read("memory.usage_in_bytes")))
+        time.sleep(0.1)
+    wall = time.time() - start
+    max_usage = int(cgroup_read("memory.max_usage_in_bytes"))
+    failcnt = int(cgroup_read("memory.failcnt"))
+    pgpgin = cgroup_values("memory.stat").get("pgpgin", 0) - pgpgin_before
+    oom = cgroup_values("memory.oom_control")
+    oom_kills = oom.get("oom_kill", 0) - oom_before
+    rate, stall = throughput(job_id)
+    state_name = status.get("state", "?").replace("JOB_STATE_", "")
+    for pid, m in sorted(peak.items()):
+        print(f"loader job={job_id} k={k} pid={pid} rss_anon_kb={m['RssAnon']} "
+              f"rss_file_kb={m['RssFile']} in_cgroup={m['in_cgroup']} samples={m['n']}")
+    print(f"job job={job_id} k={k} state={state_name} wall_s={wall:.1f} "
+          f"total_rss_anon_kb={total_anon} cgroup_max_usage_bytes={max_usage} failcnt={failcnt} "
+          f"pgpgin_pages={pgpgin} oom_kill={oom_kills} under_oom={oom.get('under_oom')} "
+          f"samples_per_s={rate:.0f} stall={stall:.2f} error={status.get('error', '')!r}",
+          flush=True)
+    rows.append((k, state_name, peak, total_anon, max_usage, pgpgin, failcnt, oom_kills, rate,
+                 stall, wall))
+
+print()
+print(f"{len(shards)} training shards, {dataset_bytes / MIB:.0f} MiB "
+      f"({dataset_bytes / (int(cgroup_mib) * MIB):.1f}x the cgroup's {cgroup_mib} MiB limit); "
+      f"one epoch, batch {BATCH}, {size}x{size} random_resized_crop + flip, MLP [64]. Per loader: "
+      "the largest RssAnon seen (every 0.1 s); total: the largest sum over one sample.")
+print()
+print("| K | job | per-loader max RssAnon MiB | total RssAnon MiB | per-loader max RssFile MiB "
+      "| cgroup max usage MiB | charged to cgroup (pgpgin) MiB | failcnt | OOM kills "
+      "| samples/s | data stall | wall s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for k, state_name, peak, total_anon, max_usage, pgpgin, failcnt, oom_kills, rate, stall, wall \
+        in rows:
+    def each(key):
+        return ", ".join(f"{m[key] / 1024:.1f}" for _, m in sorted(peak.items()))
+    print(f"| {k} | {state_name} | {each('RssAnon')} | {total_anon / 1024:.1f} | {each('RssFile')} "
+          f"| {max_usage / MIB:.1f} | {pgpgin * 4096 / MIB:.0f} | {failcnt} | {oom_kills} "
+          f"| {rate:.0f} | {stall:.2f} | {wall:.0f} |")
+PY
