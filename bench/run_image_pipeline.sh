@@ -104,8 +104,8 @@ for _ in $(seq "$runs"); do
 done
 
 # Where the time goes, one process each, warm cache.
-run "$bench" "${folder[@]}" --parts=profile
-run "$bench" "${shards[@]}" --parts=profile
+run "$bench" "${folder[@]}" --parts=profile --profile_images=1024
+run "$bench" "${shards[@]}" --parts=profile --profile_images=1024
 run /usr/bin/python3 "$here/image_pipeline_pytorch.py" --root "$jpegs" --profile 1024
 
 # Throughput, the sides interleaved so that the neighbours' load falls on all of them.
