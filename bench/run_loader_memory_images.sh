@@ -7,9 +7,11 @@
 # under this script's own, and trains one epoch with loader.processes K = 1, 2, 4. Before each
 # job the shards are dropped from the page cache (POSIX_FADV_DONTNEED) and the cgroup's peak and
 # failure counters are reset, so every job reads the whole dataset through the cgroup. While a
-# job runs, each loader's /proc/PID/status (RssAnon, RssFile) and the cgroup's usage are sampled
-# every 100 ms. Prints one row per K: the largest RssAnon of each loader, the largest sum over
-# the loaders, the cgroup's max usage, pages charged to it (pgpgin), OOM kills, and samples/s.
+# job runs, each loader's and the trainer's /proc/PID/status (RssAnon, RssFile, VmHWM) and the
+# cgroup's usage are sampled every 100 ms. Prints one row per K: the largest RssAnon of each
+# loader, the largest sum over the loaders, each loader's VmHWM (peak resident, anonymous + file +
+# shared), the trainer's largest RssAnon, the cgroup's max usage, pages charged to it (pgpgin),
+# OOM kills, and samples/s.
 #
 # Usage: bench/run_loader_memory_images.sh [BIN_DIR]
 #   Builds nothing. BIN_DIR holds stoker-server, stoker-worker, stoker-trainer, stoker-loader,
@@ -197,7 +199,7 @@ max_retries: 0
     return path
 
 
-def loader_pids(job_id):
+def job_pids(job_id, program=b"stoker-loader"):
     found = []
     prefix = os.path.join(work_dir, job_id + "-a").encode()
     for entry in os.listdir("/proc"):
@@ -208,26 +210,27 @@ def loader_pids(job_id):
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(b"stoker-loader") and any(a.startswith(prefix) for a in argv):
+        if argv and argv[0].endswith(program) and any(a.startswith(prefix) for a in argv):
             found.append(int(entry))
     return sorted(found)
 
 
 def memory(pid):
-    """kB of RssAnon and RssFile, and whether pid is in the cgroup; None once it is gone."""
+    """kB of RssAnon, RssFile and VmHWM, and whether pid is in the cgroup; None once it is
+    gone."""
     values = {}
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 key, _, rest = line.partition(":")
-                if key in ("RssAnon", "RssFile"):
+                if key in ("RssAnon", "RssFile", "VmHWM"):
                     values[key] = int(rest.split()[0])
         with open(f"/proc/{pid}/cgroup") as f:
             values["in_cgroup"] = any(line.split(":", 2)[1:] == ["memory", cgroup_relative]
                                       for line in f.read().splitlines())
     except OSError:
         return None
-    return values if len(values) == 3 else None
+    return values if len(values) == 4 else None
 
 
 def throughput(job_id):
@@ -257,6 +260,7 @@ for k in loader_counts:
     start = time.time()
     job_id = stoker("submit", job_file(k))["job"]["id"]
     peak = {}
+    trainer_anon = 0
     total_anon = 0
     max_usage_seen = 0
     last_poll = 0.0
@@ -272,13 +276,17 @@ for k in loader_counts:
                 stoker("cancel", job_id)
                 sys.exit(f"job {job_id}: not done after an hour")
         anon_sum = 0
-        for pid in loader_pids(job_id):
+        for pid in job_pids(job_id, b"stoker-trainer"):
+            m = memory(pid)
+            trainer_anon = max(trainer_anon, m["RssAnon"] if m else 0)
+        for pid in job_pids(job_id):
             m = memory(pid)
             if m is None:
                 continue
-            p = peak.setdefault(pid, {"RssAnon": 0, "RssFile": 0, "in_cgroup": True, "n": 0})
-            p["RssAnon"] = max(p["RssAnon"], m["RssAnon"])
-            p["RssFile"] = max(p["RssFile"], m["RssFile"])
+            p = peak.setdefault(pid, {"RssAnon": 0, "RssFile": 0, "VmHWM": 0, "in_cgroup": True,
+                                      "n": 0})
+            for key in ("RssAnon", "RssFile", "VmHWM"):
+                p[key] = max(p[key], m[key])
             p["in_cgroup"] = p["in_cgroup"] and m["in_cgroup"]
             p["n"] += 1
             anon_sum += m["RssAnon"]
@@ -295,14 +303,16 @@ for k in loader_counts:
     state_name = status.get("state", "?").replace("JOB_STATE_", "")
     for pid, m in sorted(peak.items()):
         print(f"loader job={job_id} k={k} pid={pid} rss_anon_kb={m['RssAnon']} "
-              f"rss_file_kb={m['RssFile']} in_cgroup={m['in_cgroup']} samples={m['n']}")
+              f"rss_file_kb={m['RssFile']} vm_hwm_kb={m['VmHWM']} in_cgroup={m['in_cgroup']} "
+              f"samples={m['n']}")
     print(f"job job={job_id} k={k} state={state_name} wall_s={wall:.1f} "
-          f"total_rss_anon_kb={total_anon} cgroup_max_usage_bytes={max_usage} failcnt={failcnt} "
+          f"total_rss_anon_kb={total_anon} trainer_rss_anon_kb={trainer_anon} "
+          f"cgroup_max_usage_bytes={max_usage} failcnt={failcnt} "
           f"pgpgin_pages={pgpgin} oom_kill={oom_kills} under_oom={oom.get('under_oom')} "
           f"samples_per_s={rate:.0f} stall={stall:.2f} error={status.get('error', '')!r}",
           flush=True)
-    rows.append((k, state_name, peak, total_anon, max_usage, pgpgin, failcnt, oom_kills, rate,
-                 stall, wall))
+    rows.append((k, state_name, peak, total_anon, trainer_anon, max_usage, pgpgin, failcnt,
+                 oom_kills, rate, stall, wall))
 
 print()
 print(f"{len(shards)} training shards, {dataset_bytes / MIB:.0f} MiB "
@@ -311,14 +321,14 @@ print(f"{len(shards)} training shards, {dataset_bytes / MIB:.0f} MiB "
       "the largest RssAnon seen (every 0.1 s); total: the largest sum over one sample.")
 print()
 print("| K | job | per-loader max RssAnon MiB | total RssAnon MiB | per-loader max RssFile MiB "
-      "| cgroup max usage MiB | charged to cgroup (pgpgin) MiB | failcnt | OOM kills "
-      "| samples/s | data stall | wall s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-for k, state_name, peak, total_anon, max_usage, pgpgin, failcnt, oom_kills, rate, stall, wall \
-        in rows:
+      "| per-loader VmHWM MiB | trainer max RssAnon MiB | cgroup max usage MiB "
+      "| charged to cgroup (pgpgin) MiB | failcnt | OOM kills | samples/s | data stall | wall s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+for (k, state_name, peak, total_anon, trainer_anon, max_usage, pgpgin, failcnt, oom_kills, rate,
+     stall, wall) in rows:
     def each(key):
         return ", ".join(f"{m[key] / 1024:.1f}" for _, m in sorted(peak.items()))
     print(f"| {k} | {state_name} | {each('RssAnon')} | {total_anon / 1024:.1f} | {each('RssFile')} "
-          f"| {max_usage / MIB:.1f} | {pgpgin * 4096 / MIB:.0f} | {failcnt} | {oom_kills} "
+          f"| {each('VmHWM')} | {trainer_anon / 1024:.1f} | {max_usage / MIB:.1f} | {pgpgin * 4096 / MIB:.0f} | {failcnt} | {oom_kills} "
           f"| {rate:.0f} | {stall:.2f} | {wall:.0f} |")
 PY
