@@ -5,17 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "data/split_mix.h"
 
 namespace stoker {
 namespace {
-
-// SplitMix64's finaliser: a bijective mix with good avalanche, specified exactly here.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // A value in [0, n) from 32 random bits (multiply-shift; the bias is below n / 2^32).
 int Below(uint32_t bits, int n) {
@@ -27,7 +20,8 @@ int Below(uint32_t bits, int n) {
 AugmentDraw DrawAugment(const AugmentOptions& options, uint64_t seed, uint64_t batch,
                         uint32_t position) {
   // A distinct constant keeps these draws unrelated to the shuffle, which uses the same seed.
-  const uint64_t bits = Mix(Mix(Mix(seed ^ 0x6175676d656e7421ull) ^ batch) ^ position);
+  const uint64_t bits =
+      SplitMix64(SplitMix64(SplitMix64(seed ^ 0x6175676d656e7421ull) ^ batch) ^ position);
   AugmentDraw draw;
   const int p = options.crop_padding;
   if (p > 0) {
@@ -35,7 +29,7 @@ AugmentDraw DrawAugment(const AugmentOptions& options, uint64_t seed, uint64_t b
     draw.shift_x = Below(static_cast<uint32_t>(bits >> 32), 2 * p + 1) - p;
   }
   // The flip takes a bit of one more mix, so it is independent of the crop's bits.
-  draw.flip = options.horizontal_flip && (Mix(bits) & 1) != 0;
+  draw.flip = options.horizontal_flip && (SplitMix64(bits) & 1) != 0;
   return draw;
 }
 

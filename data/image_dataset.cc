@@ -18,17 +18,10 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "data/index/brace.h"
+#include "data/split_mix.h"
 
 namespace stoker {
 namespace {
-
-// SplitMix64's finaliser (as data/augment.cc draws its crops), with a constant of its own.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Bad-sample names kept for the error that fails the job.
 constexpr size_t kNamedBadSamples = 10;
@@ -48,15 +41,13 @@ std::vector<uint32_t> LimitedSubset(int64_t count, int64_t limit) {
   return subset;
 }
 
-namespace {}  // namespace
-
 std::vector<int> ImageSampleDims(const ImageTransform& transform) {
   if (transform.size > 0) return {transform.channels, transform.size, transform.size};
   return {transform.channels, transform.expect_height, transform.expect_width};
 }
 
 uint64_t SampleRandomBits(uint64_t seed, uint64_t batch, uint32_t position) {
-  return Mix(Mix(Mix(seed ^ 0x696d616765733a29ull) ^ batch) ^ position);
+  return SplitMix64(SplitMix64(SplitMix64(seed ^ 0x696d616765733a29ull) ^ batch) ^ position);
 }
 
 absl::StatusOr<SampleIndex> BuildImageIndex(const std::string& format, const std::string& path,
