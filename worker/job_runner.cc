@@ -449,7 +449,7 @@ void JobRunner::ForwardBadSamples(JobRegion& region, bool final) {
   const uint32_t loaders = region.geometry().loader_count;
   bad_sample_log_offsets_.resize(loaders, 0);
   for (uint32_t k = 0; k < loaders; ++k) {
-    std::ifstream in(absl::StrCat(dir_, "/loader-", k, ".log"), std::ios::binary);
+    std::ifstream in(LoaderLogPath(dir_, static_cast<int>(k)), std::ios::binary);
     if (!in) continue;
     in.seekg(0, std::ios::end);
     const uint64_t size = static_cast<uint64_t>(in.tellg());

@@ -20,9 +20,11 @@ LoaderPool::LoaderPool(JobRegion& region, LoaderPoolOptions options,
 
 LoaderPool::~LoaderPool() { TerminateAll(absl::Seconds(1)); }
 
-std::string LoaderPool::LogPath(int k) const {
-  return absl::StrCat(options_.dir, "/loader-", k, ".log");
+std::string LoaderLogPath(const std::string& dir, int k) {
+  return absl::StrCat(dir, "/loader-", k, ".log");
 }
+
+std::string LoaderPool::LogPath(int k) const { return LoaderLogPath(options_.dir, k); }
 
 absl::Status LoaderPool::Start(int k) {
   absl::StatusOr<pid_t> pid =

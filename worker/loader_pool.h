@@ -28,6 +28,9 @@ struct LoaderPoolOptions {
   int max_restarts = 20;    // respawns of failed loaders, all loaders together
 };
 
+// Where loader k of the attempt in `dir` logs: <dir>/loader-<k>.log.
+std::string LoaderLogPath(const std::string& dir, int k);
+
 // Not thread-safe: one supervisor thread drives it. Errors end the attempt: INVALID_ARGUMENT when a
 // loader refused the job's data (exit code 2; the message is the tail of its log, so retrying
 // cannot help), INTERNAL when a loader could not be started or failed more often than the budget
