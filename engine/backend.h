@@ -32,8 +32,9 @@ struct OptimizerConfig {
   double learning_rate = 0.05;
   // SGD momentum (PyTorch semantics: v = mu * v + g; w -= lr * v). 0 = plain SGD.
   double momentum = 0.9;
-  // SGD: L2 decay added to weight gradients (not biases). AdamW: decoupled decay of weights (not
-  // biases), w -= lr * weight_decay * w before the Adam update.
+  // SGD: L2 decay added to the gradients of Conv2d and Linear weights; AdamW: decoupled decay of
+  // those weights, w -= lr * weight_decay * w before the Adam update. Biases and BatchNorm
+  // parameters are never decayed (the usual parameter groups).
   double weight_decay = 0.0;
   OptimizerType type = OptimizerType::kSgd;
   // SGD only (PyTorch semantics: w -= lr * (g + mu * v) after v = mu * v + g); needs momentum > 0.
@@ -91,14 +92,38 @@ struct LayerConfig {
     kGelu,     // exact (erf) GELU, as torch.nn.GELU()
     kDropout,  // rate in [0, 1): inverted dropout in TrainStep only, identity in Evaluate
     kFlatten,  // [C, H, W] -> [C*H*W] in C, H, W order, as torch.nn.Flatten
+    // torch.nn.BatchNorm2d on [C, H, W] (per channel) / BatchNorm1d on [features] (per feature):
+    // TrainStep normalises by the batch's statistics (biased variance) and updates the running
+    // ones (unbiased variance, `momentum`, `eps`); Evaluate uses the running ones. Parameters
+    // "<prefix>.weight" (gamma, init 1) and "<prefix>.bias" (beta, init 0), [C]; buffers
+    // "<prefix>.running_mean" (init 0), "<prefix>.running_var" (init 1), [C], and
+    // "<prefix>.num_batches_tracked" [1]. Statistics and affine parameters stay fp32 in bf16/fp16.
+    kBatchNorm2d,
+    kBatchNorm1d,
+    kAvgPool2d,      // kernel, stride (0 = kernel), padding (<= kernel / 2); as torch.nn.AvgPool2d
+                     // (floor mode, count_include_pad=True)
+    kGlobalAvgPool,  // [C, H, W] -> [C, 1, 1], as torch.nn.AdaptiveAvgPool2d(1)
+    // activation(main(x) + shortcut(x)): `layers` is the main branch, `shortcut` the projection
+    // (empty = identity); both must end in the same shape. Parameters of the branches are named
+    // "<prefix>.layers.<j>.*" and "<prefix>.shortcut.<j>.*", as a torch module with two
+    // nn.Sequential members `layers` and `shortcut` names them.
+    kResidual,
   };
+  // A residual block's activation after the sum.
+  enum class Activation { kNone, kRelu, kGelu };
   Kind kind = Kind::kLinear;
   int out_channels = 0;
   int kernel = 0;
-  int stride = 0;  // 0: 1 for Conv2d, kernel for MaxPool2d
+  int stride = 0;  // 0: 1 for Conv2d, kernel for MaxPool2d and AvgPool2d
   int padding = 0;
   int units = 0;
   float rate = 0;
+  bool bias = true;                 // Conv2d, Linear: false = no bias parameter (torch bias=False)
+  float momentum = 0.1f;            // BatchNorm: running-statistics momentum (PyTorch's default)
+  float eps = 1e-5f;                // BatchNorm: added to the variance (PyTorch's default)
+  std::vector<LayerConfig> layers;  // Residual: the main branch
+  std::vector<LayerConfig> shortcut;          // Residual: the shortcut branch (empty = identity)
+  Activation activation = Activation::kRelu;  // Residual
 };
 
 // "conv2d", "maxpool2d", "linear", "relu", "gelu", "dropout", "flatten": the names of the one
@@ -123,6 +148,9 @@ struct NetworkConfig {
   // weights and biases) and the dropout masks (with the step number).
   uint64_t seed = 1;
   OptimizerConfig optimizer;
+  // Cross-entropy against (1 - label_smoothing) * one_hot + label_smoothing / classes, as
+  // torch.nn.CrossEntropyLoss(label_smoothing=...); in [0, 1). Evaluate's loss uses the same.
+  float label_smoothing = 0;
   // Input normalisation, per channel, as MlpConfig's. The channels are input_shape[0] for a
   // {C, H, W} input (input_channels is then 0 or C); a flat {features} input is input_channels
   // equal blocks (0 = 1), as an MLP's (NetworkFromMlp).

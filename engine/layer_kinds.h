@@ -21,19 +21,28 @@ namespace stoker {
 struct LayerKindInfo {
   LayerConfig::Kind kind;
   const char* name;     // as a job file's model.layers[i].type spells it
-  bool has_parameters;  // a weight and a bias: "layers.<i>.weight", "layers.<i>.bias"
+  bool has_parameters;  // a weight and a bias: "layers.<i>.weight", "layers.<i>.bias" (Conv2d
+                        // and Linear with bias: false have the weight only)
   bool has_kernel;      // kernel, stride and padding, on a [C, H, W] input
+  bool has_buffers;     // running statistics, saved but not trained (BatchNorm)
 };
 
 // Every kind, in LayerConfig::Kind's order (kLayerKinds[k].kind == Kind(k)).
-inline constexpr std::array<LayerKindInfo, 7> kLayerKinds = {{
-    {LayerConfig::Kind::kConv2d, "conv2d", /*has_parameters=*/true, /*has_kernel=*/true},
-    {LayerConfig::Kind::kMaxPool2d, "maxpool2d", /*has_parameters=*/false, /*has_kernel=*/true},
-    {LayerConfig::Kind::kLinear, "linear", /*has_parameters=*/true, /*has_kernel=*/false},
-    {LayerConfig::Kind::kRelu, "relu", /*has_parameters=*/false, /*has_kernel=*/false},
-    {LayerConfig::Kind::kGelu, "gelu", /*has_parameters=*/false, /*has_kernel=*/false},
-    {LayerConfig::Kind::kDropout, "dropout", /*has_parameters=*/false, /*has_kernel=*/false},
-    {LayerConfig::Kind::kFlatten, "flatten", /*has_parameters=*/false, /*has_kernel=*/false},
+inline constexpr std::array<LayerKindInfo, 12> kLayerKinds = {{
+    {LayerConfig::Kind::kConv2d, "conv2d", /*has_parameters=*/true, /*has_kernel=*/true, false},
+    {LayerConfig::Kind::kMaxPool2d, "maxpool2d", false, /*has_kernel=*/true, false},
+    {LayerConfig::Kind::kLinear, "linear", /*has_parameters=*/true, false, false},
+    {LayerConfig::Kind::kRelu, "relu", false, false, false},
+    {LayerConfig::Kind::kGelu, "gelu", false, false, false},
+    {LayerConfig::Kind::kDropout, "dropout", false, false, false},
+    {LayerConfig::Kind::kFlatten, "flatten", false, false, false},
+    {LayerConfig::Kind::kBatchNorm2d, "batchnorm2d", /*has_parameters=*/true, false,
+     /*has_buffers=*/true},
+    {LayerConfig::Kind::kBatchNorm1d, "batchnorm1d", /*has_parameters=*/true, false,
+     /*has_buffers=*/true},
+    {LayerConfig::Kind::kAvgPool2d, "avgpool2d", false, /*has_kernel=*/true, false},
+    {LayerConfig::Kind::kGlobalAvgPool, "global_avgpool", false, false, false},
+    {LayerConfig::Kind::kResidual, "residual", false, false, false},
 }};
 
 // The row of `kind`.
@@ -49,7 +58,7 @@ constexpr std::optional<LayerConfig::Kind> LayerKindFromName(std::string_view na
   return std::nullopt;
 }
 
-// True for the kinds with a weight and a bias (Conv2d, Linear).
+// True for the kinds with a weight and a bias (Conv2d, Linear, BatchNorm2d, BatchNorm1d).
 constexpr bool LayerHasParameters(LayerConfig::Kind kind) {
   return LayerKindInfoOf(kind).has_parameters;
 }

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_context.h"
 #include "engine/cuda/cuda_network_internal.h"
@@ -141,6 +142,8 @@ absl::Status CudaNetwork::Forward(const Plan& plan, int rows, bool training) {
         break;
       case Kind::kFlatten:
         break;  // an alias of its input
+      default:  // refused by CheckCudaSupports
+        return absl::UnimplementedError(absl::StrCat("layers[", i, "]: not on cuda"));
     }
   }
   return absl::OkStatus();
@@ -248,6 +251,8 @@ absl::Status CudaNetwork::Backward(const Plan& plan, int rows) {
         break;
       case Kind::kFlatten:
         break;  // shares its input's gradient
+      default:  // refused by CheckCudaSupports
+        return absl::UnimplementedError("layer not on cuda");
     }
   }
   return absl::OkStatus();
@@ -369,11 +374,35 @@ namespace {
 
 using cuda::network_internal::CudaNetwork;
 
+// The layers and options the cuda network does not build yet (batch normalisation, average
+// pooling, residual blocks, bias-free layers, label smoothing): UNIMPLEMENTED naming the first.
+absl::Status CheckCudaSupports(const NetworkConfig& config) {
+  using Kind = LayerConfig::Kind;
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    const LayerConfig& layer = config.layers[i];
+    const bool supported = layer.kind == Kind::kConv2d || layer.kind == Kind::kMaxPool2d ||
+                           layer.kind == Kind::kLinear || layer.kind == Kind::kRelu ||
+                           layer.kind == Kind::kGelu || layer.kind == Kind::kDropout ||
+                           layer.kind == Kind::kFlatten;
+    if (!supported || !layer.bias) {
+      return absl::UnimplementedError(absl::StrCat(
+          "layers[", i, "] (", LayerKindName(layer.kind), ")", layer.bias ? "" : " without bias",
+          " is not available on the cuda backend yet; use backend: cpu"));
+    }
+  }
+  if (config.label_smoothing != 0) {
+    return absl::UnimplementedError(
+        "label_smoothing is not available on the cuda backend yet; use backend: cpu");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> CreateCudaNetwork(const NetworkConfig& config, int device,
                                                          const CudaBackendOptions& options,
                                                          ParameterNaming naming) {
+  STOKER_RETURN_IF_ERROR(CheckCudaSupports(config));
   STOKER_RETURN_IF_ERROR(ValidateNetworkConfig(config));
   STOKER_ASSIGN_OR_RETURN(std::vector<std::vector<int>> shapes, NetworkShapes(config));
   auto model = std::make_unique<CudaNetwork>(config, std::move(shapes), naming, options);

@@ -259,6 +259,8 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaNetwork::BuildPlan(int batch) {
       case Kind::kDropout:
       case Kind::kFlatten:
         break;  // kernels (or nothing) whatever the batch
+      default:
+        break;  // refused by CheckCudaSupports before any plan is built
     }
   }
   if (conv_workspace_bytes > conv_workspace_.bytes()) {
