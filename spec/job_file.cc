@@ -37,13 +37,23 @@ size_t EditDistance(absl::string_view a, absl::string_view b) {
   return row[b.size()];
 }
 
+// How deep mappings may nest in a job file (the file itself is depth 0, model.layers[i] depth 2).
+// Only residual blocks inside residual blocks go deeper than 3, and validation allows them 4
+// deep; this keeps absurd nesting from costing stack and path text before validation names it.
+constexpr int kMaxMessageDepth = 32;
+
 class YamlMapper {
  public:
   explicit YamlMapper(JobFile* out) : out_(out) {}
 
-  absl::Status MapMessage(const YAML::Node& node, Message* message, const std::string& path) {
+  absl::Status MapMessage(const YAML::Node& node, Message* message, const std::string& path,
+                          int depth = 0) {
     if (!node.IsMap()) {
       return Error(node, path, "expected a mapping of fields");
+    }
+    if (depth > kMaxMessageDepth) {
+      return Error(node, path,
+                   absl::StrCat("nested more than ", kMaxMessageDepth, " mappings deep"));
     }
     const Descriptor* descriptor = message->GetDescriptor();
     std::set<std::string> seen;
@@ -56,14 +66,14 @@ class YamlMapper {
       const FieldDescriptor* field = descriptor->FindFieldByName(key);
       if (field == nullptr) return UnknownField(key_node, descriptor, key, path);
       out_->locations[field_path] = Location(entry.second.IsNull() ? key_node : entry.second);
-      STOKER_RETURN_IF_ERROR(MapField(entry.second, message, field, field_path));
+      STOKER_RETURN_IF_ERROR(MapField(entry.second, message, field, field_path, depth));
     }
     return absl::OkStatus();
   }
 
  private:
   absl::Status MapField(const YAML::Node& node, Message* message, const FieldDescriptor* field,
-                        const std::string& path) {
+                        const std::string& path, int depth) {
     const Reflection* reflection = message->GetReflection();
     if (field->is_repeated()) {
       if (!node.IsSequence()) return Error(node, path, "expected a list, e.g. [256, 128]");
@@ -73,14 +83,14 @@ class YamlMapper {
         out_->locations[item_path] = Location(node[i]);
         absl::Status s =
             field->type() == FieldDescriptor::TYPE_MESSAGE
-                ? MapMessage(node[i], reflection->AddMessage(message, field), item_path)
+                ? MapMessage(node[i], reflection->AddMessage(message, field), item_path, depth + 1)
                 : SetScalar(node[i], message, field, item_path);
         if (!s.ok()) return s;
       }
       return absl::OkStatus();
     }
     if (field->type() == FieldDescriptor::TYPE_MESSAGE) {
-      return MapMessage(node, reflection->MutableMessage(message, field), path);
+      return MapMessage(node, reflection->MutableMessage(message, field), path, depth + 1);
     }
     return SetScalar(node, message, field, path);
   }

@@ -20,6 +20,7 @@
 #include "common/status_macros.h"
 #include "common/utf8.h"
 #include "engine/layer_kinds.h"
+#include "spec/model_preset.h"
 
 namespace stoker {
 namespace {
@@ -234,9 +235,108 @@ absl::Status CheckClasses(const v1::DatasetSpec& data) {
   return CheckRange("dataset.classes", data.classes(), 2, 256);
 }
 
-// model.type, the mlp's hidden widths and the cnn's layers.
+// How many layers a cnn may hold: per list (model.layers, and each residual block's layers and
+// shortcut), in all (every list at every depth), and how deep residual blocks may nest (a block in
+// model.layers is at depth 1).
+constexpr int kMaxLayersPerList = 64;
+constexpr int kMaxLayersInAll = 512;
+constexpr int kMaxResidualDepth = 4;
+
+absl::Status CheckLayers(const google::protobuf::RepeatedPtrField<v1::LayerSpec>& layers,
+                         const std::string& path, int depth, int* count);
+
+// One layer at `at` ("model.layers[3].shortcut[0]"), and the branches of a residual block.
+absl::Status CheckLayer(const v1::LayerSpec& layer, const std::string& at, int depth, int* count) {
+  const std::optional<LayerConfig::Kind> kind = LayerKindFromName(layer.type());
+  if (!kind.has_value()) {
+    return FieldError(at + ".type", absl::StrCat("unsupported value '", layer.type(),
+                                                 "' (supported: ", LayerKindNameList(), ")"));
+  }
+  using Kind = LayerConfig::Kind;
+  const std::string where = absl::StrCat(" (this layer is a ", layer.type(), ")");
+  if (*kind == Kind::kConv2d) {
+    STOKER_RETURN_IF_ERROR(CheckRange(at + ".out_channels", layer.out_channels(), 1, 4096));
+  }
+  if (LayerKindInfoOf(*kind).has_kernel) {
+    STOKER_RETURN_IF_ERROR(CheckRange(at + ".kernel", layer.kernel(), 1, 64));
+    STOKER_RETURN_IF_ERROR(CheckRange(at + ".stride", layer.stride(), 0, 64));
+    STOKER_RETURN_IF_ERROR(CheckRange(at + ".padding", layer.padding(), 0, 64));
+  }
+  if (*kind == Kind::kLinear) {
+    STOKER_RETURN_IF_ERROR(CheckRange(at + ".units", layer.units(), 1, 65536));
+  }
+  if (*kind == Kind::kDropout && !(layer.rate() >= 0 && layer.rate() < 1)) {
+    return FieldError(at + ".rate", absl::StrCat("must be in [0, 1) (got ", layer.rate(), ")"));
+  }
+  // The newer fields belong to one or two kinds each; elsewhere they would be ignored silently.
+  if (layer.has_bias() && *kind != Kind::kConv2d && *kind != Kind::kLinear) {
+    return FieldError(at + ".bias", "only for conv2d and linear" + where);
+  }
+  const bool batchnorm = *kind == Kind::kBatchNorm2d || *kind == Kind::kBatchNorm1d;
+  for (auto [field, set] :
+       {std::pair{".momentum", layer.has_momentum()}, std::pair{".eps", layer.has_eps()}}) {
+    if (set && !batchnorm) {
+      return FieldError(at + field, "only for batchnorm2d and batchnorm1d" + where);
+    }
+  }
+  if (layer.has_momentum() && !(layer.momentum() >= 0 && layer.momentum() <= 1)) {
+    return FieldError(at + ".momentum",
+                      absl::StrCat("must be in [0, 1] (got ", layer.momentum(), ")"));
+  }
+  if (layer.has_eps() && !(layer.eps() > 0 && layer.eps() <= 1)) {
+    return FieldError(at + ".eps", absl::StrCat("must be in (0, 1] (got ", layer.eps(), ")"));
+  }
+  if (*kind != Kind::kResidual) {
+    for (auto [field, set] : {std::pair{".layers", !layer.layers().empty()},
+                              std::pair{".shortcut", !layer.shortcut().empty()},
+                              std::pair{".activation", !layer.activation().empty()}}) {
+      if (set) return FieldError(at + field, "only for residual" + where);
+    }
+    return absl::OkStatus();
+  }
+  if (depth > kMaxResidualDepth) {
+    return FieldError(at, absl::StrCat("residual blocks nest at most ", kMaxResidualDepth,
+                                       " deep (this one is at depth ", depth, ")"));
+  }
+  if (layer.layers().empty()) {
+    return FieldError(at + ".layers", "a residual block needs its main branch (a list of layers)");
+  }
+  STOKER_RETURN_IF_ERROR(CheckOneOf(at + ".activation",
+                                    layer.activation().empty() ? "relu" : layer.activation(),
+                                    {"relu", "gelu", "none"}));
+  STOKER_RETURN_IF_ERROR(CheckLayers(layer.layers(), at + ".layers", depth + 1, count));
+  return CheckLayers(layer.shortcut(), at + ".shortcut", depth + 1, count);
+}
+
+absl::Status CheckLayers(const google::protobuf::RepeatedPtrField<v1::LayerSpec>& layers,
+                         const std::string& path, int depth, int* count) {
+  if (layers.size() > kMaxLayersPerList) {
+    return FieldError(
+        path, absl::StrCat("at most ", kMaxLayersPerList, " layers (got ", layers.size(), ")"));
+  }
+  for (int i = 0; i < layers.size(); ++i) {
+    const std::string at = absl::StrCat(path, "[", i, "]");
+    if (++*count > kMaxLayersInAll) {
+      return FieldError(at, absl::StrCat("more than ", kMaxLayersInAll,
+                                         " layers in all, counting those inside residual blocks"));
+    }
+    STOKER_RETURN_IF_ERROR(CheckLayer(layers[i], at, depth, count));
+  }
+  return absl::OkStatus();
+}
+
+// resnet: model.depth and model.width (see ExpandModel).
+absl::Status CheckResnet(const v1::ModelSpec& model) {
+  if (!IsResnetDepth(model.depth())) {
+    return FieldError("model.depth", absl::StrCat("must be one of ", ResnetDepthList(), " (got ",
+                                                  model.depth(), ")"));
+  }
+  return CheckRange("model.width", model.width(), 0, kMaxResnetWidth);
+}
+
+// model.type, the mlp's hidden widths, the cnn's layers and the resnet's depth and width.
 absl::Status CheckModel(const v1::ModelSpec& model) {
-  STOKER_RETURN_IF_ERROR(CheckOneOf("model.type", model.type(), {"mlp", "cnn"}));
+  STOKER_RETURN_IF_ERROR(CheckOneOf("model.type", model.type(), {"mlp", "cnn", "resnet"}));
   if (model.hidden_size() > 16) {
     return FieldError("model.hidden",
                       absl::StrCat("at most 16 layers (got ", model.hidden_size(), ")"));
@@ -248,40 +348,25 @@ absl::Status CheckModel(const v1::ModelSpec& model) {
   if (model.type() == "cnn" && model.layers().empty()) {
     return FieldError("model.layers", "a cnn needs its list of layers");
   }
-  if (model.type() == "cnn" && !model.hidden().empty()) {
-    return FieldError("model.hidden", "only for type mlp (a cnn takes model.layers)");
+  if (model.type() != "mlp" && !model.hidden().empty()) {
+    return FieldError("model.hidden",
+                      absl::StrCat("only for type mlp (a ", model.type(),
+                                   model.type() == "cnn" ? " takes model.layers)"
+                                                         : " takes model.depth and model.width)"));
   }
-  if (model.type() == "mlp" && !model.layers().empty()) {
-    return FieldError("model.layers", "only for type cnn (an mlp takes model.hidden)");
-  }
-  if (model.layers_size() > 64) {
+  if (model.type() != "cnn" && !model.layers().empty()) {
     return FieldError("model.layers",
-                      absl::StrCat("at most 64 layers (got ", model.layers_size(), ")"));
+                      absl::StrCat("only for type cnn (a ", model.type(),
+                                   model.type() == "mlp" ? " takes model.hidden)"
+                                                         : " takes model.depth and model.width)"));
   }
-  for (int i = 0; i < model.layers_size(); ++i) {
-    const v1::LayerSpec& layer = model.layers(i);
-    const std::string at = absl::StrCat("model.layers[", i, "]");
-    const std::optional<LayerConfig::Kind> kind = LayerKindFromName(layer.type());
-    if (!kind.has_value()) {
-      return FieldError(at + ".type", absl::StrCat("unsupported value '", layer.type(),
-                                                   "' (supported: ", LayerKindNameList(), ")"));
-    }
-    if (*kind == LayerConfig::Kind::kConv2d) {
-      STOKER_RETURN_IF_ERROR(CheckRange(at + ".out_channels", layer.out_channels(), 1, 4096));
-    }
-    if (LayerKindInfoOf(*kind).has_kernel) {
-      STOKER_RETURN_IF_ERROR(CheckRange(at + ".kernel", layer.kernel(), 1, 64));
-      STOKER_RETURN_IF_ERROR(CheckRange(at + ".stride", layer.stride(), 0, 64));
-      STOKER_RETURN_IF_ERROR(CheckRange(at + ".padding", layer.padding(), 0, 64));
-    }
-    if (*kind == LayerConfig::Kind::kLinear) {
-      STOKER_RETURN_IF_ERROR(CheckRange(at + ".units", layer.units(), 1, 65536));
-    }
-    if (*kind == LayerConfig::Kind::kDropout && !(layer.rate() >= 0 && layer.rate() < 1)) {
-      return FieldError(at + ".rate", absl::StrCat("must be in [0, 1) (got ", layer.rate(), ")"));
-    }
+  if (model.type() == "resnet") return CheckResnet(model);
+  for (auto [field, value] :
+       {std::pair{"model.depth", model.depth()}, std::pair{"model.width", model.width()}}) {
+    if (value != 0) return FieldError(field, "only for type resnet");
   }
-  return absl::OkStatus();
+  int count = 0;
+  return CheckLayers(model.layers(), "model.layers", 1, &count);
 }
 
 // train.precision and the optimizer's type, real-valued settings and schedule.
@@ -320,6 +405,21 @@ absl::Status CheckOptimizer(const v1::TrainSpec& train) {
   return CheckOneOf("train.optimizer.lr_schedule", opt.lr_schedule(), {"constant", "cosine"});
 }
 
+// train.label_smoothing: a network's loss only (the MLP paths have no smoothing).
+absl::Status CheckLabelSmoothing(const v1::JobSpec& spec) {
+  const double smoothing = spec.train().label_smoothing();
+  if (!(smoothing >= 0 && smoothing < 1)) {
+    return FieldError("train.label_smoothing",
+                      absl::StrCat("must be in [0, 1) (got ", smoothing, ")"));
+  }
+  if (smoothing != 0 && spec.model().type() == "mlp") {
+    return FieldError("train.label_smoothing",
+                      "only for cnn and resnet models (write an mlp as a cnn of linear and relu "
+                      "layers to smooth its labels)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 v1::JobSpec DefaultJobSpec() {
@@ -355,6 +455,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   STOKER_RETURN_IF_ERROR(CheckModel(spec.model()));
   STOKER_RETURN_IF_ERROR(CheckRanges(spec, kTrainRanges));
   STOKER_RETURN_IF_ERROR(CheckOptimizer(spec.train()));
+  STOKER_RETURN_IF_ERROR(CheckLabelSmoothing(spec));
   return CheckRanges(spec, kRunRanges);
 }
 

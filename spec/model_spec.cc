@@ -1,6 +1,9 @@
 #include "spec/model_spec.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <optional>
@@ -14,6 +17,7 @@
 #include "common/status_macros.h"
 #include "engine/layer_kinds.h"
 #include "nlohmann/json.hpp"
+#include "spec/model_preset.h"
 
 namespace stoker {
 namespace {
@@ -29,12 +33,15 @@ Precision ToPrecision(v1::Precision precision) {
   }
 }
 
-absl::StatusOr<LayerConfig> ToLayer(const v1::LayerSpec& spec, int index) {
+absl::StatusOr<std::vector<LayerConfig>> ToLayers(
+    const google::protobuf::RepeatedPtrField<v1::LayerSpec>& specs, const std::string& path);
+
+// A job file's layer at `at` ("model.layers[3]") as the engine's, branches and all.
+absl::StatusOr<LayerConfig> ToLayer(const v1::LayerSpec& spec, const std::string& at) {
   LayerConfig layer;
   const std::optional<LayerConfig::Kind> kind = LayerKindFromName(spec.type());
   if (!kind.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.layers[", index, "].type: unknown layer '", spec.type(), "'"));
+    return absl::InvalidArgumentError(absl::StrCat(at, ".type: unknown layer '", spec.type(), "'"));
   }
   layer.kind = *kind;
   layer.out_channels = spec.out_channels();
@@ -43,7 +50,97 @@ absl::StatusOr<LayerConfig> ToLayer(const v1::LayerSpec& spec, int index) {
   layer.padding = spec.padding();
   layer.units = spec.units();
   layer.rate = static_cast<float>(spec.rate());
+  if (spec.has_bias()) layer.bias = spec.bias();
+  if (spec.has_momentum()) layer.momentum = static_cast<float>(spec.momentum());
+  if (spec.has_eps()) layer.eps = static_cast<float>(spec.eps());
+  if (spec.activation() == "none") {
+    layer.activation = LayerConfig::Activation::kNone;
+  } else if (spec.activation() == "gelu") {
+    layer.activation = LayerConfig::Activation::kGelu;
+  } else if (!spec.activation().empty() && spec.activation() != "relu") {
+    return absl::InvalidArgumentError(absl::StrCat(at, ".activation: unknown activation '",
+                                                   spec.activation(), "' (relu, gelu or none)"));
+  }
+  STOKER_ASSIGN_OR_RETURN(layer.layers, ToLayers(spec.layers(), at + ".layers"));
+  STOKER_ASSIGN_OR_RETURN(layer.shortcut, ToLayers(spec.shortcut(), at + ".shortcut"));
   return layer;
+}
+
+absl::StatusOr<std::vector<LayerConfig>> ToLayers(
+    const google::protobuf::RepeatedPtrField<v1::LayerSpec>& specs, const std::string& path) {
+  std::vector<LayerConfig> layers;
+  for (int i = 0; i < specs.size(); ++i) {
+    STOKER_ASSIGN_OR_RETURN(LayerConfig layer, ToLayer(specs[i], absl::StrCat(path, "[", i, "]")));
+    layers.push_back(std::move(layer));
+  }
+  return layers;
+}
+
+// The shortest decimal text that reads back as `value` ("0.1", not 0.100000001490116), as a
+// double for JSON.
+double ShortestDouble(float value) {
+  char text[32];
+  const auto result = std::to_chars(text, text + sizeof(text), value);
+  return std::strtod(std::string(text, result.ptr).c_str(), nullptr);
+}
+
+const char* ActivationName(LayerConfig::Activation activation) {
+  switch (activation) {
+    case LayerConfig::Activation::kNone:
+      return "none";
+    case LayerConfig::Activation::kGelu:
+      return "gelu";
+    default:
+      return "relu";
+  }
+}
+
+bool IsBatchNorm(LayerConfig::Kind kind) {
+  return kind == LayerConfig::Kind::kBatchNorm2d || kind == LayerConfig::Kind::kBatchNorm1d;
+}
+
+// One layer of the architecture JSON: its type and the fields its kind has.
+nlohmann::json LayerJson(const LayerConfig& layer) {
+  nlohmann::json entry = {{"type", LayerKindName(layer.kind)}};
+  switch (layer.kind) {
+    case LayerConfig::Kind::kConv2d:
+      entry["out_channels"] = layer.out_channels;
+      entry["kernel"] = layer.kernel;
+      entry["stride"] = EffectiveStride(layer);
+      entry["padding"] = layer.padding;
+      entry["bias"] = layer.bias;
+      break;
+    case LayerConfig::Kind::kMaxPool2d:
+    case LayerConfig::Kind::kAvgPool2d:
+      entry["kernel"] = layer.kernel;
+      entry["stride"] = EffectiveStride(layer);
+      entry["padding"] = layer.padding;
+      break;
+    case LayerConfig::Kind::kLinear:
+      entry["units"] = layer.units;
+      entry["bias"] = layer.bias;
+      break;
+    case LayerConfig::Kind::kDropout:
+      entry["rate"] = layer.rate;
+      break;
+    case LayerConfig::Kind::kBatchNorm2d:
+    case LayerConfig::Kind::kBatchNorm1d:
+      entry["momentum"] = ShortestDouble(layer.momentum);
+      entry["eps"] = ShortestDouble(layer.eps);
+      break;
+    case LayerConfig::Kind::kResidual: {
+      nlohmann::json main = nlohmann::json::array(), shortcut = nlohmann::json::array();
+      for (const LayerConfig& inner : layer.layers) main.push_back(LayerJson(inner));
+      for (const LayerConfig& inner : layer.shortcut) shortcut.push_back(LayerJson(inner));
+      entry["layers"] = std::move(main);
+      entry["shortcut"] = std::move(shortcut);
+      entry["activation"] = ActivationName(layer.activation);
+      break;
+    }
+    default:
+      break;
+  }
+  return entry;
 }
 
 // input_scale or input_shift in the architecture: a number when one value serves every channel
@@ -67,38 +164,150 @@ std::string ArchitectureJson(const MlpConfig& config) {
 
 std::string ArchitectureJson(const NetworkConfig& config) {
   nlohmann::json layers = nlohmann::json::array();
-  for (const LayerConfig& layer : config.layers) {
-    nlohmann::json entry = {{"type", LayerKindName(layer.kind)}};
-    switch (layer.kind) {
-      case LayerConfig::Kind::kConv2d:
-        entry["out_channels"] = layer.out_channels;
-        entry["kernel"] = layer.kernel;
-        entry["stride"] = EffectiveStride(layer);
-        entry["padding"] = layer.padding;
-        break;
-      case LayerConfig::Kind::kMaxPool2d:
-        entry["kernel"] = layer.kernel;
-        entry["stride"] = EffectiveStride(layer);
-        entry["padding"] = layer.padding;
-        break;
-      case LayerConfig::Kind::kLinear:
-        entry["units"] = layer.units;
-        break;
-      case LayerConfig::Kind::kDropout:
-        entry["rate"] = layer.rate;
-        break;
-      default:
-        break;
-    }
-    layers.push_back(std::move(entry));
-  }
+  for (const LayerConfig& layer : config.layers) layers.push_back(LayerJson(layer));
   nlohmann::json json = {{"type", "cnn"},
                          {"input_shape", config.input_shape},
                          {"layers", std::move(layers)},
                          {"classes", config.classes},
                          {"input_scale", NormalizationJson(config.input_scale)},
                          {"input_shift", NormalizationJson(config.input_shift)}};
+  if (config.label_smoothing != 0) {
+    json["label_smoothing"] = ShortestDouble(config.label_smoothing);
+  }
   return json.dump();
+}
+
+// "conv2d-relu-residual(conv2d-batchnorm2d | conv2d)-linear": the kinds in order, a residual
+// block's main branch and shortcut in parentheses.
+std::string LayerNames(const std::vector<LayerConfig>& layers) {
+  std::vector<std::string> names;
+  for (const LayerConfig& layer : layers) {
+    std::string name = LayerKindName(layer.kind);
+    if (layer.kind == LayerConfig::Kind::kResidual) {
+      absl::StrAppend(&name, "(", LayerNames(layer.layers), layer.shortcut.empty() ? "" : " | ",
+                      LayerNames(layer.shortcut), ")");
+    }
+    names.push_back(std::move(name));
+  }
+  return absl::StrJoin(names, "-");
+}
+
+int64_t Product(const std::vector<int>& shape) {
+  int64_t product = 1;
+  for (int d : shape) product *= d;
+  return product;
+}
+
+// The output of `layer` on an input of shape `in`, and its trainable parameters, for a layer
+// NetworkShapes accepts (sizes are clamped at 1 so that anything else cannot divide by zero).
+std::vector<int> LayerOutput(const LayerConfig& layer, const std::vector<int>& in) {
+  using Kind = LayerConfig::Kind;
+  const bool image = in.size() == 3;
+  switch (layer.kind) {
+    case Kind::kConv2d:
+    case Kind::kMaxPool2d:
+    case Kind::kAvgPool2d: {
+      if (!image) return in;
+      const int stride = std::max(1, EffectiveStride(layer));
+      auto side = [&](int size) {
+        return std::max(1, (size + 2 * layer.padding - layer.kernel) / stride + 1);
+      };
+      return {layer.kind == Kind::kConv2d ? layer.out_channels : in[0], side(in[1]), side(in[2])};
+    }
+    case Kind::kLinear:
+      return {layer.units};
+    case Kind::kFlatten:
+      return {static_cast<int>(Product(in))};
+    case Kind::kGlobalAvgPool:
+      return image ? std::vector<int>{in[0], 1, 1} : in;
+    case Kind::kResidual: {
+      std::vector<int> shape = in;
+      for (const LayerConfig& inner : layer.layers) shape = LayerOutput(inner, shape);
+      return shape;
+    }
+    default:
+      return in;
+  }
+}
+
+int64_t LayerParameters(const LayerConfig& layer, const std::vector<int>& in) {
+  using Kind = LayerConfig::Kind;
+  switch (layer.kind) {
+    case Kind::kConv2d:
+      return int64_t{layer.out_channels} * (in.empty() ? 0 : in[0]) * layer.kernel * layer.kernel +
+             (layer.bias ? layer.out_channels : 0);
+    case Kind::kLinear:
+      return int64_t{layer.units} * Product(in) + (layer.bias ? layer.units : 0);
+    case Kind::kBatchNorm2d:
+    case Kind::kBatchNorm1d:
+      return 2 * int64_t{in.empty() ? 0 : in[0]};  // weight and bias; running statistics aside
+    case Kind::kResidual: {
+      int64_t count = 0;
+      for (const auto* branch : {&layer.layers, &layer.shortcut}) {
+        std::vector<int> shape = in;
+        for (const LayerConfig& inner : *branch) {
+          count += LayerParameters(inner, shape);
+          shape = LayerOutput(inner, shape);
+        }
+      }
+      return count;
+    }
+    default:
+      return 0;
+  }
+}
+
+int CountLayers(const std::vector<LayerConfig>& layers) {
+  int count = 0;
+  for (const LayerConfig& layer : layers) {
+    count += 1 + CountLayers(layer.layers) + CountLayers(layer.shortcut);
+  }
+  return count;
+}
+
+std::string ShapeText(const std::vector<int>& shape) { return absl::StrJoin(shape, "x"); }
+
+// The job-file YAML of `layers` at `indent`, each followed by its output shape and parameters.
+void AppendLayersYaml(const std::vector<LayerConfig>& layers, std::vector<int> shape,
+                      const std::string& indent, std::string* out) {
+  using Kind = LayerConfig::Kind;
+  for (const LayerConfig& layer : layers) {
+    const std::vector<int> output = LayerOutput(layer, shape);
+    const std::string comment = absl::StrCat("  # ", ShapeText(output), ", ",
+                                             LayerParameters(layer, shape), " parameters\n");
+    std::vector<std::string> fields = {absl::StrCat("type: ", LayerKindName(layer.kind))};
+    if (layer.kind == Kind::kConv2d)
+      fields.push_back(absl::StrCat("out_channels: ", layer.out_channels));
+    if (LayerKindInfoOf(layer.kind).has_kernel) {
+      fields.push_back(absl::StrCat("kernel: ", layer.kernel));
+      fields.push_back(absl::StrCat("stride: ", EffectiveStride(layer)));
+      fields.push_back(absl::StrCat("padding: ", layer.padding));
+    }
+    if (layer.kind == Kind::kLinear) fields.push_back(absl::StrCat("units: ", layer.units));
+    if ((layer.kind == Kind::kConv2d || layer.kind == Kind::kLinear) && !layer.bias) {
+      fields.push_back("bias: false");
+    }
+    if (layer.kind == Kind::kDropout) fields.push_back(absl::StrCat("rate: ", layer.rate));
+    if (IsBatchNorm(layer.kind) && layer.momentum != LayerConfig().momentum) {
+      fields.push_back(absl::StrCat("momentum: ", ShortestDouble(layer.momentum)));
+    }
+    if (IsBatchNorm(layer.kind) && layer.eps != LayerConfig().eps) {
+      fields.push_back(absl::StrCat("eps: ", ShortestDouble(layer.eps)));
+    }
+    if (layer.kind != Kind::kResidual) {
+      absl::StrAppend(out, indent, "- {", absl::StrJoin(fields, ", "), "}", comment);
+    } else {
+      absl::StrAppend(out, indent, "- type: residual", comment);
+      absl::StrAppend(out, indent, "  activation: ", ActivationName(layer.activation), "\n");
+      absl::StrAppend(out, indent, "  layers:\n");
+      AppendLayersYaml(layer.layers, shape, indent + "    ", out);
+      if (!layer.shortcut.empty()) {
+        absl::StrAppend(out, indent, "  shortcut:\n");
+        AppendLayersYaml(layer.shortcut, shape, indent + "    ", out);
+      }
+    }
+    shape = output;
+  }
 }
 
 // RESOURCE_EXHAUSTED when the model would not fit in what `backend` has free, so a job that
@@ -206,7 +415,6 @@ absl::StatusOr<NetworkConfig> NetworkConfigFromSpec(const v1::JobSpec& spec,
                                                     const std::vector<int>& sample_dims,
                                                     int classes) {
   NetworkConfig config;
-  const std::string& format = spec.dataset().format();
   if (sample_dims.size() == 2) {
     config.input_shape = {1, sample_dims[0], sample_dims[1]};
   } else if (sample_dims.size() == 1) {
@@ -221,12 +429,10 @@ absl::StatusOr<NetworkConfig> NetworkConfigFromSpec(const v1::JobSpec& spec,
                      "samples have ",
                      sample_dims.size(), " dimensions"));
   }
-  for (int i = 0; i < spec.model().layers_size(); ++i) {
-    absl::StatusOr<LayerConfig> layer = ToLayer(spec.model().layers(i), i);
-    if (!layer.ok()) return layer.status();
-    config.layers.push_back(*layer);
-  }
+  STOKER_ASSIGN_OR_RETURN(const v1::ModelSpec model, ExpandModel(spec.model(), classes));
+  STOKER_ASSIGN_OR_RETURN(config.layers, ToLayers(model.layers(), "model.layers"));
   SetTrainingFields(spec, classes, &config);
+  config.label_smoothing = static_cast<float>(spec.train().label_smoothing());
   const int channels = config.input_shape.size() == 3 ? config.input_shape[0] : 1;
   STOKER_RETURN_IF_ERROR(SetInputNormalization(spec, channels, &config));
   return config;
@@ -234,7 +440,7 @@ absl::StatusOr<NetworkConfig> NetworkConfigFromSpec(const v1::JobSpec& spec,
 
 absl::Status ValidateModelForData(const v1::JobSpec& spec, const std::vector<int>& sample_dims,
                                   int classes) {
-  if (spec.model().type() != "cnn") return MlpConfigFromSpec(spec, sample_dims, classes).status();
+  if (spec.model().type() == "mlp") return MlpConfigFromSpec(spec, sample_dims, classes).status();
   absl::StatusOr<NetworkConfig> config = NetworkConfigFromSpec(spec, sample_dims, classes);
   if (!config.ok()) return config.status();
   absl::Status status = ValidateNetworkConfig(*config);
@@ -250,7 +456,7 @@ absl::StatusOr<BuiltModel> BuildModel(Backend& backend, const v1::JobSpec& spec,
                                       const std::vector<int>& sample_dims, int classes) {
   BuiltModel built;
   built.precision = ToPrecision(spec.train().precision());
-  if (spec.model().type() != "cnn") {
+  if (spec.model().type() == "mlp") {
     STOKER_ASSIGN_OR_RETURN(const MlpConfig config, MlpConfigFromSpec(spec, sample_dims, classes));
     const int features = config.input_features;
     STOKER_RETURN_IF_ERROR(CheckFits(backend, NetworkFromMlp(config)));
@@ -268,12 +474,40 @@ absl::StatusOr<BuiltModel> BuildModel(Backend& backend, const v1::JobSpec& spec,
   absl::StatusOr<std::unique_ptr<Model>> model = backend.CreateNetwork(*config);
   if (!model.ok()) return model.status();
   built.model = std::move(*model);
-  std::vector<std::string> names;
-  for (const v1::LayerSpec& layer : spec.model().layers()) names.push_back(layer.type());
-  built.description =
-      absl::StrCat("cnn ", absl::StrJoin(config->input_shape, "x"), " ", absl::StrJoin(names, "-"));
+  built.description = NetworkDescription(spec.model(), *config);
   built.architecture = ArchitectureJson(*config);
   return built;
+}
+
+int64_t NetworkParameterCount(const NetworkConfig& config) {
+  int64_t count = 0;
+  std::vector<int> shape = config.input_shape;
+  for (const LayerConfig& layer : config.layers) {
+    count += LayerParameters(layer, shape);
+    shape = LayerOutput(layer, shape);
+  }
+  return count;
+}
+
+int NetworkLayerCount(const NetworkConfig& config) { return CountLayers(config.layers); }
+
+std::string NetworkLayersYaml(const NetworkConfig& config) {
+  std::string yaml = "model:\n  type: cnn\n  layers:\n";
+  AppendLayersYaml(config.layers, config.input_shape, "    ", &yaml);
+  return yaml;
+}
+
+std::string NetworkDescription(const v1::ModelSpec& model, const NetworkConfig& config) {
+  const std::string input = absl::StrJoin(config.input_shape, "x");
+  const int64_t parameters = NetworkParameterCount(config);
+  if (model.type() == "resnet") {
+    return absl::StrCat("resnet-", model.depth(), " width ", ResnetWidth(model), " ", input, " (",
+                        NetworkLayerCount(config), " layers, ", parameters, " parameters)");
+  }
+  return absl::StrCat("cnn ", input, " ", LayerNames(config.layers),
+                      NetworkLayerCount(config) > static_cast<int>(config.layers.size())
+                          ? absl::StrCat(" (", parameters, " parameters)")
+                          : "");
 }
 
 }  // namespace stoker
