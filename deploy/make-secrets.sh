@@ -1,9 +1,10 @@
 #!/bin/sh
-# Creates deploy/secrets/ (mode 0700) with a random bearer token and Grafana admin password,
-# unless they exist. The files are 0444 so the non-root containers can read their bind mounts;
-# the directory's 0700 keeps other host users out.
+# Creates deploy/secrets/ (mode 0700) with a random bearer token, Grafana admin password and a
+# self-signed TLS pair, unless they exist. The files are 0444 so the non-root containers can read
+# their bind mounts; the directory's 0700 keeps other host users out.
+# STOKER_SECRETS_DIR writes them elsewhere (compose reads the same variable).
 set -eu
-dir="$(cd "$(dirname "$0")" && pwd)/secrets"
+dir="${STOKER_SECRETS_DIR:-$(cd "$(dirname "$0")" && pwd)/secrets}"
 mkdir -p "$dir"
 chmod 0700 "$dir"
 for name in stoker_token grafana_admin_password; do
@@ -13,8 +14,11 @@ for name in stoker_token grafana_admin_password; do
     echo "wrote $dir/$name"
   fi
 done
-# TLS (when enabled in docker-compose.yml): a self-signed pair for host name "server".
-if [ ! -s "$dir/stoker_tls_cert.pem" ] && command -v openssl >/dev/null; then
+# TLS: a self-signed pair for host name "server" (the workers' address), also valid for the
+# host's 127.0.0.1 and localhost.
+command -v openssl >/dev/null ||
+  { echo "make-secrets: openssl is missing (apt-get install openssl)" >&2; exit 1; }
+if [ ! -s "$dir/stoker_tls_cert.pem" ]; then
   openssl req -x509 -newkey rsa:3072 -nodes -days 825 -subj "/CN=server" \
     -addext "subjectAltName=DNS:server,DNS:localhost,IP:127.0.0.1" \
     -keyout "$dir/stoker_tls_key.pem" -out "$dir/stoker_tls_cert.pem" 2>/dev/null
