@@ -352,6 +352,16 @@ bool MlpNeedsNetwork(const MlpConfig& config);
 // ValidateNetworkConfig).
 absl::StatusOr<std::vector<std::vector<int>>> NetworkShapes(const NetworkConfig& config);
 
+// The output shape of one layer (a residual block: its sum) on input shape `in`; INVALID_ARGUMENT
+// as NetworkShapes, the layer named "layer".
+absl::StatusOr<std::vector<int>> LayerOutputShape(const LayerConfig& layer,
+                                                  const std::vector<int>& in);
+
+// Layers inside residual blocks are checked as top-level ones and named by their path:
+// "layers[3].layers[1] (conv2d): kernel 5 larger than input 4x4"; a block needs a non-empty main
+// branch whose output shape equals the shortcut's (the input's for an identity shortcut), and
+// blocks nest at most 16 deep. BatchNorm2d needs [C, H, W], BatchNorm1d [features], momentum in
+// [0, 1] and eps > 0; label_smoothing must be in [0, 1).
 // INVALID_ARGUMENT, naming the layer or field, unless every layer fits its input (kernel no larger
 // than the padded input, positive sizes, 0 <= rate < 1, Conv2d/MaxPool2d on [C, H, W] only), the
 // output is flat with `classes` features, input_channels is 0 or input_shape[0] for a {C, H, W}
@@ -371,8 +381,8 @@ absl::Status ValidateTrainingOptions(const OptimizerConfig& optimizer,
 // backends lay activations out, and hash dropout masks, by it.
 size_t LayoutOrigin(const NetworkConfig& config, size_t index);
 
-// A Conv2d's or MaxPool2d's stride: LayerConfig::stride, or its default when 0 (1 for Conv2d, the
-// kernel size for MaxPool2d, as in PyTorch).
+// A Conv2d's, MaxPool2d's or AvgPool2d's stride: LayerConfig::stride, or its default when 0 (1
+// for Conv2d, the kernel size for the pools, as in PyTorch).
 int EffectiveStride(const LayerConfig& layer);
 
 // The network optimizer state's scalar entries, as a checkpoint brings them back: "loss_scale"
@@ -389,13 +399,47 @@ absl::Status ValidateBatch(const NetworkConfig& config, const BatchView& batch);
 std::string ParameterName(size_t index, bool weight);
 
 // The index that names the parameters of layers[layer] under `naming`: `layer` itself
-// (kByLayer), or the number of layers with parameters (Conv2d, Linear) before it (kMlp: the MLP's
-// Linear ordinal).
+// (kByLayer), or the number of layers with parameters (Conv2d, Linear, BatchNorm) before it (kMlp:
+// the MLP's Linear ordinal). Nested layers are named by their path (NetworkTensorSpecs).
 size_t ParameterIndex(const NetworkConfig& config, size_t layer, ParameterNaming naming);
 
-// The initial fp32 parameters: for each Conv2d/Linear i in order, its weight then its bias, named
-// ParameterName(ParameterIndex(config, i, naming), ...), each drawn U(-1/sqrt(fan_in),
-// 1/sqrt(fan_in)) from one std::mt19937_64(config.seed) (fan_in = in_channels * k * k for Conv2d).
+// What a tensor of a network's state is. BatchNorm's running statistics are buffers: they
+// travel with the parameters (Model::Parameters() and SetParameters() list them, so a checkpoint
+// saves and restores them and PyTorch's load_state_dict(strict=True) takes the same names), but
+// they have no gradient, no optimizer state, no weight decay and no part in gradient clipping.
+enum class NetworkTensorKind {
+  kWeight,          // Conv2d / Linear weight: trained, weight-decayed
+  kBias,            // Conv2d / Linear bias: trained, never decayed
+  kNormWeight,      // BatchNorm gamma [C]: trained, never decayed
+  kNormBias,        // BatchNorm beta [C]: trained, never decayed
+  kRunningMean,     // BatchNorm buffer [C]
+  kRunningVar,      // BatchNorm buffer [C]
+  kBatchesTracked,  // BatchNorm buffer [1]: TrainStep calls that updated the statistics (a float)
+};
+bool IsTrainedTensor(NetworkTensorKind kind);  // weights, biases, BatchNorm gamma and beta
+bool IsDecayedTensor(NetworkTensorKind kind);  // Conv2d and Linear weights only
+
+struct NetworkTensorSpec {
+  std::string name;  // "layers.3.layers.1.weight", "layers.4.running_mean", ...
+  std::vector<int64_t> shape;
+  NetworkTensorKind kind;
+  int64_t fan_in = 0;  // Conv2d / Linear weight and bias: in_channels * k * k or in_features
+};
+
+// Every tensor Model::Parameters() lists, in that order: PyTorch's state_dict order for a module
+// tree where top-level layer i is "layers.<ParameterIndex(i)>" and a residual block's branches
+// are "<block>.layers.<j>" and "<block>.shortcut.<j>" (nested blocks recurse; a block's main
+// branch comes before its shortcut). A Conv2d/Linear gives ".weight" then ".bias" (none when
+// bias is false); a BatchNorm ".weight", ".bias", ".running_mean", ".running_var",
+// ".num_batches_tracked". Empty for a config NetworkShapes refuses.
+std::vector<NetworkTensorSpec> NetworkTensorSpecs(
+    const NetworkConfig& config, ParameterNaming naming = ParameterNaming::kByLayer);
+
+// The initial fp32 values of NetworkTensorSpecs(config, naming), in that order: each Conv2d or
+// Linear weight then its bias drawn U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from one
+// std::mt19937_64(config.seed), in that order (a bias-free layer draws no bias); BatchNorm
+// weight 1, bias 0, running_mean 0, running_var 1, num_batches_tracked 0. Configs without the
+// new layer kinds get the values they always had.
 std::vector<NamedTensor> InitialNetworkParameters(
     const NetworkConfig& config, ParameterNaming naming = ParameterNaming::kByLayer);
 
@@ -405,8 +449,8 @@ std::vector<NamedTensor> InitialNetworkParameters(
 // ParameterNaming::kMlp (by layer index, layers.0, layers.2, ..., under kByLayer).
 NetworkConfig NetworkFromMlp(const MlpConfig& mlp);
 
-// Multiply-adds x 2 of one sample's forward pass (Conv2d and Linear layers only); 0 for a bad
-// config.
+// Multiply-adds x 2 of one sample's forward pass (Conv2d and Linear layers only, those inside
+// residual blocks included); 0 for a bad config.
 int64_t NetworkForwardFlopsPerSample(const NetworkConfig& config);
 
 // A training run's memory, roughly as either backend allocates it: fp32 master weights, their

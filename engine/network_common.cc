@@ -1,5 +1,6 @@
 // Backend-independent parts of the network contract: shape inference, config and batch checks,
 // the seeded initialisation.
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -69,6 +70,160 @@ const char* OptimizerTypeName(OptimizerType type) {
   return "unknown";
 }
 
+namespace {
+
+// Deepest nesting of residual blocks a config may have: bounds the recursion on a job file's
+// input.
+constexpr int kMaxNesting = 16;
+
+absl::StatusOr<std::vector<int>> BranchOutput(const std::vector<LayerConfig>& layers,
+                                              std::vector<int> in, const std::string& path,
+                                              int depth);
+
+// The output shape of `layer` on input `in`; `path` names it in errors ("layers[3].layers[1]").
+absl::StatusOr<std::vector<int>> LayerOutput(const LayerConfig& layer, const std::vector<int>& in,
+                                             const std::string& path, int depth) {
+  const std::string where = absl::StrCat(path, " (", LayerKindName(layer.kind), "): ");
+  auto invalid = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(where, parts...));
+  };
+  auto needs_image = [&]() -> absl::Status {
+    if (in.size() == 3) return absl::OkStatus();
+    return invalid("needs a [C, H, W] input, got [", ShapeText(in),
+                   "] (a Flatten or Linear came before it)");
+  };
+  switch (layer.kind) {
+    case Kind::kConv2d:
+    case Kind::kMaxPool2d:
+    case Kind::kAvgPool2d: {
+      const bool conv = layer.kind == Kind::kConv2d;
+      if (absl::Status s = needs_image(); !s.ok()) return s;
+      if (conv && layer.out_channels <= 0) {
+        return invalid("out_channels must be > 0, got ", layer.out_channels);
+      }
+      if (layer.kernel <= 0) return invalid("kernel must be > 0, got ", layer.kernel);
+      if (layer.stride < 0) return invalid("stride must be >= 0 (0 = default), got ", layer.stride);
+      if (layer.padding < 0) return invalid("padding must be >= 0, got ", layer.padding);
+      if (!conv && layer.padding > layer.kernel / 2) {
+        return invalid("padding ", layer.padding, " must be at most half the kernel (",
+                       layer.kernel, ")");
+      }
+      const int stride = EffectiveStride(layer);
+      if (layer.kernel > in[1] + 2 * layer.padding || layer.kernel > in[2] + 2 * layer.padding) {
+        return invalid("kernel ", layer.kernel, " larger than input ", in[1], "x", in[2],
+                       layer.padding > 0 ? absl::StrCat(" padded by ", layer.padding) : "");
+      }
+      return std::vector<int>{conv ? layer.out_channels : in[0],
+                              WindowOutput(in[1], layer.kernel, stride, layer.padding),
+                              WindowOutput(in[2], layer.kernel, stride, layer.padding)};
+    }
+    case Kind::kLinear:
+      if (layer.units <= 0) return invalid("units must be > 0, got ", layer.units);
+      return std::vector<int>{layer.units};
+    case Kind::kDropout:
+      if (!(layer.rate >= 0 && layer.rate < 1)) {
+        return invalid("rate must be in [0, 1), got ", layer.rate);
+      }
+      return in;
+    case Kind::kRelu:
+    case Kind::kGelu:
+      return in;
+    case Kind::kFlatten:
+      return std::vector<int>{static_cast<int>(Product(in))};
+    case Kind::kBatchNorm2d:
+    case Kind::kBatchNorm1d:
+      if (layer.kind == Kind::kBatchNorm2d) {
+        if (absl::Status s = needs_image(); !s.ok()) return s;
+      } else if (in.size() != 1) {
+        return invalid("needs a flat [features] input, got [", ShapeText(in),
+                       "] (use batchnorm2d on images)");
+      }
+      if (!(layer.momentum >= 0 && layer.momentum <= 1)) {
+        return invalid("momentum must be in [0, 1], got ", layer.momentum);
+      }
+      if (!(layer.eps > 0) || !std::isfinite(layer.eps)) {
+        return invalid("eps must be finite and > 0, got ", layer.eps);
+      }
+      return in;
+    case Kind::kGlobalAvgPool:
+      if (absl::Status s = needs_image(); !s.ok()) return s;
+      return std::vector<int>{in[0], 1, 1};
+    case Kind::kResidual: {
+      if (depth >= kMaxNesting) {
+        return invalid("residual blocks nested deeper than ", kMaxNesting);
+      }
+      if (layer.layers.empty()) return invalid("the main branch `layers` is empty");
+      if (layer.activation != LayerConfig::Activation::kNone &&
+          layer.activation != LayerConfig::Activation::kRelu &&
+          layer.activation != LayerConfig::Activation::kGelu) {
+        return invalid("activation ", static_cast<int>(layer.activation), " is unknown");
+      }
+      absl::StatusOr<std::vector<int>> main =
+          BranchOutput(layer.layers, in, absl::StrCat(path, ".layers"), depth + 1);
+      if (!main.ok()) return main.status();
+      absl::StatusOr<std::vector<int>> shortcut =
+          BranchOutput(layer.shortcut, in, absl::StrCat(path, ".shortcut"), depth + 1);
+      if (!shortcut.ok()) return shortcut.status();
+      if (*main != *shortcut) {
+        return invalid("the main branch gives [", ShapeText(*main), "] but the ",
+                       layer.shortcut.empty() ? "identity shortcut" : "shortcut", " gives [",
+                       ShapeText(*shortcut), "]; they must match to be added");
+      }
+      return main;
+    }
+  }
+  return invalid("unknown layer kind ", static_cast<int>(layer.kind));
+}
+
+absl::StatusOr<std::vector<int>> BranchOutput(const std::vector<LayerConfig>& layers,
+                                              std::vector<int> in, const std::string& path,
+                                              int depth) {
+  for (size_t j = 0; j < layers.size(); ++j) {
+    absl::StatusOr<std::vector<int>> out =
+        LayerOutput(layers[j], in, absl::StrCat(path, "[", j, "]"), depth);
+    if (!out.ok()) return out.status();
+    in = *std::move(out);
+  }
+  return in;
+}
+
+// Calls visit(layer, in_shape, out_shape, prefix) for every layer of `layers` on input `in`,
+// residual blocks' branches included (the block first, then its main branch, then its shortcut),
+// in the order PyTorch's module tree lists them; `prefix` names the layer's tensors
+// ("layers.3.layers.1"). The shapes must be valid (NetworkShapes passed).
+template <typename Visit>
+std::vector<int> VisitBranch(const std::vector<LayerConfig>& layers, std::vector<int> in,
+                             const std::string& prefix, Visit& visit);
+
+// VisitBranch for one layer named `name`; returns its output shape.
+template <typename Visit>
+std::vector<int> VisitLayer(const LayerConfig& layer, const std::vector<int>& in,
+                            const std::string& name, Visit& visit) {
+  std::vector<int> out = *LayerOutput(layer, in, name, 0);
+  visit(layer, in, out, name);
+  if (layer.kind == Kind::kResidual) {
+    VisitBranch(layer.layers, in, name + ".layers", visit);
+    VisitBranch(layer.shortcut, in, name + ".shortcut", visit);
+  }
+  return out;
+}
+
+template <typename Visit>
+std::vector<int> VisitBranch(const std::vector<LayerConfig>& layers, std::vector<int> in,
+                             const std::string& prefix, Visit& visit) {
+  for (size_t j = 0; j < layers.size(); ++j) {
+    in = VisitLayer(layers[j], in, absl::StrCat(prefix, ".", j), visit);
+  }
+  return in;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int>> LayerOutputShape(const LayerConfig& layer,
+                                                  const std::vector<int>& in) {
+  return LayerOutput(layer, in, "layer", 0);
+}
+
 absl::StatusOr<std::vector<std::vector<int>>> NetworkShapes(const NetworkConfig& config) {
   if (config.input_shape.size() != 1 && config.input_shape.size() != 3) {
     return absl::InvalidArgumentError(
@@ -83,61 +238,10 @@ absl::StatusOr<std::vector<std::vector<int>>> NetworkShapes(const NetworkConfig&
   }
   std::vector<std::vector<int>> shapes = {config.input_shape};
   for (size_t i = 0; i < config.layers.size(); ++i) {
-    const LayerConfig& layer = config.layers[i];
-    const std::vector<int>& in = shapes.back();
-    const std::string where = absl::StrCat("layers[", i, "] (", LayerKindName(layer.kind), "): ");
-    auto invalid = [&](auto&&... parts) {
-      return absl::InvalidArgumentError(absl::StrCat(where, parts...));
-    };
-    switch (layer.kind) {
-      case Kind::kConv2d:
-      case Kind::kMaxPool2d: {
-        const bool conv = layer.kind == Kind::kConv2d;
-        if (in.size() != 3) {
-          return invalid("needs a [C, H, W] input, got [", ShapeText(in),
-                         "] (a Flatten or Linear came before it)");
-        }
-        if (conv && layer.out_channels <= 0) {
-          return invalid("out_channels must be > 0, got ", layer.out_channels);
-        }
-        if (layer.kernel <= 0) return invalid("kernel must be > 0, got ", layer.kernel);
-        if (layer.stride < 0)
-          return invalid("stride must be >= 0 (0 = default), got ", layer.stride);
-        if (layer.padding < 0) return invalid("padding must be >= 0, got ", layer.padding);
-        if (!conv && layer.padding > layer.kernel / 2) {
-          return invalid("padding ", layer.padding, " must be at most half the kernel (",
-                         layer.kernel, ")");
-        }
-        const int stride = EffectiveStride(layer);
-        if (layer.kernel > in[1] + 2 * layer.padding || layer.kernel > in[2] + 2 * layer.padding) {
-          return invalid("kernel ", layer.kernel, " larger than input ", in[1], "x", in[2],
-                         layer.padding > 0 ? absl::StrCat(" padded by ", layer.padding) : "");
-        }
-        shapes.push_back({conv ? layer.out_channels : in[0],
-                          WindowOutput(in[1], layer.kernel, stride, layer.padding),
-                          WindowOutput(in[2], layer.kernel, stride, layer.padding)});
-        break;
-      }
-      case Kind::kLinear:
-        if (layer.units <= 0) return invalid("units must be > 0, got ", layer.units);
-        shapes.push_back({layer.units});
-        break;
-      case Kind::kDropout:
-        if (!(layer.rate >= 0 && layer.rate < 1)) {
-          return invalid("rate must be in [0, 1), got ", layer.rate);
-        }
-        shapes.push_back(in);
-        break;
-      case Kind::kRelu:
-      case Kind::kGelu:
-        shapes.push_back(in);
-        break;
-      case Kind::kFlatten:
-        shapes.push_back({static_cast<int>(Product(in))});
-        break;
-      default:
-        return invalid("unknown layer kind ", static_cast<int>(layer.kind));
-    }
+    absl::StatusOr<std::vector<int>> out =
+        LayerOutput(config.layers[i], shapes.back(), absl::StrCat("layers[", i, "]"), 0);
+    if (!out.ok()) return out.status();
+    shapes.push_back(*std::move(out));
   }
   const std::vector<int>& out = shapes.back();
   if (out.size() != 1 || out[0] != config.classes) {
@@ -220,6 +324,10 @@ absl::Status ValidateNetworkConfig(const NetworkConfig& config) {
         absl::StrCat("max_batch must be > 0, got ", config.max_batch));
   }
   if (absl::Status s = NetworkShapes(config).status(); !s.ok()) return s;
+  if (!(config.label_smoothing >= 0 && config.label_smoothing < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("label_smoothing must be in [0, 1), got ", config.label_smoothing));
+  }
   const bool image = config.input_shape.size() == 3;
   if (image && config.input_channels != 0 && config.input_channels != config.input_shape[0]) {
     return absl::InvalidArgumentError(
@@ -260,26 +368,72 @@ size_t ParameterIndex(const NetworkConfig& config, size_t layer, ParameterNaming
   return index;
 }
 
-std::vector<NamedTensor> InitialNetworkParameters(const NetworkConfig& config,
+bool IsTrainedTensor(NetworkTensorKind kind) {
+  return kind == NetworkTensorKind::kWeight || kind == NetworkTensorKind::kBias ||
+         kind == NetworkTensorKind::kNormWeight || kind == NetworkTensorKind::kNormBias;
+}
+
+bool IsDecayedTensor(NetworkTensorKind kind) { return kind == NetworkTensorKind::kWeight; }
+
+std::vector<NetworkTensorSpec> NetworkTensorSpecs(const NetworkConfig& config,
                                                   ParameterNaming naming) {
   absl::StatusOr<std::vector<std::vector<int>>> shapes = NetworkShapes(config);
   if (!shapes.ok()) return {};
+  std::vector<NetworkTensorSpec> specs;
+  auto visit = [&](const LayerConfig& layer, const std::vector<int>& in, const std::vector<int>&,
+                   const std::string& prefix) {
+    const std::vector<int64_t> weight_shape = WeightShape(layer, in);
+    if (!weight_shape.empty()) {
+      const int64_t fan_in =
+          Product(std::vector<int>(weight_shape.begin() + 1, weight_shape.end()));
+      specs.push_back({prefix + ".weight", weight_shape, NetworkTensorKind::kWeight, fan_in});
+      if (layer.bias) {
+        specs.push_back({prefix + ".bias", {weight_shape[0]}, NetworkTensorKind::kBias, fan_in});
+      }
+    } else if (layer.kind == Kind::kBatchNorm2d || layer.kind == Kind::kBatchNorm1d) {
+      const int64_t channels = in[0];
+      specs.push_back({prefix + ".weight", {channels}, NetworkTensorKind::kNormWeight, 0});
+      specs.push_back({prefix + ".bias", {channels}, NetworkTensorKind::kNormBias, 0});
+      specs.push_back({prefix + ".running_mean", {channels}, NetworkTensorKind::kRunningMean, 0});
+      specs.push_back({prefix + ".running_var", {channels}, NetworkTensorKind::kRunningVar, 0});
+      specs.push_back(
+          {prefix + ".num_batches_tracked", {1}, NetworkTensorKind::kBatchesTracked, 0});
+    }
+  };
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    VisitLayer(config.layers[i], (*shapes)[i],
+               absl::StrCat("layers.", ParameterIndex(config, i, naming)), visit);
+  }
+  return specs;
+}
+
+std::vector<NamedTensor> InitialNetworkParameters(const NetworkConfig& config,
+                                                  ParameterNaming naming) {
   std::mt19937_64 rng(config.seed);
   std::vector<NamedTensor> parameters;
-  for (size_t i = 0; i < config.layers.size(); ++i) {
-    const std::vector<int64_t> weight_shape = WeightShape(config.layers[i], (*shapes)[i]);
-    if (weight_shape.empty()) continue;
-    const int64_t fan_in = Product(std::vector<int>(weight_shape.begin() + 1, weight_shape.end()));
-    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
-    const size_t index = ParameterIndex(config, i, naming);
-    NamedTensor weight{ParameterName(index, /*weight=*/true), weight_shape, {}};
-    NamedTensor bias{ParameterName(index, /*weight=*/false), {weight_shape[0]}, {}};
-    weight.values.resize(weight_shape[0] * fan_in);
-    bias.values.resize(weight_shape[0]);
-    for (float& w : weight.values) w = static_cast<float>((2 * UnitUniform(rng) - 1) * bound);
-    for (float& b : bias.values) b = static_cast<float>((2 * UnitUniform(rng) - 1) * bound);
-    parameters.push_back(std::move(weight));
-    parameters.push_back(std::move(bias));
+  for (const NetworkTensorSpec& spec : NetworkTensorSpecs(config, naming)) {
+    NamedTensor tensor{spec.name, spec.shape, {}};
+    int64_t size = 1;
+    for (int64_t d : spec.shape) size *= d;
+    tensor.values.resize(size);
+    switch (spec.kind) {
+      case NetworkTensorKind::kWeight:
+      case NetworkTensorKind::kBias: {
+        // PyTorch's default for Conv2d and Linear, the weight's values then the bias's.
+        const double bound = 1.0 / std::sqrt(static_cast<double>(spec.fan_in));
+        for (float& v : tensor.values) v = static_cast<float>((2 * UnitUniform(rng) - 1) * bound);
+        break;
+      }
+      case NetworkTensorKind::kNormWeight:
+      case NetworkTensorKind::kRunningVar:
+        std::fill(tensor.values.begin(), tensor.values.end(), 1.0f);
+        break;
+      case NetworkTensorKind::kNormBias:
+      case NetworkTensorKind::kRunningMean:
+      case NetworkTensorKind::kBatchesTracked:
+        break;  // zeros
+    }
+    parameters.push_back(std::move(tensor));
   }
   return parameters;
 }
@@ -287,11 +441,19 @@ std::vector<NamedTensor> InitialNetworkParameters(const NetworkConfig& config,
 NetworkConfig NetworkFromMlp(const MlpConfig& mlp) {
   NetworkConfig config;
   config.input_shape = {mlp.input_features};
+  auto linear = [](int units) {
+    LayerConfig layer;
+    layer.kind = Kind::kLinear;
+    layer.units = units;
+    return layer;
+  };
+  LayerConfig relu;
+  relu.kind = Kind::kRelu;
   for (int width : mlp.hidden) {
-    config.layers.push_back({.kind = Kind::kLinear, .units = width});
-    config.layers.push_back({.kind = Kind::kRelu});
+    config.layers.push_back(linear(width));
+    config.layers.push_back(relu);
   }
-  config.layers.push_back({.kind = Kind::kLinear, .units = mlp.classes});
+  config.layers.push_back(linear(mlp.classes));
   config.classes = mlp.classes;
   config.max_batch = mlp.max_batch;
   config.precision = mlp.precision;
@@ -308,16 +470,15 @@ int64_t NetworkForwardFlopsPerSample(const NetworkConfig& config) {
   absl::StatusOr<std::vector<std::vector<int>>> shapes = NetworkShapes(config);
   if (!shapes.ok()) return 0;
   int64_t flops = 0;
-  for (size_t i = 0; i < config.layers.size(); ++i) {
-    const LayerConfig& layer = config.layers[i];
-    const std::vector<int>& in = (*shapes)[i];
-    const std::vector<int>& out = (*shapes)[i + 1];
+  auto visit = [&](const LayerConfig& layer, const std::vector<int>& in,
+                   const std::vector<int>& out, const std::string&) {
     if (layer.kind == Kind::kConv2d) {
       flops += 2 * Product(out) * in[0] * layer.kernel * layer.kernel;
     } else if (layer.kind == Kind::kLinear) {
       flops += 2 * Product(in) * layer.units;
     }
-  }
+  };
+  VisitBranch(config.layers, config.input_shape, "layers", visit);
   return flops;
 }
 
@@ -325,14 +486,17 @@ absl::StatusOr<TrainingFootprint> EstimateTrainingFootprint(const NetworkConfig&
   absl::StatusOr<std::vector<std::vector<int>>> shapes = NetworkShapes(config);
   if (!shapes.ok()) return shapes.status();
   TrainingFootprint footprint;
-  for (size_t i = 0; i < config.layers.size(); ++i) {
-    const std::vector<int64_t> weight_shape = WeightShape(config.layers[i], (*shapes)[i]);
-    if (weight_shape.empty()) continue;
-    int64_t weights = 1;
-    for (int64_t d : weight_shape) weights *= d;
-    footprint.parameters += weights + weight_shape[0];  // and the bias
+  int64_t buffers = 0;
+  for (const NetworkTensorSpec& spec : NetworkTensorSpecs(config, ParameterNaming::kByLayer)) {
+    int64_t size = 1;
+    for (int64_t d : spec.shape) size *= d;
+    (IsTrainedTensor(spec.kind) ? footprint.parameters : buffers) += size;
   }
-  for (const std::vector<int>& shape : *shapes) footprint.activations_per_sample += Product(shape);
+  // Every layer's output, nested ones included (a residual block's sum counts as its output).
+  footprint.activations_per_sample = Product(config.input_shape);
+  auto visit = [&](const LayerConfig&, const std::vector<int>&, const std::vector<int>& out,
+                   const std::string&) { footprint.activations_per_sample += Product(out); };
+  VisitBranch(config.layers, config.input_shape, "layers", visit);
   const bool low_precision = config.precision != Precision::kFp32;
   int64_t optimizer_slots = 0;
   if (config.optimizer.type == OptimizerType::kAdamW) {
@@ -342,7 +506,7 @@ absl::StatusOr<TrainingFootprint> EstimateTrainingFootprint(const NetworkConfig&
   }
   const int64_t per_parameter = 4 + 4 + 4 * optimizer_slots + (low_precision ? 2 : 0);
   const int64_t per_activation = 4 + 4 + (low_precision ? 2 : 0);
-  footprint.bytes = footprint.parameters * per_parameter +
+  footprint.bytes = footprint.parameters * per_parameter + buffers * 4 +
                     int64_t{config.max_batch} * footprint.activations_per_sample * per_activation;
   return footprint;
 }
@@ -360,7 +524,9 @@ absl::Status CheckTrainingFits(const TrainingFootprint& footprint, int64_t avail
 
 int EffectiveStride(const LayerConfig& layer) {
   if (layer.stride > 0) return layer.stride;
-  return layer.kind == LayerConfig::Kind::kMaxPool2d ? layer.kernel : 1;
+  const bool pool =
+      layer.kind == LayerConfig::Kind::kMaxPool2d || layer.kind == LayerConfig::Kind::kAvgPool2d;
+  return pool ? layer.kernel : 1;
 }
 
 absl::Status ValidateScalarState(const NamedTensor& entry) {

@@ -44,74 +44,97 @@ struct Op {
   std::unordered_map<int, memory> args;
 };
 
+// A tensor of Parameters(): a trained parameter (with its gradient and optimizer state) or a
+// BatchNorm buffer (value only).
 struct Param {
   std::string name;
   std::vector<int64_t> shape;
-  bool is_weight = false;  // weight decay applies to weights only
+  bool trained = true;
+  bool decayed = false;  // Conv2d and Linear weights only
   AlignedArray<float> value;
   AlignedArray<float> grad;
   AlignedArray<float> state1;  // SGD momentum or AdamW exp_avg
   AlignedArray<float> state2;  // AdamW exp_avg_sq
 };
 
-// The memory of one activation and its gradient; Flatten's output shares its input's.
-struct Storage {
-  AlignedArray<std::byte> value;
-  AlignedArray<std::byte> grad;
+// One activation of the flattened graph: 0 = the network input.
+struct Activation {
+  std::vector<int> shape;
+  int origin = 0;           // the activation whose layout this one shares (ActivationMd)
+  int value = 0;            // index in buffers_
+  int grad = 0;             // index in buffers_: its gradient as the layers after it produce it
+  bool needs_grad = false;  // depends on a trained parameter
 };
 
-struct Layer {
-  LayerConfig config;
-  std::vector<int> in_shape;
-  int in_storage = 0;
-  int out_storage = 0;
+// A step of the flattened network. Residual blocks open up into a kFork (its backward adds the
+// shortcut's input gradient to the block input's), the main branch's nodes, the shortcut's, and a
+// kAdd (out = activation(main + shortcut)). A network without residual blocks has one kLayer node
+// per layer, in order, so node index = layer index (dropout masks hash it).
+struct Node {
+  enum class Type { kLayer, kFork, kAdd };
+  Type type = Type::kLayer;
+  LayerConfig config;  // kLayer: the layer; kAdd: the block (its activation); branches cleared
+  int in = 0;          // kLayer: input; kAdd: the main branch's output; kFork: the block input
+  int in2 = -1;        // kAdd: the shortcut's output (the block input for an identity shortcut)
+  int out = -1;        // kLayer, kAdd
+  int diff_src = -1;   // buffer backward writes the input gradient to (kFork: adds into)
+  int diff_src2 = -1;  // kAdd: the shortcut output's gradient buffer (-1: identity)
+  int extra = -1;      // kFork: the buffer added into diff_src (the shortcut's input gradient)
+  int pre = -1;        // kAdd with GELU: the sum before the activation
+  bool needs_input_grad = false;
+  bool needs_input2_grad = false;  // kAdd
   int stride = 1;
   int weight = -1;  // index in params_, Conv2d and Linear only
-  int bias = -1;
-  // A parameterised layer comes before this one: its input gradient is needed.
-  bool needs_input_grad = false;
+  int bias = -1;    // -1 also for bias: false
+  int norm = -1;    // BatchNorm: index of its weight; bias, running_mean, running_var and
+                    // num_batches_tracked follow
   // Conv2d / Linear: the layouts oneDNN chose at the full batch (partial plans reuse them).
   memory::desc weight_plain_md;  // f32, PyTorch's layout
   memory::desc weight_fwd_md;    // compute type
   memory::desc weight_bwd_md;    // compute type, for backward data
   memory::desc diff_weight_md;   // f32
-  // The weight copies the primitives read (empty when they read the master directly).
   AlignedArray<std::byte> weight_fwd;
   AlignedArray<std::byte> weight_bwd;
   AlignedArray<std::byte> diff_weight;  // empty when backward writes the plain gradient directly
   AlignedArray<std::byte> workspace;    // MaxPool2d
   AlignedArray<uint8_t> keep;           // Dropout mask
+  AlignedArray<float> mean, variance;   // BatchNorm: the last training batch's statistics
+};
+
+struct NodeOps {
+  std::vector<Op> forward;           // training (and evaluation when `eval` is empty)
+  std::vector<Op> eval;              // BatchNorm: normalise by the running statistics
+  std::vector<Op> backward_weights;  // always run (BatchNorm's also gives the input gradient)
+  std::vector<Op> backward_data;     // run when the input gradient is needed
 };
 
 struct Plan {
   int batch = 0;
-  std::vector<memory::desc> value_md;  // per activation: 0 = input, i + 1 = layers[i]'s output
+  std::vector<memory::desc> value_md;  // per activation
   std::vector<memory::desc> grad_md;
-  std::vector<std::optional<Op>> forward;  // per layer; none for Flatten and Dropout
-  std::vector<std::optional<Op>> backward_data;
-  std::vector<std::optional<Op>> backward_weights;
+  std::vector<NodeOps> ops;  // per node
   AlignedArray<std::byte> scratchpad;
 };
 
-// One layer's view of a plan being built: its activations' descriptors and buffers at the plan's
+// One node's view of a plan being built: its activations' descriptors and buffers at the plan's
 // batch size.
 struct LayerIo {
-  size_t index = 0;   // in NetworkConfig::layers
+  size_t index = 0;   // node index
   bool full = false;  // the full-batch plan, which fixes the layouts later plans reuse
   memory::desc src, dst, diff_src, diff_dst;
   void* src_ptr = nullptr;
   void* dst_ptr = nullptr;
-  void* diff_src_ptr = nullptr;  // null for the first layer: no input gradient
+  void* diff_src_ptr = nullptr;
   void* diff_dst_ptr = nullptr;
 };
 
-// A primitive waiting for its arguments: bound once every layer is described, so one scratchpad
+// A primitive waiting for its arguments: bound once every node is described, so one scratchpad
 // sized for the largest can be shared (the primitives run in turn).
 struct PendingOp {
   dnnl::primitive primitive;
   memory::desc scratchpad;
   std::unordered_map<int, std::pair<memory::desc, void*>> args;
-  std::optional<Op>* slot;
+  std::vector<Op>* slot;
 };
 
 // `buffer` when it holds a copy, else `fallback` (the primitive reads the master directly).
@@ -119,10 +142,17 @@ void* Bind(AlignedArray<std::byte>& buffer, void* fallback) {
   return buffer.size() > 0 ? static_cast<void*>(buffer.data()) : fallback;
 }
 
+bool IsBatchNorm(Kind kind) { return kind == Kind::kBatchNorm2d || kind == Kind::kBatchNorm1d; }
+
+// Layers whose output keeps their input's memory layout.
+bool KeepsLayout(Kind kind) {
+  return kind == Kind::kFlatten || kind == Kind::kRelu || kind == Kind::kGelu ||
+         kind == Kind::kDropout || IsBatchNorm(kind);
+}
+
 class CpuNetwork final : public Model {
  public:
-  CpuNetwork(const NetworkConfig& config, std::vector<std::vector<int>> shapes,
-             ParameterNaming naming);
+  CpuNetwork(const NetworkConfig& config, ParameterNaming naming);
 
   // Builds the full-batch plan and the weight reorders, and loads the initial weights.
   absl::Status Init();
@@ -144,67 +174,87 @@ class CpuNetwork final : public Model {
   DataType ComputeType() const { return bf16() ? DataType::bf16 : DataType::f32; }
   bool adamw() const { return config_.optimizer.type == OptimizerType::kAdamW; }
 
+  // Graph construction (constructor): a new activation with its own buffers, a branch of layers
+  // and one layer (`diff_src`: where its input gradient goes), in NetworkTensorSpecs' order.
+  int NewBuffer();
+  int NewActivation(std::vector<int> shape, int origin);
+  int AddBranch(const std::vector<LayerConfig>& layers, int in, int first_diff_src);
+  int AddLayer(const LayerConfig& config, int in, int diff_src);
+
   memory::desc ActivationMd(size_t index, int batch, DataType type) const;
-  // The primitives of every layer at `batch`, bound to this model's buffers. BuildPlan dispatches
+  // The primitives of every node at `batch`, bound to this model's buffers. BuildPlan dispatches
   // on the layer kind; the Plan* functions below each add one kind's primitives to `pending`.
   absl::StatusOr<std::unique_ptr<Plan>> BuildPlan(int batch);
-  // A Conv2d's or Linear's primitives (backward_data only when the layer needs its input
-  // gradient), with their scratchpads.
   struct WeightedPrimitives {
     dnnl::primitive forward, backward_data, backward_weights;
     memory::desc forward_scratch, data_scratch, weights_scratch;
     memory::desc bias;
   };
-  // The descriptors a Conv2d's or Linear's primitives are described with; the full-batch plan
-  // also fixes layer.weight_plain_md.
   struct WeightDescs {
     memory::desc any_weights, any_diff_weights, bias;
   };
+  using Layer = Node;
   WeightDescs DescribeWeights(Layer& layer, const LayerIo& io) const;
   WeightedPrimitives PlanConv2d(Layer& layer, const LayerIo& io, const dnnl::primitive_attr& attr);
   WeightedPrimitives PlanLinear(Layer& layer, const LayerIo& io, const dnnl::primitive_attr& attr);
-  // Binds a Conv2d's or Linear's primitives to the input, output, weights and gradients.
   void PlanWeightedLayer(Layer& layer, const LayerIo& io, const WeightedPrimitives& primitives,
                          Plan& plan, std::vector<PendingOp>& pending);
   // ReLU and GELU.
   void PlanEltwise(const Layer& layer, const LayerIo& io, const dnnl::primitive_attr& attr,
                    Plan& plan, std::vector<PendingOp>& pending);
-  // INTERNAL if a partial batch would need a larger workspace than the full batch allocated.
-  absl::Status PlanMaxPool2d(Layer& layer, const LayerIo& io, const dnnl::primitive_attr& attr,
-                             Plan& plan, std::vector<PendingOp>& pending);
-  // Sizes the shared scratchpad and binds every pending primitive into its plan slot.
+  // MaxPool2d, AvgPool2d and GlobalAvgPool. INTERNAL if a partial batch would need a larger
+  // workspace than the full batch allocated.
+  absl::Status PlanPool(Layer& layer, const LayerIo& io, const dnnl::primitive_attr& attr,
+                        Plan& plan, std::vector<PendingOp>& pending);
+  void PlanBatchNorm(Layer& layer, const LayerIo& io, int batch, const dnnl::primitive_attr& attr,
+                     Plan& plan, std::vector<PendingOp>& pending);
+  void PlanAdd(const Node& node, int batch, const dnnl::primitive_attr& attr, Plan& plan,
+               std::vector<PendingOp>& pending);
+  void PlanFork(const Node& node, size_t index, const dnnl::primitive_attr& attr, Plan& plan,
+                std::vector<PendingOp>& pending);
   void BindPlan(Plan& plan, std::vector<PendingOp>& pending);
   absl::StatusOr<Plan*> PlanFor(int batch);
   void BuildWeightReorders();
   void RefreshComputeWeights();
   void LoadInput(const BatchView& batch);
-  // Forward through every layer; dropout only when training. Returns the f32 logits.
+  // Forward through every node; dropout and batch statistics only when training. Returns the f32
+  // logits.
   const float* Forward(Plan& plan, bool training);
+  void UpdateRunningStatistics(const Node& node, int batch);
   void Backward(Plan& plan);
   void Execute(const Op& op) { op.primitive.execute(stream_, op.args); }
-  // Gradient norm clipping, then the optimizer on every parameter.
+  void ExecuteAll(const std::vector<Op>& ops) {
+    for (const Op& op : ops) Execute(op);
+  }
+  void RoundFp16(int buffer, const memory::desc& md) {
+    if (fp16()) cpu::RoundToFp16InPlace(reinterpret_cast<float*>(Buffer(buffer)), Elements(md));
+  }
+  // Gradient norm clipping, then the optimizer on every trained parameter.
   void ApplyOptimizer(float learning_rate);
+  // Softmax cross-entropy with label smoothing; `grad` as cpu::SoftmaxCrossEntropy's.
+  double Loss(const float* logits, const uint8_t* labels, int rows, float* grad,
+              int64_t* correct) const;
 
-  std::byte* Value(size_t tensor) { return storage_[storage_index_[tensor]].value.data(); }
-  std::byte* Grad(size_t tensor) { return storage_[storage_index_[tensor]].grad.data(); }
+  std::byte* Buffer(int index) { return buffers_[index].data(); }
+  std::byte* Value(int activation) { return Buffer(activations_[activation].value); }
+  std::byte* Grad(int activation) { return Buffer(activations_[activation].grad); }
 
-  // Optimizer state that is not per parameter: counters (exact in float up to 2^24) and fp16's
-  // loss scale.
   std::vector<std::pair<std::string, std::vector<float>>> ScalarState() const;
 
   const NetworkConfig config_;
-  const ChannelNormalization normalization_;    // of uint8 samples, per channel
-  const std::vector<std::vector<int>> shapes_;  // per activation, without the batch
+  const ChannelNormalization normalization_;  // of uint8 samples, per channel
   const ParameterNaming naming_;
   // NHWC: oneDNN 2.6 runs NCHW convolutions as im2col + GEMM here; with NHWC it picks its
   // direct/brgemm kernels, 2.3x faster for bf16 and 1.5x for fp32 on the Fashion-MNIST CNN.
   const Tag activation_tag_ = Tag::nhwc;
   dnnl::engine engine_;
   dnnl::stream stream_;
-  std::vector<Layer> layers_;
+  std::vector<Node> nodes_;
+  std::vector<Activation> activations_;
+  int output_ = 0;  // the logits' activation
+  std::vector<AlignedArray<std::byte>> buffers_;
   std::vector<Param> params_;
-  std::vector<Storage> storage_;
-  std::vector<int> storage_index_;   // per activation
+  size_t next_param_ = 0;            // construction: the next NetworkTensorSpecs entry
   AlignedArray<float> logits_;       // [max_batch, classes] when the last activation is not f32
   AlignedArray<float> loss_grad_;    // [max_batch, classes]
   std::vector<Op> weight_reorders_;  // master -> compute copies, after every update
@@ -219,73 +269,147 @@ class CpuNetwork final : public Model {
   std::optional<float> injected_gradient_;
 };
 
-CpuNetwork::CpuNetwork(const NetworkConfig& config, std::vector<std::vector<int>> shapes,
-                       ParameterNaming naming)
+CpuNetwork::CpuNetwork(const NetworkConfig& config, ParameterNaming naming)
     : config_(config),
       normalization_(InputNormalization(config)),
-      shapes_(std::move(shapes)),
       naming_(naming),
       engine_(dnnl::engine::kind::cpu, 0),
       stream_(engine_),
       loss_scale_(config.precision == Precision::kFp16 ? config.loss_scale.initial : 1.0f) {
-  const int64_t max_batch = config.max_batch;
-  // Parameters, named as InitialNetworkParameters names them under `naming`.
-  std::vector<NamedTensor> initial = InitialNetworkParameters(config, naming);
-  for (size_t p = 0; p < initial.size(); ++p) {
+  // Parameters and buffers, named and ordered as NetworkTensorSpecs lists them.
+  for (const NetworkTensorSpec& spec : NetworkTensorSpecs(config, naming)) {
     Param param;
-    param.name = initial[p].name;
-    param.shape = initial[p].shape;
-    param.is_weight = p % 2 == 0;
-    const size_t size = initial[p].values.size();
+    param.name = spec.name;
+    param.shape = spec.shape;
+    param.trained = IsTrainedTensor(spec.kind);
+    param.decayed = IsDecayedTensor(spec.kind);
+    int64_t size = 1;
+    for (int64_t d : spec.shape) size *= d;
     param.value = AlignedArray<float>(size);
-    param.grad = AlignedArray<float>(size);
-    param.state1 = AlignedArray<float>(size);
-    if (adamw()) param.state2 = AlignedArray<float>(size);
+    if (param.trained) {
+      param.grad = AlignedArray<float>(size);
+      param.state1 = AlignedArray<float>(size);
+      if (adamw()) param.state2 = AlignedArray<float>(size);
+    }
     params_.push_back(std::move(param));
   }
-  bool seen_parameters = false;
-  int next_param = 0;
-  storage_index_.push_back(0);
-  storage_.emplace_back();
-  for (size_t i = 0; i < config.layers.size(); ++i) {
-    Layer layer;
-    layer.config = config.layers[i];
-    layer.in_shape = shapes_[i];
-    layer.in_storage = storage_index_.back();
-    layer.needs_input_grad = seen_parameters;
-    const Kind kind = layer.config.kind;
-    layer.stride = EffectiveStride(layer.config);
-    if (LayerHasParameters(kind)) {
-      layer.weight = next_param++;
-      layer.bias = next_param++;
-      seen_parameters = true;
-    }
-    if (kind == Kind::kFlatten) {
-      layer.out_storage = layer.in_storage;
-    } else {
-      layer.out_storage = static_cast<int>(storage_.size());
-      storage_.emplace_back();
-    }
-    storage_index_.push_back(layer.out_storage);
-    if (kind == Kind::kDropout) {
-      int64_t size = max_batch;
-      for (int d : layer.in_shape) size *= d;
-      layer.keep = AlignedArray<uint8_t>(size);
-    }
-    layers_.push_back(std::move(layer));
-  }
-  const size_t logits = static_cast<size_t>(max_batch) * config.classes;
+  const int input = NewActivation(config.input_shape, 0);
+  output_ = AddBranch(config.layers, input, activations_[input].grad);
+  const size_t logits = static_cast<size_t>(config.max_batch) * config.classes;
   loss_grad_ = AlignedArray<float>(logits);
   logits_ = AlignedArray<float>(logits);
 }
 
+int CpuNetwork::NewBuffer() {
+  buffers_.emplace_back();
+  return static_cast<int>(buffers_.size()) - 1;
+}
+
+int CpuNetwork::NewActivation(std::vector<int> shape, int origin) {
+  Activation activation;
+  activation.shape = std::move(shape);
+  activation.origin = origin < 0 ? static_cast<int>(activations_.size()) : origin;
+  activation.value = NewBuffer();
+  activation.grad = NewBuffer();
+  activations_.push_back(std::move(activation));
+  return static_cast<int>(activations_.size()) - 1;
+}
+
+int CpuNetwork::AddBranch(const std::vector<LayerConfig>& layers, int in, int first_diff_src) {
+  for (size_t j = 0; j < layers.size(); ++j) {
+    in = AddLayer(layers[j], in, j == 0 ? first_diff_src : activations_[in].grad);
+  }
+  return in;
+}
+
+int CpuNetwork::AddLayer(const LayerConfig& config, int in, int diff_src) {
+  const bool in_needs_grad = activations_[in].needs_grad;
+  if (config.kind == Kind::kResidual) {
+    Node fork;
+    fork.type = Node::Type::kFork;
+    fork.in = in;
+    fork.diff_src = diff_src;
+    fork.needs_input_grad = in_needs_grad;
+    const size_t fork_index = nodes_.size();
+    nodes_.push_back(std::move(fork));
+    const int main = AddBranch(config.layers, in, diff_src);
+    int shortcut = in;
+    int extra = activations_[main].grad;  // identity: the sum's gradient itself
+    if (!config.shortcut.empty()) {
+      extra = NewBuffer();
+      shortcut = AddBranch(config.shortcut, in, extra);
+    }
+    nodes_[fork_index].extra = extra;
+    Node add;
+    add.type = Node::Type::kAdd;
+    add.config = config;
+    add.config.layers.clear();
+    add.config.shortcut.clear();
+    add.in = main;
+    add.in2 = shortcut;
+    add.diff_src = activations_[main].grad;
+    add.needs_input_grad = activations_[main].needs_grad || activations_[shortcut].needs_grad;
+    if (!config.shortcut.empty()) {
+      add.diff_src2 = activations_[shortcut].grad;
+      add.needs_input2_grad = activations_[shortcut].needs_grad;
+    }
+    if (config.activation == LayerConfig::Activation::kGelu) add.pre = NewBuffer();
+    add.out = NewActivation(activations_[main].shape, activations_[main].origin);
+    activations_[add.out].needs_grad = add.needs_input_grad;
+    const int out = add.out;
+    nodes_.push_back(std::move(add));
+    return out;
+  }
+  Node node;
+  node.config = config;
+  node.in = in;
+  node.diff_src = diff_src;
+  node.needs_input_grad = in_needs_grad;
+  node.stride = EffectiveStride(config);
+  bool has_parameters = false;
+  if (config.kind == Kind::kConv2d || config.kind == Kind::kLinear) {
+    node.weight = static_cast<int>(next_param_++);
+    if (config.bias) node.bias = static_cast<int>(next_param_++);
+    has_parameters = true;
+  } else if (IsBatchNorm(config.kind)) {
+    node.norm = static_cast<int>(next_param_);
+    next_param_ += 5;
+    has_parameters = true;
+    const int channels = activations_[in].shape[0];
+    node.mean = AlignedArray<float>(channels);
+    node.variance = AlignedArray<float>(channels);
+  }
+  std::vector<int> shape = *LayerOutputShape(config, activations_[in].shape);
+  if (config.kind == Kind::kFlatten) {
+    Activation alias;
+    alias.shape = std::move(shape);
+    alias.origin = activations_[in].origin;
+    alias.value = activations_[in].value;
+    alias.grad = diff_src;
+    activations_.push_back(std::move(alias));
+    node.out = static_cast<int>(activations_.size()) - 1;
+  } else {
+    node.out =
+        NewActivation(std::move(shape), KeepsLayout(config.kind) ? activations_[in].origin : -1);
+  }
+  activations_[node.out].needs_grad = in_needs_grad || has_parameters;
+  if (config.kind == Kind::kDropout) {
+    int64_t size = config_.max_batch;
+    for (int d : activations_[in].shape) size *= d;
+    node.keep = AlignedArray<uint8_t>(size);
+  }
+  const int out = node.out;
+  nodes_.push_back(std::move(node));
+  return out;
+}
+
 memory::desc CpuNetwork::ActivationMd(size_t index, int batch, DataType type) const {
-  // Laid out as its LayoutOrigin (oneDNN's elementwise primitives write in their source's layout,
-  // and Flatten is an alias): NHWC for images a layer made, the caller's NCHW for the network
-  // input. A Linear reads a [N, C, H, W] input with [out, C, H, W] weights, which is PyTorch's
-  // flattened order.
-  const size_t origin = LayoutOrigin(config_, index);
-  const std::vector<int>& shape = shapes_[origin];
+  // Laid out as its origin (oneDNN's elementwise and normalisation primitives write in their
+  // source's layout, and Flatten is an alias): NHWC for images a layer made, the caller's NCHW for
+  // the network input. A Linear reads a [N, C, H, W] input with [out, C, H, W] weights, which is
+  // PyTorch's flattened order.
+  const int origin = activations_[index].origin;
+  const std::vector<int>& shape = activations_[origin].shape;
   if (shape.size() == 3) {
     // The input arrives as C, H, W per sample: NHWC only when that is the same memory (C = 1).
     const Tag tag = origin == 0 && shape[0] > 1 ? Tag::nchw : activation_tag_;
@@ -298,16 +422,25 @@ absl::Status CpuNetwork::Init() {
   absl::StatusOr<std::unique_ptr<Plan>> plan = BuildPlan(config_.max_batch);
   if (!plan.ok()) return plan.status();
   full_plan_ = *std::move(plan);
-  // Activation storage, sized by the full plan's descriptors.
-  for (size_t t = 0; t < storage_index_.size(); ++t) {
-    Storage& storage = storage_[storage_index_[t]];
-    if (storage.value.size() == 0) {
-      storage.value = AlignedArray<std::byte>(full_plan_->value_md[t].get_size());
-    }
-    if (t > 0 && storage.grad.size() == 0) {
-      storage.grad = AlignedArray<std::byte>(full_plan_->grad_md[t].get_size());
+  // Buffers, sized by the full plan's descriptors (aliases take the largest).
+  std::vector<size_t> bytes(buffers_.size(), 0);
+  auto need = [&](int buffer, size_t size) {
+    if (buffer >= 0) bytes[buffer] = std::max(bytes[buffer], size);
+  };
+  for (size_t t = 0; t < activations_.size(); ++t) {
+    need(activations_[t].value, full_plan_->value_md[t].get_size());
+    need(activations_[t].grad, full_plan_->grad_md[t].get_size());
+  }
+  for (const Node& node : nodes_) {
+    if (node.type == Node::Type::kFork) {
+      need(node.extra, full_plan_->grad_md[node.in].get_size());
+    } else if (node.type == Node::Type::kAdd) {
+      need(node.pre, full_plan_->value_md[node.out].get_size());
+    } else {
+      need(node.diff_src, full_plan_->grad_md[node.in].get_size());
     }
   }
+  for (size_t b = 0; b < buffers_.size(); ++b) buffers_[b] = AlignedArray<std::byte>(bytes[b]);
   try {
     BuildWeightReorders();
   } catch (const dnnl::error& e) {
@@ -326,52 +459,66 @@ absl::StatusOr<std::unique_ptr<Plan>> CpuNetwork::BuildPlan(int batch) {
   plan->batch = batch;
   const bool full = batch == config_.max_batch && full_plan_ == nullptr;
   const DataType compute = ComputeType();
-  const size_t count = layers_.size();
-  for (size_t t = 0; t <= count; ++t) {
-    // Logits straight from a final Linear are f32; every other activation is in the compute type.
-    const bool f32_logits = t == count && layers_.back().config.kind == Kind::kLinear;
-    plan->value_md.push_back(ActivationMd(t, batch, f32_logits ? DataType::f32 : compute));
+  // Logits straight from a final Linear are f32; every other activation is in the compute type.
+  const bool f32_logits =
+      nodes_.back().type == Node::Type::kLayer && nodes_.back().config.kind == Kind::kLinear;
+  for (size_t t = 0; t < activations_.size(); ++t) {
+    const bool f32 = f32_logits && static_cast<int>(t) == output_;
+    plan->value_md.push_back(ActivationMd(t, batch, f32 ? DataType::f32 : compute));
     plan->grad_md.push_back(ActivationMd(t, batch, compute));
   }
-  plan->forward.resize(count);
-  plan->backward_data.resize(count);
-  plan->backward_weights.resize(count);
+  plan->ops.resize(nodes_.size());
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   // Descriptors first, so one scratchpad sized for the largest can be shared (they run in turn).
   std::vector<PendingOp> pending;
   try {
-    for (size_t i = 0; i < count; ++i) {
-      Layer& layer = layers_[i];
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      Node& node = nodes_[i];
+      if (node.type == Node::Type::kFork) {
+        PlanFork(node, i, attr, *plan, pending);
+        continue;
+      }
+      if (node.type == Node::Type::kAdd) {
+        PlanAdd(node, batch, attr, *plan, pending);
+        continue;
+      }
       const LayerIo io = {
           .index = i,
           .full = full,
-          .src = plan->value_md[i],
-          .dst = plan->value_md[i + 1],
-          .diff_src = plan->grad_md[i],
-          .diff_dst = plan->grad_md[i + 1],
-          .src_ptr = Value(i),
-          .dst_ptr = Value(i + 1),
-          .diff_src_ptr = i > 0 ? static_cast<void*>(Grad(i)) : nullptr,
-          .diff_dst_ptr = Grad(i + 1),
+          .src = plan->value_md[node.in],
+          .dst = plan->value_md[node.out],
+          .diff_src = plan->grad_md[node.in],
+          .diff_dst = plan->grad_md[node.out],
+          .src_ptr = Value(node.in),
+          .dst_ptr = Value(node.out),
+          .diff_src_ptr = Buffer(node.diff_src),
+          .diff_dst_ptr = Grad(node.out),
       };
-      switch (layer.config.kind) {
+      switch (node.config.kind) {
         case Kind::kConv2d:
-          PlanWeightedLayer(layer, io, PlanConv2d(layer, io, attr), *plan, pending);
+          PlanWeightedLayer(node, io, PlanConv2d(node, io, attr), *plan, pending);
           break;
         case Kind::kLinear:
-          PlanWeightedLayer(layer, io, PlanLinear(layer, io, attr), *plan, pending);
+          PlanWeightedLayer(node, io, PlanLinear(node, io, attr), *plan, pending);
           break;
         case Kind::kRelu:
         case Kind::kGelu:
-          PlanEltwise(layer, io, attr, *plan, pending);
+          PlanEltwise(node, io, attr, *plan, pending);
           break;
         case Kind::kMaxPool2d:
-          STOKER_RETURN_IF_ERROR(PlanMaxPool2d(layer, io, attr, *plan, pending));
+        case Kind::kAvgPool2d:
+        case Kind::kGlobalAvgPool:
+          STOKER_RETURN_IF_ERROR(PlanPool(node, io, attr, *plan, pending));
+          break;
+        case Kind::kBatchNorm2d:
+        case Kind::kBatchNorm1d:
+          PlanBatchNorm(node, io, batch, attr, *plan, pending);
           break;
         case Kind::kDropout:
         case Kind::kFlatten:
-          break;  // no primitive: Dropout is a loop, Flatten an alias
+        case Kind::kResidual:
+          break;  // no primitive: Dropout is a loop, Flatten an alias (residual: opened up)
       }
     }
     BindPlan(*plan, pending);
@@ -469,41 +616,48 @@ CpuNetwork::WeightDescs CpuNetwork::DescribeWeights(Layer& layer, const LayerIo&
   }
   return {.any_weights = memory::desc(weight_dims, ComputeType(), Tag::any),
           .any_diff_weights = memory::desc(weight_dims, DataType::f32, Tag::any),
-          .bias = memory::desc({out}, DataType::f32, Tag::x)};
+          .bias = layer.bias >= 0 ? memory::desc({out}, DataType::f32, Tag::x) : memory::desc()};
 }
 
 void CpuNetwork::PlanWeightedLayer(Layer& layer, const LayerIo& io,
                                    const WeightedPrimitives& primitives, Plan& plan,
                                    std::vector<PendingOp>& pending) {
   Param& weight = params_[layer.weight];
-  Param& bias = params_[layer.bias];
   const memory::desc& bias_md = primitives.bias;
   void* master = weight.value.data();
   void* fwd_weights = Bind(layer.weight_fwd, master);
   void* bwd_weights =
       layer.weight_bwd_md == layer.weight_fwd_md ? fwd_weights : Bind(layer.weight_bwd, master);
-  pending.push_back({primitives.forward,
-                     primitives.forward_scratch,
-                     {{DNNL_ARG_SRC, {io.src, io.src_ptr}},
-                      {DNNL_ARG_WEIGHTS, {layer.weight_fwd_md, fwd_weights}},
-                      {DNNL_ARG_BIAS, {bias_md, bias.value.data()}},
-                      {DNNL_ARG_DST, {io.dst, io.dst_ptr}}},
-                     &plan.forward[io.index]});
-  pending.push_back({primitives.backward_weights,
-                     primitives.weights_scratch,
-                     {{DNNL_ARG_SRC, {io.src, io.src_ptr}},
-                      {DNNL_ARG_DIFF_DST, {io.diff_dst, io.diff_dst_ptr}},
-                      {DNNL_ARG_DIFF_WEIGHTS,
-                       {layer.diff_weight_md, Bind(layer.diff_weight, weight.grad.data())}},
-                      {DNNL_ARG_DIFF_BIAS, {bias_md, bias.grad.data()}}},
-                     &plan.backward_weights[io.index]});
+  PendingOp forward{primitives.forward,
+                    primitives.forward_scratch,
+                    {{DNNL_ARG_SRC, {io.src, io.src_ptr}},
+                     {DNNL_ARG_WEIGHTS, {layer.weight_fwd_md, fwd_weights}},
+                     {DNNL_ARG_DST, {io.dst, io.dst_ptr}}},
+                    &plan.ops[io.index].forward};
+  PendingOp backward_weights{
+      primitives.backward_weights,
+      primitives.weights_scratch,
+      {{DNNL_ARG_SRC, {io.src, io.src_ptr}},
+       {DNNL_ARG_DIFF_DST, {io.diff_dst, io.diff_dst_ptr}},
+       {DNNL_ARG_DIFF_WEIGHTS,
+        {layer.diff_weight_md, Bind(layer.diff_weight, weight.grad.data())}}},
+      &plan.ops[io.index].backward_weights};
+  if (layer.bias >= 0) {
+    Param& bias = params_[layer.bias];
+    forward.args.emplace(DNNL_ARG_BIAS,
+                         std::make_pair(bias_md, static_cast<void*>(bias.value.data())));
+    backward_weights.args.emplace(DNNL_ARG_DIFF_BIAS,
+                                  std::make_pair(bias_md, static_cast<void*>(bias.grad.data())));
+  }
+  pending.push_back(std::move(forward));
+  pending.push_back(std::move(backward_weights));
   if (layer.needs_input_grad) {
     pending.push_back({primitives.backward_data,
                        primitives.data_scratch,
                        {{DNNL_ARG_DIFF_DST, {io.diff_dst, io.diff_dst_ptr}},
                         {DNNL_ARG_WEIGHTS, {layer.weight_bwd_md, bwd_weights}},
                         {DNNL_ARG_DIFF_SRC, {io.diff_src, io.diff_src_ptr}}},
-                       &plan.backward_data[io.index]});
+                       &plan.ops[io.index].backward_data});
   }
 }
 
@@ -519,7 +673,7 @@ void CpuNetwork::PlanEltwise(const Layer& layer, const LayerIo& io,
   pending.push_back({dnnl::eltwise_forward(fwd),
                      fwd.scratchpad_desc(),
                      {{DNNL_ARG_SRC, {io.src, io.src_ptr}}, {DNNL_ARG_DST, {io.dst, io.dst_ptr}}},
-                     &plan.forward[io.index]});
+                     &plan.ops[io.index].forward});
   if (layer.needs_input_grad) {
     dnnl::eltwise_backward::primitive_desc bwd(
         dnnl::eltwise_backward::desc(algorithm, io.diff_dst, io.src, 0.f, 0.f), attr, engine_, fwd);
@@ -528,45 +682,217 @@ void CpuNetwork::PlanEltwise(const Layer& layer, const LayerIo& io,
                        {{DNNL_ARG_SRC, {io.src, io.src_ptr}},
                         {DNNL_ARG_DIFF_DST, {io.diff_dst, io.diff_dst_ptr}},
                         {DNNL_ARG_DIFF_SRC, {io.diff_src, io.diff_src_ptr}}},
-                       &plan.backward_data[io.index]});
+                       &plan.ops[io.index].backward_data});
   }
 }
 
-absl::Status CpuNetwork::PlanMaxPool2d(Layer& layer, const LayerIo& io,
-                                       const dnnl::primitive_attr& attr, Plan& plan,
-                                       std::vector<PendingOp>& pending) {
+absl::Status CpuNetwork::PlanPool(Layer& layer, const LayerIo& io, const dnnl::primitive_attr& attr,
+                                  Plan& plan, std::vector<PendingOp>& pending) {
   const LayerConfig& c = layer.config;
-  const Dims strides = {layer.stride, layer.stride};
-  const Dims kernel = {c.kernel, c.kernel};
-  const Dims padding = {c.padding, c.padding};
+  const bool max = c.kind == Kind::kMaxPool2d;
+  const bool global = c.kind == Kind::kGlobalAvgPool;
+  const Dims src_dims = io.src.dims();
+  const Dims strides = global ? Dims{1, 1} : Dims{layer.stride, layer.stride};
+  const Dims kernel = global ? Dims{src_dims[2], src_dims[3]} : Dims{c.kernel, c.kernel};
+  const Dims padding = global ? Dims{0, 0} : Dims{c.padding, c.padding};
+  // AvgPool2d's default count_include_pad=True divides by the whole window, padding included.
+  const dnnl::algorithm algorithm =
+      max ? dnnl::algorithm::pooling_max : dnnl::algorithm::pooling_avg_include_padding;
   dnnl::pooling_forward::primitive_desc fwd(
-      dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::pooling_max,
-                                  io.src, io.dst, strides, kernel, padding, padding),
+      dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, algorithm, io.src, io.dst,
+                                  strides, kernel, padding, padding),
       attr, engine_);
-  if (io.full) layer.workspace = AlignedArray<std::byte>(fwd.workspace_desc().get_size());
   const memory::desc workspace = fwd.workspace_desc();
+  if (io.full && workspace.get_size() > 0) {
+    layer.workspace = AlignedArray<std::byte>(workspace.get_size());
+  }
   if (workspace.get_size() > layer.workspace.size()) {
     return absl::InternalError("pooling workspace larger than at the full batch");
   }
-  pending.push_back({dnnl::pooling_forward(fwd),
-                     fwd.scratchpad_desc(),
-                     {{DNNL_ARG_SRC, {io.src, io.src_ptr}},
-                      {DNNL_ARG_DST, {io.dst, io.dst_ptr}},
-                      {DNNL_ARG_WORKSPACE, {workspace, layer.workspace.data()}}},
-                     &plan.forward[io.index]});
+  PendingOp forward{dnnl::pooling_forward(fwd),
+                    fwd.scratchpad_desc(),
+                    {{DNNL_ARG_SRC, {io.src, io.src_ptr}}, {DNNL_ARG_DST, {io.dst, io.dst_ptr}}},
+                    &plan.ops[io.index].forward};
+  if (workspace.get_size() > 0) {
+    forward.args.emplace(DNNL_ARG_WORKSPACE,
+                         std::make_pair(workspace, static_cast<void*>(layer.workspace.data())));
+  }
+  pending.push_back(std::move(forward));
   if (layer.needs_input_grad) {
     dnnl::pooling_backward::primitive_desc bwd(
-        dnnl::pooling_backward::desc(dnnl::algorithm::pooling_max, io.diff_src, io.diff_dst,
-                                     strides, kernel, padding, padding),
+        dnnl::pooling_backward::desc(algorithm, io.diff_src, io.diff_dst, strides, kernel, padding,
+                                     padding),
         attr, engine_, fwd);
-    pending.push_back({dnnl::pooling_backward(bwd),
+    PendingOp backward{dnnl::pooling_backward(bwd),
                        bwd.scratchpad_desc(),
                        {{DNNL_ARG_DIFF_DST, {io.diff_dst, io.diff_dst_ptr}},
-                        {DNNL_ARG_DIFF_SRC, {io.diff_src, io.diff_src_ptr}},
-                        {DNNL_ARG_WORKSPACE, {workspace, layer.workspace.data()}}},
-                       &plan.backward_data[io.index]});
+                        {DNNL_ARG_DIFF_SRC, {io.diff_src, io.diff_src_ptr}}},
+                       &plan.ops[io.index].backward_data};
+    if (workspace.get_size() > 0) {
+      backward.args.emplace(DNNL_ARG_WORKSPACE,
+                            std::make_pair(workspace, static_cast<void*>(layer.workspace.data())));
+    }
+    pending.push_back(std::move(backward));
   }
   return absl::OkStatus();
+}
+
+void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
+                               const dnnl::primitive_attr& attr, Plan& plan,
+                               std::vector<PendingOp>& pending) {
+  const LayerConfig& c = layer.config;
+  // BatchNorm1d's [N, C] runs as [N, C, 1, 1] NHWC: the same memory.
+  memory::desc data = io.src;
+  memory::desc diff = io.diff_dst;
+  if (c.kind == Kind::kBatchNorm1d) {
+    const memory::dim channels = io.src.dims()[1];
+    data = memory::desc({batch, channels, 1, 1}, io.src.data_type(), Tag::nhwc);
+    diff = memory::desc({batch, channels, 1, 1}, io.diff_dst.data_type(), Tag::nhwc);
+  }
+  const memory::desc channel_md({static_cast<memory::dim>(layer.mean.size())}, DataType::f32,
+                                Tag::x);
+  auto param = [&](int offset) {
+    return std::make_pair(channel_md,
+                          static_cast<void*>(params_[layer.norm + offset].value.data()));
+  };
+  auto param_grad = [&](int offset) {
+    return std::make_pair(channel_md, static_cast<void*>(params_[layer.norm + offset].grad.data()));
+  };
+  const std::pair<memory::desc, void*> batch_mean = {channel_md, layer.mean.data()};
+  const std::pair<memory::desc, void*> batch_variance = {channel_md, layer.variance.data()};
+  const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+  dnnl::batch_normalization_forward::primitive_desc fwd(
+      dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, data, c.eps,
+                                              flags),
+      attr, engine_);
+  pending.push_back({dnnl::batch_normalization_forward(fwd),
+                     fwd.scratchpad_desc(),
+                     {{DNNL_ARG_SRC, {data, io.src_ptr}},
+                      {DNNL_ARG_DST, {data, io.dst_ptr}},
+                      {DNNL_ARG_SCALE, param(0)},
+                      {DNNL_ARG_SHIFT, param(1)},
+                      {DNNL_ARG_MEAN, batch_mean},
+                      {DNNL_ARG_VARIANCE, batch_variance}},
+                     &plan.ops[io.index].forward});
+  dnnl::batch_normalization_forward::primitive_desc eval(
+      dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_inference, data, c.eps,
+                                              flags | dnnl::normalization_flags::use_global_stats),
+      attr, engine_);
+  pending.push_back({dnnl::batch_normalization_forward(eval),
+                     eval.scratchpad_desc(),
+                     {{DNNL_ARG_SRC, {data, io.src_ptr}},
+                      {DNNL_ARG_DST, {data, io.dst_ptr}},
+                      {DNNL_ARG_SCALE, param(0)},
+                      {DNNL_ARG_SHIFT, param(1)},
+                      {DNNL_ARG_MEAN, param(2)},
+                      {DNNL_ARG_VARIANCE, param(3)}},
+                     &plan.ops[io.index].eval});
+  // Backward always gives the input gradient; with no use for it, it lands in the input's
+  // gradient buffer unread.
+  dnnl::batch_normalization_backward::primitive_desc bwd(
+      dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, diff, data, c.eps, flags),
+      attr, engine_, fwd);
+  pending.push_back({dnnl::batch_normalization_backward(bwd),
+                     bwd.scratchpad_desc(),
+                     {{DNNL_ARG_SRC, {data, io.src_ptr}},
+                      {DNNL_ARG_MEAN, batch_mean},
+                      {DNNL_ARG_VARIANCE, batch_variance},
+                      {DNNL_ARG_SCALE, param(0)},
+                      {DNNL_ARG_SHIFT, param(1)},
+                      {DNNL_ARG_DIFF_DST, {diff, io.diff_dst_ptr}},
+                      {DNNL_ARG_DIFF_SRC, {diff, io.diff_src_ptr}},
+                      {DNNL_ARG_DIFF_SCALE, param_grad(0)},
+                      {DNNL_ARG_DIFF_SHIFT, param_grad(1)}},
+                     &plan.ops[io.index].backward_weights});
+}
+
+void CpuNetwork::PlanAdd(const Node& node, int batch, const dnnl::primitive_attr& attr, Plan& plan,
+                         std::vector<PendingOp>& pending) {
+  (void)batch;
+  NodeOps& ops = plan.ops[&node - nodes_.data()];
+  const memory::desc& main_md = plan.value_md[node.in];
+  const memory::desc& shortcut_md = plan.value_md[node.in2];
+  const memory::desc& out_md = plan.value_md[node.out];
+  const memory::desc& out_grad_md = plan.grad_md[node.out];
+  const LayerConfig::Activation activation = node.config.activation;
+  // Forward: the sum, with ReLU fused as a post-op; GELU runs after on the kept sum.
+  dnnl::primitive_attr add_attr = attr;
+  if (activation == LayerConfig::Activation::kRelu) {
+    dnnl::post_ops post;
+    post.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    add_attr.set_post_ops(post);
+  }
+  void* sum_ptr = node.pre >= 0 ? static_cast<void*>(Buffer(node.pre)) : Value(node.out);
+  dnnl::binary::primitive_desc add(
+      dnnl::binary::desc(dnnl::algorithm::binary_add, main_md, shortcut_md, out_md), add_attr,
+      engine_);
+  pending.push_back({dnnl::binary(add),
+                     add.scratchpad_desc(),
+                     {{DNNL_ARG_SRC_0, {main_md, Value(node.in)}},
+                      {DNNL_ARG_SRC_1, {shortcut_md, Value(node.in2)}},
+                      {DNNL_ARG_DST, {out_md, sum_ptr}}},
+                     &ops.forward});
+  std::optional<dnnl::eltwise_forward::primitive_desc> gelu;
+  if (activation != LayerConfig::Activation::kNone) {
+    const bool relu = activation == LayerConfig::Activation::kRelu;
+    const dnnl::algorithm algorithm =
+        relu ? dnnl::algorithm::eltwise_relu : dnnl::algorithm::eltwise_gelu_erf;
+    dnnl::eltwise_forward::primitive_desc fwd(
+        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, algorithm, out_md, 0.f, 0.f),
+        attr, engine_);
+    if (!relu) {
+      pending.push_back(
+          {dnnl::eltwise_forward(fwd),
+           fwd.scratchpad_desc(),
+           {{DNNL_ARG_SRC, {out_md, sum_ptr}}, {DNNL_ARG_DST, {out_md, Value(node.out)}}},
+           &ops.forward});
+    }
+    if (node.needs_input_grad) {
+      // ReLU's derivative from its output (positive exactly where the sum is), GELU's from the sum.
+      dnnl::eltwise_backward::primitive_desc bwd(
+          dnnl::eltwise_backward::desc(algorithm, out_grad_md, out_md, 0.f, 0.f), attr, engine_,
+          fwd);
+      pending.push_back({dnnl::eltwise_backward(bwd),
+                         bwd.scratchpad_desc(),
+                         {{DNNL_ARG_SRC, {out_md, relu ? Value(node.out) : sum_ptr}},
+                          {DNNL_ARG_DIFF_DST, {out_grad_md, Grad(node.out)}},
+                          {DNNL_ARG_DIFF_SRC, {out_grad_md, Buffer(node.diff_src)}}},
+                         &ops.backward_data});
+    }
+  } else if (node.needs_input_grad) {
+    dnnl::reorder::primitive_desc copy(engine_, out_grad_md, engine_, plan.grad_md[node.in]);
+    pending.push_back({dnnl::reorder(copy),
+                       copy.scratchpad_desc(),
+                       {{DNNL_ARG_FROM, {out_grad_md, Grad(node.out)}},
+                        {DNNL_ARG_TO, {plan.grad_md[node.in], Buffer(node.diff_src)}}},
+                       &ops.backward_data});
+  }
+  // The shortcut's gradient is the main branch's: a copy, unless the buffers are one.
+  if (node.needs_input2_grad && node.diff_src2 != node.diff_src) {
+    const memory::desc& from = plan.grad_md[node.in];
+    const memory::desc& to = plan.grad_md[node.in2];
+    dnnl::reorder::primitive_desc copy(engine_, from, engine_, to);
+    pending.push_back({dnnl::reorder(copy),
+                       copy.scratchpad_desc(),
+                       {{DNNL_ARG_FROM, {from, Buffer(node.diff_src)}},
+                        {DNNL_ARG_TO, {to, Buffer(node.diff_src2)}}},
+                       &ops.backward_data});
+  }
+}
+
+void CpuNetwork::PlanFork(const Node& node, size_t index, const dnnl::primitive_attr& attr,
+                          Plan& plan, std::vector<PendingOp>& pending) {
+  if (!node.needs_input_grad) return;
+  // The block input's gradient: the main branch's (already in diff_src) plus the shortcut's.
+  const memory::desc& md = plan.grad_md[node.in];
+  dnnl::binary::primitive_desc sum(dnnl::binary::desc(dnnl::algorithm::binary_add, md, md, md),
+                                   attr, engine_);
+  pending.push_back({dnnl::binary(sum),
+                     sum.scratchpad_desc(),
+                     {{DNNL_ARG_SRC_0, {md, Buffer(node.diff_src)}},
+                      {DNNL_ARG_SRC_1, {md, Buffer(node.extra)}},
+                      {DNNL_ARG_DST, {md, Buffer(node.diff_src)}}},
+                     &plan.ops[index].backward_data});
 }
 
 void CpuNetwork::BindPlan(Plan& plan, std::vector<PendingOp>& pending) {
@@ -582,12 +908,12 @@ void CpuNetwork::BindPlan(Plan& plan, std::vector<PendingOp>& pending) {
       op.args.emplace(arg, memory(bound.first, engine_, bound.second));
     }
     op.args.emplace(DNNL_ARG_SCRATCHPAD, memory(p.scratchpad, engine_, plan.scratchpad.data()));
-    *p.slot = std::move(op);
+    p.slot->push_back(std::move(op));
   }
 }
 
 void CpuNetwork::BuildWeightReorders() {
-  for (Layer& layer : layers_) {
+  for (Node& layer : nodes_) {
     if (layer.weight < 0) continue;
     Param& weight = params_[layer.weight];
     memory master(layer.weight_plain_md, engine_, weight.value.data());
@@ -651,69 +977,124 @@ void CpuNetwork::LoadInput(const BatchView& batch) {
   if (fp16()) cpu::RoundToFp16InPlace(reinterpret_cast<float*>(input), n);
 }
 
+void CpuNetwork::UpdateRunningStatistics(const Node& node, int batch) {
+  // torch.nn.BatchNorm*d in training: running = (1 - momentum) * running + momentum * batch
+  // statistic, the variance unbiased (n / (n - 1)); with one value per channel (PyTorch refuses
+  // such a batch) the biased one is used.
+  int64_t n = batch;
+  for (size_t d = 1; d < activations_[node.in].shape.size(); ++d) {
+    n *= activations_[node.in].shape[d];
+  }
+  const double unbias = n > 1 ? static_cast<double>(n) / static_cast<double>(n - 1) : 1.0;
+  const float momentum = node.config.momentum;
+  float* running_mean = params_[node.norm + 2].value.data();
+  float* running_var = params_[node.norm + 3].value.data();
+  for (size_t c = 0; c < node.mean.size(); ++c) {
+    running_mean[c] = momentum * node.mean[c] + (1 - momentum) * running_mean[c];
+    const float unbiased = static_cast<float>(node.variance[c] * unbias);
+    running_var[c] = momentum * unbiased + (1 - momentum) * running_var[c];
+  }
+  params_[node.norm + 4].value[0] += 1;
+}
+
 const float* CpuNetwork::Forward(Plan& plan, bool training) {
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    Layer& layer = layers_[i];
-    const int64_t elements = Elements(plan.value_md[i + 1]);
-    if (plan.forward[i]) {
-      Execute(*plan.forward[i]);
-    } else if (layer.config.kind == Kind::kDropout) {
-      if (training && layer.config.rate > 0) {
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    Node& node = nodes_[i];
+    const NodeOps& ops = plan.ops[i];
+    if (node.type == Node::Type::kFork) continue;
+    if (node.type == Node::Type::kAdd) {
+      ExecuteAll(ops.forward);
+      if (node.pre >= 0) RoundFp16(node.pre, plan.value_md[node.out]);
+      RoundFp16(activations_[node.out].value, plan.value_md[node.out]);
+      continue;
+    }
+    const int64_t elements = Elements(plan.value_md[node.out]);
+    if (!ops.forward.empty()) {
+      ExecuteAll(!training && !ops.eval.empty() ? ops.eval : ops.forward);
+      if (training && IsBatchNorm(node.config.kind)) {
+        stream_.wait();
+        UpdateRunningStatistics(node, plan.batch);
+      }
+    } else if (node.config.kind == Kind::kDropout) {
+      if (training && node.config.rate > 0) {
         const uint64_t stream = static_cast<uint64_t>(train_steps_) * 4096 + i;
         if (bf16()) {
-          cpu::DropoutForward(reinterpret_cast<const bf16_t*>(Value(i)), elements,
-                              layer.config.rate, config_.seed, stream, layer.keep.data(),
-                              reinterpret_cast<bf16_t*>(Value(i + 1)));
+          cpu::DropoutForward(reinterpret_cast<const bf16_t*>(Value(node.in)), elements,
+                              node.config.rate, config_.seed, stream, node.keep.data(),
+                              reinterpret_cast<bf16_t*>(Value(node.out)));
         } else {
-          cpu::DropoutForward(reinterpret_cast<const float*>(Value(i)), elements, layer.config.rate,
-                              config_.seed, stream, layer.keep.data(),
-                              reinterpret_cast<float*>(Value(i + 1)));
+          cpu::DropoutForward(reinterpret_cast<const float*>(Value(node.in)), elements,
+                              node.config.rate, config_.seed, stream, node.keep.data(),
+                              reinterpret_cast<float*>(Value(node.out)));
         }
       } else {
-        std::memcpy(Value(i + 1), Value(i), plan.value_md[i + 1].get_size());
+        std::memcpy(Value(node.out), Value(node.in), plan.value_md[node.out].get_size());
       }
     } else {
       continue;  // Flatten
     }
-    if (fp16()) cpu::RoundToFp16InPlace(reinterpret_cast<float*>(Value(i + 1)), elements);
+    RoundFp16(activations_[node.out].value, plan.value_md[node.out]);
   }
   stream_.wait();
-  const size_t last = layers_.size();
-  if (plan.value_md[last].data_type() == DataType::f32) {
-    return reinterpret_cast<const float*>(Value(last));
+  if (plan.value_md[output_].data_type() == DataType::f32) {
+    return reinterpret_cast<const float*>(Value(output_));
   }
-  cpu::ConvertBf16ToF32(reinterpret_cast<const bf16_t*>(Value(last)),
+  cpu::ConvertBf16ToF32(reinterpret_cast<const bf16_t*>(Value(output_)),
                         static_cast<int64_t>(plan.batch) * config_.classes, logits_.data());
   return logits_.data();
 }
 
 void CpuNetwork::Backward(Plan& plan) {
-  for (size_t i = layers_.size(); i-- > 0;) {
-    Layer& layer = layers_[i];
-    if (plan.backward_weights[i]) Execute(*plan.backward_weights[i]);
-    if (!layer.needs_input_grad) continue;
-    const int64_t elements = Elements(plan.grad_md[i]);
-    if (plan.backward_data[i]) {
-      Execute(*plan.backward_data[i]);
-    } else if (layer.config.kind == Kind::kDropout) {
-      if (layer.config.rate > 0) {
+  for (size_t i = nodes_.size(); i-- > 0;) {
+    const Node& node = nodes_[i];
+    const NodeOps& ops = plan.ops[i];
+    if (node.type == Node::Type::kFork) {
+      if (!node.needs_input_grad) continue;
+      ExecuteAll(ops.backward_data);
+      RoundFp16(node.diff_src, plan.grad_md[node.in]);
+      continue;
+    }
+    if (node.type == Node::Type::kAdd) {
+      ExecuteAll(ops.backward_data);
+      if (node.needs_input_grad) RoundFp16(node.diff_src, plan.grad_md[node.in]);
+      if (node.needs_input2_grad) RoundFp16(node.diff_src2, plan.grad_md[node.in2]);
+      continue;
+    }
+    ExecuteAll(ops.backward_weights);
+    if (!node.needs_input_grad) continue;
+    const int64_t elements = Elements(plan.grad_md[node.in]);
+    if (!ops.backward_data.empty()) {
+      ExecuteAll(ops.backward_data);
+    } else if (IsBatchNorm(node.config.kind)) {
+      // Its backward (run above) gave the input gradient.
+    } else if (node.config.kind == Kind::kDropout) {
+      std::byte* diff_src = Buffer(node.diff_src);
+      if (node.config.rate > 0) {
         if (bf16()) {
-          cpu::DropoutBackward(reinterpret_cast<const bf16_t*>(Grad(i + 1)), layer.keep.data(),
-                               elements, layer.config.rate, reinterpret_cast<bf16_t*>(Grad(i)));
+          cpu::DropoutBackward(reinterpret_cast<const bf16_t*>(Grad(node.out)), node.keep.data(),
+                               elements, node.config.rate, reinterpret_cast<bf16_t*>(diff_src));
         } else {
-          cpu::DropoutBackward(reinterpret_cast<const float*>(Grad(i + 1)), layer.keep.data(),
-                               elements, layer.config.rate, reinterpret_cast<float*>(Grad(i)));
+          cpu::DropoutBackward(reinterpret_cast<const float*>(Grad(node.out)), node.keep.data(),
+                               elements, node.config.rate, reinterpret_cast<float*>(diff_src));
         }
       } else {
-        std::memcpy(Grad(i), Grad(i + 1), plan.grad_md[i].get_size());
+        std::memcpy(diff_src, Grad(node.out), plan.grad_md[node.in].get_size());
       }
     } else {
       continue;  // Flatten
     }
-    if (fp16()) cpu::RoundToFp16InPlace(reinterpret_cast<float*>(Grad(i)), elements);
+    RoundFp16(node.diff_src, plan.grad_md[node.in]);
   }
   for (const Op& op : grad_reorders_) Execute(op);
   stream_.wait();
+}
+
+double CpuNetwork::Loss(const float* logits, const uint8_t* labels, int rows, float* grad,
+                        int64_t* correct) const {
+  const double plain =
+      cpu::SoftmaxCrossEntropy(logits, labels, rows, config_.classes, grad, correct);
+  if (config_.label_smoothing == 0) return plain;
+  return cpu::SmoothLabels(logits, labels, rows, config_.classes, config_.label_smoothing, grad);
 }
 
 absl::StatusOr<StepResult> CpuNetwork::TrainStep(const BatchView& batch, double learning_rate) {
@@ -729,17 +1110,14 @@ absl::StatusOr<StepResult> CpuNetwork::TrainStep(const BatchView& batch, double 
     LoadInput(batch);
     const float* logits = Forward(plan, /*training=*/true);
     result.loss =
-        static_cast<float>(cpu::SoftmaxCrossEntropy(logits, batch.labels, rows, config_.classes,
-                                                    loss_grad_.data(), nullptr) /
-                           rows);
+        static_cast<float>(Loss(logits, batch.labels, rows, loss_grad_.data(), nullptr) / rows);
     // The loss gradient enters backward in the compute type, times the loss scale.
-    const size_t last = layers_.size();
     if (bf16()) {
       cpu::ScaleToBf16(loss_grad_.data(), logit_count, loss_scale_,
-                       reinterpret_cast<bf16_t*>(Grad(last)));
+                       reinterpret_cast<bf16_t*>(Grad(output_)));
     } else {
       cpu::ScaleToF32(loss_grad_.data(), logit_count, loss_scale_, fp16(),
-                      reinterpret_cast<float*>(Grad(last)));
+                      reinterpret_cast<float*>(Grad(output_)));
     }
     Backward(plan);
   } catch (const dnnl::error& e) {
@@ -755,7 +1133,7 @@ absl::StatusOr<StepResult> CpuNetwork::TrainStep(const BatchView& batch, double 
     // GradScaler: skip on inf/NaN and back off; grow after growth_interval finite steps.
     bool finite = true;
     for (const Param& param : params_) {
-      finite = finite && cpu::AllFinite(param.grad.data(), param.grad.size());
+      if (param.trained) finite = finite && cpu::AllFinite(param.grad.data(), param.grad.size());
     }
     if (!finite) {
       loss_scale_ *= config_.loss_scale.backoff_factor;
@@ -766,7 +1144,7 @@ absl::StatusOr<StepResult> CpuNetwork::TrainStep(const BatchView& batch, double 
     }
     const float inverse_scale = 1.0f / loss_scale_;
     for (Param& param : params_) {
-      cpu::ScaleInPlace(param.grad.data(), param.grad.size(), inverse_scale);
+      if (param.trained) cpu::ScaleInPlace(param.grad.data(), param.grad.size(), inverse_scale);
     }
   }
   ApplyOptimizer(static_cast<float>(learning_rate));
@@ -783,19 +1161,22 @@ void CpuNetwork::ApplyOptimizer(float learning_rate) {
   if (opt.clip_grad_norm > 0) {
     double sum_squares = 0;
     for (const Param& param : params_) {
-      sum_squares += cpu::SumOfSquares(param.grad.data(), param.grad.size());
+      if (param.trained) sum_squares += cpu::SumOfSquares(param.grad.data(), param.grad.size());
     }
     // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), clamped to 1.
     const double coefficient = opt.clip_grad_norm / (std::sqrt(sum_squares) + 1e-6);
     if (coefficient < 1) {
       for (Param& param : params_) {
+        if (!param.trained) continue;
         cpu::ScaleInPlace(param.grad.data(), param.grad.size(), static_cast<float>(coefficient));
       }
     }
   }
   ++optimizer_steps_;
   for (Param& param : params_) {
-    const float weight_decay = param.is_weight ? static_cast<float>(opt.weight_decay) : 0.0f;
+    if (!param.trained) continue;  // BatchNorm's buffers
+    // Conv2d and Linear weights only: never biases or BatchNorm's parameters.
+    const float weight_decay = param.decayed ? static_cast<float>(opt.weight_decay) : 0.0f;
     if (adamw()) {
       cpu::AdamWUpdate(param.value.size(), learning_rate, static_cast<float>(opt.beta1),
                        static_cast<float>(opt.beta2), static_cast<float>(opt.eps), weight_decay,
@@ -823,8 +1204,7 @@ absl::StatusOr<EvalResult> CpuNetwork::Evaluate(const BatchView& batch) {
   } catch (const dnnl::error& e) {
     return absl::InternalError(absl::StrCat("oneDNN failed in Evaluate: ", e.what()));
   }
-  result.loss_sum = cpu::SoftmaxCrossEntropy(logits, batch.labels, batch.count, config_.classes,
-                                             nullptr, &result.correct);
+  result.loss_sum = Loss(logits, batch.labels, batch.count, nullptr, &result.correct);
   return result;
 }
 
@@ -880,6 +1260,7 @@ std::vector<std::pair<std::string, std::vector<float>>> CpuNetwork::ScalarState(
 std::vector<NamedTensor> CpuNetwork::OptimizerState() const {
   std::vector<NamedTensor> result;
   for (const Param& param : params_) {
+    if (!param.trained) continue;
     auto copy = [&](const char* suffix, const AlignedArray<float>& values) {
       result.push_back({param.name + suffix, param.shape,
                         std::vector<float>(values.data(), values.data() + values.size())});
@@ -914,6 +1295,7 @@ absl::Status CpuNetwork::SetOptimizerState(const std::vector<NamedTensor>& state
   }
   size_t i = 0;
   for (Param& param : params_) {
+    if (!param.trained) continue;
     std::copy(state[i].values.begin(), state[i].values.end(), param.state1.data());
     ++i;
     if (adamw()) {
@@ -935,10 +1317,9 @@ absl::Status CpuNetwork::SetOptimizerState(const std::vector<NamedTensor>& state
 absl::StatusOr<std::unique_ptr<Model>> CreateCpuNetwork(const NetworkConfig& config,
                                                         ParameterNaming naming) {
   STOKER_RETURN_IF_ERROR(ValidateNetworkConfig(config));
-  STOKER_ASSIGN_OR_RETURN(std::vector<std::vector<int>> shapes, NetworkShapes(config));
   std::unique_ptr<CpuNetwork> model;
   try {
-    model = std::make_unique<CpuNetwork>(config, std::move(shapes), naming);
+    model = std::make_unique<CpuNetwork>(config, naming);
     STOKER_RETURN_IF_ERROR(model->Init());
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -1,5 +1,6 @@
 #include "engine/cpu/cpu_train_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/fp16.h"
@@ -32,6 +33,32 @@ inline bf16_t FromFloat<bf16_t>(float v) {
 }
 
 }  // namespace
+
+double SmoothLabels(const float* logits, const uint8_t* labels, int rows, int classes,
+                    float smoothing, float* grad) {
+  double loss_sum = 0;
+  const float inverse_rows = 1.0f / static_cast<float>(rows);
+  const float uniform = smoothing / static_cast<float>(classes) * inverse_rows;
+  for (int r = 0; r < rows; ++r) {
+    const float* z = logits + static_cast<int64_t>(r) * classes;
+    double max_logit = z[0];
+    for (int c = 1; c < classes; ++c) max_logit = std::max(max_logit, static_cast<double>(z[c]));
+    double sum = 0, mean_logit = 0;
+    for (int c = 0; c < classes; ++c) {
+      sum += std::exp(z[c] - max_logit);
+      mean_logit += z[c];
+    }
+    mean_logit /= classes;
+    const double lse = std::log(sum) + max_logit;
+    loss_sum += (1.0 - smoothing) * (lse - z[labels[r]]) + smoothing * (lse - mean_logit);
+    if (grad != nullptr) {
+      float* g = grad + static_cast<int64_t>(r) * classes;
+      g[labels[r]] += smoothing * inverse_rows;
+      for (int c = 0; c < classes; ++c) g[c] -= uniform;
+    }
+  }
+  return loss_sum;
+}
 
 void SgdUpdate(int64_t n, float learning_rate, float momentum, float weight_decay, bool nesterov,
                const float* grad, float* weight, float* velocity) {

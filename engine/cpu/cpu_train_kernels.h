@@ -23,6 +23,15 @@ void AdamWUpdate(int64_t n, float learning_rate, float beta1, float beta2, float
                  float weight_decay, int64_t step, const float* grad, float* weight, float* exp_avg,
                  float* exp_avg_sq);
 
+// Softmax cross-entropy against the smoothed target (1 - smoothing) * onehot + smoothing /
+// classes, as torch.nn.CrossEntropyLoss(label_smoothing=smoothing): per row
+// (1 - smoothing) * (lse - z[label]) + smoothing * mean_k (lse - z[k]), lse = log sum_k exp z[k].
+// Returns the summed loss (in double). `grad`, when set, must hold cpu::SoftmaxCrossEntropy's
+// gradient of the same logits, (softmax - onehot) / rows; it becomes
+// (softmax - smoothed target) / rows.
+double SmoothLabels(const float* logits, const uint8_t* labels, int rows, int classes,
+                    float smoothing, float* grad);
+
 // Sum of squares in double, in index order.
 double SumOfSquares(const float* data, int64_t n);
 // True when no value is inf or NaN.
