@@ -165,6 +165,112 @@ TEST(JobFileTest, CnnLayersAreAListOfMappings) {
   EXPECT_NE(bad.status().message().find("did you mean 'kernel'"), std::string::npos);
 }
 
+constexpr char kResidualJob[] =
+    "dataset: {train_images: a, train_labels: b, test_images: c, test_labels: d}\n"
+    "model:\n"
+    "  type: cnn\n"
+    "  layers:\n"
+    "    - {type: conv2d, out_channels: 8, kernel: 3, padding: 1, bias: false}\n"
+    "    - {type: batchnorm2d, momentum: 0.01, eps: 0.001}\n"
+    "    - type: residual\n"
+    "      activation: gelu\n"
+    "      layers:\n"
+    "        - {type: conv2d, out_channels: 16, kernel: 3, stride: 2, padding: 1}\n"
+    "        - {type: relu}\n"
+    "      shortcut:\n"
+    "        - {type: conv2d, out_channels: 16, kernel: 1, stride: 2}\n"
+    "    - {type: global_avgpool}\n"
+    "    - {type: linear, units: 10, bias: true}\n"
+    "train: {label_smoothing: 0.1}\n";
+
+TEST(JobFileTest, ResidualBlocksNestLayerLists) {
+  absl::StatusOr<JobFile> file = ParseJobYaml(kResidualJob, "r.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE(ValidateJobSpec(file->spec).ok()) << ValidateJobSpec(file->spec);
+  const v1::ModelSpec& model = file->spec.model();
+  ASSERT_EQ(model.layers_size(), 5);
+  ASSERT_TRUE(model.layers(0).has_bias());
+  EXPECT_FALSE(model.layers(0).bias());
+  EXPECT_DOUBLE_EQ(model.layers(1).momentum(), 0.01);
+  EXPECT_DOUBLE_EQ(model.layers(1).eps(), 0.001);
+  EXPECT_FALSE(model.layers(1).has_bias());  // left out: the default (true) where it applies
+  const v1::LayerSpec& block = model.layers(2);
+  EXPECT_EQ(block.type(), "residual");
+  EXPECT_EQ(block.activation(), "gelu");
+  ASSERT_EQ(block.layers_size(), 2);
+  EXPECT_EQ(block.layers(0).stride(), 2);
+  ASSERT_EQ(block.shortcut_size(), 1);
+  EXPECT_EQ(block.shortcut(0).kernel(), 1);
+  ASSERT_TRUE(model.layers(4).has_bias());
+  EXPECT_TRUE(model.layers(4).bias());
+  EXPECT_DOUBLE_EQ(file->spec.train().label_smoothing(), 0.1);
+}
+
+TEST(JobFileTest, NestedMistakesNameTheirPathAndLine) {
+  // A misspelt key inside a block's shortcut: found by the parser.
+  std::string yaml = kResidualJob;
+  yaml.replace(yaml.find("kernel: 1,"), 7, "kernal:");
+  absl::StatusOr<JobFile> file = ParseJobYaml(yaml, "r.yaml");
+  ASSERT_FALSE(file.ok());
+  EXPECT_NE(file.status().message().find(
+                "r.yaml:13:44: unknown field 'kernal' in model.layers[2].shortcut[0]"),
+            std::string::npos)
+      << file.status();
+  // An out-of-range value inside the main branch: found by validation, placed by the file.
+  yaml = kResidualJob;
+  yaml.replace(yaml.find("stride: 2, padding: 1"), 9, "stride: 99");
+  file = ParseJobYaml(yaml, "r.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  absl::Status status = WithFileLocation(*file, ValidateJobSpec(file->spec));
+  EXPECT_NE(status.message().find("r.yaml:10:63: model.layers[2].layers[0].stride: must be "
+                                  "between 0 and 64 (got 99)"),
+            std::string::npos)
+      << status;
+  // A field of another kind.
+  yaml = kResidualJob;
+  yaml.replace(yaml.find("{type: relu}"), 12, "{type: relu, bias: false}");
+  file = ParseJobYaml(yaml, "r.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  status = WithFileLocation(*file, ValidateJobSpec(file->spec));
+  EXPECT_NE(status.message().find("r.yaml:11:30: model.layers[2].layers[1].bias: only for conv2d "
+                                  "and linear (this layer is a relu)"),
+            std::string::npos)
+      << status;
+}
+
+TEST(JobFileTest, AbsurdNestingIsRefusedWhileParsing) {
+  std::string yaml = "model: {type: cnn, layers: [";
+  for (int i = 0; i < 40; ++i) yaml += "{type: residual, layers: [";
+  yaml += "{type: relu}";
+  for (int i = 0; i < 40; ++i) yaml += "]}";
+  yaml += "]}\n";
+  absl::StatusOr<JobFile> file = ParseJobYaml(yaml, "deep.yaml");
+  ASSERT_FALSE(file.ok());
+  EXPECT_NE(file.status().message().find("nested more than 32 mappings deep"), std::string::npos)
+      << file.status();
+}
+
+TEST(JobFileTest, ResnetPresetParses) {
+  absl::StatusOr<JobFile> file = ParseJobYaml(
+      "dataset: {train_images: a, train_labels: b, test_images: c, test_labels: d}\n"
+      "model: {type: resnet, depth: 20, width: 16}\n",
+      "p.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE(ValidateJobSpec(file->spec).ok()) << ValidateJobSpec(file->spec);
+  EXPECT_EQ(file->spec.model().depth(), 20);
+  EXPECT_TRUE(file->spec.model().hidden().empty());  // the mlp default is for mlps only
+  file = ParseJobYaml(
+      "dataset: {train_images: a, train_labels: b, test_images: c, test_labels: d}\n"
+      "model: {type: resnet, depth: 21}\n",
+      "p.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const absl::Status status = WithFileLocation(*file, ValidateJobSpec(file->spec));
+  EXPECT_NE(status.message().find("p.yaml:2:30: model.depth: must be one of 18, 20, 32, 44, 56 "
+                                  "or 110 (got 21)"),
+            std::string::npos)
+      << status;
+}
+
 TEST(JobFileTest, MissingFileIsNotFound) {
   EXPECT_EQ(ReadJobFile("/nonexistent/job.yaml").status().code(), absl::StatusCode::kNotFound);
 }

@@ -78,6 +78,149 @@ TEST(JobSpecTest, EachBadFieldIsNamed) {
   }
 }
 
+// A cnn whose layer 1 is a residual block; `mutate` changes it before validation.
+absl::Status ValidateWithBlock(const std::function<void(v1::LayerSpec*)>& mutate) {
+  v1::JobSpec spec = ValidSpec();
+  v1::ModelSpec* model = spec.mutable_model();
+  model->set_type("cnn");
+  model->clear_hidden();
+  v1::LayerSpec* conv = model->add_layers();
+  conv->set_type("conv2d");
+  conv->set_out_channels(8);
+  conv->set_kernel(3);
+  v1::LayerSpec* block = model->add_layers();
+  block->set_type("residual");
+  v1::LayerSpec* inner = block->add_layers();
+  inner->set_type("conv2d");
+  inner->set_out_channels(8);
+  inner->set_kernel(3);
+  inner->set_padding(1);
+  inner->set_bias(false);
+  block->add_layers()->set_type("batchnorm2d");
+  model->add_layers()->set_type("flatten");
+  model->add_layers()->set_type("linear");
+  model->mutable_layers(3)->set_units(10);
+  mutate(block);
+  return ValidateJobSpec(spec);
+}
+
+TEST(JobSpecTest, NestedLayersAreValidatedByTheirPath) {
+  EXPECT_TRUE(ValidateWithBlock([](v1::LayerSpec*) {}).ok()) << ValidateWithBlock([](auto*) {});
+  struct Case {
+    std::function<void(v1::LayerSpec*)> mutate;
+    std::string expected;
+  };
+  std::vector<Case> cases = {
+      {[](v1::LayerSpec* b) { b->mutable_layers(0)->set_out_channels(0); },
+       "model.layers[1].layers[0].out_channels: must be between 1 and 4096 (got 0)"},
+      {[](v1::LayerSpec* b) {
+         v1::LayerSpec* s = b->add_shortcut();
+         s->set_type("conv2d");
+         s->set_out_channels(8);
+         s->set_kernel(65);
+       },
+       "model.layers[1].shortcut[0].kernel: must be between 1 and 64 (got 65)"},
+      {[](v1::LayerSpec* b) { b->mutable_layers(1)->set_type("batchnorm3d"); },
+       "model.layers[1].layers[1].type: unsupported value 'batchnorm3d'"},
+      {[](v1::LayerSpec* b) { b->mutable_layers(1)->set_bias(false); },
+       "model.layers[1].layers[1].bias: only for conv2d and linear (this layer is a batchnorm2d)"},
+      {[](v1::LayerSpec* b) { b->mutable_layers(0)->set_momentum(0.5); },
+       "model.layers[1].layers[0].momentum: only for batchnorm2d and batchnorm1d"},
+      {[](v1::LayerSpec* b) { b->mutable_layers(1)->set_momentum(1.5); },
+       "model.layers[1].layers[1].momentum: must be in [0, 1] (got 1.5)"},
+      {[](v1::LayerSpec* b) { b->mutable_layers(1)->set_eps(0); },
+       "model.layers[1].layers[1].eps: must be in (0, 1] (got 0)"},
+      {[](v1::LayerSpec* b) { b->set_activation("tanh"); },
+       "model.layers[1].activation: unsupported value 'tanh' (supported: relu, gelu, none)"},
+      {[](v1::LayerSpec* b) { b->clear_layers(); },
+       "model.layers[1].layers: a residual block needs its main branch"},
+      {[](v1::LayerSpec* b) { b->mutable_layers(1)->set_activation("relu"); },
+       "model.layers[1].layers[1].activation: only for residual"},
+      {[](v1::LayerSpec* b) { b->mutable_layers(1)->add_layers()->set_type("relu"); },
+       "model.layers[1].layers[1].layers: only for residual"},
+      {[](v1::LayerSpec* b) {
+         for (int i = 0; i < 65; ++i) b->add_shortcut()->set_type("relu");
+       },
+       "model.layers[1].shortcut: at most 64 layers (got 65)"},
+      {[](v1::LayerSpec* b) {
+         // Residual blocks 5 deep: model.layers[1] is depth 1.
+         v1::LayerSpec* at = b;
+         for (int d = 0; d < 4; ++d) {
+           v1::LayerSpec* inner = at->add_layers();
+           inner->set_type("residual");
+           inner->add_layers()->set_type("relu");
+           at = inner;
+         }
+       },
+       "model.layers[1].layers[2].layers[1].layers[1].layers[1]: residual blocks nest at most 4 "
+       "deep (this one is at depth 5)"},
+      {[](v1::LayerSpec* b) {
+         // 8 blocks of 64: more than 512 layers in all although no list holds more than 64.
+         for (int k = 0; k < 8; ++k) {
+           v1::LayerSpec* inner = b->add_shortcut();
+           inner->set_type("residual");
+           for (int i = 0; i < 64; ++i) inner->add_layers()->set_type("relu");
+         }
+       },
+       "model.layers[1].shortcut[7].layers[52]: more than 512 layers in all, counting those inside "
+       "residual blocks"},
+  };
+  for (const Case& c : cases) {
+    const absl::Status status = ValidateWithBlock(c.mutate);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.expected;
+    EXPECT_EQ(status.message().substr(0, c.expected.size()), c.expected) << status;
+  }
+}
+
+TEST(JobSpecTest, ResnetTakesDepthAndWidthOnly) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_model()->clear_hidden();
+  spec.mutable_model()->set_type("resnet");
+  spec.mutable_model()->set_depth(20);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.mutable_model()->set_width(32);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.mutable_train()->set_label_smoothing(0.1);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+
+  struct Case {
+    std::function<void(v1::JobSpec*)> mutate;
+    std::string expected;
+  };
+  std::vector<Case> cases = {
+      {[](v1::JobSpec* s) { s->mutable_model()->set_depth(19); },
+       "model.depth: must be one of 18, 20, 32, 44, 56 or 110 (got 19)"},
+      {[](v1::JobSpec* s) { s->mutable_model()->clear_depth(); },
+       "model.depth: must be one of 18, 20, 32, 44, 56 or 110 (got 0)"},
+      {[](v1::JobSpec* s) { s->mutable_model()->set_width(600); },
+       "model.width: must be between 0 and 512 (got 600)"},
+      {[](v1::JobSpec* s) { s->mutable_model()->add_layers()->set_type("relu"); },
+       "model.layers: only for type cnn (a resnet takes model.depth and model.width)"},
+      {[](v1::JobSpec* s) { s->mutable_model()->add_hidden(8); },
+       "model.hidden: only for type mlp (a resnet takes model.depth and model.width)"},
+      {[](v1::JobSpec* s) { s->mutable_train()->set_label_smoothing(1); },
+       "train.label_smoothing: must be in [0, 1) (got 1)"},
+      {[](v1::JobSpec* s) {
+         s->mutable_model()->set_type("cnn");
+         s->mutable_model()->add_layers()->set_type("flatten");
+       },
+       "model.depth: only for type resnet"},
+      {[](v1::JobSpec* s) {
+         s->mutable_model()->set_type("mlp");
+         s->mutable_model()->clear_depth();
+         s->mutable_model()->clear_width();
+       },
+       "train.label_smoothing: only for cnn and resnet models"},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec bad = spec;
+    c.mutate(&bad);
+    const absl::Status status = ValidateJobSpec(bad);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.expected;
+    EXPECT_EQ(status.message().substr(0, c.expected.size()), c.expected) << status;
+  }
+}
+
 class DataRootTest : public ::testing::Test {
  protected:
   void SetUp() override {
