@@ -121,12 +121,21 @@ struct JpegState {
   jpeg_decompress_struct cinfo;
   JpegErrorManager err;
   NativeLayout layout = NativeLayout::kRgb8;
+  // jpeg_create_decompress ran and succeeded: the object is reused for the next image
+  // (jpeg_abort_decompress keeps its permanent memory pool, the source manager and the error
+  // manager), so an image costs no libjpeg setup beyond its own image pool.
+  bool created = false;
   JpegState() { Clear(); }
   // jpeg_destroy is safe in any state, also after a longjmp out of jpeg_create_decompress (mem
   // is then null).
   ~JpegState() { jpeg_destroy_decompress(&cinfo); }
-  // Back to the constructed state, keeping this object (no allocation for the next image).
+  // Ready for the next image. libjpeg documents jpeg_abort as the way to reuse an object after
+  // an image, finished or not, and after an error longjmp'd out of any call.
   void Reset() {
+    if (created) {
+      jpeg_abort_decompress(&cinfo);
+      return;
+    }
     jpeg_destroy_decompress(&cinfo);
     Clear();
   }
@@ -177,8 +186,12 @@ void JpegOutputMessage(j_common_ptr) {}  // library code never prints
 
 bool GuardedJpegOpen(JpegState* s, const uint8_t* data, size_t size) {
   if (setjmp(s->err.jump)) return false;
-  jpeg_create_decompress(&s->cinfo);
-  s->cinfo.mem->max_memory_to_use = kJpegMemoryLimitBytes;
+  if (!s->created) {
+    jpeg_create_decompress(&s->cinfo);
+    s->cinfo.mem->max_memory_to_use = kJpegMemoryLimitBytes;
+    s->created = true;
+  }
+  // A reused object keeps its source manager: jpeg_mem_src points it at the new data.
   jpeg_mem_src(&s->cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(&s->cinfo, TRUE);
   return true;
@@ -346,10 +359,15 @@ absl::Status ImageDecoder::Open(absl::string_view name, const uint8_t* data, siz
     if (jpeg_ == nullptr) jpeg_ = std::make_unique<JpegState>();
     open_ = ImageEncoding::kJpeg;
     JpegState* s = jpeg_.get();
-    s->cinfo.err = jpeg_std_error(&s->err.pub);
-    s->err.pub.error_exit = JpegErrorExit;
-    s->err.pub.emit_message = JpegEmitMessage;
-    s->err.pub.output_message = JpegOutputMessage;
+    if (!s->created) {
+      s->cinfo.err = jpeg_std_error(&s->err.pub);
+      s->err.pub.error_exit = JpegErrorExit;
+      s->err.pub.emit_message = JpegEmitMessage;
+      s->err.pub.output_message = JpegOutputMessage;
+    }
+    s->err.pub.num_warnings = 0;
+    s->err.message[0] = '\0';
+    s->layout = NativeLayout::kRgb8;
     if (!GuardedJpegOpen(s, data, size)) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": corrupt JPEG header: ", s->err.message));
@@ -473,7 +491,10 @@ absl::Status ImageDecoder::ReadJpegRegion(int channels, int x0, int x1, int y0, 
   }
   if (!crop) xoffset = 0;
   const int bytes = LayoutBytes(s->layout);
-  native_row_.resize(static_cast<size_t>(s->cinfo.output_width) * bytes);
+  native_row_.resize(static_cast<size_t>(s->cinfo.output_width) * bytes + kRowSlackBytes);
+  // When libjpeg's layout is the one asked for, the callback reads libjpeg's row in place.
+  const bool in_place = (s->layout == NativeLayout::kRgb8 && channels == 3) ||
+                        (s->layout == NativeLayout::kGray8 && channels == 1);
   if (y0 > 0) {
     JDIMENSION skipped = 0;
     if (!GuardedJpegSkip(s, static_cast<JDIMENSION>(y0), &skipped)) {
@@ -495,10 +516,14 @@ absl::Status ImageDecoder::ReadJpegRegion(int channels, int x0, int x1, int y0, 
       return absl::InvalidArgumentError(
           absl::StrFormat("%s: JPEG ended after %d of its rows", name_, y));
     }
+    if (in_place) {
+      row(y, first);
+      continue;
+    }
     ConvertPixels(s->layout, first, x1 - x0, channels, converted_row_.data());
     row(y, converted_row_.data());
   }
-  Close();  // releases libjpeg's memory now; the rest of the file is not needed
+  Close();  // releases libjpeg's image memory now; the rest of the file is not needed
   return absl::OkStatus();
 }
 

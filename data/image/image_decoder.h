@@ -9,8 +9,10 @@
 // Contract: errors are INVALID_ARGUMENT naming the file; the rectangle must lie inside the
 // (scaled) image. Data after the last row asked for is not read: a file truncated below the
 // rectangle decodes (its pixels there are not used). A decoder is reusable: Open starts over and
-// keeps the row buffers (no allocation in this class once warm; libjpeg and libpng allocate
-// their own state per image).
+// keeps the row buffers (no allocation in this class once warm) and libjpeg's decompress object
+// (jpeg_abort_decompress between images, also after an error: only libjpeg's per-image pool is
+// allocated again); libpng allocates its state per image. Rows that need no conversion (RGB JPEG
+// to 3 channels, gray JPEG to 1) are handed out in libjpeg's own output buffer, not copied.
 #ifndef STOKER_DATA_IMAGE_IMAGE_DECODER_H_
 #define STOKER_DATA_IMAGE_IMAGE_DECODER_H_
 
@@ -37,7 +39,7 @@ enum class NativeLayout {
   kCmyk8,       // 4 bytes, Adobe (inverted) CMYK as libjpeg returns it
 };
 
-inline constexpr int kRowSlackBytes = 4;
+inline constexpr int kRowSlackBytes = 16;
 
 // Converts `count` pixels of `layout` to `channels` (1 or 3) as PIL does.
 void ConvertPixels(NativeLayout layout, const uint8_t* in, int count, int channels, uint8_t* out);

@@ -1,6 +1,7 @@
 #include "data/image/image_resample.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -77,28 +78,101 @@ __attribute__((target("sse4.1"))) inline __m128i Pack4(__m128i sum) {
   return _mm_packus_epi16(w, w);
 }
 
-// One RGB pixel per 4-lane vector (the 4th lane reads the next byte and is discarded).
-__attribute__((target("sse4.1"))) void HorizontalSse41(const AxisTaps& taps, const uint8_t* row,
-                                                       int row_lo, int channels, uint8_t* out) {
-  if (channels != 3) {
-    HorizontalPortable(taps, row, row_lo, channels, out);
-    return;
-  }
-  const int n = static_cast<int>(taps.start.size());
-  const int32_t* coeffs = taps.coeffs.data();
+// One RGB pixel per 4-lane vector (the 4th lane reads the next byte and is discarded), over the
+// fixed-length taps (K > 0: unrolled for that length; K = 0: taps.fixed_k).
+template <int K>
+__attribute__((target("sse4.1"))) void HorizontalRgbSse41(const AxisTaps& taps, const uint8_t* row,
+                                                          int row_lo, uint8_t* out) {
+  const int n = static_cast<int>(taps.fixed_start.size());
+  const int k = K > 0 ? K : taps.fixed_k;
+  const int32_t* coeffs = taps.fixed_coeffs.data();
   for (int o = 0; o < n; ++o) {
-    const uint8_t* p = row + (taps.start[o] - row_lo) * 3;
-    const int32_t* k = coeffs + o * taps.ksize;
+    const uint8_t* p = row + (taps.fixed_start[o] - row_lo) * 3;
+    const int32_t* c = coeffs + o * k;
     __m128i sum = _mm_set1_epi32(kHalf);
-    for (int t = 0, c = taps.count[o]; t < c; ++t) {
+    for (int t = 0; t < k; ++t) {
       int32_t pixel;
       std::memcpy(&pixel, p + 3 * t, 4);
       const __m128i v = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(pixel));
-      sum = _mm_add_epi32(sum, _mm_mullo_epi32(v, _mm_set1_epi32(k[t])));
+      sum = _mm_add_epi32(sum, _mm_mullo_epi32(v, _mm_set1_epi32(c[t])));
     }
     const int32_t packed = _mm_cvtsi128_si32(Pack4(sum));
     std::memcpy(out + 3 * o, &packed, 4);  // the 4th byte is overwritten by the next pixel
   }
+}
+
+// Two RGB pixels (two taps) per 8-lane vector: bytes [R0 G0 B0 R1 G1 B1] spread to
+// [R0 G0 B0 0 R1 G1 B1 0], times [k0 x4, k1 x4]; the halves are added at the end. An odd last
+// tap goes as in the SSE4.1 version.
+template <int K>
+__attribute__((target("avx2"))) void HorizontalRgbAvx2(const AxisTaps& taps, const uint8_t* row,
+                                                       int row_lo, uint8_t* out) {
+  const int n = static_cast<int>(taps.fixed_start.size());
+  const int k = K > 0 ? K : taps.fixed_k;
+  const int32_t* coeffs = taps.fixed_coeffs.data();
+  const __m128i spread = _mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i pairs = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const __m128i half = _mm_set1_epi32(kHalf);
+  for (int o = 0; o < n; ++o) {
+    const uint8_t* p = row + (taps.fixed_start[o] - row_lo) * 3;
+    const int32_t* c = coeffs + o * k;
+    __m256i acc = _mm256_setzero_si256();
+    int t = 0;
+    for (; t + 2 <= k; t += 2) {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 3 * t));
+      const __m256i v = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(b, spread));
+      const __m256i w = _mm256_permutevar8x32_epi32(
+          _mm256_castsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + t))), pairs);
+      acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(v, w));
+    }
+    __m128i sum = _mm_add_epi32(
+        _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1)), half);
+    if (t < k) {
+      int32_t pixel;
+      std::memcpy(&pixel, p + 3 * t, 4);
+      const __m128i v = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(pixel));
+      sum = _mm_add_epi32(sum, _mm_mullo_epi32(v, _mm_set1_epi32(c[t])));
+    }
+    const int32_t packed = _mm_cvtsi128_si32(Pack4(sum));
+    std::memcpy(out + 3 * o, &packed, 4);
+  }
+}
+
+// 16 bytes of a row at a time in two 8-lane accumulators.
+__attribute__((target("avx2"))) void VerticalAvx2(const AxisTaps& taps, int o, const uint8_t* rows,
+                                                  int rows_lo, int row_bytes, uint8_t* out) {
+  const int k = taps.fixed_k;
+  const int32_t* c = taps.fixed_coeffs.data() + static_cast<size_t>(o) * k;
+  const uint8_t* first = rows + static_cast<size_t>(taps.fixed_start[o] - rows_lo) * row_bytes;
+  int j = 0;
+  for (; j + 16 <= row_bytes; j += 16) {
+    __m256i s0 = _mm256_set1_epi32(kHalf), s1 = s0;
+    const uint8_t* r = first + j;
+    for (int t = 0; t < k; ++t, r += row_bytes) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r));
+      const __m256i w = _mm256_set1_epi32(c[t]);
+      s0 = _mm256_add_epi32(s0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(b), w));
+      s1 = _mm256_add_epi32(s1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)), w));
+    }
+    // packs works within 128-bit lanes: [0-3, 8-11, 4-7, 12-15], put back in order.
+    const __m256i words =
+        _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_srai_epi32(s0, kResampleFractionBits),
+                                                    _mm256_srai_epi32(s1, kResampleFractionBits)),
+                                 0xd8);
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i*>(out + j),
+        _mm_packus_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1)));
+  }
+  for (; j < row_bytes; ++j) {
+    int32_t sum = kHalf;
+    for (int t = 0; t < k; ++t) sum += first[t * row_bytes + j] * c[t];
+    out[j] = Clip8(sum);
+  }
+}
+
+bool CpuHasAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
 }
 
 // 16 bytes of a row at a time, all taps accumulated in registers.
@@ -134,21 +208,86 @@ __attribute__((target("sse4.1"))) void VerticalSse41(const AxisTaps& taps, int o
   (void)acc;
 }
 
+// SSSE3: 16 pixels (48 bytes) per step, each plane gathered from the three loads by shuffles.
+__attribute__((target("ssse3"))) int DeinterleaveSsse3(const uint8_t* rgb, int count, uint8_t* r,
+                                                       uint8_t* g, uint8_t* b) {
+  // mask[plane][load]: byte i of the plane's 16 comes from byte 3i + plane of the 48.
+  alignas(16) static const auto masks = [] {
+    std::array<std::array<std::array<int8_t, 16>, 3>, 3> m{};
+    for (int plane = 0; plane < 3; ++plane) {
+      for (int load = 0; load < 3; ++load) {
+        for (int i = 0; i < 16; ++i) {
+          const int src = 3 * i + plane;
+          m[plane][load][i] = static_cast<int8_t>(src / 16 == load ? src % 16 : -1);
+        }
+      }
+    }
+    return m;
+  }();
+  uint8_t* planes[3] = {r, g, b};
+  int x = 0;
+  for (; x + 16 <= count; x += 16) {
+    const __m128i in[3] = {_mm_loadu_si128(reinterpret_cast<const __m128i*>(rgb + 3 * x)),
+                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(rgb + 3 * x + 16)),
+                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(rgb + 3 * x + 32))};
+    for (int plane = 0; plane < 3; ++plane) {
+      __m128i v = _mm_setzero_si128();
+      for (int load = 0; load < 3; ++load) {
+        v = _mm_or_si128(
+            v, _mm_shuffle_epi8(in[load], _mm_loadu_si128(reinterpret_cast<const __m128i*>(
+                                              masks[plane][load].data()))));
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(planes[plane] + x), v);
+    }
+  }
+  return x;
+}
+
 bool CpuHasSse41() {
-  static const bool has = __builtin_cpu_supports("sse4.1");
+  static const bool has = __builtin_cpu_supports("sse4.1") && __builtin_cpu_supports("ssse3");
   return has;
 }
 #else
 bool CpuHasSse41() { return false; }
+bool CpuHasAvx2() { return false; }
 #endif
 
-std::atomic<bool> simd_allowed{true};
+std::atomic<int> level_cap{static_cast<int>(ResampleLevel::kAvx2)};
+
+ResampleLevel Level() {
+  return static_cast<ResampleLevel>(
+      std::min(level_cap.load(std::memory_order_relaxed), static_cast<int>(ResampleBestLevel())));
+}
 
 }  // namespace
 
-bool ResampleUsesSimd() { return simd_allowed.load(std::memory_order_relaxed) && CpuHasSse41(); }
+ResampleLevel ResampleBestLevel() {
+  if (CpuHasAvx2() && CpuHasSse41()) return ResampleLevel::kAvx2;
+  if (CpuHasSse41()) return ResampleLevel::kSse41;
+  return ResampleLevel::kPortable;
+}
 
-void SetResampleSimdForTesting(bool enabled) { simd_allowed.store(enabled); }
+ResampleLevel ResampleActiveLevel() { return Level(); }
+
+void SetResampleLevelForTesting(ResampleLevel cap) { level_cap.store(static_cast<int>(cap)); }
+
+bool ResampleUsesSimd() { return Level() != ResampleLevel::kPortable; }
+
+void SetResampleSimdForTesting(bool enabled) {
+  SetResampleLevelForTesting(enabled ? ResampleLevel::kAvx2 : ResampleLevel::kPortable);
+}
+
+void DeinterleaveRgb(const uint8_t* rgb, int count, uint8_t* r, uint8_t* g, uint8_t* b) {
+  int x = 0;
+#if STOKER_RESAMPLE_SSE41
+  if (Level() != ResampleLevel::kPortable) x = DeinterleaveSsse3(rgb, count, r, g, b);
+#endif
+  for (; x < count; ++x) {
+    r[x] = rgb[3 * x];
+    g[x] = rgb[3 * x + 1];
+    b[x] = rgb[3 * x + 2];
+  }
+}
 
 void ComputeAxisTaps(const AxisSpec& spec, bool reverse, AxisTaps* taps) {
   const double scale = (spec.in1 - spec.in0) / spec.out_full;
@@ -204,13 +343,40 @@ void ComputeAxisTaps(const AxisSpec& spec, bool reverse, AxisTaps* taps) {
       taps->src_hi = std::max(taps->src_hi, abs_min + last);
     }
   }
+  // The fixed-length taps (see AxisTaps).
+  const int k = std::max(0, std::min(ksize, taps->src_hi - taps->src_lo));
+  taps->fixed_k = k;
+  taps->fixed_coeffs.assign(static_cast<size_t>(spec.out_count) * k + kFixedCoeffSlack, 0);
+  taps->fixed_start.assign(spec.out_count, taps->src_lo);
+  if (k == 0) return;
+  for (int o = 0; o < spec.out_count; ++o) {
+    const int count = taps->count[o];
+    if (count == 0) continue;
+    const int start = std::min(taps->start[o], taps->src_hi - k);
+    taps->fixed_start[o] = start;
+    const int shift = taps->start[o] - start;
+    std::copy_n(&taps->coeffs[static_cast<size_t>(o) * ksize], count,
+                &taps->fixed_coeffs[static_cast<size_t>(o) * k + shift]);
+  }
 }
 
 void ResampleRowHorizontal(const AxisTaps& taps, const uint8_t* row, int row_lo, int channels,
                            uint8_t* out) {
 #if STOKER_RESAMPLE_SSE41
-  if (ResampleUsesSimd()) {
-    HorizontalSse41(taps, row, row_lo, channels, out);
+  const ResampleLevel level = Level();
+  if (level != ResampleLevel::kPortable && channels == 3 && taps.fixed_k > 0) {
+    // Unrolled for the common lengths (upscales: 2-3 taps; downscales by up to ~3: up to 9).
+    using Fn = void (*)(const AxisTaps&, const uint8_t*, int, uint8_t*);
+    static constexpr Fn kAvx2[] = {HorizontalRgbAvx2<0>, HorizontalRgbAvx2<1>, HorizontalRgbAvx2<2>,
+                                   HorizontalRgbAvx2<3>, HorizontalRgbAvx2<4>, HorizontalRgbAvx2<5>,
+                                   HorizontalRgbAvx2<6>, HorizontalRgbAvx2<7>, HorizontalRgbAvx2<8>,
+                                   HorizontalRgbAvx2<9>};
+    static constexpr Fn kSse41[] = {
+        HorizontalRgbSse41<0>, HorizontalRgbSse41<1>, HorizontalRgbSse41<2>, HorizontalRgbSse41<3>,
+        HorizontalRgbSse41<4>, HorizontalRgbSse41<5>, HorizontalRgbSse41<6>, HorizontalRgbSse41<7>,
+        HorizontalRgbSse41<8>, HorizontalRgbSse41<9>};
+    const int k = taps.fixed_k < 10 ? taps.fixed_k : 0;
+    (level == ResampleLevel::kAvx2 ? kAvx2 : kSse41)[k](taps, row, row_lo, out);
     return;
   }
 #endif
@@ -220,7 +386,12 @@ void ResampleRowHorizontal(const AxisTaps& taps, const uint8_t* row, int row_lo,
 void ResampleRowVertical(const AxisTaps& taps, int o, const uint8_t* rows, int rows_lo,
                          int row_bytes, int32_t* acc, uint8_t* out) {
 #if STOKER_RESAMPLE_SSE41
-  if (ResampleUsesSimd()) {
+  const ResampleLevel level = Level();
+  if (level == ResampleLevel::kAvx2 && taps.fixed_k > 0) {
+    VerticalAvx2(taps, o, rows, rows_lo, row_bytes, out);
+    return;
+  }
+  if (level == ResampleLevel::kSse41) {
     VerticalSse41(taps, o, rows, rows_lo, row_bytes, acc, out);
     return;
   }

@@ -1,6 +1,7 @@
 // PIL's bilinear resampling (Image.resize(size, BILINEAR, box)), which torchvision's Resize and
 // RandomResizedCrop run on PIL images, as precomputed taps per output row and column and two
-// passes (horizontal, then vertical, with an 8-bit intermediate as PIL has).
+// passes (horizontal, then vertical, with an 8-bit intermediate as PIL has), and the RGB to
+// planes de-interleave of the CHW sample.
 //
 // The facts reproduced (from PIL's documented behaviour and measured against it in image_test):
 // - for output index i of an axis resized from the box [in0, in1) to n outputs,
@@ -49,6 +50,13 @@ struct AxisSpec {
 // Precomputed taps: output o reads source positions [start[o], start[o] + count[o]) with
 // weights coeffs[o * ksize ...]. `start` is absolute (source coordinates); count may be 0
 // (output 0). [src_lo, src_hi) is the union of all taps (empty when src_lo >= src_hi).
+//
+// The same taps with one length for every output, for the vector passes (a loop whose trip count
+// does not change from output to output is predicted; PIL's varying counts cost a mispredicted
+// branch per output): output o reads [fixed_start[o], fixed_start[o] + fixed_k) inside
+// [src_lo, src_hi) with weights fixed_coeffs[o * fixed_k ...], the taps above shifted into place
+// and zeros around them (a zero weight adds exactly 0, so the sums are PIL's).
+// fixed_k = min(ksize, src_hi - src_lo); fixed_coeffs has kFixedCoeffSlack zeros after its end.
 struct AxisTaps {
   int ksize = 0;
   int src_lo = 0;
@@ -56,17 +64,22 @@ struct AxisTaps {
   std::vector<int32_t> coeffs;
   std::vector<int32_t> start;
   std::vector<int32_t> count;
+  int fixed_k = 0;
+  std::vector<int32_t> fixed_coeffs;
+  std::vector<int32_t> fixed_start;
 };
+inline constexpr int kFixedCoeffSlack = 8;
 
 // Fills `taps` (reusing its vectors). With `reverse`, output o gets the taps of output
 // out_count - 1 - o (a horizontal flip after the resize).
 void ComputeAxisTaps(const AxisSpec& spec, bool reverse, AxisTaps* taps);
 
-// Both passes have an SSE4.1 version (32-bit multiplies, the same integer arithmetic, so the
-// same bytes) chosen at run time when the CPU has it, and a portable one. Their buffers need
-// slack: kResampleSlackBytes readable bytes after the last pixel of `row`, and as many writable
-// bytes after the end of `out` (the vector code loads and stores 4 bytes per 3-byte pixel).
-inline constexpr int kResampleSlackBytes = 4;
+// Both passes have vector versions (SSE4.1, and AVX2 on CPUs that have it; 32-bit multiplies of
+// the same integer arithmetic, so the same bytes) chosen at run time, and a portable one. Their
+// buffers need slack: kResampleSlackBytes readable bytes after the last pixel of `row`, and as
+// many writable bytes after the end of `out` (the vector code loads up to 8 bytes for the last
+// tap and stores 4 bytes per 3-byte pixel).
+inline constexpr int kResampleSlackBytes = 16;
 
 // Horizontal pass of one row: `row` holds source columns [row_lo, ...) with `channels` (1 or 3)
 // interleaved bytes each, and covers every tap; writes taps.start.size() pixels to `out`.
@@ -79,7 +92,16 @@ void ResampleRowHorizontal(const AxisTaps& taps, const uint8_t* row, int row_lo,
 void ResampleRowVertical(const AxisTaps& taps, int o, const uint8_t* rows, int rows_lo,
                          int row_bytes, int32_t* acc, uint8_t* out);
 
-// Whether the SSE4.1 versions run; tests switch them off to compare both.
+// `count` RGB pixels (3 * count bytes, interleaved) to three planes (the sample's CHW layout).
+void DeinterleaveRgb(const uint8_t* rgb, int count, uint8_t* r, uint8_t* g, uint8_t* b);
+
+// Which versions run: the best the CPU has unless tests cap it (kPortable to compare).
+enum class ResampleLevel { kPortable = 0, kSse41 = 1, kAvx2 = 2 };
+ResampleLevel ResampleBestLevel();  // what the CPU supports
+ResampleLevel ResampleActiveLevel();
+void SetResampleLevelForTesting(ResampleLevel cap);
+
+// Whether a vector version runs; tests switch them off to compare.
 bool ResampleUsesSimd();
 void SetResampleSimdForTesting(bool enabled);
 

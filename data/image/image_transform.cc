@@ -158,15 +158,8 @@ absl::Status ResizeOpened(int channels, const AxisPlan& rows, const AxisPlan& co
     }
     image_internal::ResampleRowVertical(rt, oy, horizontal, rt.src_lo, static_cast<int>(row_bytes),
                                         s->accumulator.data(), s->out_row.data());
-    const uint8_t* p = s->out_row.data();
     uint8_t* r = out + static_cast<size_t>(oy) * out_w;
-    uint8_t* g = r + plane;
-    uint8_t* b = g + plane;
-    for (int x = 0; x < out_w; ++x) {
-      r[x] = p[3 * x];
-      g[x] = p[3 * x + 1];
-      b[x] = p[3 * x + 2];
-    }
+    image_internal::DeinterleaveRgb(s->out_row.data(), out_w, r, r + plane, r + 2 * plane);
   }
   return absl::OkStatus();
 }

@@ -100,8 +100,8 @@ struct CenterCropPlan {
 CenterCropPlan PlanResizeCenterCrop(int height, int width, int resize, int size);
 
 // Reusable decode and resize buffers (one per loader thread). Once warm (after an image of the
-// largest size seen) a transform allocates nothing itself; libjpeg and libpng still allocate
-// their per-image state.
+// largest size seen) a transform allocates nothing itself; libjpeg's decompress object is reused
+// (its per-image pool is still allocated), libpng allocates its per-image state.
 struct TransformScratch {
   TransformScratch();
   ~TransformScratch();

@@ -255,27 +255,50 @@ TEST(ImageTransformTest, FlipMirrorsTheOutput) {
   }
 }
 
+// Every vector level the CPU has (SSE4.1, AVX2) against the portable passes, on crops with
+// upscales and downscales (1 to ~13 taps: the unrolled lengths and the generic loop), flipped,
+// odd widths (the vector loops' tails) and 1 and 3 channels, from a PNG and from a JPEG (whose
+// rows the resampler reads in libjpeg's buffer).
 TEST(ImageTransformTest, VectorAndPortableResamplingAgree) {
-  if (!image_internal::ResampleUsesSimd()) GTEST_SKIP() << "no SSE4.1 here: only one version";
+  using image_internal::ResampleLevel;
+  if (image_internal::ResampleBestLevel() == ResampleLevel::kPortable) {
+    GTEST_SKIP() << "no SSE4.1 here: only one version";
+  }
   const Image image = PhotoLike(211, 163, 3, 12);
   const std::vector<uint8_t> png = *EncodePng(image);
+  const std::vector<uint8_t> jpeg = *EncodeJpeg(image, 90);
   TransformScratch scratch;
-  for (int channels : {1, 3}) {
-    for (CropBox box : {CropBox{0, 0, 163, 211}, CropBox{3, 7, 50, 190}, CropBox{60, 100, 5, 4}}) {
-      for (int size : {224, 37, 16, 1}) {
-        std::vector<uint8_t> vector(channels * size * size), portable(vector.size());
-        ASSERT_TRUE(DecodeCropResize("v.png", png.data(), png.size(), channels, box, size, true,
-                                     vector.data(), &scratch)
-                        .ok());
-        image_internal::SetResampleSimdForTesting(false);
-        const absl::Status status = DecodeCropResize("v.png", png.data(), png.size(), channels, box,
-                                                     size, true, portable.data(), &scratch);
-        image_internal::SetResampleSimdForTesting(true);
-        ASSERT_TRUE(status.ok()) << status;
-        ASSERT_EQ(vector, portable) << channels << " channels, size " << size;
+  int compared = 0;
+  for (const std::vector<uint8_t>* data : {&png, &jpeg}) {
+    for (int channels : {1, 3}) {
+      for (CropBox box : {CropBox{0, 0, 163, 211}, CropBox{3, 7, 50, 190}, CropBox{60, 100, 5, 4},
+                          CropBox{1, 2, 150, 201}, CropBox{-5, -9, 170, 230}}) {
+        for (int size : {224, 37, 16, 15, 1}) {
+          std::vector<uint8_t> portable(channels * size * size);
+          image_internal::SetResampleLevelForTesting(ResampleLevel::kPortable);
+          const absl::Status status = DecodeCropResize("v", data->data(), data->size(), channels,
+                                                       box, size, true, portable.data(), &scratch);
+          ASSERT_TRUE(status.ok()) << status;
+          for (ResampleLevel level : {ResampleLevel::kSse41, ResampleLevel::kAvx2}) {
+            if (level > image_internal::ResampleBestLevel()) continue;
+            image_internal::SetResampleLevelForTesting(level);
+            std::vector<uint8_t> vector(portable.size());
+            ASSERT_TRUE(DecodeCropResize("v", data->data(), data->size(), channels, box, size, true,
+                                         vector.data(), &scratch)
+                            .ok());
+            ASSERT_EQ(vector, portable)
+                << channels << " channels, size " << size << ", level " << static_cast<int>(level)
+                << ", box " << box.top << " " << box.left << " " << box.height << " " << box.width;
+            ++compared;
+          }
+        }
       }
     }
   }
+  image_internal::SetResampleLevelForTesting(ResampleLevel::kAvx2);
+  EXPECT_GE(compared, 100);
+  std::printf("vector resampling == portable in %d crops (best level %d)\n", compared,
+              static_cast<int>(image_internal::ResampleBestLevel()));
 }
 
 TEST(ImageTransformTest, SizeZeroCopiesTheImageChannelsFirst) {
@@ -457,6 +480,41 @@ TEST(ImageTransformTest, RefusesBadImagesAndTransforms) {
                              out.data(), &scratch)
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// One scratch (one reused libjpeg decompress object) through good, truncated, corrupt, PNG and
+// grayscale images in turn: after each failure the next image decodes exactly as with a fresh
+// scratch.
+TEST(ImageTransformTest, ReusedDecoderRecoversAfterErrors) {
+  const std::vector<uint8_t> rgb = *EncodeJpeg(PhotoLike(160, 120, 3, 3), 90);
+  const std::vector<uint8_t> gray = *EncodeJpeg(PhotoLike(90, 70, 1, 4), 80);
+  const std::vector<uint8_t> png = *EncodePng(PhotoLike(50, 40, 3, 5));
+  std::vector<uint8_t> corrupt = rgb;
+  for (size_t i = corrupt.size() / 3; i < corrupt.size() - 2; i += 7) corrupt[i] ^= 0x5a;
+  ImageTransform t;
+  t.size = 48;
+  t.random_resized_crop = true;
+  t.horizontal_flip = true;
+  TransformScratch reused;
+  std::vector<uint8_t> out(TransformOutputBytes(t)), fresh_out(out.size());
+  int failed = 0;
+  for (uint64_t bits = 0; bits < 30; ++bits) {
+    const std::vector<uint8_t>* data[] = {&rgb, &corrupt, &gray, &rgb, &png};
+    const std::vector<uint8_t>& d = *data[bits % 5];
+    const size_t size = bits % 7 == 3 ? d.size() / 2 : d.size();
+    const absl::Status status =
+        DecodeTransformed("r", d.data(), size, t, bits, out.data(), &reused);
+    TransformScratch fresh;
+    const absl::Status fresh_status =
+        DecodeTransformed("r", d.data(), size, t, bits, fresh_out.data(), &fresh);
+    ASSERT_EQ(status.ok(), fresh_status.ok()) << bits << ": " << status << " / " << fresh_status;
+    if (!status.ok()) {
+      ++failed;
+      continue;
+    }
+    ASSERT_EQ(out, fresh_out) << bits;
+  }
+  EXPECT_GT(failed, 0);
 }
 
 }  // namespace
