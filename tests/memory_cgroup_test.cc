@@ -18,6 +18,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +46,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/system_memory.h"
 #include "gtest/gtest.h"
 #include "spec/job_spec.h"
 #include "tests/test_cluster.h"
@@ -353,6 +355,48 @@ class MemoryCgroupTest : public ::testing::Test {
 
   TestCluster cluster_;
 };
+
+// The agent and the trainer size the ring, the loaders and the model by
+// AvailableSystemMemoryBytes: inside a memory cgroup (a container's limit) that must be the
+// cgroup's room, not the host's free memory.
+TEST(MemoryCgroupLimit, AProcessInsideSeesTheCgroupsRoomNotTheHosts) {
+  constexpr int64_t kLimit = 96 * kMiB;
+  absl::StatusOr<std::unique_ptr<MemoryCgroup>> cgroup = MemoryCgroup::Create(kLimit);
+  if (!cgroup.ok()) {
+    GTEST_SKIP() << "no writable cgroup v1 memory controller for a nested test cgroup: "
+                 << cgroup.status().message();
+  }
+  int go[2], result[2];
+  ASSERT_EQ(pipe(go), 0);
+  ASSERT_EQ(pipe(result), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char byte;
+    if (read(go[0], &byte, 1) != 1) _exit(1);
+    const absl::StatusOr<int64_t> available = AvailableSystemMemoryBytes();
+    const int64_t value = available.ok() ? *available : -1;
+    _exit(write(result[1], &value, sizeof(value)) == sizeof(value) ? 0 : 1);
+  }
+  close(go[0]);
+  close(result[1]);
+  const absl::Status adopted = (*cgroup)->Adopt(child);
+  EXPECT_EQ(write(go[1], "g", 1), 1);
+  close(go[1]);
+  int64_t seen = -2;
+  EXPECT_EQ(read(result[0], &seen, sizeof(seen)), static_cast<ssize_t>(sizeof(seen)));
+  close(result[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(adopted.ok()) << adopted.message();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_GT(seen, 0);
+  EXPECT_LE(seen, kLimit);
+  absl::StatusOr<int64_t> outside = AvailableSystemMemoryBytes();
+  ASSERT_TRUE(outside.ok());
+  EXPECT_GT(*outside, kLimit) << "this machine is expected to have more than the test's limit free";
+  EXPECT_TRUE((*cgroup)->Remove().ok());
+}
 
 TEST_F(MemoryCgroupTest, ShardsSeveralTimesLargerThanTheCgroupTrainToTheEnd) {
   absl::StatusOr<std::unique_ptr<MemoryCgroup>> cgroup = MemoryCgroup::Create(kCgroupLimitBytes);
