@@ -20,6 +20,17 @@ namespace {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
+// "GPU 1, 1 cpus, 11.5 GiB memory", for the job's history.
+std::string PlacementText(const v1::Placement& placement) {
+  std::string gpus;
+  if (placement.gpu_indices_size() > 0) {
+    gpus = absl::StrCat(placement.gpu_indices_size() == 1 ? "GPU " : "GPUs ",
+                        absl::StrJoin(placement.gpu_indices(), ","), ", ");
+  }
+  return absl::StrCat(gpus, placement.cpus(), " cpus, ", FormatBytes(placement.memory_bytes()),
+                      " memory");
+}
+
 void Log(const std::string& message) { std::cerr << "stoker-server: " << message << std::endl; }
 
 // A duration for messages, to a tenth of a second ("9.7s").
@@ -157,7 +168,7 @@ absl::Status Coordinator::Recover() {
     worker.last_heartbeat = absl::Now();
     worker.restored = true;
     worker.grace_until = absl::Now() + std::max(options_.restart_grace, options_.lease);
-    worker.running.insert(job.id());
+    worker.running[job.id()] = job.placement();
   }
   return absl::OkStatus();
 }
@@ -226,17 +237,13 @@ void Coordinator::FillQueueInfo(v1::Job* job) {
   if (job->state() != v1::JOB_STATE_QUEUED) return;
   absl::StatusOr<int> position = store_->QueuePosition(job->id());
   if (!position.ok()) return;
-  int alive = 0;
-  int max_gpus = 0;
+  std::vector<WorkerView> alive;
   for (const auto& [id, worker] : workers_) {
-    if (worker.lost) continue;
-    ++alive;
-    int gpus = 0;
-    for (const v1::Device& device : worker.info.devices()) gpus += device.kind() == "cuda";
-    max_gpus = std::max(max_gpus, gpus);
+    // A restored worker has not said what it has since the server restarted.
+    if (!worker.lost && !worker.restored) alive.push_back(ViewOf(id, worker));
   }
   job->set_queue_position(*position);
-  job->set_waiting_reason(WaitingReason(*job, *position, alive, max_gpus));
+  job->set_waiting_reason(WaitingReason(*job, *position, alive));
 }
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
@@ -257,7 +264,10 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   STOKER_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs,
                           store_->List(states, request.limit() == 0 ? 100 : request.limit()));
   v1::ListJobsResponse response;
-  for (v1::Job& job : jobs) *response.add_jobs() = std::move(job);
+  for (v1::Job& job : jobs) {
+    FillQueueInfo(&job);  // queued jobs: position and why they wait
+    *response.add_jobs() = std::move(job);
+  }
   return response;
 }
 
@@ -287,7 +297,17 @@ v1::ListWorkersResponse Coordinator::ListWorkers() {
     status->set_worker_id(id);
     status->set_state(worker.lost ? "lost" : (worker.restored ? "reconnecting" : "alive"));
     *status->mutable_devices() = worker.info.devices();
-    for (const std::string& job_id : worker.running) status->add_job_ids(job_id);
+    const WorkerView view = ViewOf(id, worker);
+    status->set_cpus(view.capacity.cpus);
+    status->set_cpus_used(view.capacity.cpus - view.free.cpus);
+    status->set_memory_bytes(view.capacity.memory_bytes);
+    status->set_memory_used_bytes(view.capacity.memory_bytes - view.free.memory_bytes);
+    for (const auto& [job_id, placement] : worker.running) {
+      status->add_job_ids(job_id);
+      v1::Placement* held = status->add_placements();
+      *held = placement;
+      held->set_job_id(job_id);
+    }
     status->set_heartbeat_age_ms(absl::ToInt64Milliseconds(now - worker.last_heartbeat));
     status->set_hostname(worker.info.hostname());
     status->set_metrics_url(worker.info.metrics_url());
@@ -331,6 +351,25 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   if (request.devices_size() == 0 || request.devices_size() > 64) {
     return absl::InvalidArgumentError("devices: a worker registers 1 to 64 devices");
   }
+  // A worker that advertises no cores or memory (one older than this server) counts as one core
+  // and no memory: it takes one job at a time, and no job that asks for memory.
+  if (request.cpus() < 0 || request.cpus() > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpus: a worker advertises 0 to 4096 cores, not ", request.cpus()));
+  }
+  if (request.memory_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory_bytes: must not be negative, not ", request.memory_bytes()));
+  }
+  {
+    std::set<int> gpu_indices;
+    for (const v1::Device& device : request.devices()) {
+      if (device.kind() == "cuda" && !gpu_indices.insert(device.index()).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("devices: GPU index ", device.index(), " appears twice"));
+      }
+    }
+  }
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   if (auto it = workers_.find(request.worker_id()); it != workers_.end() && !it->second.lost &&
@@ -354,6 +393,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   }
   WorkerEntry& worker = workers_[request.worker_id()];
   worker.info = request;
+  worker.capacity = CapacityOf(request);
   worker.instance = request.instance();
   worker.last_heartbeat = now;
   worker.lost = false;
@@ -397,7 +437,9 @@ absl::Status Coordinator::RequeueUnreported(const std::string& worker_id,
                                             const std::set<std::string>& reported,
                                             absl::string_view why) {
   WorkerEntry& worker = workers_[worker_id];
-  for (const std::string& job_id : std::set<std::string>(worker.running)) {
+  std::vector<std::string> placed;
+  for (const auto& [job_id, placement] : worker.running) placed.push_back(job_id);
+  for (const std::string& job_id : placed) {
     if (reported.contains(job_id)) continue;
     absl::StatusOr<v1::Job> job = store_->Get(job_id);
     if (job.ok() && job->state() == v1::JOB_STATE_RUNNING && job->worker_id() == worker_id) {
@@ -410,14 +452,22 @@ absl::Status Coordinator::RequeueUnreported(const std::string& worker_id,
   return absl::OkStatus();
 }
 
+WorkerView Coordinator::ViewOf(const std::string& worker_id, const WorkerEntry& worker) {
+  std::vector<const v1::Placement*> held;
+  for (const auto& [job_id, placement] : worker.running) held.push_back(&placement);
+  return WorkerView{worker_id, worker.capacity, FreeResources(worker.capacity, held)};
+}
+
 absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::string& worker_id,
-                                                                int free_slots, int free_gpus) {
+                                                                int free_slots) {
   std::vector<v1::Assignment> assignments;
+  if (free_slots <= 0) return assignments;
   absl::StatusOr<std::vector<v1::Job>> queue = store_->QueuedInOrder();
   if (!queue.ok()) return queue.status();
-  WorkerCapacity capacity{free_slots, free_gpus};
-  while (true) {
-    const int index = PickJob(*queue, capacity);
+  WorkerView view = ViewOf(worker_id, workers_[worker_id]);
+  while (free_slots > 0) {
+    v1::Placement placement;
+    const int index = PickJob(*queue, view, &placement);
     if (index < 0) break;
     v1::Job job = (*queue)[index];
     queue->erase(queue->begin() + index);
@@ -430,26 +480,29 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
     if (job.start_time_unix_ms() == 0) job.set_start_time_unix_ms(NowMs());
     job.clear_queue_position();
     job.clear_waiting_reason();
-    STOKER_RETURN_IF_ERROR(SaveAndNotify(
-        job, {MakeEvent(v1::EVENT_TYPE_LOG,
-                        absl::StrCat("attempt ", job.attempt(), " started on worker ", worker_id),
-                        job.attempt())}));
-    workers_[worker_id].running.insert(job.id());
+    *job.mutable_placement() = placement;
+    STOKER_RETURN_IF_ERROR(
+        SaveAndNotify(job, {MakeEvent(v1::EVENT_TYPE_LOG,
+                                      absl::StrCat("attempt ", job.attempt(), " started on worker ",
+                                                   worker_id, " with ", PlacementText(placement)),
+                                      job.attempt())}));
+    workers_[worker_id].running[job.id()] = placement;
+    Hold(placement, view);
     v1::Assignment& assignment = assignments.emplace_back();
     assignment.set_job_id(job.id());
     assignment.set_attempt(job.attempt());
     *assignment.mutable_spec() = job.spec();
     assignment.set_resume_step(job.checkpoint_step());
-    capacity.free_slots -= 1;
-    capacity.free_gpus -= job.spec().resources().gpus();
+    *assignment.mutable_placement() = placement;
+    free_slots -= 1;
   }
   return assignments;
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   STOKER_RETURN_IF_ERROR(RequireId(request.worker_id(), "worker_id"));
-  if (request.free_slots() < 0 || request.free_gpus() < 0) {
-    return absl::InvalidArgumentError("free_slots, free_gpus: must not be negative");
+  if (request.free_slots() < 0) {
+    return absl::InvalidArgumentError("free_slots: must not be negative");
   }
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(request.worker_id());
@@ -477,7 +530,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   STOKER_RETURN_IF_ERROR(
       RequeueUnreported(request.worker_id(), reported, "no longer runs the job"));
   STOKER_ASSIGN_OR_RETURN(std::vector<v1::Assignment> assignments,
-                          Assign(request.worker_id(), request.free_slots(), request.free_gpus()));
+                          Assign(request.worker_id(), request.free_slots()));
   for (v1::Assignment& assignment : assignments) {
     *response.add_assignments() = std::move(assignment);
   }
@@ -729,7 +782,9 @@ void Coordinator::ExpireLeases() {
                            " of the server's restart)")
             : absl::StrCat("worker ", worker_id, " lost (no heartbeat for ",
                            absl::FormatDuration(now - worker.last_heartbeat), ")");
-    for (const std::string& job_id : std::set<std::string>(worker.running)) {
+    std::vector<std::string> placed;
+    for (const auto& [job_id, placement] : worker.running) placed.push_back(job_id);
+    for (const std::string& job_id : placed) {
       absl::StatusOr<v1::Job> job = store_->Get(job_id);
       if (!job.ok() || job->state() != v1::JOB_STATE_RUNNING || job->worker_id() != worker_id) {
         continue;

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "server/checkpoint_store.h"
 #include "server/job_store.h"
+#include "server/scheduler.h"
 #include "stoker.pb.h"
 
 namespace stoker {
@@ -136,8 +137,14 @@ class Coordinator {
     absl::Time grace_until = absl::InfinitePast();
     // The registered process (RegisterWorkerRequest.instance); "" for a restored entry.
     std::string instance;
-    std::set<std::string> running;  // job ids the server placed there
+    // What the worker advertised for jobs (cpus, memory, GPUs); empty while restored.
+    WorkerResources capacity;
+    // Jobs the server placed there, by id, with what each holds: the worker's ledger. Its free
+    // resources are the capacity less these (FreeResources); nothing is placed beyond them.
+    std::map<std::string, v1::Placement> running;
   };
+  // The scheduler's view of a worker: capacity and what its jobs leave free.
+  static WorkerView ViewOf(const std::string& worker_id, const WorkerEntry& worker);
 
   // Reads a RUNNING job and checks that `worker_id` runs its current attempt.
   absl::StatusOr<v1::Job> FencedJob(const std::string& worker_id, const std::string& job_id,
@@ -150,8 +157,8 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SaveAndNotify(const v1::Job& job, std::vector<v1::JobEvent> events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::vector<v1::Assignment>> Assign(const std::string& worker_id, int free_slots,
-                                                     int free_gpus)
+  // Places queued jobs on the worker while they fit its free resources, at most `free_slots`.
+  absl::StatusOr<std::vector<v1::Assignment>> Assign(const std::string& worker_id, int free_slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillQueueInfo(v1::Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -65,9 +66,12 @@ class CoordinatorTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_->Recover().ok());
   }
 
-  std::string Submit() {
+  std::string Submit(int gpus = 0, int cpus = 0, int64_t memory_mib = 0) {
     v1::SubmitJobRequest request;
     v1::JobSpec& spec = *request.mutable_spec() = DefaultJobSpec();
+    spec.mutable_resources()->set_gpus(gpus);
+    spec.mutable_resources()->set_cpus(cpus);
+    spec.mutable_resources()->set_memory_mib(memory_mib);
     spec.mutable_dataset()->set_format("csv");
     spec.mutable_dataset()->set_train_images("train.csv");
     spec.mutable_dataset()->set_test_images("test.csv");
@@ -78,11 +82,20 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   absl::Status Register(const std::string& worker_id, const std::string& instance,
-                        const std::string& running_job = "", int running_attempt = 0) {
+                        const std::string& running_job = "", int running_attempt = 0, int cpus = 0,
+                        int64_t memory_bytes = 0, int gpus = 0) {
     v1::RegisterWorkerRequest request;
     request.set_worker_id(worker_id);
     request.set_instance(instance);
     request.add_devices()->set_kind("cpu");
+    request.set_cpus(cpus);
+    request.set_memory_bytes(memory_bytes);
+    for (int i = 0; i < gpus; ++i) {
+      v1::Device* gpu = request.add_devices();
+      gpu->set_kind("cuda");
+      gpu->set_index(i);
+      gpu->set_uuid(absl::StrCat("GPU-", i));
+    }
     if (!running_job.empty()) {
       v1::RunningAttempt* running = request.add_running();
       running->set_job_id(running_job);
@@ -352,6 +365,145 @@ TEST_F(CoordinatorTest, AfterARestartTheWorkerHasTheGracePeriodToComeBack) {
   job = Get(kept);
   EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
   EXPECT_TRUE(absl::StrContains(job.error(), "did not register again within")) << job.error();
+}
+
+// Issue 16: several jobs per worker, each GPU to one job, cpus and memory never over-committed.
+TEST_F(CoordinatorTest, PacksJobsOntoAWorkerWhileTheyFitAndGivesEachGpuToOneJob) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  const std::string a = Submit(1), b = Submit(1), c = Submit(1);
+  ASSERT_TRUE(Register("w1", "i1", "", 0, /*cpus=*/2, /*memory_bytes=*/8 * kGiB, /*gpus=*/2).ok());
+  absl::StatusOr<v1::HeartbeatResponse> beat = Heartbeat("w1", "i1", 8);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  ASSERT_EQ(beat->assignments_size(), 2);  // two GPUs, two jobs
+  std::set<int> gpus;
+  for (const v1::Assignment& assignment : beat->assignments()) {
+    const v1::Placement& placement = assignment.placement();
+    ASSERT_EQ(placement.gpu_indices_size(), 1);
+    gpus.insert(placement.gpu_indices(0));
+    EXPECT_EQ(placement.gpu_uuids(0), absl::StrCat("GPU-", placement.gpu_indices(0)));
+    EXPECT_EQ(placement.cpus(), 1);                 // its GPUs' share of the cores
+    EXPECT_EQ(placement.memory_bytes(), 4 * kGiB);  // and of the memory
+    EXPECT_EQ(placement.worker_id(), "w1");
+    EXPECT_EQ(Get(assignment.job_id()).placement().gpu_indices(0), placement.gpu_indices(0));
+  }
+  EXPECT_EQ(gpus, (std::set<int>{0, 1}));
+  const v1::Job waiting = Get(c);
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(waiting.waiting_reason(), "needs 1 GPUs, the most free on one worker is 0");
+  // list carries the reason too.
+  absl::StatusOr<v1::ListJobsResponse> listed = coordinator_->ListJobs({});
+  ASSERT_TRUE(listed.ok());
+  for (const v1::Job& job : listed->jobs()) {
+    if (job.id() == c) {
+      EXPECT_EQ(job.waiting_reason(), waiting.waiting_reason());
+    }
+  }
+  v1::ListWorkersResponse workers = coordinator_->ListWorkers();
+  ASSERT_EQ(workers.workers_size(), 1);
+  EXPECT_EQ(workers.workers(0).cpus(), 2);
+  EXPECT_EQ(workers.workers(0).cpus_used(), 2);
+  EXPECT_EQ(workers.workers(0).memory_used_bytes(), 8 * kGiB);
+  EXPECT_EQ(workers.workers(0).placements_size(), 2);
+
+  // Nothing more is placed while both run, however many slots the worker offers.
+  v1::HeartbeatRequest both;
+  both.set_worker_id("w1");
+  both.set_instance("i1");
+  both.set_free_slots(8);
+  for (const v1::Assignment& assignment : beat->assignments()) {
+    v1::RunningAttempt* running = both.add_running();
+    running->set_job_id(assignment.job_id());
+    running->set_attempt(1);
+  }
+  absl::StatusOr<v1::HeartbeatResponse> full = coordinator_->Heartbeat(both);
+  ASSERT_TRUE(full.ok());
+  EXPECT_EQ(full->assignments_size(), 0);
+
+  // The job on GPU 0 ends (its worker no longer reports it): the third job gets that GPU.
+  const v1::Assignment& first = beat->assignments(0);
+  const int freed = first.placement().gpu_indices(0);
+  ASSERT_TRUE(coordinator_->Cancel(first.job_id()).ok());
+  // Cancelled but not yet stopped on the worker: its GPU is still held.
+  absl::StatusOr<v1::HeartbeatResponse> stopping = coordinator_->Heartbeat(both);
+  ASSERT_TRUE(stopping.ok());
+  EXPECT_EQ(stopping->assignments_size(), 0);
+  EXPECT_EQ(stopping->stop_size(), 1);
+  const v1::Assignment& second = beat->assignments(1);
+  absl::StatusOr<v1::HeartbeatResponse> after =
+      Heartbeat("w1", "i1", 8, second.job_id(), second.attempt());
+  ASSERT_TRUE(after.ok());
+  ASSERT_EQ(after->assignments_size(), 1);
+  EXPECT_EQ(after->assignments(0).job_id(), c);
+  EXPECT_EQ(after->assignments(0).placement().gpu_indices(0), freed);
+  (void)a;
+  (void)b;
+}
+
+TEST_F(CoordinatorTest, CpuJobsPackByTheirCoresAndTheLedgerSurvivesARestart) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  const std::string one = Submit(0, 1), two = Submit(0, 1), whole = Submit(), small = Submit(0, 1);
+  ASSERT_TRUE(Register("w1", "i1", "", 0, 2, 4 * kGiB).ok());
+  absl::StatusOr<v1::HeartbeatResponse> beat = Heartbeat("w1", "i1", 8);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  // The two 1-core jobs fill the 2 cores; the default job (the whole worker) and the one behind
+  // it wait.
+  ASSERT_EQ(beat->assignments_size(), 2);
+  EXPECT_EQ(beat->assignments(0).job_id(), one);
+  EXPECT_EQ(beat->assignments(1).job_id(), two);
+  EXPECT_EQ(beat->assignments(0).placement().memory_bytes(), 2 * kGiB);
+  EXPECT_EQ(Get(whole).waiting_reason(), "needs 2 cpus, the most free on one worker is 0");
+  EXPECT_EQ(Get(small).waiting_reason(),
+            "1 job(s) ahead in the queue; needs 1 cpus, the most free on one worker is 0");
+  // A job asking for more cores than any worker has says so.
+  const std::string huge = Submit(0, 64);
+  EXPECT_EQ(Get(huge).waiting_reason(),
+            "2 job(s) ahead in the queue; needs 64 cpus on one worker; the largest worker has 2");
+
+  // The server restarts: the ledger comes back from the jobs' stored placements, so the worker,
+  // once registered again with both jobs, gets nothing new.
+  Start();
+  v1::RegisterWorkerRequest again;
+  again.set_worker_id("w1");
+  again.set_instance("i1");
+  again.add_devices()->set_kind("cpu");
+  again.set_cpus(2);
+  again.set_memory_bytes(4 * kGiB);
+  for (const std::string& id : {one, two}) {
+    v1::RunningAttempt* running = again.add_running();
+    running->set_job_id(id);
+    running->set_attempt(1);
+  }
+  ASSERT_TRUE(coordinator_->RegisterWorker(again).ok());
+  v1::HeartbeatRequest request;
+  request.set_worker_id("w1");
+  request.set_instance("i1");
+  request.set_free_slots(8);
+  *request.mutable_running() = again.running();
+  absl::StatusOr<v1::HeartbeatResponse> after = coordinator_->Heartbeat(request);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->assignments_size(), 0);
+  EXPECT_EQ(coordinator_->ListWorkers().workers(0).cpus_used(), 2);
+}
+
+TEST_F(CoordinatorTest, AWorkerMustAdvertiseSaneResources) {
+  v1::RegisterWorkerRequest request;
+  request.set_worker_id("w1");
+  request.set_instance("i1");
+  request.add_devices()->set_kind("cpu");
+  request.set_cpus(-1);
+  EXPECT_TRUE(absl::IsInvalidArgument(coordinator_->RegisterWorker(request).status()));
+  request.set_cpus(2);
+  request.set_memory_bytes(-5);
+  EXPECT_TRUE(absl::IsInvalidArgument(coordinator_->RegisterWorker(request).status()));
+  request.set_memory_bytes(1 << 30);
+  for (int i = 0; i < 2; ++i) {
+    v1::Device* gpu = request.add_devices();
+    gpu->set_kind("cuda");
+    gpu->set_index(3);
+  }
+  absl::Status twice = coordinator_->RegisterWorker(request).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(twice)) << twice;
+  EXPECT_TRUE(absl::StrContains(twice.message(), "GPU index 3 appears twice")) << twice;
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
 #include "server/scheduler.h"
 
+#include <set>
+
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace stoker {
@@ -29,21 +32,140 @@ TEST(SchedulerTest, PriorityThenSubmitOrder) {
                                                  "j-000006", "j-000005"}));
 }
 
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+WorkerView Worker(const std::string& id, int cpus, int64_t memory_bytes, int gpus) {
+  WorkerView view;
+  view.worker_id = id;
+  view.capacity.cpus = cpus;
+  view.capacity.memory_bytes = memory_bytes;
+  for (int i = 0; i < gpus; ++i) view.capacity.gpus.push_back({i, absl::StrCat("GPU-", i)});
+  view.free = view.capacity;
+  return view;
+}
+
+v1::ResourceSpec Request(int gpus, int cpus = 0, int64_t memory_mib = 0) {
+  v1::ResourceSpec spec;
+  spec.set_gpus(gpus);
+  spec.set_cpus(cpus);
+  spec.set_memory_mib(memory_mib);
+  return spec;
+}
+
 TEST(SchedulerTest, PlacesWholeJobsAndBackfills) {
   std::vector<v1::Job> queue = {MakeJob("big", 9, 1, 4), MakeJob("two", 5, 2, 2),
                                 MakeJob("cpu", 0, 3, 0)};
-  EXPECT_EQ(PickJob(queue, {1, 8}), 0);   // room for the 4-GPU job
-  EXPECT_EQ(PickJob(queue, {1, 2}), 1);   // the 4-GPU job does not fit; the 2-GPU one does
-  EXPECT_EQ(PickJob(queue, {1, 0}), 2);   // a CPU worker takes the CPU job
-  EXPECT_EQ(PickJob(queue, {0, 8}), -1);  // no free slot
-  EXPECT_EQ(PickJob({}, {1, 8}), -1);
+  v1::Placement placement;
+  WorkerView eight = Worker("w8", 16, 64 * kGiB, 8);
+  EXPECT_EQ(PickJob(queue, eight, &placement), 0);  // room for the 4-GPU job
+  EXPECT_EQ(std::vector<int>(placement.gpu_indices().begin(), placement.gpu_indices().end()),
+            (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(placement.gpu_uuids(0), "GPU-0");
+  WorkerView two = Worker("w2", 4, 16 * kGiB, 2);
+  EXPECT_EQ(PickJob(queue, two, &placement), 1);  // the 4-GPU job does not fit; the 2-GPU one does
+  WorkerView cpu = Worker("c", 2, 8 * kGiB, 0);
+  EXPECT_EQ(PickJob(queue, cpu, &placement), 2);  // a CPU worker takes the CPU job
+  EXPECT_EQ(placement.worker_id(), "c");
+  EXPECT_EQ(PickJob({}, eight, &placement), -1);
 }
 
-TEST(SchedulerTest, WaitingReasonNamesTheObstacle) {
+TEST(SchedulerTest, DefaultsResolveAgainstTheWorker) {
+  const WorkerResources capacity = Worker("w", 16, 64 * kGiB, 8).capacity;
+  // A CPU job by default has the worker to itself, as when one job ran per worker.
+  ResolvedRequest cpu = ResolveRequest(Request(0), capacity);
+  EXPECT_EQ(cpu.cpus, 16);
+  EXPECT_EQ(cpu.memory_bytes, 64 * kGiB);
+  // Asking for cores gets their share of the memory.
+  ResolvedRequest four = ResolveRequest(Request(0, 4), capacity);
+  EXPECT_EQ(four.cpus, 4);
+  EXPECT_EQ(four.memory_bytes, 16 * kGiB);
+  // A GPU job gets its GPUs' share of cores and memory.
+  ResolvedRequest gpu = ResolveRequest(Request(2), capacity);
+  EXPECT_EQ(gpu.gpus, 2);
+  EXPECT_EQ(gpu.cpus, 4);
+  EXPECT_EQ(gpu.memory_bytes, 16 * kGiB);
+  // At least one core, even with more GPUs than cores.
+  EXPECT_EQ(ResolveRequest(Request(1), Worker("w", 2, kGiB, 8).capacity).cpus, 1);
+  // Explicit values are taken as written.
+  ResolvedRequest explicit_request = ResolveRequest(Request(1, 3, 512), capacity);
+  EXPECT_EQ(explicit_request.cpus, 3);
+  EXPECT_EQ(explicit_request.memory_bytes, 512 << 20);
+}
+
+TEST(SchedulerTest, PacksUntilFullAndNeverOverCommits) {
+  WorkerView worker = Worker("w", 2, 8 * kGiB, 2);
+  // One-core CPU jobs: two fit on two cores, a third does not.
+  absl::StatusOr<v1::Placement> a = PlaceOnWorker(Request(0, 1), worker);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->cpus(), 1);
+  EXPECT_EQ(a->memory_bytes(), 4 * kGiB);
+  Hold(*a, worker);
+  absl::StatusOr<v1::Placement> b = PlaceOnWorker(Request(0, 1), worker);
+  ASSERT_TRUE(b.ok()) << b.status();
+  Hold(*b, worker);
+  absl::StatusOr<v1::Placement> c = PlaceOnWorker(Request(0, 1), worker);
+  EXPECT_TRUE(absl::IsResourceExhausted(c.status())) << c.status();
+  EXPECT_EQ(c.status().message(), "needs 1 cpus, 0 free");
+  // A default CPU job wants the whole worker: it waits for both.
+  EXPECT_TRUE(absl::IsResourceExhausted(PlaceOnWorker(Request(0), worker).status()));
+
+  // Memory is checked on its own: cores left, memory not.
+  WorkerView memory = Worker("m", 4, 4 * kGiB, 0);
+  absl::StatusOr<v1::Placement> big = PlaceOnWorker(Request(0, 1, 3 * 1024), memory);
+  ASSERT_TRUE(big.ok());
+  Hold(*big, memory);
+  absl::StatusOr<v1::Placement> more = PlaceOnWorker(Request(0, 1, 2 * 1024), memory);
+  EXPECT_EQ(more.status().message(), "needs 2.0 GiB memory, 1.0 GiB free");
+  EXPECT_TRUE(PlaceOnWorker(Request(0, 1, 1024), memory).ok());
+}
+
+TEST(SchedulerTest, EachGpuBelongsToOneJob) {
+  WorkerView worker = Worker("w", 8, 32 * kGiB, 3);
+  std::set<int> seen;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<v1::Placement> placed = PlaceOnWorker(Request(1), worker);
+    ASSERT_TRUE(placed.ok()) << placed.status();
+    ASSERT_EQ(placed->gpu_indices_size(), 1);
+    EXPECT_TRUE(seen.insert(placed->gpu_indices(0)).second) << placed->gpu_indices(0);
+    Hold(*placed, worker);
+  }
+  EXPECT_EQ(PlaceOnWorker(Request(1), worker).status().message(), "needs 1 GPUs, 0 free");
+  // A job that ends gives its GPU back: the free list is the capacity less the held placements.
+  v1::Placement held_one, held_two;
+  held_one.add_gpu_indices(0);
+  held_two.add_gpu_indices(2);
+  WorkerResources free = FreeResources(worker.capacity, {&held_one, &held_two});
+  ASSERT_EQ(free.gpus.size(), 1u);
+  EXPECT_EQ(free.gpus[0].index, 1);
+  // More GPUs than the worker has can never fit.
+  EXPECT_TRUE(absl::IsFailedPrecondition(PlaceOnWorker(Request(4), worker).status()));
+}
+
+TEST(SchedulerTest, WaitingReasonNamesTheResource) {
   v1::Job job = MakeJob("j", 0, 1, 4);
-  EXPECT_EQ(WaitingReason(job, 0, 0, 0), "no worker is registered");
-  EXPECT_EQ(WaitingReason(job, 0, 2, 2), "needs 4 GPUs on one worker; the largest worker has 2");
-  EXPECT_EQ(WaitingReason(job, 3, 2, 8), "3 job(s) ahead in the queue");
+  EXPECT_EQ(WaitingReason(job, 0, {}), "no worker is registered");
+  EXPECT_EQ(WaitingReason(job, 0, {Worker("a", 4, kGiB, 2), Worker("b", 4, kGiB, 1)}),
+            "needs 4 GPUs on one worker; the largest worker has 2");
+  // Fits an idle worker: only the queue holds it back.
+  EXPECT_EQ(WaitingReason(job, 3, {Worker("a", 8, kGiB, 8)}), "3 job(s) ahead in the queue");
+
+  v1::Job two = MakeJob("j", 0, 1, 2);
+  WorkerView busy = Worker("a", 8, 8 * kGiB, 2);
+  v1::Placement held;
+  held.add_gpu_indices(0);
+  held.set_cpus(1);
+  Hold(held, busy);
+  WorkerView other = Worker("b", 8, 8 * kGiB, 0);
+  EXPECT_EQ(WaitingReason(two, 0, {busy, other}), "needs 2 GPUs, the most free on one worker is 1");
+  EXPECT_EQ(WaitingReason(two, 1, {busy, other}),
+            "1 job(s) ahead in the queue; needs 2 GPUs, the most free on one worker is 1");
+
+  v1::Job cores = MakeJob("c", 0, 1, 0);
+  cores.mutable_spec()->mutable_resources()->set_cpus(8);
+  EXPECT_EQ(WaitingReason(cores, 0, {busy}), "needs 8 cpus, the most free on one worker is 7");
+  cores.mutable_spec()->mutable_resources()->set_cpus(16);
+  EXPECT_EQ(WaitingReason(cores, 0, {busy}),
+            "needs 16 cpus on one worker; the largest worker has 8");
 }
 
 }  // namespace

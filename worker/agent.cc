@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
@@ -128,6 +129,52 @@ absl::StatusOr<WorkerInstance> ClaimWorkerInstance(const std::string& work_dir,
   return claim;
 }
 
+absl::StatusOr<std::vector<v1::Device>> FakeGpusForTests(int count, int real_gpus,
+                                                         const std::string& server_address) {
+  if (count < 0 || count > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fake-gpus-for-tests: 0 to 64 fake GPUs, not ", count));
+  }
+  if (count > 0 && real_gpus > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fake-gpus-for-tests: this machine has ", real_gpus,
+                     " real GPU(s); fake GPUs are for test machines without any"));
+  }
+  if (count > 0 && !absl::StartsWith(server_address, "127.") &&
+      !absl::StartsWith(server_address, "localhost:") &&
+      !absl::StartsWith(server_address, "[::1]:")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--fake-gpus-for-tests: only with a server on loopback (tests), not ", server_address));
+  }
+  std::vector<v1::Device> gpus;
+  for (int i = 0; i < count; ++i) {
+    v1::Device& gpu = gpus.emplace_back();
+    gpu.set_kind("cuda");
+    gpu.set_index(i);
+    gpu.set_name("fake GPU (stoker-worker --fake-gpus-for-tests)");
+    gpu.set_uuid(absl::StrCat("fake-GPU-", i));
+  }
+  return gpus;
+}
+
+RunnerOptions RunnerOptionsFor(const RunnerOptions& base, const v1::Assignment& assignment,
+                               bool fake_gpus_for_tests) {
+  RunnerOptions options = base;
+  const v1::Placement& placement = assignment.placement();
+  if (placement.cpus() > 0) options.cpu_count = placement.cpus();
+  options.memory_limit_bytes = placement.memory_bytes();
+  std::vector<std::string> visible;
+  for (int i = 0; i < placement.gpu_indices_size(); ++i) {
+    // UUIDs name a GPU whatever order CUDA counts them in; fake GPUs have only their index.
+    const bool uuid =
+        !fake_gpus_for_tests && i < placement.gpu_uuids_size() && !placement.gpu_uuids(i).empty();
+    visible.push_back(uuid ? placement.gpu_uuids(i) : absl::StrCat(placement.gpu_indices(i)));
+  }
+  options.cuda_visible_devices = absl::StrJoin(visible, ",");
+  options.fake_gpus_for_tests = fake_gpus_for_tests && !visible.empty();
+  return options;
+}
+
 v1::Device DescribeCpu() {
   v1::Device device;
   device.set_kind("cpu");
@@ -193,6 +240,8 @@ bool Agent::Register(const std::atomic<bool>& stop) {
     request.set_hostname(hostname);
     *request.add_devices() = DescribeCpu();
     for (const v1::Device& gpu : options_.gpus) *request.add_devices() = gpu;
+    request.set_cpus(options_.cpus);
+    request.set_memory_bytes(options_.memory_bytes);
     request.set_metrics_url(options_.metrics_url);
     {
       absl::MutexLock lock(&mu_);
@@ -236,10 +285,9 @@ bool Agent::Run(const std::atomic<bool>& stop) {
     {
       absl::MutexLock lock(&mu_);
       AddRunningAttempts(request.mutable_running());
+      // What fits is the server's ledger's to say (it knows what each job here holds).
       const int free = std::max(0, options_.job_slots - static_cast<int>(jobs_.size()));
       request.set_free_slots(free);
-      // One job at a time; a GPU job takes every GPU of this worker.
-      request.set_free_gpus(jobs_.empty() ? static_cast<int>(options_.gpus.size()) : 0);
     }
     v1::HeartbeatResponse response;
     grpc::Status status =
@@ -303,9 +351,11 @@ void Agent::ExportMetrics() {
     JobCounters& c = counters.emplace_back();
     c.job_id = id;
     c.attempt = static_cast<uint32_t>(job->assignment.attempt());
-    const int gpus = job->assignment.spec().resources().gpus();
-    c.device = gpus > 0 ? "gpu0" : "cpu";
-    for (int g = 0; g < gpus; ++g) c.gpu_indices.push_back(g);
+    // The physical GPUs (this worker's indices), not the trainer's renumbered device 0.
+    const v1::Placement& placement = job->assignment.placement();
+    c.device =
+        placement.gpu_indices_size() > 0 ? absl::StrCat("gpu", placement.gpu_indices(0)) : "cpu";
+    for (int g : placement.gpu_indices()) c.gpu_indices.push_back(g);
     c.samples_total = snapshot.samples_total;
     c.steps_total = snapshot.steps_total;
     c.skipped_steps_total = snapshot.skipped_steps_total;
@@ -345,13 +395,44 @@ void Agent::ReapFinishedJobs() {
 void Agent::StartJob(const v1::Assignment& assignment) {
   absl::MutexLock lock(&mu_);
   if (jobs_.contains(assignment.job_id())) return;
-  Log(absl::StrCat("starting ", assignment.job_id(), " attempt ", assignment.attempt(), " (",
-                   assignment.spec().name(), ")"));
+  // The server's ledger gives each GPU to one job; a placement naming a GPU this worker lacks or
+  // another of its jobs holds is a bug somewhere: refuse it (not reported, the server requeues
+  // the attempt) rather than share a device.
+  for (int index : assignment.placement().gpu_indices()) {
+    bool known = false;
+    for (const v1::Device& gpu : options_.gpus) known = known || gpu.index() == index;
+    std::string holder;
+    for (const auto& [id, other] : jobs_) {
+      for (int held : other->assignment.placement().gpu_indices()) {
+        if (held == index) holder = id;
+      }
+    }
+    if (!known || !holder.empty()) {
+      Log(absl::StrCat("refusing ", assignment.job_id(), " attempt ", assignment.attempt(),
+                       ": GPU ", index,
+                       known ? absl::StrCat(" is held by ", holder) : " is not on this worker"));
+      return;
+    }
+  }
+  if (assignment.spec().resources().gpus() > 0 && assignment.placement().gpu_indices_size() == 0) {
+    Log(absl::StrCat("refusing ", assignment.job_id(),
+                     ": it needs GPUs and the server placed none"
+                     " (a server older than this worker?)"));
+    return;
+  }
+  const RunnerOptions runner_options =
+      RunnerOptionsFor(options_.runner, assignment, options_.fake_gpus_for_tests);
+  Log(absl::StrCat(
+      "starting ", assignment.job_id(), " attempt ", assignment.attempt(), " (",
+      assignment.spec().name(), ") with ", runner_options.cpu_count, " cpus",
+      runner_options.cuda_visible_devices.empty()
+          ? ""
+          : absl::StrCat(", CUDA_VISIBLE_DEVICES=", runner_options.cuda_visible_devices)));
   auto job = std::make_unique<RunningJob>();
   job->assignment = assignment;
   RunningJob* raw = job.get();
   job->runner = std::make_unique<JobRunner>(
-      options_.runner, assignment, [this, raw](const v1::JobEvent& event) {
+      runner_options, assignment, [this, raw](const v1::JobEvent& event) {
         // Events arrive on the runner's reader thread.
         if (event.type() == v1::EVENT_TYPE_CHECKPOINT) {
           absl::Status s = UploadCheckpoint(*raw, event.progress());

@@ -24,11 +24,20 @@ struct AgentOptions {
   std::string server_address = "127.0.0.1:50051";
   std::string worker_id;  // default: hostname-pid
   RunnerOptions runner;
-  int job_slots = 1;                                      // jobs run at once (one per device)
+  // At most this many jobs at once; which jobs fit (cores, memory, GPUs) the server decides
+  // from what the agent advertises below, and tells each job what it holds (Placement).
+  int job_slots = 64;
   std::string token;                                      // bearer token for the server ("" = none)
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: plaintext
   std::string metrics_url;                                // advertised to the server
-  std::vector<v1::Device> gpus;  // found through NVML; jobs asking for GPUs run on them
+  std::vector<v1::Device> gpus;  // found through NVML (index, UUID); each job gets its own
+  // What jobs may use here, advertised at registration: cores (trainer threads and loaders of
+  // all jobs together) and memory in bytes.
+  int cpus = 1;
+  int64_t memory_bytes = 0;
+  // Test-only: `gpus` are fake (stoker-worker --fake-gpus-for-tests). A GPU job's trainer is told
+  // its CUDA_VISIBLE_DEVICES, logs it and trains on the cpu backend.
+  bool fake_gpus_for_tests = false;
   // This process and the one that ran before it with the same id and work directory (see
   // ClaimWorkerInstance); sent with each registration, `instance` with each heartbeat.
   std::string instance;
@@ -115,6 +124,17 @@ class Agent {
 
 // This machine's CPU as a device (model name from /proc/cpuinfo, total memory).
 v1::Device DescribeCpu();
+
+// `count` fake GPUs for tests (kind "cuda", indices 0.., uuid "fake-GPU-<i>"), so that packing
+// and GPU isolation run on machines without a GPU. INVALID_ARGUMENT when `real_gpus` is not
+// empty (never mix them with real ones) or the server is not on loopback (never in production).
+absl::StatusOr<std::vector<v1::Device>> FakeGpusForTests(int count, int real_gpus,
+                                                         const std::string& server_address);
+
+// What the runner of `assignment` may use: `base` with the placement's cores, memory and GPUs
+// (CUDA_VISIBLE_DEVICES: UUIDs of real GPUs, indices of fake ones).
+RunnerOptions RunnerOptionsFor(const RunnerOptions& base, const v1::Assignment& assignment,
+                               bool fake_gpus_for_tests);
 
 }  // namespace stoker
 

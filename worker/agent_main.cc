@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "common/auth.h"
 #include "common/exit_codes.h"
+#include "common/system_memory.h"
 #include "worker/agent.h"
 #include "worker/metrics/nvml.h"
 #include "worker/metrics/worker_metrics.h"
@@ -78,6 +79,23 @@ int main(int argc, char** argv) {
                  "and is retried; 0 = never")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+  int cpus = options.runner.cpu_count;
+  app.add_option("--cpus", cpus,
+                 "cores the jobs here may use together (trainer threads and loaders); the "
+                 "server packs jobs until they are used up (default: all)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  int64_t memory_mib = 0;
+  app.add_option("--memory-mib", memory_mib,
+                 "memory the jobs here may use together, in MiB (default 0: what is available "
+                 "when the worker starts, within a container's limit)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  int fake_gpus = 0;
+  app.add_option("--fake-gpus-for-tests", fake_gpus,
+                 "TESTS ONLY: advertise N fake GPUs; a GPU job's trainer logs its "
+                 "CUDA_VISIBLE_DEVICES and trains on the cpu backend. Refused on a machine with "
+                 "real GPUs and with a server that is not on loopback")
+      ->check(CLI::Range(0, 64));
   std::string token_file, tls_ca, metrics_listen;
   app.add_option("--token-file", token_file, "file holding the server's bearer token");
   app.add_option("--tls-ca", tls_ca, "connect with TLS, trusting this CA certificate (PEM)");
@@ -154,7 +172,32 @@ int main(int argc, char** argv) {
       device.set_index(gpu.index);
       device.set_name(gpu.name);
       device.set_memory_bytes(static_cast<int64_t>(gpu.memory_total_bytes.value_or(0)));
+      device.set_uuid(gpu.uuid);
     }
+  }
+  if (fake_gpus > 0) {
+    absl::StatusOr<std::vector<stoker::v1::Device>> fake = stoker::FakeGpusForTests(
+        fake_gpus, static_cast<int>(options.gpus.size()), options.server_address);
+    if (!fake.ok()) {
+      std::cerr << "stoker-worker: " << fake.status().message() << "\n";
+      return stoker::kExitBadInput;
+    }
+    options.gpus = std::move(*fake);
+    options.fake_gpus_for_tests = true;
+    std::cerr << "stoker-worker: " << fake_gpus
+              << " FAKE GPUs for tests: GPU jobs train on the cpu backend\n";
+  }
+  options.cpus = cpus;
+  if (memory_mib > 0) {
+    options.memory_bytes = memory_mib << 20;
+  } else {
+    absl::StatusOr<int64_t> available = stoker::AvailableSystemMemoryBytes();
+    if (!available.ok()) {
+      std::cerr << "stoker-worker: cannot tell the available memory ("
+                << available.status().message() << "); pass --memory-mib\n";
+      return stoker::kExitFailure;
+    }
+    options.memory_bytes = *available;
   }
   std::unique_ptr<stoker::WorkerMetrics> metrics;
   if (!metrics_listen.empty()) {

@@ -291,6 +291,10 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   // training set per loader (they share one mapping). They may take half of what is available;
   // the trainer sizes its model against what is left when it starts.
   if (absl::StatusOr<int64_t> available = AvailableSystemMemoryBytes(); available.ok()) {
+    // The job may use what its placement gives it, if the machine has that much.
+    const bool limited =
+        options_.memory_limit_bytes > 0 && options_.memory_limit_bytes < *available;
+    if (limited) *available = options_.memory_limit_bytes;
     const absl::StatusOr<SamplesStorage> storage =
         images ? absl::StatusOr<SamplesStorage>(SamplesStorage::kSource)
                : ChooseSamplesStorage(TrainDatasetFiles(spec));
@@ -299,7 +303,14 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
                                std::min<uint64_t>(spec.loader().ring_slots(), total_batches),
                                !storage.ok() || *storage == SamplesStorage::kCopy);
     absl::StatusOr<int> fitted = FitLoadersInMemory(memory, loader_count, autotune, *available);
-    if (!fitted.ok()) return Failed(std::string(fitted.status().message()), true);
+    if (!fitted.ok()) {
+      return Failed(limited ? absl::StrCat(fitted.status().message(),
+                                           " (the machine's available memory "
+                                           "here is this job's share of the worker: raise "
+                                           "resources.memory_mib)")
+                            : std::string(fitted.status().message()),
+                    true);
+    }
     loader_count = *fitted;
   }
   // Decoded once, here, for every loader of the attempt (image datasets: indexed above).
@@ -515,7 +526,14 @@ absl::StatusOr<pid_t> JobRunner::StartTrainer(JobRegion& region, int events_fd,
                                    "--classes",
                                    absl::StrCat(classes),
                                    "--train-data",
-                                   training_set_path()};
+                                   training_set_path(),
+                                   "--threads",
+                                   absl::StrCat(std::max(1, options_.cpu_count))};
+  if (!options_.cuda_visible_devices.empty()) {
+    argv.push_back("--cuda-visible-devices");
+    argv.push_back(options_.cuda_visible_devices);
+  }
+  if (options_.fake_gpus_for_tests) argv.push_back("--fake-gpus-for-tests");
   if (!resume_checkpoint.empty()) {
     argv.push_back("--resume");
     argv.push_back(resume_checkpoint);

@@ -26,7 +26,18 @@ struct RunnerOptions {
   std::string loader_path;
   std::string work_dir;   // each attempt gets <work_dir>/<job>-a<attempt>/ for its files and logs
   std::string data_root;  // dataset paths resolve under it
-  int cpu_count = 1;      // bounds loader.processes: auto
+  // The job's cores (its Placement): the trainer's thread count (--threads), and the bound of
+  // loader.processes: auto. Loaders share these cores with the trainer.
+  int cpu_count = 1;
+  // The job's memory (its Placement; 0 = only the machine's available memory bounds it): the
+  // data pipeline's budget is half of the smaller of the two.
+  int64_t memory_limit_bytes = 0;
+  // The GPUs the trainer may see (CUDA_VISIBLE_DEVICES: UUIDs or indices, comma-separated);
+  // "" = none. It uses them as its devices 0...
+  std::string cuda_visible_devices;
+  // Test-only (stoker-worker --fake-gpus-for-tests): the GPUs are fake; the trainer logs its
+  // CUDA_VISIBLE_DEVICES and trains on the cpu backend.
+  bool fake_gpus_for_tests = false;
   int max_loader_restarts = 20;
   // Drain(): how long the trainer gets to checkpoint and stop before it is stopped outright.
   absl::Duration drain_timeout = absl::Seconds(30);

@@ -4,6 +4,7 @@
 //
 // Exit codes (common/exit_codes.h): 0 done, 1 failed (may succeed on retry), 2 bad data or spec,
 // 3 stopped, 64 bad arguments, other = crash.
+#include <omp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -151,8 +152,16 @@ absl::StatusOr<LabeledSamples> LoadImageTestSet(const v1::JobSpec& spec,
                               data.test_limit(), threads, data.max_bad_samples(), log);
 }
 
+// The devices and threads the agent gave this job (its Placement). CUDA_VISIBLE_DEVICES is set
+// in main() before any CUDA call, so the job's GPUs are this process's devices 0...
+struct DeviceChoice {
+  int threads = 0;                   // OpenMP (and so oneDNN) threads; 0 = the default
+  std::string cuda_visible_devices;  // "" = none given
+  bool fake_gpus_for_tests = false;  // GPU jobs train on the cpu backend (tests only)
+};
+
 absl::Status SetUp(const v1::JobSpec& spec, int train_classes, const std::string& train_data,
-                   JobRegion& region, TrainingSetup& setup) {
+                   const DeviceChoice& devices, JobRegion& region, TrainingSetup& setup) {
   const RingGeometry& geometry = region.geometry();
   const v1::DatasetSpec& data = spec.dataset();
   absl::StatusOr<LabeledSamples> test =
@@ -173,7 +182,9 @@ absl::Status SetUp(const v1::JobSpec& spec, int train_classes, const std::string
 
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       absl::FailedPreconditionError("this trainer was built without the cuda backend");
-  if (spec.resources().gpus() > 0) {
+  if (spec.resources().gpus() > 0 && devices.fake_gpus_for_tests) {
+    backend = CreateCpuBackend();  // the GPUs are fake: see stoker-worker --fake-gpus-for-tests
+  } else if (spec.resources().gpus() > 0) {
 #ifdef STOKER_HAVE_CUDA
     backend = CreateCudaBackend(0);
     // Pin the ring so batches are copied by DMA straight out of their slots (best effort).
@@ -198,7 +209,7 @@ absl::Status SetUp(const v1::JobSpec& spec, int train_classes, const std::string
 
 int Train(int region_fd, int events_fd, const std::string& job_path,
           const std::string& checkpoint_path, const std::string& resume_path, int train_classes,
-          const std::string& train_data) {
+          const std::string& train_data, const DeviceChoice& devices) {
   EventWriter events(events_fd);
   v1::JobSpec spec;
   {
@@ -219,8 +230,16 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
   // work too: the agent's watchdog sees a heartbeat until the training loop beats on its own.
   std::optional<ScopedHeartbeat> starting(std::in_place, region.stats().heartbeats_total);
 
+  events.Log(absl::StrCat("devices: ",
+                          devices.cuda_visible_devices.empty()
+                              ? "no GPU"
+                              : absl::StrCat("CUDA_VISIBLE_DEVICES=", devices.cuda_visible_devices,
+                                             devices.fake_gpus_for_tests
+                                                 ? " (fake GPUs for tests: the cpu backend trains)"
+                                                 : ""),
+                          ", ", omp_get_max_threads(), " cpu threads"));
   TrainingSetup setup;
-  if (absl::Status s = SetUp(spec, train_classes, train_data, region, setup); !s.ok()) {
+  if (absl::Status s = SetUp(spec, train_classes, train_data, devices, region, setup); !s.ok()) {
     std::cerr << "stoker-trainer: " << s.message() << "\n";
     return kExitBadInput;
   }
@@ -278,6 +297,16 @@ int main(int argc, char** argv) {
   app.add_option("--train-data", train_data,
                  "image datasets: the training index the agent built (as the loaders' --data)");
   app.add_option("--parent-pid", parent_pid, "the agent's pid; exit if it is gone");
+  stoker::DeviceChoice devices;
+  app.add_option("--threads", devices.threads,
+                 "cpu threads (OpenMP, oneDNN): the job's cpus (0 = OpenMP's default)")
+      ->check(CLI::Range(0, 4096));
+  app.add_option("--cuda-visible-devices", devices.cuda_visible_devices,
+                 "the job's GPUs (UUIDs or indices), set as CUDA_VISIBLE_DEVICES; the trainer "
+                 "uses them as its devices 0..");
+  app.add_flag("--fake-gpus-for-tests", devices.fake_gpus_for_tests,
+               "TESTS ONLY: the GPUs are fake (stoker-worker --fake-gpus-for-tests); train on "
+               "the cpu backend");
   app.add_option("--region-fd", region_fd, "inherited memfd of the job's region")->required();
   app.add_option("--events-fd", events_fd, "inherited pipe for events to the agent")->required();
   app.add_option("--job", job_path, "binary stoker.v1.JobSpec with absolute dataset paths")
@@ -293,6 +322,13 @@ int main(int argc, char** argv) {
   // The agent supervises us; if it dies, so do we (the loaders notice our death in turn).
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (parent_pid > 0 && getppid() != parent_pid) return stoker::kExitStopped;
+  // Before any CUDA call: the runtime reads these when it initialises. UUIDs need no device
+  // order; indices are NVML's, which counts in PCI bus order.
+  if (!devices.cuda_visible_devices.empty()) {
+    setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 1);
+    setenv("CUDA_VISIBLE_DEVICES", devices.cuda_visible_devices.c_str(), 1);
+  }
+  if (devices.threads > 0) omp_set_num_threads(devices.threads);
   return stoker::Train(region_fd, events_fd, job_path, checkpoint_path, resume_path, classes,
-                       train_data);
+                       train_data, devices);
 }
