@@ -14,6 +14,7 @@
 #include <jerror.h>
 // clang-format on
 #include <png.h>
+#include <zlib.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -229,6 +230,10 @@ bool GuardedJpegReadRow(JpegState* s, uint8_t* row, JDIMENSION* read) {
 }  // namespace
 
 struct PngState {
+  // The fast path's inflater (see ReadPngRegion), initialised once and reset per image.
+  z_stream zs{};
+  bool zs_ready = false;
+  std::vector<uint8_t> filtered;  // the inflated rows, each a filter byte then row_bytes
   png_structp png = nullptr;
   png_infop info = nullptr;
   const uint8_t* data = nullptr;
@@ -237,7 +242,12 @@ struct PngState {
   char message[256] = {};
   NativeLayout layout = NativeLayout::kRgb8;
   size_t row_bytes = 0;
-  ~PngState() { Reset(); }
+  int stored_color_type = -1;  // IHDR's, before libpng's transformations
+  int stored_bit_depth = 0;
+  ~PngState() {
+    Reset();
+    if (zs_ready) inflateEnd(&zs);
+  }
   void Reset() {
     if (png != nullptr) png_destroy_read_struct(&png, info != nullptr ? &info : nullptr, nullptr);
     png = nullptr;
@@ -246,6 +256,8 @@ struct PngState {
     size = offset = row_bytes = 0;
     message[0] = '\0';
     layout = NativeLayout::kRgb8;
+    stored_color_type = -1;
+    stored_bit_depth = 0;
   }
 };
 
@@ -282,6 +294,8 @@ bool GuardedPngPrepare(PngState* s, int* channels, int* bit_depth, int* passes) 
   if (setjmp(png_jmpbuf(s->png))) return false;
   const int color_type = png_get_color_type(s->png, s->info);
   const int depth = png_get_bit_depth(s->png, s->info);
+  s->stored_color_type = color_type;
+  s->stored_bit_depth = depth;
   if (color_type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(s->png);
   if (color_type == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(s->png);
   // 16-bit gray stays 16 bits (PIL's mode "I", clipped when converted); the rest keep the high
@@ -334,6 +348,45 @@ int LayoutBytes(NativeLayout layout) {
       return 4;
   }
   return 4;
+}
+
+uint32_t ReadBigEndian32(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
+}
+
+// PNG's five row filters, undone in place (`row` follows `prev` unless it is the first row).
+bool Unfilter(int filter, uint8_t* row, const uint8_t* prev, size_t bytes, int bpp) {
+  switch (filter) {
+    case 0:
+      return true;
+    case 1:
+      for (size_t i = bpp; i < bytes; ++i) row[i] = static_cast<uint8_t>(row[i] + row[i - bpp]);
+      return true;
+    case 2:
+      if (prev == nullptr) return true;
+      for (size_t i = 0; i < bytes; ++i) row[i] = static_cast<uint8_t>(row[i] + prev[i]);
+      return true;
+    case 3:
+      for (size_t i = 0; i < bytes; ++i) {
+        const int left = i >= static_cast<size_t>(bpp) ? row[i - bpp] : 0;
+        const int up = prev != nullptr ? prev[i] : 0;
+        row[i] = static_cast<uint8_t>(row[i] + ((left + up) >> 1));
+      }
+      return true;
+    case 4:
+      for (size_t i = 0; i < bytes; ++i) {
+        const int a = i >= static_cast<size_t>(bpp) ? row[i - bpp] : 0;
+        const int b = prev != nullptr ? prev[i] : 0;
+        const int c = (prev != nullptr && i >= static_cast<size_t>(bpp)) ? prev[i - bpp] : 0;
+        const int p = a + b - c;
+        const int pa = std::abs(p - a), pb = std::abs(p - b), pc = std::abs(p - c);
+        const int predictor = (pa <= pb && pa <= pc) ? a : (pb <= pc ? b : c);
+        row[i] = static_cast<uint8_t>(row[i] + predictor);
+      }
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace
@@ -551,6 +604,10 @@ absl::Status ImageDecoder::ReadPngRegion(int channels, int x0, int x1, int y0, i
                                                       pixel_bytes * header_.width));
   }
   const size_t offset = pixel_bytes * static_cast<size_t>(x0);
+  if (passes == 1 && s->stored_bit_depth == 8 && s->stored_color_type != PNG_COLOR_TYPE_PALETTE &&
+      s->offset >= 8 && std::memcmp(s->data + s->offset - 4, "IDAT", 4) == 0) {
+    return ReadPngRowsDirect(channels, x0, x1, y0, y1, row);
+  }
   if (passes > 1) {
     // Adam7: every pass touches every row, so the whole image is decoded first.
     whole_image_.resize(s->row_bytes * static_cast<size_t>(header_.height));
@@ -577,6 +634,98 @@ absl::Status ImageDecoder::ReadPngRegion(int channels, int x0, int x1, int y0, i
                     converted_row_.data());
       row(y, converted_row_.data());
     }
+  }
+  Close();
+  return absl::OkStatus();
+}
+
+// The common PNG (8 bits a sample, no palette, not interlaced) without libpng's row loop: libpng
+// inflates a row per call with a 1-row output buffer, which keeps zlib on its slow byte-at-a-time
+// path and, for small images, costs more than the pixels (plus a zlib state and window allocated
+// and freed per image). Here libpng has parsed the chunks up to the first IDAT (png_read_info
+// stops right after its length and type); the IDAT chunks are checked (CRC, as libpng checks a
+// critical chunk's), inflated in one go into rows [0, y1) by a z_stream kept across images, and
+// the row filters undone as libpng would (the same bytes). Errors are those of the libpng path:
+// a bad CRC, a zlib error, missing image data, an unknown filter type.
+absl::Status ImageDecoder::ReadPngRowsDirect(int channels, int x0, int x1, int y0, int y1,
+                                             absl::FunctionRef<void(int, const uint8_t*)> row) {
+  PngState* s = png_.get();
+  const size_t row_bytes = s->row_bytes;
+  const size_t stride = row_bytes + 1;
+  const size_t needed = stride * static_cast<size_t>(y1);
+  s->filtered.resize(needed + kRowSlackBytes);
+  if (!s->zs_ready) {
+    if (inflateInit(&s->zs) != Z_OK) {
+      return absl::ResourceExhaustedError(absl::StrCat(name_, ": zlib: cannot start inflate"));
+    }
+    s->zs_ready = true;
+  } else if (inflateReset(&s->zs) != Z_OK) {
+    return absl::InternalError(absl::StrCat(name_, ": zlib: cannot reset inflate"));
+  }
+  s->zs.next_out = s->filtered.data();
+  s->zs.avail_out = static_cast<uInt>(needed);
+  size_t pos = s->offset - 8;  // the first IDAT's length
+  while (s->zs.avail_out > 0) {
+    if (s->size - pos < 12) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: corrupt PNG: truncated: the image data ends at byte %d", name_, s->size));
+    }
+    const uint32_t length = ReadBigEndian32(s->data + pos);
+    const uint8_t* type = s->data + pos + 4;
+    if (std::memcmp(type, "IDAT", 4) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: corrupt PNG: not enough image data (%d of %d bytes)", name_,
+                          needed - s->zs.avail_out, needed));
+    }
+    if (length > s->size - pos - 12) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: corrupt PNG: truncated: an IDAT chunk of %d bytes at byte %d overruns the file",
+          name_, length, pos));
+    }
+    const uint8_t* payload = type + 4;
+    const uLong crc = crc32(crc32(0, type, 4), payload, length);
+    if (crc != ReadBigEndian32(payload + length)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: corrupt PNG: IDAT: CRC error at byte %d", name_, pos));
+    }
+    s->zs.next_in = const_cast<Bytef*>(payload);
+    s->zs.avail_in = length;
+    while (s->zs.avail_in > 0 && s->zs.avail_out > 0) {
+      const int ret = inflate(&s->zs, Z_NO_FLUSH);
+      if (ret == Z_STREAM_END) {
+        if (s->zs.avail_out > 0) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("%s: corrupt PNG: not enough image data (%d of %d bytes)", name_,
+                              needed - s->zs.avail_out, needed));
+        }
+        break;
+      }
+      if (ret != Z_OK) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: corrupt PNG: %s", name_, s->zs.msg != nullptr ? s->zs.msg : "inflate failed"));
+      }
+    }
+    pos += 12 + static_cast<size_t>(length);
+  }
+  const int bpp = LayoutBytes(s->layout);
+  const size_t offset = static_cast<size_t>(bpp) * static_cast<size_t>(x0);
+  const bool in_place = (s->layout == NativeLayout::kGray8 && channels == 1) ||
+                        (s->layout == NativeLayout::kRgb8 && channels == 3);
+  const uint8_t* prev = nullptr;
+  for (int y = 0; y < y1; ++y) {
+    uint8_t* r = s->filtered.data() + static_cast<size_t>(y) * stride;
+    if (!Unfilter(r[0], r + 1, prev, row_bytes, bpp)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: corrupt PNG at row %d: bad adaptive filter value %d", name_, y, r[0]));
+    }
+    prev = r + 1;
+    if (y < y0) continue;
+    if (in_place) {
+      row(y, r + 1 + offset);
+      continue;
+    }
+    ConvertPixels(s->layout, r + 1 + offset, x1 - x0, channels, converted_row_.data());
+    row(y, converted_row_.data());
   }
   Close();
   return absl::OkStatus();

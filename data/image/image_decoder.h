@@ -77,6 +77,8 @@ class ImageDecoder {
                               absl::FunctionRef<void(int, const uint8_t*)> row);
   absl::Status ReadPngRegion(int channels, int x0, int x1, int y0, int y1,
                              absl::FunctionRef<void(int, const uint8_t*)> row);
+  absl::Status ReadPngRowsDirect(int channels, int x0, int x1, int y0, int y1,
+                                 absl::FunctionRef<void(int, const uint8_t*)> row);
   void Close();  // releases libjpeg's or libpng's state, keeps header()
 
   std::string name_;

@@ -182,6 +182,95 @@ TEST(ImageCodecTest, RefusesEmptyGarbageAndTruncatedData) {
             "corrupt PNG");
 }
 
+// The PNG's chunks as (type, data) pairs, and back with fresh CRCs.
+std::vector<std::pair<std::string, std::vector<uint8_t>>> PngChunks(
+    const std::vector<uint8_t>& png) {
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> chunks;
+  for (size_t pos = 8; pos + 12 <= png.size();) {
+    const uint32_t length = (uint32_t{png[pos]} << 24) | (uint32_t{png[pos + 1]} << 16) |
+                            (uint32_t{png[pos + 2]} << 8) | png[pos + 3];
+    chunks.emplace_back(
+        std::string(png.begin() + pos + 4, png.begin() + pos + 8),
+        std::vector<uint8_t>(png.begin() + pos + 8, png.begin() + pos + 8 + length));
+    pos += 12 + length;
+  }
+  return chunks;
+}
+std::vector<uint8_t> PngFromChunks(
+    const std::vector<std::pair<std::string, std::vector<uint8_t>>>& chunks) {
+  std::vector<uint8_t> out = {0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a};
+  for (const auto& [type, data] : chunks) {
+    for (int shift : {24, 16, 8, 0}) out.push_back(static_cast<uint8_t>(data.size() >> shift));
+    std::vector<uint8_t> body(type.begin(), type.end());
+    body.insert(body.end(), data.begin(), data.end());
+    const uint32_t crc = crc32(0, body.data(), body.size());
+    out.insert(out.end(), body.begin(), body.end());
+    for (int shift : {24, 16, 8, 0}) out.push_back(static_cast<uint8_t>(crc >> shift));
+  }
+  return out;
+}
+
+// The direct PNG path (8-bit, no palette, not interlaced: inflated in one go, filters undone
+// here): image data split over many IDAT chunks (as large files and other encoders write it)
+// decodes to the same pixels; a bad filter type, bad zlib data and missing image data (each with
+// valid CRCs) are errors naming the file.
+TEST(ImageCodecTest, PngImageDataAcrossChunksAndItsErrors) {
+  for (int channels : {1, 3}) {
+    const Image image = PhotoLike(67, 45, channels, 21);
+    const std::vector<uint8_t> png = *EncodePng(image);
+    auto chunks = PngChunks(png);
+    std::vector<std::pair<std::string, std::vector<uint8_t>>> split;
+    std::vector<uint8_t> idat;
+    for (const auto& [type, data] : chunks) {
+      if (type == "IDAT") idat.insert(idat.end(), data.begin(), data.end());
+    }
+    ASSERT_GT(idat.size(), 100u);
+    for (const auto& [type, data] : chunks) {
+      if (type == "IDAT") continue;
+      if (type == "IEND") {
+        for (size_t at = 0; at < idat.size(); at += 37) {  // 37-byte chunks, and an empty one
+          split.emplace_back("IDAT",
+                             std::vector<uint8_t>(idat.begin() + at,
+                                                  idat.begin() + std::min(at + 37, idat.size())));
+          if (at == 0) split.emplace_back("IDAT", std::vector<uint8_t>());
+        }
+      }
+      split.emplace_back(type, data);
+    }
+    const std::vector<uint8_t> many = PngFromChunks(split);
+    absl::StatusOr<Image> decoded = DecodeImage("many.png", many.data(), many.size(), channels);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(decoded->pixels, image.pixels);
+
+    // Inflate, then corrupt the first row's filter type and deflate again.
+    std::vector<uint8_t> raw(static_cast<size_t>(45) * (67 * channels + 1));
+    uLongf raw_size = raw.size();
+    ASSERT_EQ(uncompress(raw.data(), &raw_size, idat.data(), idat.size()), Z_OK);
+    raw[0] = 9;
+    std::vector<uint8_t> bad(compressBound(raw.size()));
+    uLongf bad_size = bad.size();
+    ASSERT_EQ(compress(bad.data(), &bad_size, raw.data(), raw.size()), Z_OK);
+    bad.resize(bad_size);
+    auto with_idat = [&](const std::vector<uint8_t>& data) {
+      std::vector<std::pair<std::string, std::vector<uint8_t>>> out;
+      for (const auto& [type, d] : chunks) {
+        if (type != "IDAT") out.emplace_back(type, d);
+        if (type == "IHDR") out.emplace_back("IDAT", data);
+      }
+      return PngFromChunks(out);
+    };
+    std::vector<uint8_t> file = with_idat(bad);
+    ExpectBad(DecodeImage("filter.png", file.data(), file.size(), channels).status(), "filter.png",
+              "filter");
+    file = with_idat(std::vector<uint8_t>(idat.begin(), idat.begin() + idat.size() / 2));
+    ExpectBad(DecodeImage("short.png", file.data(), file.size(), channels).status(), "short.png");
+    std::vector<uint8_t> garbage = idat;
+    for (size_t i = 2; i < garbage.size(); i += 3) garbage[i] ^= 0xa5;
+    file = with_idat(garbage);
+    ExpectBad(DecodeImage("zlib.png", file.data(), file.size(), channels).status(), "zlib.png");
+  }
+}
+
 // A PNG whose IHDR (with a valid CRC) claims width x height, followed by a little garbage.
 std::vector<uint8_t> PngWithSize(uint32_t width, uint32_t height) {
   std::vector<uint8_t> out = {0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 13};

@@ -177,6 +177,15 @@ absl::Status CopyOpened(absl::string_view name, const ImageTransform& t, bool fl
   const size_t plane = static_cast<size_t>(h.width) * h.height;
   const int w = h.width;
   return s->decoder.ReadRegion(channels, 0, w, 0, h.height, [&](int y, const uint8_t* pixels) {
+    uint8_t* first = out + static_cast<size_t>(y) * w;
+    if (!flip && channels == 1) {
+      std::memcpy(first, pixels, w);
+      return;
+    }
+    if (!flip) {
+      image_internal::DeinterleaveRgb(pixels, w, first, first + plane, first + 2 * plane);
+      return;
+    }
     for (int c = 0; c < channels; ++c) {
       uint8_t* dst = out + c * plane + static_cast<size_t>(y) * w;
       for (int x = 0; x < w; ++x) dst[flip ? w - 1 - x : x] = pixels[x * channels + c];
