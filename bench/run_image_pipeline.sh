@@ -12,7 +12,8 @@
 #   (it finds stoker-loader by the path it was built with, stoker-dataset beside it in
 #   data/index/). Environment: WORK (default /tmp/stoker-image-bench: the JPEGs, made once with
 #   bench/images/make_jpegs.py, and kept), COUNT images (2560 = 10 batches of 256), EPOCHS per run
-#   (3), RUNS per side (3), PER_SHARD samples per shard (512), PERF=0 to skip the perf profile.
+#   (3), RUNS per side (3), PER_SHARD samples per shard (512), PERF=0 to skip the perf profile,
+#   READS=0 to skip the cold and warm read comparisons (the throughput and profiles only).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -91,7 +92,7 @@ dd_shards() {  # CACHE
   say "read format=shards how=dd cache=$1 bytes=$bytes seconds=$seconds mb_per_s=$(awk -v b="$bytes" -v s="$seconds" 'BEGIN {printf "%.1f", b / 1e6 / s}')"
 }
 # Each read line says how much of the files was in the page cache before (resident_before).
-for _ in $(seq "$runs"); do
+for _ in $(seq "$([[ "${READS:-1}" != 0 ]] && echo "$runs" || echo 0)"); do
   cold "${shards[@]}"
   run "$bench" "${shards[@]}" --parts=read
   run "$bench" "${shards[@]}" --parts=read

@@ -101,40 +101,32 @@ __attribute__((target("sse4.1"))) void HorizontalRgbSse41(const AxisTaps& taps, 
   }
 }
 
-// Two RGB pixels (two taps) per 8-lane vector: bytes [R0 G0 B0 R1 G1 B1] spread to
-// [R0 G0 B0 0 R1 G1 B1 0], times [k0 x4, k1 x4]; the halves are added at the end. An odd last
-// tap goes as in the SSE4.1 version.
-template <int K>
+// Two RGB pixels (two taps) per 8-lane vector: bytes [R0 G0 B0 R1 G1 B1 x x] widened to 32 bits
+// as they lie, times the pair's weights {c0, c0, c0, c1, c1, c1, 0, 0}; at the end lanes 3-5 are
+// added to lanes 0-2 (R, G, B). An odd tap count has a zero last weight (its pixel bytes are
+// read: the row's slack covers them).
+template <int P>
 __attribute__((target("avx2"))) void HorizontalRgbAvx2(const AxisTaps& taps, const uint8_t* row,
                                                        int row_lo, uint8_t* out) {
   const int n = static_cast<int>(taps.fixed_start.size());
-  const int k = K > 0 ? K : taps.fixed_k;
-  const int32_t* coeffs = taps.fixed_coeffs.data();
-  const __m128i spread = _mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m256i pairs = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  const __m128i half = _mm_set1_epi32(kHalf);
+  const int pairs = P > 0 ? P : taps.pairs;
+  const int32_t* coeffs = taps.pair_coeffs.data();
+  const __m256i fold = _mm256_setr_epi32(3, 4, 5, 6, 6, 6, 6, 6);
+  const __m256i half = _mm256_setr_epi32(kHalf, kHalf, kHalf, 0, 0, 0, 0, 0);
   for (int o = 0; o < n; ++o) {
     const uint8_t* p = row + (taps.fixed_start[o] - row_lo) * 3;
-    const int32_t* c = coeffs + o * k;
-    __m256i acc = _mm256_setzero_si256();
-    int t = 0;
-    for (; t + 2 <= k; t += 2) {
-      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 3 * t));
-      const __m256i v = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(b, spread));
-      const __m256i w = _mm256_permutevar8x32_epi32(
-          _mm256_castsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + t))), pairs);
+    const int32_t* c = coeffs + static_cast<size_t>(o) * pairs * 8;
+    __m256i acc = half;
+    for (int j = 0; j < pairs; ++j) {
+      const __m256i v =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 6 * j)));
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 8 * j));
       acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(v, w));
     }
-    __m128i sum = _mm_add_epi32(
-        _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1)), half);
-    if (t < k) {
-      int32_t pixel;
-      std::memcpy(&pixel, p + 3 * t, 4);
-      const __m128i v = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(pixel));
-      sum = _mm_add_epi32(sum, _mm_mullo_epi32(v, _mm_set1_epi32(c[t])));
-    }
-    const int32_t packed = _mm_cvtsi128_si32(Pack4(sum));
-    std::memcpy(out + 3 * o, &packed, 4);
+    // Lane 6 is 0 (zero weights): lane 3 of the result is lane 3 + 0, discarded anyway.
+    const __m256i sum = _mm256_add_epi32(acc, _mm256_permutevar8x32_epi32(acc, fold));
+    const int32_t packed = _mm_cvtsi128_si32(Pack4(_mm256_castsi256_si128(sum)));
+    std::memcpy(out + 3 * o, &packed, 4);  // the 4th byte is overwritten by the next pixel
   }
 }
 
@@ -348,6 +340,9 @@ void ComputeAxisTaps(const AxisSpec& spec, bool reverse, AxisTaps* taps) {
   taps->fixed_k = k;
   taps->fixed_coeffs.assign(static_cast<size_t>(spec.out_count) * k + kFixedCoeffSlack, 0);
   taps->fixed_start.assign(spec.out_count, taps->src_lo);
+  const int pairs = (k + 1) / 2;
+  taps->pairs = pairs;
+  taps->pair_coeffs.assign(static_cast<size_t>(spec.out_count) * pairs * 8, 0);
   if (k == 0) return;
   for (int o = 0; o < spec.out_count; ++o) {
     const int count = taps->count[o];
@@ -355,8 +350,13 @@ void ComputeAxisTaps(const AxisSpec& spec, bool reverse, AxisTaps* taps) {
     const int start = std::min(taps->start[o], taps->src_hi - k);
     taps->fixed_start[o] = start;
     const int shift = taps->start[o] - start;
-    std::copy_n(&taps->coeffs[static_cast<size_t>(o) * ksize], count,
-                &taps->fixed_coeffs[static_cast<size_t>(o) * k + shift]);
+    int32_t* fixed = &taps->fixed_coeffs[static_cast<size_t>(o) * k];
+    std::copy_n(&taps->coeffs[static_cast<size_t>(o) * ksize], count, fixed + shift);
+    int32_t* pair = &taps->pair_coeffs[static_cast<size_t>(o) * pairs * 8];
+    for (int t = 0; t < k; ++t) {
+      int32_t* lanes = pair + (t / 2) * 8 + (t % 2) * 3;
+      lanes[0] = lanes[1] = lanes[2] = fixed[t];
+    }
   }
 }
 
@@ -367,16 +367,18 @@ void ResampleRowHorizontal(const AxisTaps& taps, const uint8_t* row, int row_lo,
   if (level != ResampleLevel::kPortable && channels == 3 && taps.fixed_k > 0) {
     // Unrolled for the common lengths (upscales: 2-3 taps; downscales by up to ~3: up to 9).
     using Fn = void (*)(const AxisTaps&, const uint8_t*, int, uint8_t*);
-    static constexpr Fn kAvx2[] = {HorizontalRgbAvx2<0>, HorizontalRgbAvx2<1>, HorizontalRgbAvx2<2>,
-                                   HorizontalRgbAvx2<3>, HorizontalRgbAvx2<4>, HorizontalRgbAvx2<5>,
-                                   HorizontalRgbAvx2<6>, HorizontalRgbAvx2<7>, HorizontalRgbAvx2<8>,
-                                   HorizontalRgbAvx2<9>};
+    static constexpr Fn kAvx2[] = {HorizontalRgbAvx2<0>, HorizontalRgbAvx2<1>,
+                                   HorizontalRgbAvx2<2>, HorizontalRgbAvx2<3>,
+                                   HorizontalRgbAvx2<4>, HorizontalRgbAvx2<5>};
     static constexpr Fn kSse41[] = {
         HorizontalRgbSse41<0>, HorizontalRgbSse41<1>, HorizontalRgbSse41<2>, HorizontalRgbSse41<3>,
         HorizontalRgbSse41<4>, HorizontalRgbSse41<5>, HorizontalRgbSse41<6>, HorizontalRgbSse41<7>,
         HorizontalRgbSse41<8>, HorizontalRgbSse41<9>};
-    const int k = taps.fixed_k < 10 ? taps.fixed_k : 0;
-    (level == ResampleLevel::kAvx2 ? kAvx2 : kSse41)[k](taps, row, row_lo, out);
+    if (level == ResampleLevel::kAvx2) {
+      kAvx2[taps.pairs < 6 ? taps.pairs : 0](taps, row, row_lo, out);
+    } else {
+      kSse41[taps.fixed_k < 10 ? taps.fixed_k : 0](taps, row, row_lo, out);
+    }
     return;
   }
 #endif

@@ -67,6 +67,11 @@ struct AxisTaps {
   int fixed_k = 0;
   std::vector<int32_t> fixed_coeffs;
   std::vector<int32_t> fixed_start;
+  // The fixed taps in pairs for the AVX2 horizontal pass of RGB rows: for output o and pair j
+  // (taps 2j, 2j + 1; the second 0 past fixed_k), 8 values {c0, c0, c0, c1, c1, c1, 0, 0} at
+  // pair_coeffs[(o * pairs + j) * 8], the weights of bytes 6j .. 6j + 7 of the output's pixels.
+  int pairs = 0;
+  std::vector<int32_t> pair_coeffs;
 };
 inline constexpr int kFixedCoeffSlack = 8;
 
