@@ -142,7 +142,7 @@ done
 
 step "submit examples/fashion-mnist-mlp.yaml"
 job=$(stoker submit "$repo/examples/fashion-mnist-mlp.yaml" -o json |
-      /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+      /usr/bin/python3 -c 'import json,sys; r=json.load(sys.stdin); print(r.get("job", r)["id"])')
 echo "job $job"
 # Let it train a few epochs (of 10), then stop the worker mid-job.
 for _ in $(seq 1 300); do
