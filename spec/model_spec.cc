@@ -151,32 +151,6 @@ nlohmann::json NormalizationJson(const std::vector<float>& values) {
   return values;
 }
 
-std::string ArchitectureJson(const MlpConfig& config) {
-  nlohmann::json json = {{"type", "mlp"},
-                         {"input_features", config.input_features},
-                         {"input_channels", config.input_channels},
-                         {"hidden", config.hidden},
-                         {"classes", config.classes},
-                         {"input_scale", NormalizationJson(config.input_scale)},
-                         {"input_shift", NormalizationJson(config.input_shift)}};
-  return json.dump();
-}
-
-std::string ArchitectureJson(const NetworkConfig& config) {
-  nlohmann::json layers = nlohmann::json::array();
-  for (const LayerConfig& layer : config.layers) layers.push_back(LayerJson(layer));
-  nlohmann::json json = {{"type", "cnn"},
-                         {"input_shape", config.input_shape},
-                         {"layers", std::move(layers)},
-                         {"classes", config.classes},
-                         {"input_scale", NormalizationJson(config.input_scale)},
-                         {"input_shift", NormalizationJson(config.input_shift)}};
-  if (config.label_smoothing != 0) {
-    json["label_smoothing"] = ShortestDouble(config.label_smoothing);
-  }
-  return json.dump();
-}
-
 // "conv2d-relu-residual(conv2d-batchnorm2d | conv2d)-linear": the kinds in order, a residual
 // block's main branch and shortcut in parentheses.
 std::string LayerNames(const std::vector<LayerConfig>& layers) {
@@ -198,36 +172,11 @@ int64_t Product(const std::vector<int>& shape) {
   return product;
 }
 
-// The output of `layer` on an input of shape `in`, and its trainable parameters, for a layer
-// NetworkShapes accepts (sizes are clamped at 1 so that anything else cannot divide by zero).
+// The output of `layer` on an input of shape `in` (the engine's rule), and its trainable
+// parameters, for a layer NetworkShapes accepts.
 std::vector<int> LayerOutput(const LayerConfig& layer, const std::vector<int>& in) {
-  using Kind = LayerConfig::Kind;
-  const bool image = in.size() == 3;
-  switch (layer.kind) {
-    case Kind::kConv2d:
-    case Kind::kMaxPool2d:
-    case Kind::kAvgPool2d: {
-      if (!image) return in;
-      const int stride = std::max(1, EffectiveStride(layer));
-      auto side = [&](int size) {
-        return std::max(1, (size + 2 * layer.padding - layer.kernel) / stride + 1);
-      };
-      return {layer.kind == Kind::kConv2d ? layer.out_channels : in[0], side(in[1]), side(in[2])};
-    }
-    case Kind::kLinear:
-      return {layer.units};
-    case Kind::kFlatten:
-      return {static_cast<int>(Product(in))};
-    case Kind::kGlobalAvgPool:
-      return image ? std::vector<int>{in[0], 1, 1} : in;
-    case Kind::kResidual: {
-      std::vector<int> shape = in;
-      for (const LayerConfig& inner : layer.layers) shape = LayerOutput(inner, shape);
-      return shape;
-    }
-    default:
-      return in;
-  }
+  absl::StatusOr<std::vector<int>> out = LayerOutputShape(layer, in);
+  return out.ok() ? *out : in;
 }
 
 int64_t LayerParameters(const LayerConfig& layer, const std::vector<int>& in) {
@@ -446,7 +395,14 @@ absl::Status ValidateModelForData(const v1::JobSpec& spec, const std::vector<int
   absl::Status status = ValidateNetworkConfig(*config);
   if (status.ok()) return status;
   // The engine names the layer ("layers[0] (conv2d): ..."); the job file calls it model.layers.
+  // A resnet's layers are not in the job file: say what they came from and where to see them.
   const absl::string_view message = status.message();
+  if (spec.model().type() == "resnet") {
+    return absl::Status(
+        status.code(), absl::StrCat("model: resnet-", spec.model().depth(), " on samples of ",
+                                    absl::StrJoin(config->input_shape, "x"), ": ", message,
+                                    " (`stoker submit --dry-run` lists the layers it expands to)"));
+  }
   return absl::Status(status.code(), absl::StartsWith(message, "layers[")
                                          ? absl::StrCat("model.", message)
                                          : absl::StrCat("model: ", message));
@@ -479,12 +435,39 @@ absl::StatusOr<BuiltModel> BuildModel(Backend& backend, const v1::JobSpec& spec,
   return built;
 }
 
+std::string ArchitectureJson(const MlpConfig& config) {
+  nlohmann::json json = {{"type", "mlp"},
+                         {"input_features", config.input_features},
+                         {"input_channels", config.input_channels},
+                         {"hidden", config.hidden},
+                         {"classes", config.classes},
+                         {"input_scale", NormalizationJson(config.input_scale)},
+                         {"input_shift", NormalizationJson(config.input_shift)}};
+  return json.dump();
+}
+
+std::string ArchitectureJson(const NetworkConfig& config) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const LayerConfig& layer : config.layers) layers.push_back(LayerJson(layer));
+  nlohmann::json json = {{"type", "cnn"},
+                         {"input_shape", config.input_shape},
+                         {"layers", std::move(layers)},
+                         {"classes", config.classes},
+                         {"input_scale", NormalizationJson(config.input_scale)},
+                         {"input_shift", NormalizationJson(config.input_shift)}};
+  if (config.label_smoothing != 0) {
+    json["label_smoothing"] = ShortestDouble(config.label_smoothing);
+  }
+  return json.dump();
+}
+
 int64_t NetworkParameterCount(const NetworkConfig& config) {
   int64_t count = 0;
-  std::vector<int> shape = config.input_shape;
-  for (const LayerConfig& layer : config.layers) {
-    count += LayerParameters(layer, shape);
-    shape = LayerOutput(layer, shape);
+  for (const NetworkTensorSpec& tensor : NetworkTensorSpecs(config)) {
+    if (!IsTrainedTensor(tensor.kind)) continue;
+    int64_t values = 1;
+    for (int64_t d : tensor.shape) values *= d;
+    count += values;
   }
   return count;
 }

@@ -18,6 +18,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/checkpoint.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -263,6 +265,199 @@ TEST(ModelSpecImageTest, ThreeDimensionalSamplesOfEveryFormatAreChannelsFirst) {
   EXPECT_EQ(config->input_scale, MlpConfig().input_scale);
 }
 
+// ---- Vision models: residual blocks, BatchNorm, the resnet preset ----
+
+v1::JobSpec ResnetSpec(int depth, int width = 0) {
+  return ParsedSpec(std::string(kDataset) + "model: {type: resnet, depth: " +
+                    std::to_string(depth) + ", width: " + std::to_string(width) + "}\n");
+}
+
+// Every new field at least once: bias-free conv and linear, BatchNorm2d/1d with their own
+// momentum and eps, average pooling, a block with a projection, one with an identity shortcut and
+// GELU, one without activation, a block inside a block, label smoothing.
+constexpr char kResidualModel[] =
+    "model:\n"
+    "  type: cnn\n"
+    "  layers:\n"
+    "    - {type: conv2d, out_channels: 6, kernel: 3, padding: 1, bias: false}\n"
+    "    - {type: batchnorm2d, momentum: 0.2, eps: 0.001}\n"
+    "    - {type: relu}\n"
+    "    - type: residual\n"
+    "      layers:\n"
+    "        - {type: conv2d, out_channels: 8, kernel: 3, stride: 2, padding: 1, bias: false}\n"
+    "        - {type: batchnorm2d}\n"
+    "        - {type: relu}\n"
+    "        - {type: conv2d, out_channels: 8, kernel: 3, padding: 1}\n"
+    "      shortcut:\n"
+    "        - {type: conv2d, out_channels: 8, kernel: 1, stride: 2, bias: false}\n"
+    "        - {type: batchnorm2d}\n"
+    "    - type: residual\n"
+    "      activation: gelu\n"
+    "      layers:\n"
+    "        - {type: conv2d, out_channels: 8, kernel: 3, padding: 1}\n"
+    "        - type: residual\n"
+    "          activation: none\n"
+    "          layers: [{type: batchnorm2d}, {type: relu}]\n"
+    "    - {type: avgpool2d, kernel: 2}\n"
+    "    - {type: flatten}\n"
+    "    - {type: linear, units: 12, bias: false}\n"
+    "    - {type: batchnorm1d, momentum: 0.3}\n"
+    "    - {type: relu}\n"
+    "    - {type: linear, units: 4}\n"
+    "train: {label_smoothing: 0.1, batch_size: 64}\n";
+
+TEST(ModelSpecVisionTest, Resnet20HasTorchsParameterCount) {
+  // 1 input channel: counted by hand (stem 144 + 32, stages 14016, 51648 and 205696, head 650)
+  // and by torch (PytorchEvalTest below builds the same network).
+  absl::StatusOr<NetworkConfig> config = NetworkConfigFromSpec(ResnetSpec(20), {28, 28}, 10);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(NetworkParameterCount(*config), 272186);
+  // 3 blocks of 6 layers (the block and 5 inside) per stage, 2 projections of 2, stem and head.
+  EXPECT_EQ(NetworkLayerCount(*config), 3 + 9 * 6 + 2 * 2 + 3);
+  EXPECT_EQ(config->layers.size(), 15u);
+  EXPECT_TRUE(ValidateModelForData(ResnetSpec(20), {28, 28}, 10).ok());
+  // The published figure for CIFAR-10: 3 input channels.
+  config = NetworkConfigFromSpec(ResnetSpec(20), {3, 32, 32}, 10);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(NetworkParameterCount(*config), 272474);
+  config = NetworkConfigFromSpec(ResnetSpec(56), {3, 32, 32}, 10);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(NetworkParameterCount(*config), 855770);
+
+  std::unique_ptr<Backend> backend = Cpu();
+  ASSERT_NE(backend, nullptr);
+  absl::StatusOr<BuiltModel> built = BuildModel(*backend, ResnetSpec(20), {28, 28}, 10);
+  ASSERT_TRUE(built.ok()) << built.status();
+  EXPECT_EQ(built->description, "resnet-20 width 16 1x28x28 (64 layers, 272186 parameters)");
+  // The engine's tensors: the same trained values, plus 3 buffers for each of the 21 BatchNorms.
+  int64_t trained = 0;
+  int buffers = 0;
+  for (const NamedTensor& tensor : built->model->Parameters()) {
+    if (absl::StrContains(tensor.name, "running_") ||
+        absl::StrContains(tensor.name, "num_batches_tracked")) {
+      ++buffers;
+    } else {
+      trained += static_cast<int64_t>(tensor.values.size());
+    }
+  }
+  EXPECT_EQ(trained, 272186);
+  EXPECT_EQ(buffers, 3 * 21);
+}
+
+TEST(ModelSpecVisionTest, NestedLayersBecomeTheEngineConfig) {
+  const v1::JobSpec spec = ParsedSpec(std::string(kDataset) + kResidualModel);
+  absl::StatusOr<NetworkConfig> config = NetworkConfigFromSpec(spec, {3, 8, 8}, 4);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FLOAT_EQ(config->label_smoothing, 0.1f);
+  ASSERT_EQ(config->layers.size(), 11u);
+  EXPECT_FALSE(config->layers[0].bias);
+  EXPECT_FLOAT_EQ(config->layers[1].momentum, 0.2f);
+  EXPECT_FLOAT_EQ(config->layers[1].eps, 0.001f);
+  const LayerConfig& block = config->layers[3];
+  ASSERT_EQ(block.kind, LayerConfig::Kind::kResidual);
+  EXPECT_EQ(block.activation, LayerConfig::Activation::kRelu);  // the default
+  ASSERT_EQ(block.layers.size(), 4u);
+  EXPECT_EQ(block.layers[0].stride, 2);
+  EXPECT_TRUE(block.layers[3].bias);
+  ASSERT_EQ(block.shortcut.size(), 2u);
+  EXPECT_EQ(config->layers[4].activation, LayerConfig::Activation::kGelu);
+  EXPECT_EQ(config->layers[4].layers[1].activation, LayerConfig::Activation::kNone);
+  EXPECT_FLOAT_EQ(config->layers[8].momentum, 0.3f);
+  EXPECT_TRUE(ValidateModelForData(spec, {3, 8, 8}, 4).ok())
+      << ValidateModelForData(spec, {3, 8, 8}, 4);
+
+  // The architecture JSON carries every field, nested.
+  const nlohmann::json arch = nlohmann::json::parse(ArchitectureJson(*config));
+  EXPECT_EQ(arch["label_smoothing"], 0.1);
+  EXPECT_EQ(arch["layers"][0]["bias"], false);
+  EXPECT_EQ(arch["layers"][1]["momentum"], 0.2);
+  EXPECT_EQ(arch["layers"][1]["eps"], 0.001);
+  EXPECT_EQ(arch["layers"][3]["type"], "residual");
+  EXPECT_EQ(arch["layers"][3]["activation"], "relu");
+  EXPECT_EQ(arch["layers"][3]["layers"][0]["stride"], 2);
+  EXPECT_EQ(arch["layers"][3]["shortcut"][0]["kernel"], 1);
+  EXPECT_EQ(arch["layers"][4]["shortcut"].size(), 0u);
+  EXPECT_EQ(arch["layers"][4]["layers"][1]["activation"], "none");
+  EXPECT_EQ(arch["layers"][5]["stride"], 2);  // the effective stride of avgpool2d
+  EXPECT_EQ(arch["layers"][7]["bias"], false);
+
+  std::unique_ptr<Backend> backend = Cpu();
+  ASSERT_NE(backend, nullptr);
+  absl::StatusOr<BuiltModel> built = BuildModel(*backend, spec, {3, 8, 8}, 4);
+  ASSERT_TRUE(built.ok()) << built.status();
+  EXPECT_TRUE(absl::StartsWith(
+      built->description,
+      "cnn 3x8x8 conv2d-batchnorm2d-relu-residual(conv2d-batchnorm2d-relu-conv2d | "
+      "conv2d-batchnorm2d)-residual(conv2d-residual(batchnorm2d-relu))-avgpool2d-flatten-linear-"
+      "batchnorm1d-relu-linear ("))
+      << built->description;
+  EXPECT_EQ(built->architecture, ArchitectureJson(*config));
+}
+
+TEST(ModelSpecVisionTest, TheLayersAsYamlReadBackAsTheSameNetwork) {
+  for (const v1::JobSpec& spec :
+       {ParsedSpec(std::string(kDataset) + kResidualModel), ResnetSpec(20), ResnetSpec(18, 8)}) {
+    absl::StatusOr<NetworkConfig> config = NetworkConfigFromSpec(spec, {3, 8, 8}, 4);
+    ASSERT_TRUE(config.ok()) << config.status();
+    const std::string yaml = NetworkLayersYaml(*config);
+    absl::StatusOr<JobFile> file = ParseJobYaml(std::string(kDataset) + yaml, "expanded.yaml");
+    ASSERT_TRUE(file.ok()) << file.status() << "\n" << yaml;
+    EXPECT_TRUE(ValidateJobSpec(file->spec).ok()) << ValidateJobSpec(file->spec);
+    absl::StatusOr<NetworkConfig> again = NetworkConfigFromSpec(file->spec, {3, 8, 8}, 4);
+    ASSERT_TRUE(again.ok()) << again.status();
+    again->label_smoothing = config->label_smoothing;  // a train field, not in the layers
+    EXPECT_EQ(ArchitectureJson(*again), ArchitectureJson(*config)) << yaml;
+    // The comments' parameter counts of the top-level layers add up to the network's.
+    int64_t sum = 0;
+    for (absl::string_view line : absl::StrSplit(yaml, '\n')) {
+      if (!absl::StartsWith(line, "    - ")) continue;  // top-level entries only
+      const size_t comma = line.rfind(", ");
+      int64_t count = 0;
+      ASSERT_TRUE(
+          absl::SimpleAtoi(line.substr(comma + 2, line.rfind(" parameters") - comma - 2), &count))
+          << line;
+      sum += count;
+    }
+    EXPECT_EQ(sum, NetworkParameterCount(*config)) << yaml;
+  }
+  absl::StatusOr<NetworkConfig> config = NetworkConfigFromSpec(ResnetSpec(20), {28, 28}, 10);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const std::string yaml = NetworkLayersYaml(*config);
+  EXPECT_TRUE(absl::StrContains(
+      yaml,
+      "    - {type: conv2d, out_channels: 16, kernel: 3, stride: 1, padding: 1, bias: false}  # "
+      "16x28x28, 144 parameters\n"))
+      << yaml;
+  EXPECT_TRUE(absl::StrContains(yaml,
+                                "    - type: residual  # 32x14x14, 14528 parameters\n"
+                                "      activation: relu\n"
+                                "      layers:\n"
+                                "        - {type: conv2d, out_channels: 32, kernel: 3, "
+                                "stride: 2, padding: 1, bias: false}  # 32x14x14, 4608 "
+                                "parameters\n"))
+      << yaml;
+  EXPECT_TRUE(absl::StrContains(yaml, "    - {type: linear, units: 10}  # 10, 650 parameters\n"))
+      << yaml;
+}
+
+TEST(ModelSpecVisionTest, NestedErrorsNameTheLayersPath) {
+  v1::JobSpec spec = ParsedSpec(std::string(kDataset) + kResidualModel);
+  // The shortcut's output (stride 1: 8x8) does not match the main branch's (4x4).
+  spec.mutable_model()->mutable_layers(3)->mutable_shortcut(0)->set_stride(1);
+  absl::Status status = ValidateModelForData(spec, {3, 8, 8}, 4);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(status.message(), "model.layers[3]")) << status;
+  spec = ParsedSpec(std::string(kDataset) + kResidualModel);
+  spec.mutable_model()->mutable_layers(4)->mutable_layers(0)->set_kernel(9);
+  status = ValidateModelForData(spec, {3, 8, 8}, 4);
+  EXPECT_TRUE(absl::StartsWith(status.message(), "model.layers[4].layers[0] (conv2d): ")) << status;
+  // A resnet's layers are not in the file: the message says where they come from.
+  status = ValidateModelForData(ResnetSpec(20), {784}, 10);
+  EXPECT_TRUE(absl::StartsWith(status.message(), "model: resnet-20 on samples of 784: layers[0] "))
+      << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "--dry-run")) << status;
+}
+
 // ---- scripts/pytorch_eval.py scores a checkpoint with the model's normalisation ----
 
 std::string ScriptPath() {
@@ -340,6 +535,9 @@ class PytorchEvalTest : public ::testing::Test {
     for (const NamedTensor& t : model.Parameters()) {
       checkpoint.tensors.push_back({t.name, t.shape, t.values});
     }
+    for (const NamedTensor& t : model.OptimizerState()) {  // as the trainer saves it
+      checkpoint.tensors.push_back({"optimizer." + t.name, t.shape, t.values});
+    }
     checkpoint.metadata["model"] = architecture;
     const std::string path = dir_ + "/model.safetensors";
     EXPECT_TRUE(WriteCheckpoint(path, checkpoint).ok());
@@ -393,6 +591,66 @@ TEST_F(PytorchEvalTest, ScoresWithPerChannelNormalisation) {
     // Ten times the tolerance above: pytorch_eval.py with one channel's values would fail it.
     EXPECT_GT(std::abs(uniform - stoker), 1e-3 * stoker) << "a check that could not tell";
   }
+}
+
+// pytorch_eval.py's module tree for an architecture has the engine's tensors, name for name and
+// shape for shape in the same order (num_batches_tracked as PyTorch's int64 scalar), and torch
+// counts the parameters NetworkParameterCount counts: ResNet-20's 272,186 (1 channel) and
+// 272,474 (3 channels), ResNet-18, and a network with every new layer field.
+TEST_F(PytorchEvalTest, RebuildsResidualNetworksWithTheEnginesTensors) {
+  struct Case {
+    v1::JobSpec spec;
+    std::vector<int> dims;
+    int classes;
+  };
+  const Case cases[] = {{ResnetSpec(20), {28, 28}, 10},
+                        {ResnetSpec(20), {3, 32, 32}, 10},
+                        {ResnetSpec(18, 8), {3, 16, 16}, 100},
+                        {ParsedSpec(std::string(kDataset) + kResidualModel), {3, 8, 8}, 4}};
+  for (const Case& c : cases) {
+    absl::StatusOr<NetworkConfig> config = NetworkConfigFromSpec(c.spec, c.dims, c.classes);
+    ASSERT_TRUE(config.ok()) << config.status();
+    SCOPED_TRACE(NetworkDescription(c.spec.model(), *config));
+    const std::string path = dir_ + "/arch.json";
+    std::ofstream(path) << ArchitectureJson(*config);
+    std::string output;
+    ASSERT_EQ(RunCommand("/usr/bin/python3 " + ScriptPath() + " --parameters " + path, &output), 0)
+        << output;
+    std::vector<std::string> lines = absl::StrSplit(output, '\n', absl::SkipEmpty());
+    ASSERT_FALSE(lines.empty());
+    EXPECT_EQ(lines[0], absl::StrCat("parameters=", NetworkParameterCount(*config)));
+    const std::vector<NetworkTensorSpec> tensors = NetworkTensorSpecs(*config);
+    ASSERT_EQ(lines.size(), tensors.size() + 1) << output;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const bool counter = tensors[i].kind == NetworkTensorKind::kBatchesTracked;
+      EXPECT_EQ(lines[i + 1], absl::StrCat(tensors[i].name, " [",
+                                           counter ? "" : absl::StrJoin(tensors[i].shape, ", "),
+                                           "] ", counter ? "int64" : "float32"));
+    }
+  }
+}
+
+// A residual network with BatchNorm (2d and 1d, own momentum and eps), average pooling, bias-free
+// layers and label smoothing on RGB images, trained a little so that the running statistics and
+// num_batches_tracked are not their initial values: pytorch_eval.py, loading the checkpoint
+// strictly and evaluating in eval() mode, reports Stoker's loss.
+TEST_F(PytorchEvalTest, ScoresResidualNetworksWithBatchNorm) {
+  const std::vector<int> dims = {3, 8, 8};
+  WriteTestSet(dims, 64, 4);
+  std::unique_ptr<Backend> backend = Cpu();
+  ASSERT_NE(backend, nullptr);
+  const v1::JobSpec spec = ParsedSpec(std::string(kDataset) + kResidualModel);
+  absl::StatusOr<BuiltModel> built = BuildModel(*backend, spec, dims, 4);
+  ASSERT_TRUE(built.ok()) << built.status();
+  const BatchView test_set{samples_.data(), labels_.data(), static_cast<int>(labels_.size())};
+  for (int step = 0; step < 20; ++step) ASSERT_TRUE(built->model->TrainStep(test_set, 0.05).ok());
+  bool tracked = false;
+  for (const NamedTensor& t : built->model->Parameters()) {
+    if (absl::EndsWith(t.name, "num_batches_tracked")) tracked = t.values.at(0) == 20;
+  }
+  EXPECT_TRUE(tracked) << "the batch counter did not reach 20";
+  const double stoker = StokerLoss(*built->model);
+  EXPECT_NEAR(PytorchLoss(*built->model, built->architecture), stoker, 1e-4 * stoker);
 }
 
 // A checkpoint from before per-channel values (scalar input_scale and input_shift, no
