@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iostream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -47,6 +48,21 @@ std::string Rate(double samples_per_second) {
   if (samples_per_second >= 1e6) return absl::StrFormat("%.2fM", samples_per_second / 1e6);
   if (samples_per_second >= 1e3) return absl::StrFormat("%.1fk", samples_per_second / 1e3);
   return absl::StrFormat("%.0f", samples_per_second);
+}
+
+std::string Bytes(int64_t bytes) {
+  constexpr double kMiB = 1024.0 * 1024;
+  if (bytes >= 1024 * kMiB) return absl::StrFormat("%.1f GiB", bytes / (1024 * kMiB));
+  return absl::StrFormat("%.0f MiB", bytes / kMiB);
+}
+
+// "gpu1, gpu3, 2 cpus, 11.5 GiB memory".
+std::string PlacementText(const v1::Placement& placement) {
+  std::vector<std::string> parts;
+  for (int index : placement.gpu_indices()) parts.push_back(absl::StrCat("gpu", index));
+  parts.push_back(absl::StrCat(placement.cpus(), " cpus"));
+  parts.push_back(absl::StrCat(Bytes(placement.memory_bytes()), " memory"));
+  return absl::StrJoin(parts, ", ");
 }
 
 }  // namespace
@@ -93,6 +109,16 @@ std::string JobDetails(const v1::Job& job) {
                                                               " given back by a worker shutdown)")
                                                : "")});
   rows.push_back({"worker:", job.worker_id().empty() ? "-" : job.worker_id()});
+  const v1::ResourceSpec& asked = job.spec().resources();
+  rows.push_back(
+      {"resources:",
+       absl::StrCat(asked.gpus(), " gpus, ",
+                    asked.cpus() > 0 ? absl::StrCat(asked.cpus()) : "default", " cpus, ",
+                    asked.memory_mib() > 0 ? absl::StrCat(asked.memory_mib(), " MiB") : "default",
+                    " memory")});
+  if (job.state() == v1::JOB_STATE_RUNNING && job.has_placement()) {
+    rows.push_back({"holds:", PlacementText(job.placement())});
+  }
   rows.push_back({"priority:", absl::StrCat(job.spec().priority())});
   rows.push_back({"submitted:", Clock(job.submit_time_unix_ms())});
   rows.push_back({"started:", Clock(job.start_time_unix_ms())});
@@ -118,16 +144,29 @@ std::string JobDetails(const v1::Job& job) {
 std::string WorkerTable(const v1::ListWorkersResponse& workers) {
   if (workers.workers().empty()) return "no workers";
   std::vector<std::vector<std::string>> rows = {
-      {"WORKER", "STATE", "DEVICES", "JOBS", "HEARTBEAT AGE", "HOST"}};
+      {"WORKER", "STATE", "CPUS", "MEMORY", "GPUS", "JOBS", "HEARTBEAT AGE", "HOST"}};
   for (const v1::WorkerStatus& worker : workers.workers()) {
-    std::vector<std::string> devices;
+    // Each GPU with the job holding it, or "free".
+    std::vector<std::string> gpus;
     for (const v1::Device& device : worker.devices()) {
-      devices.push_back(absl::StrCat(device.kind(), ":", device.index(), " ", device.name()));
+      if (device.kind() != "cuda") continue;
+      std::string holder = "free";
+      for (const v1::Placement& placement : worker.placements()) {
+        for (int index : placement.gpu_indices()) {
+          if (index == device.index()) holder = placement.job_id();
+        }
+      }
+      gpus.push_back(absl::StrCat("gpu", device.index(), ":", holder,
+                                  absl::StartsWith(device.uuid(), "fake-") ? " (fake)" : ""));
     }
-    rows.push_back({worker.worker_id(), worker.state(), absl::StrJoin(devices, ", "),
-                    worker.job_ids().empty() ? "-" : absl::StrJoin(worker.job_ids(), ","),
-                    absl::StrFormat("%.1fs", worker.heartbeat_age_ms() / 1000.0),
-                    worker.hostname()});
+    rows.push_back(
+        {worker.worker_id(), worker.state(),
+         absl::StrCat(worker.cpus_used(), " used, ", worker.cpus() - worker.cpus_used(), " free"),
+         absl::StrCat(Bytes(worker.memory_used_bytes()), " used, ",
+                      Bytes(worker.memory_bytes() - worker.memory_used_bytes()), " free"),
+         gpus.empty() ? "-" : absl::StrJoin(gpus, ", "),
+         worker.job_ids().empty() ? "-" : absl::StrJoin(worker.job_ids(), ","),
+         absl::StrFormat("%.1fs", worker.heartbeat_age_ms() / 1000.0), worker.hostname()});
   }
   return Table(rows);
 }

@@ -91,5 +91,46 @@ TEST(RenderTest, JobDetailsSayWhyARunningJobWaits) {
   EXPECT_EQ(Row(job, "waiting:"), job.waiting_reason());
 }
 
+TEST(RenderTest, JobDetailsShowTheResourcesAskedForAndHeld) {
+  v1::Job job;
+  EXPECT_EQ(Row(job, "resources:"), "0 gpus, default cpus, default memory");
+  EXPECT_EQ(Row(job, "holds:"), "(none)");
+  job.mutable_spec()->mutable_resources()->set_gpus(2);
+  job.mutable_spec()->mutable_resources()->set_cpus(4);
+  job.mutable_spec()->mutable_resources()->set_memory_mib(2048);
+  EXPECT_EQ(Row(job, "resources:"), "2 gpus, 4 cpus, 2048 MiB memory");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  v1::Placement& placement = *job.mutable_placement();
+  placement.add_gpu_indices(1);
+  placement.add_gpu_indices(3);
+  placement.set_cpus(4);
+  placement.set_memory_bytes(int64_t{2} << 30);
+  EXPECT_EQ(Row(job, "holds:"), "gpu1, gpu3, 4 cpus, 2.0 GiB memory");
+}
+
+TEST(RenderTest, WorkerTableShowsWhatIsUsedAndFree) {
+  v1::ListWorkersResponse workers;
+  v1::WorkerStatus& worker = *workers.add_workers();
+  worker.set_worker_id("w1");
+  worker.set_state("alive");
+  worker.set_cpus(8);
+  worker.set_cpus_used(3);
+  worker.set_memory_bytes(int64_t{16} << 30);
+  worker.set_memory_used_bytes(int64_t{4} << 30);
+  for (int i = 0; i < 2; ++i) {
+    v1::Device& gpu = *worker.add_devices();
+    gpu.set_kind("cuda");
+    gpu.set_index(i);
+  }
+  v1::Placement& held = *worker.add_placements();
+  held.set_job_id("j-000007");
+  held.add_gpu_indices(1);
+  worker.add_job_ids("j-000007");
+  const std::string table = WorkerTable(workers);
+  EXPECT_NE(table.find("3 used, 5 free"), std::string::npos) << table;
+  EXPECT_NE(table.find("4.0 GiB used, 12.0 GiB free"), std::string::npos) << table;
+  EXPECT_NE(table.find("gpu0:free, gpu1:j-000007"), std::string::npos) << table;
+}
+
 }  // namespace
 }  // namespace stoker
