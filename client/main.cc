@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/dry_run.h"
 #include "client/render.h"
 #include "common/auth.h"
 #include "common/chunk_download.h"
@@ -320,6 +321,20 @@ int Main(int argc, char** argv) {
   submit->add_flag("-f,--follow", follow, "stream progress until the job finishes");
   submit->add_option("--request-id", request_id,
                      "idempotency key: a retried submit with the same id returns the same job");
+  bool dry_run = false;
+  DryRunOptions dry_run_options;
+  submit->add_flag("--dry-run", dry_run,
+                   "check the job file as the server would and print the network it trains (a "
+                   "resnet's layers as YAML, shapes, parameter count); submit nothing");
+  submit->add_option("--sample-shape", dry_run_options.sample_shape,
+                     "--dry-run: one sample's shape, e.g. 1x28x28 (default: an image dataset's "
+                     "channels and size, an idx dataset's header under --data-root)");
+  submit->add_option("--classes", dry_run_options.classes,
+                     "--dry-run: the classes (default: dataset.classes)");
+  submit
+      ->add_option("--data-root", dry_run_options.data_root,
+                   "--dry-run: where an idx dataset's files are read")
+      ->capture_default_str();
   CLI::App* list = app.add_subcommand("list", "list jobs, newest first");
   list->add_option("--state", states, "only jobs in these states (repeatable)");
   list->add_option("--limit", limit, "at most this many")
@@ -357,6 +372,18 @@ int Main(int argc, char** argv) {
     return code == 0 ? kExitOk : kExitBadInput;
   }
 
+  if (submit->parsed() && dry_run) {
+    // Local only: no server, token or TLS needed.
+    absl::StatusOr<JobFile> file = ReadJobFile(job_file);
+    absl::StatusOr<std::string> report =
+        file.ok() ? DryRunReport(*file, dry_run_options, options.json()) : file.status();
+    if (!report.ok()) {
+      std::cerr << "stoker: " << report.status().message() << "\n";
+      return kExitBadInput;
+    }
+    std::cout << *report;
+    return kExitOk;
+  }
   // Job ids travel as protobuf strings, which must be UTF-8.
   if (absl::Status s = CheckUtf8("job id", job_id); !s.ok()) {
     std::cerr << "stoker: " << s.message() << "\n";
