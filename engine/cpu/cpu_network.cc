@@ -472,8 +472,9 @@ absl::StatusOr<std::unique_ptr<Plan>> CpuNetwork::BuildPlan(int batch) {
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   // Descriptors first, so one scratchpad sized for the largest can be shared (they run in turn).
   std::vector<PendingOp> pending;
+  size_t i = 0;  // the node being described, for the error
   try {
-    for (size_t i = 0; i < nodes_.size(); ++i) {
+    for (i = 0; i < nodes_.size(); ++i) {
       Node& node = nodes_[i];
       if (node.type == Node::Type::kFork) {
         PlanFork(node, i, attr, *plan, pending);
@@ -523,9 +524,16 @@ absl::StatusOr<std::unique_ptr<Plan>> CpuNetwork::BuildPlan(int batch) {
     }
     BindPlan(*plan, pending);
   } catch (const dnnl::error& e) {
-    return absl::InternalError(
-        absl::StrCat("oneDNN could not build the ", PrecisionName(config_.precision),
-                     " network primitives for batch ", batch, ": ", e.what()));
+    std::string what = "binding";
+    if (i < nodes_.size()) {
+      const Node& node = nodes_[i];
+      what = node.type == Node::Type::kFork  ? "a residual block's input gradient sum"
+             : node.type == Node::Type::kAdd ? "a residual block's sum"
+                                             : LayerKindName(node.config.kind);
+    }
+    return absl::InternalError(absl::StrCat(
+        "oneDNN could not build the ", PrecisionName(config_.precision),
+        " network primitives for batch ", batch, " (", what, ", step ", i, "): ", e.what()));
   }
   return plan;
 }
@@ -816,7 +824,10 @@ void CpuNetwork::PlanAdd(const Node& node, int batch, const dnnl::primitive_attr
   const memory::desc& out_grad_md = plan.grad_md[node.out];
   const LayerConfig::Activation activation = node.config.activation;
   // Forward: the sum, with ReLU fused as a post-op; GELU runs after on the kept sum.
-  dnnl::primitive_attr add_attr = attr;
+  // A new attribute: copying a primitive_attr shares its handle, and the post-op would reach
+  // every later primitive.
+  dnnl::primitive_attr add_attr;
+  add_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (activation == LayerConfig::Activation::kRelu) {
     dnnl::post_ops post;
     post.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);

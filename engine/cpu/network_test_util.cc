@@ -68,7 +68,184 @@ Activation MaxPool(const Activation& in, const LayerConfig& c) {
   return out;
 }
 
+// AvgPool2d (count_include_pad=True: every window divides by kernel^2) and global average pooling
+// (kernel = the whole plane).
+Activation AvgPool(const Activation& in, int kh, int kw, int s, int p) {
+  const int channels = in.shape[0], height = in.shape[1], width = in.shape[2];
+  const int out_h = (height + 2 * p - kh) / s + 1, out_w = (width + 2 * p - kw) / s + 1;
+  Activation out{{channels, out_h, out_w}, {}};
+  for (int ch = 0; ch < channels; ++ch) {
+    for (int y = 0; y < out_h; ++y) {
+      for (int x = 0; x < out_w; ++x) {
+        double sum = 0;
+        for (int ky = 0; ky < kh; ++ky) {
+          for (int kx = 0; kx < kw; ++kx) {
+            const int iy = y * s - p + ky, ix = x * s - p + kx;
+            if (iy < 0 || iy >= height || ix < 0 || ix >= width) continue;
+            sum += in.values[(ch * height + iy) * width + ix];
+          }
+        }
+        out.values.push_back(sum / (kh * kw));
+      }
+    }
+  }
+  return out;
+}
+
+// The batch-level reference: every sample's activation, layer by layer.
+class BatchReference {
+ public:
+  BatchReference(const DoubleParams& params, bool training)
+      : params_(params), training_(training) {}
+
+  std::vector<Activation> Branch(const std::vector<LayerConfig>& layers,
+                                 std::vector<Activation> x) {
+    for (const LayerConfig& layer : layers) x = Layer(layer, std::move(x));
+    return x;
+  }
+
+ private:
+  std::vector<Activation> Layer(const LayerConfig& layer, std::vector<Activation> x) {
+    switch (layer.kind) {
+      case Kind::kConv2d: {
+        const std::vector<double>& w = params_[p_++];
+        const std::vector<double> zero(layer.out_channels, 0.0);
+        const std::vector<double>& b = layer.bias ? params_[p_++] : zero;
+        for (Activation& a : x) a = Conv(a, layer, w, b);
+        break;
+      }
+      case Kind::kLinear: {
+        const std::vector<double>& w = params_[p_++];
+        const std::vector<double> zero(layer.units, 0.0);
+        const std::vector<double>& b = layer.bias ? params_[p_++] : zero;
+        for (Activation& a : x) {
+          Activation y{{layer.units}, {}};
+          for (int o = 0; o < layer.units; ++o) {
+            double sum = b[o];
+            for (size_t i = 0; i < a.values.size(); ++i) {
+              sum += w[o * a.values.size() + i] * a.values[i];
+            }
+            y.values.push_back(sum);
+          }
+          a = std::move(y);
+        }
+        break;
+      }
+      case Kind::kMaxPool2d:
+        for (Activation& a : x) a = MaxPool(a, layer);
+        break;
+      case Kind::kAvgPool2d:
+        for (Activation& a : x) {
+          a = AvgPool(a, layer.kernel, layer.kernel, layer.stride > 0 ? layer.stride : layer.kernel,
+                      layer.padding);
+        }
+        break;
+      case Kind::kGlobalAvgPool:
+        for (Activation& a : x) a = AvgPool(a, a.shape[1], a.shape[2], 1, 0);
+        break;
+      case Kind::kRelu:
+        for (Activation& a : x) {
+          for (double& v : a.values) v = std::max(v, 0.0);
+        }
+        break;
+      case Kind::kGelu:
+        for (Activation& a : x) {
+          for (double& v : a.values) v = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+        }
+        break;
+      case Kind::kFlatten:
+        for (Activation& a : x) a.shape = {static_cast<int>(a.values.size())};
+        break;
+      case Kind::kDropout:
+        break;
+      case Kind::kBatchNorm2d:
+      case Kind::kBatchNorm1d: {
+        const std::vector<double>& gamma = params_[p_];
+        const std::vector<double>& beta = params_[p_ + 1];
+        const std::vector<double>& running_mean = params_[p_ + 2];
+        const std::vector<double>& running_var = params_[p_ + 3];
+        p_ += 5;
+        const int channels = x[0].shape[0];
+        const size_t plane = x[0].values.size() / channels;
+        for (int c = 0; c < channels; ++c) {
+          double mean = running_mean[c], var = running_var[c];
+          if (training_) {
+            double sum = 0, squares = 0;
+            for (const Activation& a : x) {
+              for (size_t i = 0; i < plane; ++i) sum += a.values[c * plane + i];
+            }
+            const double n = static_cast<double>(x.size() * plane);
+            mean = sum / n;
+            for (const Activation& a : x) {
+              for (size_t i = 0; i < plane; ++i) {
+                squares += (a.values[c * plane + i] - mean) * (a.values[c * plane + i] - mean);
+              }
+            }
+            var = squares / n;  // biased, as PyTorch normalises
+          }
+          const double inverse = 1 / std::sqrt(var + layer.eps);
+          for (Activation& a : x) {
+            for (size_t i = 0; i < plane; ++i) {
+              double& v = a.values[c * plane + i];
+              v = (v - mean) * inverse * gamma[c] + beta[c];
+            }
+          }
+        }
+        break;
+      }
+      case Kind::kResidual: {
+        std::vector<Activation> main = Branch(layer.layers, x);
+        std::vector<Activation> shortcut = Branch(layer.shortcut, std::move(x));
+        for (size_t s = 0; s < main.size(); ++s) {
+          for (size_t i = 0; i < main[s].values.size(); ++i) {
+            double v = main[s].values[i] + shortcut[s].values[i];
+            if (layer.activation == LayerConfig::Activation::kRelu) v = std::max(v, 0.0);
+            if (layer.activation == LayerConfig::Activation::kGelu) {
+              v = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+            }
+            main[s].values[i] = v;
+          }
+        }
+        return main;
+      }
+    }
+    return x;
+  }
+
+  const DoubleParams& params_;
+  const bool training_;
+  size_t p_ = 0;  // the next tensor of params_
+};
+
 }  // namespace
+
+double ReferenceBatchLoss(const NetworkConfig& config, const DoubleParams& params,
+                          const FeatureBatch& batch, bool training) {
+  int features = 1;
+  for (int d : config.input_shape) features *= d;
+  std::vector<Activation> x;
+  for (int s = 0; s < batch.count; ++s) {
+    x.push_back(
+        {config.input_shape, std::vector<double>(batch.features.begin() + s * features,
+                                                 batch.features.begin() + (s + 1) * features)});
+  }
+  x = BatchReference(params, training).Branch(config.layers, std::move(x));
+  const double smoothing = config.label_smoothing;
+  double loss = 0;
+  for (int s = 0; s < batch.count; ++s) {
+    const std::vector<double>& z = x[s].values;
+    double max_logit = z[0], mean = 0;
+    for (double v : z) max_logit = std::max(max_logit, v);
+    double sum = 0;
+    for (double v : z) {
+      sum += std::exp(v - max_logit);
+      mean += v / z.size();
+    }
+    const double lse = std::log(sum) + max_logit;
+    loss += (1 - smoothing) * (lse - z[batch.labels[s]]) + smoothing * (lse - mean);
+  }
+  return loss / batch.count;
+}
 
 FeatureBatch RandomFeatures(int count, int features, int classes, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -97,57 +274,7 @@ DoubleParams ToDouble(const std::vector<NamedTensor>& tensors) {
 
 double ReferenceLoss(const NetworkConfig& config, const DoubleParams& params,
                      const FeatureBatch& batch) {
-  int features = 1;
-  for (int d : config.input_shape) features *= d;
-  double loss = 0;
-  for (int s = 0; s < batch.count; ++s) {
-    Activation x{config.input_shape,
-                 std::vector<double>(batch.features.begin() + s * features,
-                                     batch.features.begin() + (s + 1) * features)};
-    size_t p = 0;
-    for (const LayerConfig& layer : config.layers) {
-      switch (layer.kind) {
-        case Kind::kConv2d:
-          x = Conv(x, layer, params[p], params[p + 1]);
-          p += 2;
-          break;
-        case Kind::kLinear: {
-          const std::vector<double>& w = params[p];
-          const std::vector<double>& b = params[p + 1];
-          p += 2;
-          Activation y{{layer.units}, {}};
-          for (int o = 0; o < layer.units; ++o) {
-            double sum = b[o];
-            for (size_t i = 0; i < x.values.size(); ++i)
-              sum += w[o * x.values.size() + i] * x.values[i];
-            y.values.push_back(sum);
-          }
-          x = std::move(y);
-          break;
-        }
-        case Kind::kMaxPool2d:
-          x = MaxPool(x, layer);
-          break;
-        case Kind::kRelu:
-          for (double& v : x.values) v = std::max(v, 0.0);
-          break;
-        case Kind::kGelu:
-          for (double& v : x.values) v = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
-          break;
-        case Kind::kFlatten:
-          x.shape = {static_cast<int>(x.values.size())};
-          break;
-        case Kind::kDropout:
-          break;
-      }
-    }
-    double max_logit = x.values[0];
-    for (double z : x.values) max_logit = std::max(max_logit, z);
-    double sum = 0;
-    for (double z : x.values) sum += std::exp(z - max_logit);
-    loss += std::log(sum) + max_logit - x.values[batch.labels[s]];
-  }
-  return loss / batch.count;
+  return ReferenceBatchLoss(config, params, batch, /*training=*/true);
 }
 
 DoubleParams StepGradient(Model& model, const BatchView& batch, double lr, float* loss) {

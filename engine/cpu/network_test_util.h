@@ -38,6 +38,14 @@ DoubleParams ToDouble(const std::vector<NamedTensor>& tensors);
 double ReferenceLoss(const NetworkConfig& config, const DoubleParams& params,
                      const FeatureBatch& batch);
 
+// Mean loss of the network in double over the whole batch, every layer kind included: BatchNorm
+// normalises by the batch's statistics (biased variance) when `training`, by the running ones in
+// `params` otherwise; residual blocks as activation(main(x) + shortcut(x)); AvgPool2d with
+// count_include_pad; the loss with config.label_smoothing (PyTorch's formula); dropout as
+// identity. `params` in NetworkTensorSpecs order (buffers included).
+double ReferenceBatchLoss(const NetworkConfig& config, const DoubleParams& params,
+                          const FeatureBatch& batch, bool training);
+
 // The gradient a model applies, recovered from one plain SGD step (momentum 0, no decay):
 // g = (w_before - w_after) / lr.
 DoubleParams StepGradient(Model& model, const BatchView& batch, double lr, float* loss);

@@ -1,0 +1,442 @@
+// The cpu network's vision layers (issue 15): BatchNorm2d/1d, AvgPool2d, global average pooling,
+// bias-free Conv2d/Linear, residual blocks (projection and identity shortcuts) and label
+// smoothing. Gradients against central differences of the double reference
+// (ReferenceBatchLoss), BatchNorm's running statistics and evaluation against hand computations,
+// bf16/fp16 against fp32, weight decay only on Conv2d/Linear weights, exact resumption with the
+// running statistics, PyTorch names, and errors naming nested layers.
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/cpu/network_test_util.h"
+#include "engine/test_layers.h"
+#include "gtest/gtest.h"
+
+namespace stoker {
+namespace {
+
+using namespace stoker::testing_util;  // NOLINT: test helpers
+using namespace stoker::test_layers;   // NOLINT: Conv, Pool, Linear, Of
+
+LayerConfig NoBias(LayerConfig layer) {
+  layer.bias = false;
+  return layer;
+}
+LayerConfig Norm2d() { return Of(Kind::kBatchNorm2d); }
+LayerConfig Norm1d() { return Of(Kind::kBatchNorm1d); }
+LayerConfig AvgPool(int kernel, int stride = 0, int padding = 0) {
+  LayerConfig layer = Pool(kernel, stride, padding);
+  layer.kind = Kind::kAvgPool2d;
+  return layer;
+}
+LayerConfig Residual(std::vector<LayerConfig> main, std::vector<LayerConfig> shortcut,
+                     LayerConfig::Activation activation = LayerConfig::Activation::kRelu) {
+  LayerConfig layer = Of(Kind::kResidual);
+  layer.layers = std::move(main);
+  layer.shortcut = std::move(shortcut);
+  layer.activation = activation;
+  return layer;
+}
+
+NetworkConfig TinyNet(std::vector<int> input_shape, std::vector<LayerConfig> layers,
+                      uint64_t seed) {
+  NetworkConfig config;
+  config.input_shape = std::move(input_shape);
+  config.layers = std::move(layers);
+  config.classes = 3;
+  config.max_batch = 4;
+  config.seed = seed;
+  config.optimizer.momentum = 0;
+  config.optimizer.weight_decay = 0;
+  return config;
+}
+
+// conv (no bias) k3 pad 1, BatchNorm2d, ReLU, AvgPool k2, Flatten, Linear.
+NetworkConfig BatchNorm2dNet() {
+  return TinyNet({2, 6, 6},
+                 {NoBias(Conv(3, 3, 1, 1)), Norm2d(), Of(Kind::kRelu), AvgPool(2),
+                  Of(Kind::kFlatten), Linear(3)},
+                 21);
+}
+
+// Flat: Linear (no bias), BatchNorm1d, GELU, Linear; with label smoothing 0.2.
+NetworkConfig BatchNorm1dNet() {
+  NetworkConfig config =
+      TinyNet({6}, {NoBias(Linear(5)), Norm1d(), Of(Kind::kGelu), Linear(3)}, 22);
+  config.label_smoothing = 0.2f;
+  return config;
+}
+
+// conv k3, AvgPool k3 s2 p1 (count_include_pad: the border windows divide by 9), GELU,
+// global average pooling, Linear off [C, 1, 1].
+NetworkConfig AvgPoolNet() {
+  return TinyNet(
+      {1, 7, 7},
+      {Conv(3, 3, 1, 0), AvgPool(3, 2, 1), Of(Kind::kGelu), Of(Kind::kGlobalAvgPool), Linear(3)},
+      23);
+}
+
+// A ResNet basic block with a projection: conv, BN, ReLU, then
+// residual(conv s2 (no bias), BN, ReLU, conv (no bias), BN | conv 1x1 s2 (no bias), BN) + ReLU,
+// global average pooling, Linear.
+NetworkConfig ProjectionNet() {
+  return TinyNet({2, 6, 6},
+                 {Conv(3, 3, 1, 1), Norm2d(), Of(Kind::kRelu),
+                  Residual({NoBias(Conv(4, 3, 2, 1)), Norm2d(), Of(Kind::kRelu),
+                            NoBias(Conv(4, 3, 1, 1)), Norm2d()},
+                           {NoBias(Conv(4, 1, 2, 0)), Norm2d()}),
+                  Of(Kind::kGlobalAvgPool), Of(Kind::kFlatten), Linear(3)},
+                 24);
+}
+
+// Identity shortcuts: a block straight on the input (no gradient needed there), then conv, then
+// a ReLU block and a GELU block, global average pooling, Linear.
+NetworkConfig IdentityNet() {
+  return TinyNet({2, 5, 5},
+                 {Residual({Conv(2, 3, 1, 1), Norm2d()}, {}), Conv(3, 3, 1, 1),
+                  Residual({NoBias(Conv(3, 3, 1, 1)), Norm2d(), Of(Kind::kRelu),
+                            NoBias(Conv(3, 3, 1, 1)), Norm2d()},
+                           {}),
+                  Residual({Conv(3, 1, 1, 0)}, {}, LayerConfig::Activation::kGelu),
+                  Of(Kind::kGlobalAvgPool), Linear(3)},
+                 25);
+}
+
+int Features(const NetworkConfig& config) {
+  int n = 1;
+  for (int d : config.input_shape) n *= d;
+  return n;
+}
+
+// True for the tensors that have a gradient (not BatchNorm's buffers).
+std::vector<bool> Trained(const NetworkConfig& config) {
+  std::vector<bool> trained;
+  for (const NetworkTensorSpec& spec : NetworkTensorSpecs(config)) {
+    trained.push_back(IsTrainedTensor(spec.kind));
+  }
+  return trained;
+}
+
+// The fp32 engine's training loss and gradient of every trained tensor against the double
+// reference (batch statistics) and its central differences (h = 1e-5): |g - fd| <= 3e-3 |fd| +
+// 3e-5 per element (BatchNorm divides by the batch's deviation, which amplifies fp32 rounding a
+// little beyond the plain layers' 2e-3).
+void CheckGradient(const NetworkConfig& config, int count, uint64_t seed) {
+  std::unique_ptr<Model> model = MakeNetwork(config);
+  ASSERT_NE(model, nullptr);
+  const FeatureBatch batch = RandomFeatures(count, Features(config), config.classes, seed);
+  const std::vector<NamedTensor> start = model->Parameters();
+  const DoubleParams params = ToDouble(start);
+  const std::vector<bool> trained = Trained(config);
+  ASSERT_EQ(trained.size(), params.size());
+  auto loss = [&](const DoubleParams& p) { return ReferenceBatchLoss(config, p, batch, true); };
+  const double reference = loss(params);
+  float step_loss = 0;
+  const DoubleParams gradient = StepGradient(*model, batch.View(), 4.0, &step_loss);
+  EXPECT_NEAR(step_loss, reference, 1e-5 * reference);
+  double max_gradient = 0;
+  for (size_t t = 0; t < params.size(); ++t) {
+    if (!trained[t]) continue;
+    for (size_t i = 0; i < params[t].size(); ++i) {
+      const double fd = CentralDifference(params, t, i, /*h=*/1e-5, loss);
+      max_gradient = std::max(max_gradient, std::abs(fd));
+      EXPECT_NEAR(gradient[t][i], fd, 3e-3 * std::abs(fd) + 3e-5)
+          << start[t].name << "[" << i << "]";
+    }
+  }
+  EXPECT_GT(max_gradient, 1e-2);  // the check is not vacuous
+}
+
+TEST(VisionLayersTest, BatchNorm2dBiasFreeConvAvgPoolGradients) {
+  CheckGradient(BatchNorm2dNet(), 4, 1);
+  CheckGradient(BatchNorm2dNet(), 3, 2);  // a partial batch
+}
+TEST(VisionLayersTest, BatchNorm1dBiasFreeLinearLabelSmoothingGradients) {
+  CheckGradient(BatchNorm1dNet(), 4, 3);
+}
+TEST(VisionLayersTest, PaddedAvgPoolAndGlobalAvgPoolGradients) {
+  CheckGradient(AvgPoolNet(), 4, 4);
+}
+TEST(VisionLayersTest, ResidualProjectionShortcutGradients) {
+  CheckGradient(ProjectionNet(), 4, 5);
+}
+// (Batch seed 6 puts a ReLU input 1.5e-7 from 0, where the central difference straddles the kink.)
+TEST(VisionLayersTest, ResidualIdentityShortcutGradients) { CheckGradient(IdentityNet(), 4, 9); }
+
+TEST(VisionLayersTest, ParameterAndBufferNamesFollowPyTorch) {
+  std::unique_ptr<Model> model = MakeNetwork(ProjectionNet());
+  ASSERT_NE(model, nullptr);
+  std::vector<std::string> names;
+  for (const NamedTensor& t : model->Parameters()) names.push_back(t.name);
+  const std::vector<std::string> bn = {".weight", ".bias", ".running_mean", ".running_var",
+                                       ".num_batches_tracked"};
+  std::vector<std::string> expected = {"layers.0.weight", "layers.0.bias"};
+  for (const std::string& s : bn) expected.push_back("layers.1" + s);
+  expected.push_back("layers.3.layers.0.weight");
+  for (const std::string& s : bn) expected.push_back("layers.3.layers.1" + s);
+  expected.push_back("layers.3.layers.3.weight");
+  for (const std::string& s : bn) expected.push_back("layers.3.layers.4" + s);
+  expected.push_back("layers.3.shortcut.0.weight");
+  for (const std::string& s : bn) expected.push_back("layers.3.shortcut.1" + s);
+  expected.push_back("layers.6.weight");
+  expected.push_back("layers.6.bias");
+  EXPECT_EQ(names, expected);
+  const std::vector<NamedTensor> tensors = model->Parameters();
+  EXPECT_EQ(tensors[2].values, std::vector<float>(3, 1.0f));  // BN weight
+  EXPECT_EQ(tensors[3].values, std::vector<float>(3, 0.0f));  // BN bias
+  EXPECT_EQ(tensors[5].values, std::vector<float>(3, 1.0f));  // running_var
+  EXPECT_EQ(tensors[6].shape, std::vector<int64_t>{1});       // num_batches_tracked
+  // Optimizer state only for the trained tensors.
+  for (const NamedTensor& t : model->OptimizerState()) {
+    EXPECT_EQ(t.name.find("running"), std::string::npos) << t.name;
+    EXPECT_EQ(t.name.find("num_batches"), std::string::npos) << t.name;
+  }
+}
+
+// BatchNorm2d straight on the input: its batch statistics are the input's, computed here by hand.
+// With lr = 0 the batch is the same every step, so after k steps
+// running_mean = (1 - (1 - m)^k) mean and running_var = (1 - m)^k + (1 - (1 - m)^k) var_unbiased
+// (PyTorch's update from 0 and 1). Evaluate normalises by them; TrainStep by the batch's.
+TEST(VisionLayersTest, BatchNormRunningStatisticsAndEvaluation) {
+  NetworkConfig config = TinyNet({2, 3, 3}, {Norm2d(), Of(Kind::kFlatten), Linear(3)}, 31);
+  config.layers[0].momentum = 0.3f;
+  std::unique_ptr<Model> model = MakeNetwork(config);
+  ASSERT_NE(model, nullptr);
+  const FeatureBatch batch = RandomFeatures(4, 18, 3, 7);
+  const int steps = 3;
+  float train_loss = 0;
+  for (int k = 0; k < steps; ++k) {
+    absl::StatusOr<StepResult> step = model->TrainStep(batch.View(), 0.0);
+    ASSERT_TRUE(step.ok()) << step.status();
+    train_loss = step->loss;
+  }
+  const std::vector<NamedTensor> tensors = model->Parameters();
+  ASSERT_EQ(tensors[2].name, "layers.0.running_mean");
+  const double keep = std::pow(1 - 0.3, steps);
+  for (int c = 0; c < 2; ++c) {
+    double sum = 0, squares = 0;
+    for (int s = 0; s < 4; ++s) {
+      for (int i = 0; i < 9; ++i) sum += batch.features[s * 18 + c * 9 + i];
+    }
+    const double mean = sum / 36;
+    for (int s = 0; s < 4; ++s) {
+      for (int i = 0; i < 9; ++i) {
+        const double d = batch.features[s * 18 + c * 9 + i] - mean;
+        squares += d * d;
+      }
+    }
+    const double unbiased = squares / 35;
+    EXPECT_NEAR(tensors[2].values[c], (1 - keep) * mean, 1e-6) << c;
+    EXPECT_NEAR(tensors[3].values[c], keep + (1 - keep) * unbiased, 1e-6) << c;
+  }
+  EXPECT_EQ(tensors[4].values, std::vector<float>{3.0f});
+  const DoubleParams params = ToDouble(tensors);
+  absl::StatusOr<EvalResult> eval = model->Evaluate(batch.View());
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  const double eval_reference = ReferenceBatchLoss(config, params, batch, /*training=*/false);
+  EXPECT_NEAR(eval->loss_sum / 4, eval_reference, 1e-5 * eval_reference);
+  EXPECT_NEAR(train_loss, ReferenceBatchLoss(config, params, batch, true), 1e-5);
+  EXPECT_GT(std::abs(eval_reference - train_loss), 1e-3);  // the two modes differ here
+  // Evaluate changes no statistics.
+  EXPECT_EQ(model->Parameters()[3].values, tensors[3].values);
+}
+
+// Label smoothing in Evaluate's loss sum: the formula, (1 - s) * nll + s * mean_k(-log p_k).
+TEST(VisionLayersTest, LabelSmoothingLossMatchesFormula) {
+  NetworkConfig config = TinyNet({4}, {Linear(3)}, 32);
+  config.label_smoothing = 0.3f;
+  std::unique_ptr<Model> model = MakeNetwork(config);
+  ASSERT_NE(model, nullptr);
+  const FeatureBatch batch = RandomFeatures(4, 4, 3, 8);
+  const std::vector<NamedTensor> p = model->Parameters();
+  double expected = 0;
+  for (int s = 0; s < 4; ++s) {
+    double z[3], lse = 0;
+    for (int o = 0; o < 3; ++o) {
+      z[o] = p[1].values[o];
+      for (int i = 0; i < 4; ++i)
+        z[o] += double{p[0].values[o * 4 + i]} * batch.features[s * 4 + i];
+      lse += std::exp(z[o]);
+    }
+    lse = std::log(lse);
+    double nll_sum = 0;
+    for (int o = 0; o < 3; ++o) nll_sum += lse - z[o];
+    expected += 0.7 * (lse - z[batch.labels[s]]) + 0.3 * nll_sum / 3;
+  }
+  absl::StatusOr<EvalResult> eval = model->Evaluate(batch.View());
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  EXPECT_NEAR(eval->loss_sum, expected, 1e-5 * expected);
+  config.label_smoothing = 0;
+  std::unique_ptr<Model> plain = MakeNetwork(config);
+  ASSERT_NE(plain, nullptr);
+  EXPECT_GT(std::abs(plain->Evaluate(batch.View())->loss_sum - expected), 1e-3);
+}
+
+// Weight decay touches Conv2d and Linear weights only: two models from one seed, one with decay,
+// take one step on the same batch (same gradients): biases and BatchNorm's parameters come out
+// bit-identical, the weights differ by lr * wd * w (SGD with momentum and Nesterov, and AdamW).
+TEST(VisionLayersTest, WeightDecayOnlyOnConvAndLinearWeights) {
+  for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kAdamW}) {
+    NetworkConfig config = ProjectionNet();
+    config.optimizer.type = type;
+    if (type == OptimizerType::kSgd) {
+      config.optimizer.momentum = 0.9;
+      config.optimizer.nesterov = true;
+    }
+    std::unique_ptr<Model> plain = MakeNetwork(config);
+    config.optimizer.weight_decay = 0.5;
+    std::unique_ptr<Model> decayed = MakeNetwork(config);
+    ASSERT_NE(plain, nullptr);
+    ASSERT_NE(decayed, nullptr);
+    const FeatureBatch batch = RandomFeatures(4, Features(config), 3, 9);
+    const std::vector<NamedTensor> before = plain->Parameters();
+    ASSERT_TRUE(plain->TrainStep(batch.View(), 0.1).ok());
+    ASSERT_TRUE(decayed->TrainStep(batch.View(), 0.1).ok());
+    const std::vector<NamedTensor> a = plain->Parameters(), b = decayed->Parameters();
+    const std::vector<NetworkTensorSpec> specs = NetworkTensorSpecs(config);
+    int decayed_tensors = 0;
+    for (size_t t = 0; t < a.size(); ++t) {
+      if (!IsDecayedTensor(specs[t].kind)) {
+        EXPECT_EQ(a[t].values, b[t].values) << a[t].name;
+        continue;
+      }
+      ++decayed_tensors;
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < a[t].values.size(); ++i) {
+        diff += std::abs(a[t].values[i] - b[t].values[i]);
+        norm += 0.1 * 0.5 * std::abs(before[t].values[i]);
+      }
+      // SGD (Nesterov, first step): w -= lr * (g + wd w) * (1 + mu); AdamW: w *= 1 - lr wd.
+      const double factor = type == OptimizerType::kSgd ? 1.9 : 1.0;
+      EXPECT_NEAR(diff, factor * norm, 0.02 * factor * norm) << a[t].name;
+    }
+    EXPECT_EQ(decayed_tensors, 5);
+  }
+}
+
+// bf16 and fp16 against fp32 on the projection block: the first step's loss within 2e-2
+// (relative), the trained tensors' step within 0.1 (bf16) and 0.01 (fp16) relative L2, and the
+// running statistics within 2e-2 and 5e-3 (they stay fp32; only the activations are rounded).
+TEST(VisionLayersTest, Bf16AndFp16AgreeWithFp32) {
+  NetworkConfig config = ProjectionNet();
+  // The first conv's bias feeds a BatchNorm, so its gradient is 0 up to rounding: no relative
+  // comparison is possible for it.
+  config.layers[0].bias = false;
+  config.max_batch = 8;
+  const FeatureBatch batch = RandomFeatures(8, Features(config), 3, 10);
+  std::unique_ptr<Model> reference = MakeNetwork(config);
+  ASSERT_NE(reference, nullptr);
+  float reference_loss = 0;
+  const DoubleParams reference_step = StepGradient(*reference, batch.View(), 1.0, &reference_loss);
+  const DoubleParams reference_after = ToDouble(reference->Parameters());
+  const std::vector<bool> trained = Trained(config);
+  for (auto [precision, tolerance] :
+       {std::pair{Precision::kBf16, 0.1}, std::pair{Precision::kFp16, 0.01}}) {
+    config.precision = precision;
+    std::unique_ptr<Model> model = MakeNetwork(config);
+    ASSERT_NE(model, nullptr);
+    float loss = 0;
+    const DoubleParams step = StepGradient(*model, batch.View(), 1.0, &loss);
+    EXPECT_NEAR(loss, reference_loss, 2e-2 * reference_loss) << PrecisionName(precision);
+    const DoubleParams after = ToDouble(model->Parameters());
+    for (size_t t = 0; t < step.size(); ++t) {
+      if (trained[t]) {
+        EXPECT_LT(RelativeDifference(step[t], reference_step[t]), tolerance)
+            << PrecisionName(precision) << " tensor " << t;
+      } else if (after[t].size() > 1) {
+        EXPECT_LT(RelativeDifference(after[t], reference_after[t]), tolerance / 2)
+            << PrecisionName(precision) << " buffer " << t;
+      }
+    }
+  }
+}
+
+// Parameters() (with the running statistics) and OptimizerState() into a fresh model continue
+// bit-exactly: the same losses and parameters for the next steps.
+TEST(VisionLayersTest, ResumeContinuesExactlyWithRunningStatistics) {
+  for (Precision precision : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
+    NetworkConfig config = ProjectionNet();
+    config.precision = precision;
+    config.optimizer.momentum = 0.9;
+    config.optimizer.weight_decay = 1e-3;
+    std::unique_ptr<Model> first = MakeNetwork(config);
+    ASSERT_NE(first, nullptr);
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(
+          first->TrainStep(RandomFeatures(4, Features(config), 3, 40 + s).View(), 0.05).ok());
+    }
+    std::unique_ptr<Model> resumed = MakeNetwork(config);
+    ASSERT_NE(resumed, nullptr);
+    ASSERT_TRUE(resumed->SetParameters(first->Parameters()).ok());
+    ASSERT_TRUE(resumed->SetOptimizerState(first->OptimizerState()).ok());
+    for (int s = 3; s < 6; ++s) {
+      const FeatureBatch batch = RandomFeatures(s == 5 ? 3 : 4, Features(config), 3, 40 + s);
+      absl::StatusOr<StepResult> a = first->TrainStep(batch.View(), 0.05);
+      absl::StatusOr<StepResult> b = resumed->TrainStep(batch.View(), 0.05);
+      ASSERT_TRUE(a.ok() && b.ok());
+      EXPECT_EQ(a->loss, b->loss) << PrecisionName(precision) << " step " << s;
+    }
+    ExpectSameParameters(*first, *resumed, PrecisionName(precision));
+    const FeatureBatch test = RandomFeatures(4, Features(config), 3, 99);
+    EXPECT_EQ(first->Evaluate(test.View())->loss_sum, resumed->Evaluate(test.View())->loss_sum);
+  }
+}
+
+TEST(VisionLayersTest, BadNestedConfigsNameTheNestedLayer) {
+  struct Case {
+    NetworkConfig config;
+    std::string message;
+  };
+  std::vector<Case> cases;
+  cases.push_back({TinyNet({1, 8, 8},
+                           {Conv(2, 3, 2, 0), Residual({Conv(2, 1, 1, 0), Conv(2, 5, 1, 0)}, {}),
+                            Of(Kind::kGlobalAvgPool), Linear(3)},
+                           1),
+                   "layers[1].layers[1] (conv2d): kernel 5 larger than input 3x3"});
+  cases.push_back({TinyNet({2, 4, 4},
+                           {Residual({Conv(2, 3, 1, 1)},
+                                     {Residual({Of(Kind::kRelu)}, {Of(Kind::kBatchNorm1d)})}),
+                            Of(Kind::kGlobalAvgPool), Linear(3)},
+                           1),
+                   "layers[0].shortcut[0].shortcut[0] (batchnorm1d): needs a flat"});
+  cases.push_back(
+      {TinyNet({2, 4, 4}, {Residual({Conv(3, 3, 1, 1)}, {}), Of(Kind::kGlobalAvgPool), Linear(3)},
+               1),
+       "layers[0] (residual): the main branch gives [3x4x4] but the identity shortcut "
+       "gives [2x4x4]"});
+  cases.push_back({TinyNet({2, 4, 4}, {Residual({}, {}), Of(Kind::kGlobalAvgPool), Linear(3)}, 1),
+                   "layers[0] (residual): the main branch `layers` is empty"});
+  NetworkConfig smoothing = TinyNet({4}, {Linear(3)}, 1);
+  smoothing.label_smoothing = 1;
+  cases.push_back({smoothing, "label_smoothing must be in [0, 1)"});
+  LayerConfig deep = Conv(2, 1, 1, 0);
+  for (int d = 0; d < 20; ++d) deep = Residual({deep}, {});
+  cases.push_back({TinyNet({2, 4, 4}, {deep, Of(Kind::kGlobalAvgPool), Linear(3)}, 1),
+                   "nested deeper than 16"});
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
+  ASSERT_TRUE(backend.ok());
+  for (const Case& c : cases) {
+    absl::StatusOr<std::unique_ptr<Model>> model = (*backend)->CreateNetwork(c.config);
+    ASSERT_FALSE(model.ok()) << c.message;
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(model.status().message()).find(c.message), std::string::npos)
+        << model.status();
+  }
+}
+
+// Footprint and flops see the layers inside blocks.
+TEST(VisionLayersTest, FlopsAndFootprintCountNestedLayers) {
+  const NetworkConfig config = ProjectionNet();
+  // conv 2->3 k3 on 6x6, conv 3->4 k3 s2 -> 3x3, conv 4->4 k3 3x3, conv 3->4 k1 s2 3x3, linear.
+  const int64_t flops = 2 * (3 * 36 * 2 * 9 + 4 * 9 * 3 * 9 + 4 * 9 * 4 * 9 + 4 * 9 * 3 + 4 * 3);
+  EXPECT_EQ(NetworkForwardFlopsPerSample(config), flops);
+  absl::StatusOr<TrainingFootprint> footprint = EstimateTrainingFootprint(config);
+  ASSERT_TRUE(footprint.ok());
+  // Trained: conv0 54+3, BN 3+3, conv 108, BN 8, conv 144, BN 8, shortcut conv 12, BN 8, linear 15.
+  EXPECT_EQ(footprint->parameters, 57 + 6 + 108 + 8 + 144 + 8 + 12 + 8 + 15);
+}
+
+}  // namespace
+}  // namespace stoker
