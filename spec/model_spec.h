@@ -67,6 +67,10 @@ absl::Status ValidateModelForData(const v1::JobSpec& spec, const std::vector<int
 absl::StatusOr<BuiltModel> BuildModel(Backend& backend, const v1::JobSpec& spec,
                                       const std::vector<int>& sample_dims, int classes);
 
+// BuiltModel::architecture of an mlp and of a network.
+std::string ArchitectureJson(const MlpConfig& config);
+std::string ArchitectureJson(const NetworkConfig& config);
+
 // For a network that ValidateNetworkConfig accepts (ValidateModelForData says so for a job):
 // its trainable parameters (Conv2d and Linear weights and biases, BatchNorm weights and biases;
 // not BatchNorm's running statistics), as sum(p.numel() for p in model.parameters()) counts them
