@@ -228,5 +228,45 @@ TEST(AgentTest, RunEndsFalseWhileAnotherLiveInstanceHoldsTheWorkerId) {
   EXPECT_TRUE(first.Stop()) << "the first instance keeps the id";
 }
 
+TEST(AgentTest, EachJobRunsWithItsPlacementsCoresMemoryAndGpus) {
+  RunnerOptions base;
+  base.cpu_count = 16;
+  v1::Assignment assignment;
+  v1::Placement& placement = *assignment.mutable_placement();
+  placement.set_cpus(3);
+  placement.set_memory_bytes(int64_t{5} << 30);
+  placement.add_gpu_indices(2);
+  placement.add_gpu_uuids("GPU-aaaa");
+  placement.add_gpu_indices(5);
+  placement.add_gpu_uuids("GPU-bbbb");
+  RunnerOptions real = RunnerOptionsFor(base, assignment, false);
+  EXPECT_EQ(real.cpu_count, 3);
+  EXPECT_EQ(real.memory_limit_bytes, int64_t{5} << 30);
+  EXPECT_EQ(real.cuda_visible_devices, "GPU-aaaa,GPU-bbbb");  // UUIDs: no device-order question
+  EXPECT_FALSE(real.fake_gpus_for_tests);
+  RunnerOptions fake = RunnerOptionsFor(base, assignment, true);
+  EXPECT_EQ(fake.cuda_visible_devices, "2,5");
+  EXPECT_TRUE(fake.fake_gpus_for_tests);
+  // A CPU job sees no GPU, even on a worker with fake ones.
+  v1::Assignment cpu;
+  cpu.mutable_placement()->set_cpus(1);
+  RunnerOptions cpu_options = RunnerOptionsFor(base, cpu, true);
+  EXPECT_EQ(cpu_options.cpu_count, 1);
+  EXPECT_EQ(cpu_options.cuda_visible_devices, "");
+  EXPECT_FALSE(cpu_options.fake_gpus_for_tests);
+}
+
+TEST(AgentTest, FakeGpusAreOnlyForTestsOnLoopback) {
+  absl::StatusOr<std::vector<v1::Device>> fake = FakeGpusForTests(2, 0, "127.0.0.1:5000");
+  ASSERT_TRUE(fake.ok()) << fake.status();
+  ASSERT_EQ(fake->size(), 2u);
+  EXPECT_EQ((*fake)[1].kind(), "cuda");
+  EXPECT_EQ((*fake)[1].index(), 1);
+  EXPECT_EQ((*fake)[1].uuid(), "fake-GPU-1");
+  EXPECT_TRUE(absl::IsInvalidArgument(FakeGpusForTests(2, 1, "127.0.0.1:5000").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(FakeGpusForTests(1, 0, "10.1.2.3:50051").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(FakeGpusForTests(-1, 0, "127.0.0.1:5000").status()));
+}
+
 }  // namespace
 }  // namespace stoker
