@@ -12,6 +12,17 @@
 // fp32 buffers; gradients are computed on the loss times a dynamic loss scale (LossScaleConfig),
 // and a step whose gradients are not finite is skipped.
 //
+// The layers run as a flattened graph: a residual block opens up into its main branch, its
+// shortcut and a sum (oneDNN binary add with the ReLU fused as a post-op; GELU after it on the
+// kept sum); in backward the sum's gradient goes to both branches (a copy for a projection
+// shortcut) and the block input's gradient is the main branch's plus the shortcut's (a binary
+// add). BatchNorm2d/1d are oneDNN batch normalisation (scale and shift f32 in every precision,
+// statistics f32): TrainStep normalises by the batch's statistics and then updates the running
+// ones on the host as PyTorch does; Evaluate runs the inference primitive on the running ones.
+// AvgPool2d is pooling_avg_include_padding, global average pooling a pooling over the whole plane.
+// Weight decay applies to Conv2d and Linear weights only; BatchNorm's buffers travel with
+// Parameters() and are never updated by the optimizer.
+//
 // Primitives are built once per batch size: max_batch at creation, a few partial sizes on first
 // use. Not thread-safe: one caller at a time per model.
 #ifndef STOKER_ENGINE_CPU_CPU_NETWORK_H_
