@@ -41,22 +41,6 @@ v1::LayerSpec BasicBlock(int in_channels, int channels, int stride) {
 
 }  // namespace
 
-bool IsResnetDepth(int depth) {
-  for (int d : kResnetDepths) {
-    if (d == depth) return true;
-  }
-  return false;
-}
-
-std::string ResnetDepthList() {
-  std::string list;
-  const size_t count = std::size(kResnetDepths);
-  for (size_t i = 0; i < count; ++i) {
-    absl::StrAppend(&list, i == 0 ? "" : i + 1 == count ? " or " : ", ", kResnetDepths[i]);
-  }
-  return list;
-}
-
 int ResnetWidth(const v1::ModelSpec& model) {
   if (model.width() != 0) return model.width();
   return model.depth() == 18 ? 64 : 16;

@@ -5,9 +5,11 @@
 #ifndef STOKER_SPEC_MODEL_PRESET_H_
 #define STOKER_SPEC_MODEL_PRESET_H_
 
+#include <iterator>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "stoker.pb.h"
 
 namespace stoker {
@@ -17,9 +19,23 @@ namespace stoker {
 // is usual for small images).
 inline constexpr int kResnetDepths[] = {18, 20, 32, 44, 56, 110};
 inline constexpr int kMaxResnetWidth = 512;
-bool IsResnetDepth(int depth);
+// Inline, so that ValidateJobSpec (spec/job_spec.cc) needs no other file: scripts/fuzz.sh
+// compiles the job-file fuzzer from job_file.cc and job_spec.cc alone.
+constexpr bool IsResnetDepth(int depth) {
+  for (int d : kResnetDepths) {
+    if (d == depth) return true;
+  }
+  return false;
+}
 // "18, 20, 32, 44, 56 or 110", for messages.
-std::string ResnetDepthList();
+inline std::string ResnetDepthList() {
+  std::string list;
+  const size_t count = std::size(kResnetDepths);
+  for (size_t i = 0; i < count; ++i) {
+    absl::StrAppend(&list, i == 0 ? "" : i + 1 == count ? " or " : ", ", kResnetDepths[i]);
+  }
+  return list;
+}
 // The first stage's channels of a resnet whose model.width is 0: 64 for depth 18, else 16.
 int ResnetWidth(const v1::ModelSpec& model);
 
