@@ -5,7 +5,11 @@
 // bf16/fp16 against fp32, weight decay only on Conv2d/Linear weights, exact resumption with the
 // running statistics, PyTorch names, and errors naming nested layers.
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -436,6 +440,94 @@ TEST(VisionLayersTest, FlopsAndFootprintCountNestedLayers) {
   ASSERT_TRUE(footprint.ok());
   // Trained: conv0 54+3, BN 3+3, conv 108, BN 8, conv 144, BN 8, shortcut conv 12, BN 8, linear 15.
   EXPECT_EQ(footprint->parameters, 57 + 6 + 108 + 8 + 144 + 8 + 12 + 8 + 15);
+}
+
+// The network of pytorch_step.py: every new kind (bias-free conv and linear, BatchNorm2d/1d, a
+// projection and an identity block, padded AvgPool2d, global average pooling) and label smoothing.
+NetworkConfig PyTorchNet() {
+  NetworkConfig config = TinyNet(
+      {2, 6, 6},
+      {Conv(4, 3, 1, 1), Norm2d(), Of(Kind::kRelu),
+       Residual({NoBias(Conv(6, 3, 2, 1)), Norm2d(), Of(Kind::kRelu), NoBias(Conv(6, 3, 1, 1)),
+                 Norm2d()},
+                {NoBias(Conv(6, 1, 2, 0)), Norm2d()}),
+       Residual({Conv(6, 3, 1, 1), Norm2d()}, {}), AvgPool(3, 1, 1), Of(Kind::kGlobalAvgPool),
+       Of(Kind::kFlatten), NoBias(Linear(5)), Norm1d(), Of(Kind::kGelu), Linear(3)},
+      26);
+  config.label_smoothing = 0.1f;
+  return config;
+}
+
+void WriteValues(std::ostream& out, const std::vector<float>& values) {
+  out.precision(9);
+  for (float v : values) out << " " << v;
+  out << "\n";
+}
+
+// One training step and an evaluation against PyTorch 1.13 (pytorch_step.py, which loads the
+// engine's Parameters() with load_state_dict(strict=True)): the training loss and the evaluation
+// loss within 1e-5 (relative), every tensor after the step (parameters, running statistics,
+// num_batches_tracked) within 2e-5 + 1e-4 relative. Skipped when /usr/bin/python3 has no torch.
+TEST(VisionLayersTest, PyTorchAgreesOnOneStepAndEvaluation) {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "/usr/bin/python3 has no torch";
+  }
+  const NetworkConfig config = PyTorchNet();
+  std::unique_ptr<Model> model = MakeNetwork(config);
+  ASSERT_NE(model, nullptr);
+  const FeatureBatch batch = RandomFeatures(4, Features(config), 3, 12);
+  const double lr = 0.5;
+  const std::string in_path = ::testing::TempDir() + "/vision_pytorch_in.txt";
+  const std::string out_path = ::testing::TempDir() + "/vision_pytorch_out.txt";
+  {
+    std::ofstream in(in_path);
+    in << "x";
+    WriteValues(in, batch.features);
+    in << "y";
+    for (uint8_t label : batch.labels) in << " " << int{label};
+    in << "\nlr " << lr << "\n";
+    for (const NamedTensor& t : model->Parameters()) {
+      in << "p " << t.name;
+      WriteValues(in, t.values);
+    }
+  }
+  const std::string command =
+      std::string("/usr/bin/python3 ") + STOKER_PYTORCH_STEP + " " + in_path + " " + out_path;
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  std::map<std::string, std::vector<double>> expected;
+  double expected_loss = 0, expected_eval = 0;
+  std::ifstream out(out_path);
+  std::string line;
+  while (std::getline(out, line)) {
+    std::istringstream fields(line);
+    std::string tag;
+    fields >> tag;
+    if (tag == "loss") fields >> expected_loss;
+    if (tag == "eval") fields >> expected_eval;
+    if (tag == "p") {
+      std::string name;
+      fields >> name;
+      double v;
+      while (fields >> v) expected[name].push_back(v);
+    }
+  }
+  absl::StatusOr<StepResult> step = model->TrainStep(batch.View(), lr);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_NEAR(step->loss, expected_loss, 1e-5 * expected_loss);
+  const std::vector<NamedTensor> after = model->Parameters();
+  EXPECT_EQ(after.size(), expected.size());
+  for (const NamedTensor& t : after) {
+    ASSERT_EQ(expected.count(t.name), 1u) << t.name;
+    const std::vector<double>& want = expected[t.name];
+    ASSERT_EQ(want.size(), t.values.size()) << t.name;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_NEAR(t.values[i], want[i], 2e-5 + 1e-4 * std::abs(want[i]))
+          << t.name << "[" << i << "]";
+    }
+  }
+  absl::StatusOr<EvalResult> eval = model->Evaluate(batch.View());
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  EXPECT_NEAR(eval->loss_sum, expected_eval, 1e-5 * expected_eval);
 }
 
 }  // namespace
