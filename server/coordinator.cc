@@ -95,7 +95,7 @@ absl::Status CheckImageDataset(const v1::JobSpec& written, const v1::JobSpec& re
                                                    ", but dataset.train_images has ",
                                                    train.class_names.size(), " class directories"));
   }
-  if (resolved.model().type() != "cnn" || classes == 0 || channels == 0 ||
+  if (resolved.model().type() == "mlp" || classes == 0 || channels == 0 ||
       data.image().size() == 0) {
     return absl::OkStatus();
   }
@@ -111,7 +111,7 @@ absl::Status CheckModelAgainstData(const v1::JobSpec& written, const v1::JobSpec
   const std::string& format = resolved.dataset().format();
   if (IsImageFormat(format)) return CheckImageDataset(written, resolved);
   if (format != "idx" && format != "npy") return absl::OkStatus();
-  if (resolved.model().type() != "cnn" && resolved.dataset().classes() == 0) {
+  if (resolved.model().type() == "mlp" && resolved.dataset().classes() == 0) {
     return absl::OkStatus();
   }
   absl::StatusOr<DatasetSummary> train =
@@ -128,7 +128,7 @@ absl::Status CheckModelAgainstData(const v1::JobSpec& written, const v1::JobSpec
           field, ": ", DatasetPathsAsWritten(probe->status().message(), written, resolved)));
     }
   }
-  if (resolved.model().type() != "cnn" || !train.ok() || !test.ok()) return absl::OkStatus();
+  if (resolved.model().type() == "mlp" || !train.ok() || !test.ok()) return absl::OkStatus();
   if (train->sample_dims != test->sample_dims || train->sample_type != test->sample_type) {
     auto describe = [](const DatasetSummary& d) {
       return absl::StrCat(absl::StrJoin(d.sample_dims, "x"), " ", SampleTypeName(d.sample_type));
