@@ -164,18 +164,31 @@ int Run() {
     NetworkConfig config;
     config.input_shape = {1, 28, 28};
     const int c1 = absl::GetFlag(FLAGS_channels1), c2 = absl::GetFlag(FLAGS_channels2);
+    auto layer = [](Kind kind, int out_channels = 0, int kernel = 0, int padding = 0) {
+      LayerConfig l;
+      l.kind = kind;
+      l.out_channels = out_channels;
+      l.kernel = kernel;
+      l.padding = padding;
+      return l;
+    };
+    LayerConfig dropout = layer(Kind::kDropout);
+    dropout.rate = static_cast<float>(absl::GetFlag(FLAGS_dropout));
+    LayerConfig hidden = layer(Kind::kLinear), logits = layer(Kind::kLinear);
+    hidden.units = absl::GetFlag(FLAGS_hidden);
+    logits.units = 10;
     config.layers = {
-        {.kind = Kind::kConv2d, .out_channels = c1, .kernel = 3, .padding = 1},
-        {.kind = Kind::kRelu},
-        {.kind = Kind::kMaxPool2d, .kernel = 2},
-        {.kind = Kind::kConv2d, .out_channels = c2, .kernel = 3, .padding = 1},
-        {.kind = Kind::kRelu},
-        {.kind = Kind::kMaxPool2d, .kernel = 2},
-        {.kind = Kind::kFlatten},
-        {.kind = Kind::kLinear, .units = absl::GetFlag(FLAGS_hidden)},
-        {.kind = Kind::kRelu},
-        {.kind = Kind::kDropout, .rate = static_cast<float>(absl::GetFlag(FLAGS_dropout))},
-        {.kind = Kind::kLinear, .units = 10},
+        layer(Kind::kConv2d, c1, 3, 1),
+        layer(Kind::kRelu),
+        layer(Kind::kMaxPool2d, 0, 2),
+        layer(Kind::kConv2d, c2, 3, 1),
+        layer(Kind::kRelu),
+        layer(Kind::kMaxPool2d, 0, 2),
+        layer(Kind::kFlatten),
+        hidden,
+        layer(Kind::kRelu),
+        dropout,
+        logits,
     };
     config.classes = 10;
     config.max_batch = batch;

@@ -214,7 +214,9 @@ class Model {
   // Forward pass only; no state changes.
   virtual absl::StatusOr<EvalResult> Evaluate(const BatchView& batch) = 0;
 
-  // Copies of the fp32 master weights, in layer order.
+  // Copies of the fp32 master weights, in layer order, with a network's BatchNorm buffers
+  // (running_mean, running_var, num_batches_tracked) where PyTorch's state_dict puts them: a
+  // checkpoint holds them, the optimizer never touches them.
   virtual std::vector<NamedTensor> Parameters() const = 0;
   // Replaces the master weights; names and shapes must match Parameters().
   virtual absl::Status SetParameters(const std::vector<NamedTensor>& parameters) = 0;

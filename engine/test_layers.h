@@ -8,20 +8,37 @@ namespace stoker::test_layers {
 
 using Kind = LayerConfig::Kind;
 
+inline LayerConfig Of(Kind kind) {
+  LayerConfig layer;
+  layer.kind = kind;
+  return layer;
+}
 inline LayerConfig Conv(int out_channels, int kernel, int stride, int padding) {
-  return {.kind = Kind::kConv2d,
-          .out_channels = out_channels,
-          .kernel = kernel,
-          .stride = stride,
-          .padding = padding};
+  LayerConfig layer = Of(Kind::kConv2d);
+  layer.out_channels = out_channels;
+  layer.kernel = kernel;
+  layer.stride = stride;
+  layer.padding = padding;
+  return layer;
 }
 // stride 0: the kernel size (PyTorch's default).
 inline LayerConfig Pool(int kernel, int stride = 0, int padding = 0) {
-  return {.kind = Kind::kMaxPool2d, .kernel = kernel, .stride = stride, .padding = padding};
+  LayerConfig layer = Of(Kind::kMaxPool2d);
+  layer.kernel = kernel;
+  layer.stride = stride;
+  layer.padding = padding;
+  return layer;
 }
-inline LayerConfig Linear(int units) { return {.kind = Kind::kLinear, .units = units}; }
-inline LayerConfig Of(Kind kind) { return {.kind = kind}; }
-inline LayerConfig Dropout(float rate) { return {.kind = Kind::kDropout, .rate = rate}; }
+inline LayerConfig Linear(int units) {
+  LayerConfig layer = Of(Kind::kLinear);
+  layer.units = units;
+  return layer;
+}
+inline LayerConfig Dropout(float rate) {
+  LayerConfig layer = Of(Kind::kDropout);
+  layer.rate = rate;
+  return layer;
+}
 
 // A tiny MLP 6-5-4-3 with odd shapes (no multiple of 8 anywhere), fixed seed, batches up to 8.
 inline MlpConfig OddShapedMlp() {

@@ -8,6 +8,7 @@
 #include "engine/backend.h"
 #include "engine/cpu/cpu_train_kernels.h"
 #include "engine/cpu/network_test_util.h"
+#include "engine/test_layers.h"
 #include "gtest/gtest.h"
 
 namespace stoker {
@@ -56,9 +57,8 @@ TEST(OptimizerKernelTest, SgdMomentumAndNesterovMatchHandComputedSteps) {
 NetworkConfig TinyNet(OptimizerConfig optimizer) {
   NetworkConfig config;
   config.input_shape = {1, 5, 5};
-  config.layers = {{.kind = Kind::kConv2d, .out_channels = 2, .kernel = 3},
-                   {.kind = Kind::kRelu},
-                   {.kind = Kind::kLinear, .units = 3}};
+  config.layers = {test_layers::Conv(2, 3, 0, 0), test_layers::Of(Kind::kRelu),
+                   test_layers::Linear(3)};
   config.classes = 3;
   config.max_batch = 8;
   config.seed = 9;
