@@ -93,7 +93,11 @@ class Cluster:
     def wait_running(self, job_id, timeout=60):
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if counter_sum(scrape(self.worker_metrics), "stoker_samples_total", job_id) > 0:
+            try:
+                text = scrape(self.worker_metrics)
+            except OSError:  # the worker has not bound its /metrics port yet (slow start under load)
+                text = ""
+            if counter_sum(text, "stoker_samples_total", job_id) > 0:
                 return
             time.sleep(0.2)
         sys.exit(f"{job_id} did not start training (state {self.state(job_id)})")
