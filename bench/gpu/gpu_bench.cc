@@ -22,6 +22,7 @@
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_context.h"
 #include "engine/cuda/lt_gemm.h"
+#include "engine/test_layers.h"
 
 namespace stoker {
 namespace {
@@ -120,17 +121,10 @@ double TimeCnnSteps(Precision precision, int batch, int steps) {
   config.input_shape = {1, 28, 28};
   using Kind = LayerConfig::Kind;
   config.layers = {
-      {.kind = Kind::kConv2d, .out_channels = 32, .kernel = 3, .padding = 1},
-      {.kind = Kind::kRelu},
-      {.kind = Kind::kMaxPool2d, .kernel = 2},
-      {.kind = Kind::kConv2d, .out_channels = 64, .kernel = 3, .padding = 1},
-      {.kind = Kind::kRelu},
-      {.kind = Kind::kMaxPool2d, .kernel = 2},
-      {.kind = Kind::kFlatten},
-      {.kind = Kind::kLinear, .units = 256},
-      {.kind = Kind::kRelu},
-      {.kind = Kind::kDropout, .rate = 0.3f},
-      {.kind = Kind::kLinear, .units = 10},
+      test_layers::Conv(32, 3, 0, 1),  test_layers::Of(Kind::kRelu), test_layers::Pool(2),
+      test_layers::Conv(64, 3, 0, 1),  test_layers::Of(Kind::kRelu), test_layers::Pool(2),
+      test_layers::Of(Kind::kFlatten), test_layers::Linear(256),     test_layers::Of(Kind::kRelu),
+      test_layers::Dropout(0.3f),      test_layers::Linear(10),
   };
   config.classes = 10;
   config.max_batch = batch;
