@@ -82,39 +82,10 @@ NetworkConfig ReluThenLinearOnInputNet() {
   return TinyNet({3, 2, 2}, {Of(Kind::kRelu), Linear(3)}, 16);
 }
 
-int Features(const NetworkConfig& config) {
-  int n = 1;
-  for (int d : config.input_shape) n *= d;
-  return n;
-}
-
-// The fp32 model's loss and gradient against the double reference and its central differences
-// (h = 1e-5): |g - fd| <= 2e-3 |fd| + 2e-5 per element.
+// The fp32 model's loss (training and Evaluate) and gradient against the double reference and its
+// central differences: |g - fd| <= 2e-3 |fd| + 2e-5 per element.
 void CheckGradient(const NetworkConfig& config, int count, uint64_t seed) {
-  std::unique_ptr<Model> model = MakeNetwork(config);
-  ASSERT_NE(model, nullptr);
-  const FeatureBatch batch = RandomFeatures(count, Features(config), config.classes, seed);
-  const std::vector<NamedTensor> start = model->Parameters();
-  const DoubleParams params = ToDouble(start);
-  const double reference = ReferenceLoss(config, params, batch);
-  absl::StatusOr<EvalResult> eval = model->Evaluate(batch.View());
-  ASSERT_TRUE(eval.ok()) << eval.status();
-  EXPECT_NEAR(eval->loss_sum / count, reference, 1e-5 * reference);
-  float step_loss = 0;
-  const DoubleParams gradient = StepGradient(*model, batch.View(), 4.0, &step_loss);
-  EXPECT_NEAR(step_loss, reference, 1e-5 * reference);
-  double max_gradient = 0;
-  for (size_t t = 0; t < params.size(); ++t) {
-    for (size_t i = 0; i < params[t].size(); ++i) {
-      const double fd = CentralDifference(params, t, i, /*h=*/1e-5, [&](const DoubleParams& p) {
-        return ReferenceLoss(config, p, batch);
-      });
-      max_gradient = std::max(max_gradient, std::abs(fd));
-      EXPECT_NEAR(gradient[t][i], fd, 2e-3 * std::abs(fd) + 2e-5)
-          << start[t].name << "[" << i << "]";
-    }
-  }
-  EXPECT_GT(max_gradient, 1e-2);  // the check is not vacuous
+  testing_util::CheckGradient(config, count, seed, 2e-3, 2e-5, /*check_evaluate=*/true);
 }
 
 TEST(CpuNetworkTest, StridedConvGeluPaddedPoolFlattenGradients) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -306,6 +307,44 @@ void ExpectSameParameters(const Model& a, const Model& b, const std::string& lab
   for (size_t t = 0; t < pa.size(); ++t) {
     EXPECT_EQ(pa[t].values, pb[t].values) << label << " " << pa[t].name;
   }
+}
+
+int Features(const NetworkConfig& config) {
+  int n = 1;
+  for (int d : config.input_shape) n *= d;
+  return n;
+}
+
+void CheckGradient(const NetworkConfig& config, int count, uint64_t seed, double relative,
+                   double absolute, bool check_evaluate) {
+  std::unique_ptr<Model> model = MakeNetwork(config);
+  ASSERT_NE(model, nullptr);
+  const FeatureBatch batch = RandomFeatures(count, Features(config), config.classes, seed);
+  const std::vector<NamedTensor> start = model->Parameters();
+  const DoubleParams params = ToDouble(start);
+  const std::vector<NetworkTensorSpec> specs = NetworkTensorSpecs(config);
+  ASSERT_EQ(specs.size(), params.size());
+  auto loss = [&](const DoubleParams& p) { return ReferenceBatchLoss(config, p, batch, true); };
+  const double reference = loss(params);
+  if (check_evaluate) {
+    absl::StatusOr<EvalResult> eval = model->Evaluate(batch.View());
+    ASSERT_TRUE(eval.ok()) << eval.status();
+    EXPECT_NEAR(eval->loss_sum / count, reference, 1e-5 * reference);
+  }
+  float step_loss = 0;
+  const DoubleParams gradient = StepGradient(*model, batch.View(), 4.0, &step_loss);
+  EXPECT_NEAR(step_loss, reference, 1e-5 * reference);
+  double max_gradient = 0;
+  for (size_t t = 0; t < params.size(); ++t) {
+    if (!IsTrainedTensor(specs[t].kind)) continue;
+    for (size_t i = 0; i < params[t].size(); ++i) {
+      const double fd = CentralDifference(params, t, i, /*h=*/1e-5, loss);
+      max_gradient = std::max(max_gradient, std::abs(fd));
+      EXPECT_NEAR(gradient[t][i], fd, relative * std::abs(fd) + absolute)
+          << start[t].name << "[" << i << "]";
+    }
+  }
+  EXPECT_GT(max_gradient, 1e-2);  // the check is not vacuous
 }
 
 }  // namespace stoker::testing_util

@@ -64,6 +64,17 @@ double CentralDifference(const DoubleParams& params, size_t t, size_t i, double 
   return (plus - loss(shifted)) / (2 * h);
 }
 
+// Values per sample: the product of config.input_shape.
+int Features(const NetworkConfig& config);
+
+// Checks the fp32 model's training loss and the gradient of every trained tensor (not BatchNorm's
+// buffers) against the double reference in training mode and its central differences (h = 1e-5):
+// |g - fd| <= relative |fd| + absolute per element, and that some |fd| exceeds 1e-2 (the check is
+// not vacuous). With `check_evaluate`, Evaluate's loss must match the reference too (networks
+// whose evaluation is their training pass: no BatchNorm).
+void CheckGradient(const NetworkConfig& config, int count, uint64_t seed, double relative,
+                   double absolute, bool check_evaluate);
+
 // Expects the two models' parameters to be bit-identical, tensor by tensor; `label` starts each
 // failure message.
 void ExpectSameParameters(const Model& a, const Model& b, const std::string& label);

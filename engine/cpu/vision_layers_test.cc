@@ -108,12 +108,6 @@ NetworkConfig IdentityNet() {
                  25);
 }
 
-int Features(const NetworkConfig& config) {
-  int n = 1;
-  for (int d : config.input_shape) n *= d;
-  return n;
-}
-
 // True for the tensors that have a gradient (not BatchNorm's buffers).
 std::vector<bool> Trained(const NetworkConfig& config) {
   std::vector<bool> trained;
@@ -123,34 +117,11 @@ std::vector<bool> Trained(const NetworkConfig& config) {
   return trained;
 }
 
-// The fp32 engine's training loss and gradient of every trained tensor against the double
-// reference (batch statistics) and its central differences (h = 1e-5): |g - fd| <= 3e-3 |fd| +
-// 3e-5 per element (BatchNorm divides by the batch's deviation, which amplifies fp32 rounding a
-// little beyond the plain layers' 2e-3).
+// The fp32 engine's training loss and gradients against the double reference (batch statistics)
+// and its central differences: |g - fd| <= 3e-3 |fd| + 3e-5 per element (BatchNorm divides by the
+// batch's deviation, which amplifies fp32 rounding a little beyond the plain layers' 2e-3).
 void CheckGradient(const NetworkConfig& config, int count, uint64_t seed) {
-  std::unique_ptr<Model> model = MakeNetwork(config);
-  ASSERT_NE(model, nullptr);
-  const FeatureBatch batch = RandomFeatures(count, Features(config), config.classes, seed);
-  const std::vector<NamedTensor> start = model->Parameters();
-  const DoubleParams params = ToDouble(start);
-  const std::vector<bool> trained = Trained(config);
-  ASSERT_EQ(trained.size(), params.size());
-  auto loss = [&](const DoubleParams& p) { return ReferenceBatchLoss(config, p, batch, true); };
-  const double reference = loss(params);
-  float step_loss = 0;
-  const DoubleParams gradient = StepGradient(*model, batch.View(), 4.0, &step_loss);
-  EXPECT_NEAR(step_loss, reference, 1e-5 * reference);
-  double max_gradient = 0;
-  for (size_t t = 0; t < params.size(); ++t) {
-    if (!trained[t]) continue;
-    for (size_t i = 0; i < params[t].size(); ++i) {
-      const double fd = CentralDifference(params, t, i, /*h=*/1e-5, loss);
-      max_gradient = std::max(max_gradient, std::abs(fd));
-      EXPECT_NEAR(gradient[t][i], fd, 3e-3 * std::abs(fd) + 3e-5)
-          << start[t].name << "[" << i << "]";
-    }
-  }
-  EXPECT_GT(max_gradient, 1e-2);  // the check is not vacuous
+  testing_util::CheckGradient(config, count, seed, 3e-3, 3e-5, /*check_evaluate=*/false);
 }
 
 TEST(VisionLayersTest, BatchNorm2dBiasFreeConvAvgPoolGradients) {
