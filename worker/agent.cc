@@ -255,6 +255,7 @@ bool Agent::Register(const std::atomic<bool>& stop) {
           absl::Milliseconds(std::max<int64_t>(100, response.heartbeat_interval_ms()));
       Log(absl::StrCat("registered as ", options_.worker_id, " with ", options_.server_address,
                        " (lease ", response.lease_ms(), " ms)"));
+      if (metrics_ != nullptr) metrics_->HeartbeatAnswered(absl::Now());
       return true;
     }
     if (!IsUnreachable(status)) {
@@ -299,6 +300,7 @@ bool Agent::Run(const std::atomic<bool>& stop) {
       unreachable_backoff.Reset();
     }
     if (status.ok()) {
+      if (metrics_ != nullptr) metrics_->HeartbeatAnswered(absl::Now());
       for (const v1::RunningAttempt& stop_attempt : response.stop()) {
         absl::MutexLock lock(&mu_);
         auto it = jobs_.find(stop_attempt.job_id());

@@ -147,6 +147,7 @@ struct WorkerMetrics::Impl {
   Family<Gauge>* loss_scale = nullptr;
   Family<Counter>* skipped_steps = nullptr;
   Family<Gauge>* epoch = nullptr;
+  Gauge* last_heartbeat = nullptr;  // stoker_worker_last_heartbeat_timestamp_seconds{worker}
 
   // One running job's series and the totals its counters were last advanced to.
   struct JobSeries {
@@ -236,6 +237,10 @@ struct WorkerMetrics::Impl {
     skipped_steps = &Build(prometheus::BuildCounter(), "stoker_skipped_steps_total",
                            "Steps skipped because gradients overflowed (fp16).");
     epoch = &Build(prometheus::BuildGauge(), "stoker_epoch", "Epoch the job is in (0-based).");
+    last_heartbeat =
+        &Build(prometheus::BuildGauge(), "stoker_worker_last_heartbeat_timestamp_seconds",
+               "Unix time of the last heartbeat the server answered (0: none yet).")
+             .Add({});
   }
 
   void AddJobSeries(JobSeries& series) {
@@ -406,6 +411,10 @@ void WorkerMetrics::Update(const std::vector<JobCounters>& jobs) {
     for (int index : job.gpu_indices) job_by_gpu[index] = job.job_id;
   }
   impl_->ApplyGpus(readings, job_by_gpu);
+}
+
+void WorkerMetrics::HeartbeatAnswered(absl::Time at) {
+  impl_->last_heartbeat->Set(absl::ToDoubleSeconds(at - absl::UnixEpoch()));
 }
 
 void WorkerMetrics::JobEnded(absl::string_view job_id) {

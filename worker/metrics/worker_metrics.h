@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace stoker {
 
@@ -93,6 +94,10 @@ class WorkerMetrics {
   // previous snapshot of the same job, gauges take the new value. Jobs not listed keep their last
   // values. Thread-safe.
   void Update(const std::vector<JobCounters>& jobs);
+  // The server answered a registration or heartbeat at `at`: sets
+  // stoker_worker_last_heartbeat_timestamp_seconds (the container healthcheck and the "worker
+  // down" alert read its age). Thread-safe.
+  void HeartbeatAnswered(absl::Time at);
   // Removes every series labelled with `job_id` (call once the job's attempt has ended and no
   // further attempt will run here). Unknown ids are ignored. Thread-safe.
   void JobEnded(absl::string_view job_id);

@@ -90,6 +90,15 @@ TEST(WorkerMetricsTest, ServesJobCountersOverHttp) {
   EXPECT_TRUE(absl::EndsWith(*text, metrics->Scrape()));
 }
 
+TEST(WorkerMetricsTest, LastHeartbeatIsAUnixTimestampFromZero) {
+  std::unique_ptr<WorkerMetrics> metrics = Make();
+  ASSERT_NE(metrics, nullptr);
+  const std::string series = "stoker_worker_last_heartbeat_timestamp_seconds{worker=\"w1\"}";
+  EXPECT_EQ(Value(metrics->Scrape(), series), 0.0);
+  metrics->HeartbeatAnswered(absl::FromUnixSeconds(1796083200));
+  EXPECT_EQ(Value(metrics->Scrape(), series), 1796083200.0);
+}
+
 TEST(WorkerMetricsTest, CountersAdvanceByTheChangeInTotals) {
   auto metrics = Make();
   metrics->Update({Counters("j1", 1, 100)});
