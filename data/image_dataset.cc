@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "data/index/brace.h"
+#include "data/prepared_dataset.h"
 #include "data/split_mix.h"
 
 namespace stoker {
@@ -282,109 +283,213 @@ absl::StatusOr<uint32_t> ImageBatchSource::Make(uint64_t batch, uint8_t* samples
   return made;
 }
 
-absl::StatusOr<LabeledSamples> DecodeImageSplit(
-    const SampleIndex& index, const ImageTransform& transform, int64_t limit, int threads,
-    int64_t max_bad_samples, const std::function<void(const std::string&)>& log) {
+namespace {
+
+using LogFn = std::function<void(const std::string&)>;
+// Receives the decoded samples chunk by chunk, in index order: `count` samples and their labels
+// (the index's, before any relabelling).
+using ChunkSink =
+    std::function<absl::Status(const uint8_t* samples, const uint8_t* labels, int64_t count)>;
+
+// Decoded samples held at once: about this many bytes per chunk (at least one per thread, at
+// most kMaxChunkSamples), so an ImageNet-size split never sits in memory whole.
+constexpr size_t kChunkBytes = size_t{64} << 20;
+constexpr int64_t kMaxChunkSamples = 512;
+
+// Decodes LimitedSubset(index.count(), limit) of `index` chunk by chunk on `threads` threads
+// into `sink`, skipping (and naming on `log`) the samples that cannot be decoded; more than
+// `max_bad_samples` of them is INVALID_ARGUMENT, as soon as a chunk sees it. Returns the number
+// of samples given to `sink`.
+absl::StatusOr<int64_t> DecodeChunks(const SampleIndex& index, const ImageTransform& transform,
+                                     int64_t limit, int threads, int64_t max_bad_samples,
+                                     const LogFn& log, const ChunkSink& sink) {
   const int64_t count = Limited(index, limit);
   const std::vector<uint32_t> subset = LimitedSubset(index.count(), limit);
   const size_t sample_bytes = TransformOutputBytes(transform);
   if (count <= 0) return absl::InvalidArgumentError("the image dataset holds no samples");
   if (sample_bytes == 0) return absl::InvalidArgumentError("the image transform produces nothing");
-  std::vector<uint8_t> pixels(static_cast<size_t>(count) * sample_bytes);
-  std::vector<uint8_t> ok(static_cast<size_t>(count), 0);
+  threads = std::max(1, threads);
+  const int64_t chunk = std::max<int64_t>(
+      threads,
+      std::min<int64_t>(kMaxChunkSamples, static_cast<int64_t>(kChunkBytes / sample_bytes)));
+  std::vector<uint8_t> pixels(static_cast<size_t>(std::min(chunk, count)) * sample_bytes);
+  std::vector<uint8_t> ok, labels;
   std::mutex mu;
-  std::vector<std::string> bad;
-  std::atomic<int64_t> next{0};
-  auto work = [&] {
-    FileCache files(8);
-    std::vector<uint8_t> bytes;
-    TransformScratch scratch;
-    for (int64_t i = next++; i < count; i = next++) {
-      const int64_t sample = subset.empty() ? i : subset[static_cast<size_t>(i)];
-      absl::Status status = ReadSampleBytes(index, sample, files, bytes);
-      if (status.ok()) {
-        status =
-            DecodeTransformed(index.SampleName(sample), bytes.data(), bytes.size(), transform, 0,
-                              pixels.data() + static_cast<size_t>(i) * sample_bytes, &scratch);
+  int64_t bad_count = 0;
+  std::vector<std::string> bad_names;  // the first kNamedBadSamples
+  int64_t kept_total = 0;
+  for (int64_t first = 0; first < count; first += chunk) {
+    const int64_t n = std::min(chunk, count - first);
+    ok.assign(static_cast<size_t>(n), 0);
+    std::atomic<int64_t> next{0};
+    auto work = [&] {
+      FileCache files(8);
+      std::vector<uint8_t> bytes;
+      TransformScratch scratch;
+      for (int64_t j = next++; j < n; j = next++) {
+        const int64_t i = first + j;
+        const int64_t sample = subset.empty() ? i : subset[static_cast<size_t>(i)];
+        absl::Status status = ReadSampleBytes(index, sample, files, bytes);
+        if (status.ok()) {
+          status =
+              DecodeTransformed(index.SampleName(sample), bytes.data(), bytes.size(), transform, 0,
+                                pixels.data() + static_cast<size_t>(j) * sample_bytes, &scratch);
+        }
+        if (status.ok()) {
+          ok[static_cast<size_t>(j)] = 1;
+          continue;
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        ++bad_count;
+        if (bad_names.size() < kNamedBadSamples) bad_names.push_back(std::string(status.message()));
+        if (log) log(absl::StrCat("bad sample ", status.message()));
       }
-      if (status.ok()) {
-        ok[static_cast<size_t>(i)] = 1;
-        continue;
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < std::min<int64_t>(threads, n); ++t) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+    if (bad_count > max_bad_samples) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          bad_count, " samples could not be decoded, more than dataset.max_bad_samples (",
+          max_bad_samples, "): ", absl::StrJoin(bad_names, "; ")));
+    }
+    // Compact: the decodable samples of the chunk, in index order.
+    size_t kept = 0;
+    labels.clear();
+    for (int64_t j = 0; j < n; ++j) {
+      if (!ok[static_cast<size_t>(j)]) continue;
+      if (kept != static_cast<size_t>(j)) {
+        std::memmove(pixels.data() + kept * sample_bytes,
+                     pixels.data() + static_cast<size_t>(j) * sample_bytes, sample_bytes);
       }
-      std::lock_guard<std::mutex> lock(mu);
-      bad.push_back(std::string(status.message()));
-      if (log) log(absl::StrCat("bad sample ", status.message()));
+      const int64_t i = first + j;
+      labels.push_back(index.sample(subset.empty() ? i : subset[static_cast<size_t>(i)]).label);
+      ++kept;
     }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::max(1, threads); ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-  if (static_cast<int64_t>(bad.size()) > max_bad_samples) {
-    bad.resize(std::min(bad.size(), kNamedBadSamples));
-    return absl::InvalidArgumentError(
-        absl::StrCat(count - std::count(ok.begin(), ok.end(), 1),
-                     " samples could not be decoded, more than dataset.max_bad_samples (",
-                     max_bad_samples, "): ", absl::StrJoin(bad, "; ")));
-  }
-  LabeledSamples out;
-  out.sample_type = SampleType::kUint8;
-  out.sample_bytes = static_cast<int>(sample_bytes);
-  out.features = static_cast<int>(sample_bytes);
-  out.sample_dims = ImageSampleDims(transform);
-  // Compact: the decodable samples, in index order.
-  size_t kept = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    if (!ok[static_cast<size_t>(i)]) continue;
-    if (kept != static_cast<size_t>(i)) {
-      std::memmove(pixels.data() + kept * sample_bytes,
-                   pixels.data() + static_cast<size_t>(i) * sample_bytes, sample_bytes);
+    if (kept > 0) {
+      STOKER_RETURN_IF_ERROR(sink(pixels.data(), labels.data(), static_cast<int64_t>(kept)));
     }
-    out.labels.push_back(index.sample(subset.empty() ? i : subset[static_cast<size_t>(i)]).label);
-    ++kept;
+    kept_total += static_cast<int64_t>(kept);
   }
-  pixels.resize(kept * sample_bytes);
-  out.samples = std::move(pixels);
-  out.count = static_cast<int64_t>(kept);
-  out.classes = index.classes();
-  if (out.count == 0) return absl::InvalidArgumentError("no sample of the split can be decoded");
-  return out;
+  if (kept_total == 0) return absl::InvalidArgumentError("no sample of the split can be decoded");
+  return kept_total;
 }
 
-absl::StatusOr<LabeledSamples> DecodeImageTestSplit(
-    const SampleIndex& train, const SampleIndex& test, const ImageTransform& transform, int classes,
-    int64_t limit, int threads, int64_t max_bad_samples,
-    const std::function<void(const std::string&)>& log) {
-  // Image folders: test label -> training label, by class directory name.
+// Test label -> training label. Image folders: by class directory name (empty table when the
+// test index has no class names: shards, whose labels are the job's already).
+absl::StatusOr<std::vector<int>> TestRelabelling(const SampleIndex& train,
+                                                 const SampleIndex& test) {
   std::vector<int> relabel;
   const std::vector<std::string> train_names = train.class_names();
   const std::vector<std::string> test_names = test.class_names();
-  if (!test_names.empty()) {
-    for (const std::string& name : test_names) {
-      const auto it = std::find(train_names.begin(), train_names.end(), name);
-      if (it == train_names.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "test class directory '", name, "' has no counterpart among the training classes (",
-            absl::StrJoin(train_names.begin(),
-                          train_names.begin() + std::min<size_t>(train_names.size(), 8), ", "),
-            train_names.size() > 8 ? ", ..." : "", ")"));
-      }
-      relabel.push_back(static_cast<int>(it - train_names.begin()));
+  for (const std::string& name : test_names) {
+    const auto it = std::find(train_names.begin(), train_names.end(), name);
+    if (it == train_names.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "test class directory '", name, "' has no counterpart among the training classes (",
+          absl::StrJoin(train_names.begin(),
+                        train_names.begin() + std::min<size_t>(train_names.size(), 8), ", "),
+          train_names.size() > 8 ? ", ..." : "", ")"));
     }
+    relabel.push_back(static_cast<int>(it - train_names.begin()));
   }
-  STOKER_ASSIGN_OR_RETURN(LabeledSamples out,
-                          DecodeImageSplit(test, transform, limit, threads, max_bad_samples, log));
-  for (uint8_t& label : out.labels) {
-    const int mapped = relabel.empty() ? label : relabel[label];
+  return relabel;
+}
+
+// Relabels `count` labels in place; OUT_OF_RANGE for one not below `classes`.
+absl::Status Relabel(const std::vector<int>& relabel, int classes, uint8_t* labels, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    const int mapped = relabel.empty() ? labels[i] : relabel[labels[i]];
     if (mapped >= classes) {
       return absl::OutOfRangeError(absl::StrCat("a test sample has class ", mapped,
                                                 ", but the job has ", classes, " classes (0 to ",
                                                 classes - 1, ")"));
     }
-    label = static_cast<uint8_t>(mapped);
+    labels[i] = static_cast<uint8_t>(mapped);
   }
+  return absl::OkStatus();
+}
+
+// Decodes into memory, relabelling each chunk with `relabel` (null: none).
+absl::StatusOr<LabeledSamples> DecodeIntoMemory(const SampleIndex& index,
+                                                const ImageTransform& transform, int64_t limit,
+                                                int threads, int64_t max_bad_samples,
+                                                const LogFn& log, const std::vector<int>* relabel,
+                                                int classes) {
+  LabeledSamples out;
+  const size_t sample_bytes = TransformOutputBytes(transform);
+  out.samples.reserve(static_cast<size_t>(std::max<int64_t>(Limited(index, limit), 0)) *
+                      sample_bytes);
+  auto sink = [&](const uint8_t* samples, const uint8_t* labels, int64_t count) -> absl::Status {
+    out.samples.insert(out.samples.end(), samples,
+                       samples + static_cast<size_t>(count) * sample_bytes);
+    const size_t at = out.labels.size();
+    out.labels.insert(out.labels.end(), labels, labels + count);
+    if (relabel == nullptr) return absl::OkStatus();
+    return Relabel(*relabel, classes, out.labels.data() + at, count);
+  };
+  STOKER_ASSIGN_OR_RETURN(
+      out.count, DecodeChunks(index, transform, limit, threads, max_bad_samples, log, sink));
+  out.sample_type = SampleType::kUint8;
+  out.sample_bytes = static_cast<int>(sample_bytes);
+  out.features = static_cast<int>(sample_bytes);
+  out.sample_dims = ImageSampleDims(transform);
   out.classes = classes;
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<LabeledSamples> DecodeImageSplit(const SampleIndex& index,
+                                                const ImageTransform& transform, int64_t limit,
+                                                int threads, int64_t max_bad_samples,
+                                                const LogFn& log) {
+  return DecodeIntoMemory(index, transform, limit, threads, max_bad_samples, log, nullptr,
+                          index.classes());
+}
+
+absl::StatusOr<LabeledSamples> DecodeImageTestSplit(const SampleIndex& train,
+                                                    const SampleIndex& test,
+                                                    const ImageTransform& transform, int classes,
+                                                    int64_t limit, int threads,
+                                                    int64_t max_bad_samples, const LogFn& log) {
+  STOKER_ASSIGN_OR_RETURN(const std::vector<int> relabel, TestRelabelling(train, test));
+  return DecodeIntoMemory(test, transform, limit, threads, max_bad_samples, log, &relabel, classes);
+}
+
+absl::StatusOr<DatasetSummary> WriteImageTestSplit(const SampleIndex& train,
+                                                   const SampleIndex& test,
+                                                   const ImageTransform& transform, int classes,
+                                                   int64_t limit, int threads,
+                                                   int64_t max_bad_samples, const LogFn& log,
+                                                   const std::string& path) {
+  STOKER_ASSIGN_OR_RETURN(const std::vector<int> relabel, TestRelabelling(train, test));
+  const size_t sample_bytes = TransformOutputBytes(transform);
+  if (sample_bytes == 0) return absl::InvalidArgumentError("the image transform produces nothing");
+  const std::vector<int> dims = ImageSampleDims(transform);
+  const int64_t max_count = Limited(test, limit);
+  if (max_count <= 0) return absl::InvalidArgumentError("the image dataset holds no samples");
+  STOKER_ASSIGN_OR_RETURN(
+      std::unique_ptr<PreparedSamplesWriter> writer,
+      PreparedSamplesWriter::Begin(path, max_count, SampleType::kUint8, dims, classes));
+  std::vector<uint8_t> mapped;
+  auto sink = [&](const uint8_t* samples, const uint8_t* labels, int64_t count) -> absl::Status {
+    mapped.assign(labels, labels + count);
+    STOKER_RETURN_IF_ERROR(Relabel(relabel, classes, mapped.data(), count));
+    return writer->Append(samples, mapped.data(), count);
+  };
+  STOKER_ASSIGN_OR_RETURN(const int64_t count, DecodeChunks(test, transform, limit, threads,
+                                                            max_bad_samples, log, sink));
+  STOKER_RETURN_IF_ERROR(writer->Finish().status());
+  DatasetSummary summary;
+  summary.count = count;
+  summary.sample_type = SampleType::kUint8;
+  summary.features = static_cast<int>(sample_bytes);
+  summary.sample_bytes = static_cast<int>(sample_bytes);
+  summary.sample_dims = dims;
+  summary.classes = classes;
+  return summary;
 }
 
 }  // namespace stoker

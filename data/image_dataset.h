@@ -11,7 +11,11 @@
 //   samples), counted in JobStats::bad_samples_total and named on the loader's log; once more
 //   than max_bad_samples have been skipped (all loaders together), Make fails with
 //   INVALID_ARGUMENT naming the ones it saw, which fails the job (its data is bad).
-// - The trainer: DecodeImageSplit decodes a (test) split whole with the evaluation transform.
+// - The trainer: WriteImageTestSplit decodes the test split with the evaluation transform, a
+//   chunk of a few hundred images at a time, into a prepared samples file
+//   (data/prepared_dataset.h) that the trainer maps: its memory is page cache, which the kernel
+//   can reclaim, not the trainer's own (50,000 ImageNet images at 224 x 224 are 7.5 GB).
+//   DecodeImageSplit and DecodeImageTestSplit decode the same bytes into memory.
 #ifndef STOKER_DATA_IMAGE_DATASET_H_
 #define STOKER_DATA_IMAGE_DATASET_H_
 
@@ -132,9 +136,11 @@ std::vector<int> ImageSampleDims(const ImageTransform& transform);
 uint64_t SampleRandomBits(uint64_t seed, uint64_t batch, uint32_t position);
 
 // Decodes LimitedSubset(count, limit) (all when 0) of the samples of `index` with `transform`
-// (deterministic: no random crop or flip) into memory, in index order, on `threads` threads.
-// Samples that cannot be decoded are skipped and named on `log`; more than `max_bad_samples` of
-// them is an INVALID_ARGUMENT naming some. `classes` of the result is the index's.
+// (deterministic: no random crop or flip) into memory, in index order, on `threads` threads, in
+// chunks of at most 512 samples (and about 64 MiB). Samples that cannot be decoded are skipped and
+// named on `log`; more than `max_bad_samples` of them is an INVALID_ARGUMENT naming some (as soon
+// as a chunk passes the limit). None decodable is INVALID_ARGUMENT. `classes` of the result is the
+// index's.
 absl::StatusOr<LabeledSamples> DecodeImageSplit(const SampleIndex& index,
                                                 const ImageTransform& transform, int64_t limit,
                                                 int threads, int64_t max_bad_samples,
@@ -149,6 +155,16 @@ absl::StatusOr<LabeledSamples> DecodeImageTestSplit(
     const SampleIndex& train, const SampleIndex& test, const ImageTransform& transform, int classes,
     int64_t limit, int threads, int64_t max_bad_samples,
     const std::function<void(const std::string&)>& log);
+
+// DecodeImageTestSplit's samples and labels, byte for byte, written chunk by chunk into the
+// prepared samples file `path` (PreparedSamplesWriter: only one chunk of samples and the labels
+// are in memory at once). Errors are DecodeImageTestSplit's, and the writer's (UNAVAILABLE naming
+// `path` when it cannot be written); on any error no file is left at `path` or beside it. Returns
+// what was written (count: the samples kept).
+absl::StatusOr<DatasetSummary> WriteImageTestSplit(
+    const SampleIndex& train, const SampleIndex& test, const ImageTransform& transform, int classes,
+    int64_t limit, int threads, int64_t max_bad_samples,
+    const std::function<void(const std::string&)>& log, const std::string& path);
 
 }  // namespace stoker
 

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "data/prepared_dataset.h"
 #include "gtest/gtest.h"
 
 namespace stoker {
@@ -159,6 +160,83 @@ TEST(ImageDatasetTest, TestSplitClassesAreMatchedByName) {
   EXPECT_TRUE(absl::StartsWith(unknown.status().message(),
                                "test class directory 'zebra' has no counterpart"))
       << unknown.status();
+}
+
+// The trainer's test split, written chunk by chunk into a prepared samples file: the bytes of the
+// in-memory decode, relabelled by class name, a bad image skipped, over more than one chunk.
+TEST(ImageDatasetTest, TheTestSplitWrittenToAFileIsTheDecodeInMemory) {
+  ImageFolder train(4, 1, 4, 1);
+  ImageFolder test(4, 180, 4, 1);  // 540 samples after removing class0: chunks of 512 and 28
+  std::filesystem::remove_all(test.root() + "/class0");
+  const std::string bad = test.root() + "/class2/img7.png";
+  std::ofstream(bad, std::ios::trunc) << "not a png";
+  ImageTransform eval;
+  eval.channels = 1;
+  eval.size = 4;
+  const SampleIndex train_index = Index(train.root());
+  const SampleIndex test_index = Index(test.root());
+  absl::StatusOr<LabeledSamples> memory =
+      DecodeImageTestSplit(train_index, test_index, eval, 4, 0, 3, 1, nullptr);
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  ASSERT_EQ(memory->count, 539);
+  const std::string dir = absl::StrCat(test.root(), "/work");
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/test.samples";
+  std::vector<std::string> lines;
+  absl::StatusOr<DatasetSummary> written = WriteImageTestSplit(
+      train_index, test_index, eval, 4, 0, 3, 1,
+      [&](const std::string& line) { lines.push_back(line); }, path);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(written->count, 539);
+  EXPECT_EQ(written->classes, 4);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(lines[0], bad)) << lines[0];
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1)
+      << "no temporary file is left";
+  absl::StatusOr<std::unique_ptr<MappedSamples>> mapped = MappedSamples::Open(path);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  const SamplesView& view = (*mapped)->view();
+  ASSERT_EQ(view.count, memory->count);
+  EXPECT_EQ(view.classes, 4);
+  EXPECT_EQ(view.sample_dims, memory->sample_dims);
+  EXPECT_EQ(view.sample_bytes, 16);
+  EXPECT_EQ(std::vector<uint8_t>(view.labels, view.labels + view.count), memory->labels);
+  EXPECT_EQ(std::vector<uint8_t>(view.samples, view.samples + view.count * 16), memory->samples);
+  // Relabelled by name: the test folder's first class is the training set's class1.
+  EXPECT_EQ(view.labels[0], 1);
+  EXPECT_EQ(view.labels[view.count - 1], 3);
+  EXPECT_EQ(view.samples[0], 40);  // class1/img0
+}
+
+TEST(ImageDatasetTest, AFailedTestSplitWriteLeavesNoFile) {
+  ImageFolder train(2, 1, 4, 1);
+  ImageFolder test(2, 3, 4, 1);
+  ImageTransform eval;
+  eval.channels = 1;
+  eval.size = 4;
+  const SampleIndex train_index = Index(train.root());
+  const SampleIndex test_index = Index(test.root());
+  // A work directory that does not exist: UNAVAILABLE naming the file.
+  const std::string missing = test.root() + "/missing/test.samples";
+  absl::StatusOr<DatasetSummary> nowhere =
+      WriteImageTestSplit(train_index, test_index, eval, 2, 0, 1, 0, nullptr, missing);
+  EXPECT_TRUE(absl::IsUnavailable(nowhere.status())) << nowhere.status();
+  EXPECT_TRUE(absl::StrContains(nowhere.status().message(), missing)) << nowhere.status();
+  // Too many bad images, found after the file was begun: the temporary file goes.
+  std::ofstream(test.root() + "/class1/img2.png", std::ios::trunc) << "not a png";
+  const SampleIndex with_bad = Index(test.root());
+  const std::string dir = test.root() + "/work";  // after indexing: not a class
+  std::filesystem::create_directories(dir);
+  absl::StatusOr<DatasetSummary> bad =
+      WriteImageTestSplit(train_index, with_bad, eval, 2, 0, 1, 0, nullptr, dir + "/test.samples");
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "dataset.max_bad_samples (0)"))
+      << bad.status();
+  // A label the job does not have (shards-like: more test classes than the job's).
+  absl::StatusOr<DatasetSummary> out_of_range =
+      WriteImageTestSplit(train_index, with_bad, eval, 1, 0, 1, 5, nullptr, dir + "/test.samples");
+  EXPECT_TRUE(absl::IsOutOfRange(out_of_range.status())) << out_of_range.status();
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 0);
 }
 
 TEST(ImageDatasetTest, ALimitKeepsARandomSubsetNotTheFirstClasses) {

@@ -66,6 +66,8 @@ struct HeaderFields {
   uint64_t source_samples_offset = 0;
   uint64_t source_bytes = 0;
   int64_t source_mtime_ns = 0;
+  // In-file samples: label space for this many samples (at least count) lies before them.
+  int64_t reserved_count = 0;
 };
 
 // The header bytes and the file's layout: labels right after the header, then (in-file) the
@@ -85,7 +87,9 @@ Encoded Encode(const HeaderFields& f) {
   e.labels_offset = e.header.size();
   const uint64_t labels_end = e.labels_offset + static_cast<uint64_t>(f.count);
   if (f.source_path.empty()) {
-    e.samples_offset = AlignUp(labels_end, kSamplesAlignment);
+    e.samples_offset =
+        AlignUp(e.labels_offset + static_cast<uint64_t>(std::max(f.count, f.reserved_count)),
+                kSamplesAlignment);
     e.file_bytes = e.samples_offset + static_cast<uint64_t>(f.count) * f.sample_bytes;
   } else {
     e.samples_offset = f.source_samples_offset;
@@ -141,7 +145,7 @@ absl::Status CheckFields(const std::string& path, const HeaderFields& f, const u
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": classes must be 1 to 256, not ", f.classes));
   }
-  for (int64_t i = 0; i < f.count; ++i) {
+  for (int64_t i = 0; labels != nullptr && i < f.count; ++i) {
     if (labels[i] >= f.classes) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": sample index ", i, " has label ",
                                                      labels[i], ", not below classes ", f.classes));
@@ -206,6 +210,29 @@ class TempFile {
     name_.clear();
     return true;
   }
+  // Writes all of [data, data + bytes) at `offset`, leaving the file position and written_.
+  bool WriteAt(const void* data, size_t bytes, uint64_t offset) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    while (bytes > 0) {
+      const ssize_t n =
+          pwrite(fd_, p, std::min<size_t>(bytes, size_t{1} << 26), static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        if (n == 0) errno = EIO;
+        return false;
+      }
+      p += n;
+      bytes -= static_cast<size_t>(n);
+      offset += static_cast<uint64_t>(n);
+    }
+    return true;
+  }
+  // Moves the file position to `offset` (leaving a hole), counted as written.
+  bool SeekTo(uint64_t offset) {
+    if (lseek(fd_, static_cast<off_t>(offset), SEEK_SET) < 0) return false;
+    written_ = offset;
+    return true;
+  }
   uint64_t written() const { return written_; }
 
  private:
@@ -213,6 +240,16 @@ class TempFile {
   std::string name_;
   uint64_t written_ = 0;
 };
+
+// A failed write of `what` into `path` (errno `error`), after `written` of `total` bytes.
+absl::Status WriteFailure(const std::string& path, const std::string& what, int error,
+                          uint64_t written, uint64_t total) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  return absl::UnavailableError(absl::StrFormat(
+      "%s: cannot write %s: %s (%.1f of %.1f MiB written; the partial file is removed)%s", path,
+      what, std::strerror(error), written / kMiB, total / kMiB,
+      error == ENOSPC || error == EDQUOT ? ": free space in the worker's --work-dir" : ""));
+}
 
 // Writes the prepared file; returns its size.
 absl::StatusOr<uint64_t> WriteFile(const std::string& path, const HeaderFields& fields,
@@ -228,15 +265,8 @@ absl::StatusOr<uint64_t> WriteFile(const std::string& path, const HeaderFields& 
          file.Write(samples, static_cast<size_t>(fields.count) * fields.sample_bytes);
   }
   if (ok) ok = file.CloseAndRename(path);
-  if (!ok) {
-    const int error = errno;
-    constexpr double kMiB = 1024.0 * 1024.0;
-    return absl::UnavailableError(absl::StrFormat(
-        "%s: cannot write the prepared training set: %s (%.1f of %.1f MiB written; the partial "
-        "file is removed)%s",
-        path, std::strerror(error), file.written() / kMiB, e.file_bytes / kMiB,
-        error == ENOSPC || error == EDQUOT ? ": free space in the worker's --work-dir" : ""));
-  }
+  if (!ok)
+    return WriteFailure(path, "the prepared training set", errno, file.written(), e.file_bytes);
   return e.file_bytes;
 }
 
@@ -353,6 +383,97 @@ absl::StatusOr<PreparedInfo> PrepareTrainingSet(const DatasetFiles& files, int64
 
 absl::Status WritePreparedSamples(const SamplesView& data, const std::string& path) {
   return WriteCopy(data, path).status();
+}
+
+class PreparedSamplesWriter::File : public TempFile {};
+
+absl::StatusOr<std::unique_ptr<PreparedSamplesWriter>> PreparedSamplesWriter::Begin(
+    const std::string& path, int64_t max_count, SampleType sample_type,
+    const std::vector<int>& sample_dims, int classes) {
+  HeaderFields fields;
+  fields.count = max_count;
+  fields.sample_type = sample_type;
+  fields.classes = classes;
+  fields.sample_dims = sample_dims;
+  int64_t features = 1;
+  for (int d : sample_dims) {
+    features *= std::max(d, 0);
+    if (features > kMaxSampleBytes) break;
+  }
+  fields.sample_bytes = static_cast<int>(
+      std::min<int64_t>(features * SampleTypeBytes(sample_type), int64_t{kMaxSampleBytes} + 1));
+  STOKER_RETURN_IF_ERROR(CheckFields(path, fields, nullptr));
+  std::unique_ptr<PreparedSamplesWriter> writer(new PreparedSamplesWriter());
+  writer->path_ = path;
+  writer->max_count_ = max_count;
+  writer->sample_type_ = sample_type;
+  writer->sample_dims_ = sample_dims;
+  writer->classes_ = classes;
+  writer->sample_bytes_ = fields.sample_bytes;
+  fields.reserved_count = max_count;
+  writer->samples_offset_ = Encode(fields).samples_offset;
+  writer->file_ = std::make_unique<File>();
+  STOKER_RETURN_IF_ERROR(writer->file_->Create(path));
+  if (!writer->file_->SeekTo(writer->samples_offset_)) return writer->WriteError();
+  return writer;
+}
+
+PreparedSamplesWriter::~PreparedSamplesWriter() = default;
+
+absl::Status PreparedSamplesWriter::WriteError() {
+  const int error = errno;
+  status_ =
+      WriteFailure(path_, "the prepared samples", error, file_ != nullptr ? file_->written() : 0,
+                   samples_offset_ + static_cast<uint64_t>(max_count_) * sample_bytes_);
+  file_.reset();  // removes the temporary file
+  return status_;
+}
+
+absl::Status PreparedSamplesWriter::Append(const uint8_t* samples, const uint8_t* labels,
+                                           int64_t count) {
+  if (!status_.ok()) return status_;
+  if (finished_ || file_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(path_, ": appended after Finish"));
+  }
+  if (count < 0 || count > max_count_ - this->count()) {
+    status_ = absl::InvalidArgumentError(absl::StrCat(path_, ": ", this->count(), " + ", count,
+                                                      " samples are more than the ", max_count_,
+                                                      " reserved"));
+    file_.reset();
+    return status_;
+  }
+  if (!file_->Write(samples, static_cast<size_t>(count) * sample_bytes_)) return WriteError();
+  labels_.insert(labels_.end(), labels, labels + count);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> PreparedSamplesWriter::Finish() {
+  if (!status_.ok()) return status_;
+  if (finished_ || file_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(path_, ": finished twice"));
+  }
+  finished_ = true;
+  HeaderFields fields;
+  fields.count = count();
+  fields.sample_type = sample_type_;
+  fields.classes = classes_;
+  fields.sample_bytes = sample_bytes_;
+  fields.sample_dims = sample_dims_;
+  fields.reserved_count = max_count_;
+  if (absl::Status s = CheckFields(path_, fields, labels_.data()); !s.ok()) {
+    status_ = s;
+    file_.reset();
+    return status_;
+  }
+  const Encoded e = Encode(fields);
+  if (!file_->WriteAt(e.header.data(), e.header.size(), 0) ||
+      !file_->WriteAt(labels_.data(), labels_.size(), e.labels_offset) ||
+      !file_->CloseAndRename(path_)) {
+    return WriteError();
+  }
+  file_.reset();
+  labels_ = {};
+  return e.file_bytes;
 }
 
 absl::StatusOr<PreparedLayout> ParsePreparedSamples(const std::string& name, const uint8_t* bytes,

@@ -16,6 +16,9 @@
 // differ from those recorded), and one that reads past a truncation gets SIGBUS, which
 // stoker-loader reports as such.
 //
+// The trainer keeps an image dataset's decoded test split in the same format
+// (PreparedSamplesWriter, written a chunk at a time), mapped: page cache, not its own memory.
+//
 // Layout of a prepared samples file (integers little-endian), version 1:
 //   0   8 bytes   magic "STOKSMPL"
 //   8   u32       version (1)
@@ -92,6 +95,50 @@ absl::StatusOr<PreparedInfo> PrepareTrainingSet(const DatasetFiles& files, int64
 // Writes `data` (count >= 1, classes 1..256 and above every label, 1..16 dims) as a prepared file
 // holding its samples, as PrepareTrainingSet does for kCopy.
 absl::Status WritePreparedSamples(const SamplesView& data, const std::string& path);
+
+// Writes a prepared file holding its samples chunk by chunk, for a split decoded in pieces whose
+// final count is known only at the end (bad samples are skipped): Begin reserves label space for
+// `max_count` samples, so the samples start at a fixed offset and each Append writes its chunk
+// there in order; only the labels (1 byte per sample) are held in memory, until Finish writes
+// them and the header with the real count, and renames the temporary file (in the same
+// directory) to `path`. Errors are those of PrepareTrainingSet: INVALID_ARGUMENT for what the
+// format cannot hold (count 0 or above max_count, dims, classes, a label not below `classes`),
+// UNAVAILABLE naming `path` for a failed write (a full disk). Any error, and destruction before
+// Finish, leave no file behind; after an error every later call returns it again.
+class PreparedSamplesWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<PreparedSamplesWriter>> Begin(
+      const std::string& path, int64_t max_count, SampleType sample_type,
+      const std::vector<int>& sample_dims, int classes);
+  ~PreparedSamplesWriter();
+  PreparedSamplesWriter(const PreparedSamplesWriter&) = delete;
+  PreparedSamplesWriter& operator=(const PreparedSamplesWriter&) = delete;
+
+  // Appends `count` samples (count * sample_bytes bytes) and their labels.
+  absl::Status Append(const uint8_t* samples, const uint8_t* labels, int64_t count);
+  // Completes the file; returns its size.
+  absl::StatusOr<uint64_t> Finish();
+
+  int64_t count() const { return static_cast<int64_t>(labels_.size()); }
+  int sample_bytes() const { return sample_bytes_; }
+
+ private:
+  class File;
+  PreparedSamplesWriter() = default;
+  absl::Status WriteError();
+
+  std::string path_;
+  std::unique_ptr<File> file_;
+  int64_t max_count_ = 0;
+  SampleType sample_type_ = SampleType::kUint8;
+  std::vector<int> sample_dims_;
+  int classes_ = 0;
+  int sample_bytes_ = 0;
+  uint64_t samples_offset_ = 0;
+  std::vector<uint8_t> labels_;
+  absl::Status status_;
+  bool finished_ = false;
+};
 
 // What a prepared samples file's header says, checked (see ParsePreparedSamples).
 struct PreparedLayout {

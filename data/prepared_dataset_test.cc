@@ -476,6 +476,125 @@ TEST_F(PreparedDatasetTest, BatchesFromTheMappingAreTheBatchesOfTheDataInMemory)
   }
 }
 
+// The streaming writer: chunks appended under a reserve larger than what comes, the count fixed
+// at Finish; the file parses, maps back to the same bytes, and nothing else is left.
+TEST_F(PreparedDatasetTest, TheStreamingWriterFixesTheCountAtFinish) {
+  const LabeledSamples data = Bytes();  // 23 samples of 12 bytes, 5 classes
+  const std::string path = File("test.samples");
+  absl::StatusOr<std::unique_ptr<PreparedSamplesWriter>> writer =
+      PreparedSamplesWriter::Begin(path, 5000, SampleType::kUint8, data.sample_dims, 5);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  EXPECT_EQ(Leftovers("test.samples").size(), 1u) << "a temporary file while it is written";
+  EXPECT_TRUE(Leftovers("test.samples.tmp-").size() == 1);
+  for (int first : {0, 10, 11}) {
+    const int n = first == 0 ? 10 : first == 10 ? 1 : kCount - 11;
+    ASSERT_TRUE(
+        (*writer)
+            ->Append(data.samples.data() + first * data.sample_bytes, data.labels.data() + first, n)
+            .ok());
+  }
+  EXPECT_EQ((*writer)->count(), kCount);
+  absl::StatusOr<uint64_t> bytes = (*writer)->Finish();
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(Leftovers("test.samples"), std::vector<std::string>{"test.samples"});
+  const std::vector<uint8_t> file = testing::ReadRaw(path);
+  EXPECT_EQ(file.size(), *bytes);
+  absl::StatusOr<PreparedLayout> layout = ParsePreparedSamples(path, file.data(), file.size());
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->count, kCount);
+  EXPECT_EQ(layout->classes, 5);
+  EXPECT_EQ(layout->sample_dims, data.sample_dims);
+  EXPECT_TRUE(layout->source_path.empty());
+  // The labels' reserve (5000 bytes) lies between them and the samples.
+  EXPECT_EQ(layout->samples_offset, 8192u);
+  EXPECT_EQ(file.size(), 8192u + kCount * 12);
+  absl::StatusOr<std::unique_ptr<MappedSamples>> mapped = MappedSamples::Open(path);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  ExpectSameData((*mapped)->view(), data);
+  // Finished once only.
+  EXPECT_FALSE((*writer)->Finish().ok());
+}
+
+TEST_F(PreparedDatasetTest, TheStreamingWriterLeavesNoFileOnAnError) {
+  const std::vector<int> dims = {2, 2};
+  const std::vector<uint8_t> samples(4 * 3, 9);
+  const std::vector<uint8_t> labels = {0, 1, 7};
+  // A directory that does not exist: UNAVAILABLE naming the path.
+  absl::StatusOr<std::unique_ptr<PreparedSamplesWriter>> nowhere =
+      PreparedSamplesWriter::Begin(File("missing/test.samples"), 3, SampleType::kUint8, dims, 4);
+  EXPECT_TRUE(absl::IsUnavailable(nowhere.status())) << nowhere.status();
+  EXPECT_THAT(nowhere.status().message(), HasSubstr(File("missing/test.samples")));
+  // What the format cannot hold, refused before any file.
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      PreparedSamplesWriter::Begin(File("a.samples"), 0, SampleType::kUint8, dims, 4).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      PreparedSamplesWriter::Begin(File("a.samples"), 3, SampleType::kUint8, dims, 300).status()));
+  EXPECT_TRUE(Leftovers("a.samples").empty());
+  {
+    // A label not below the classes: refused at Finish, the temporary file removed.
+    auto writer = PreparedSamplesWriter::Begin(File("a.samples"), 3, SampleType::kUint8, dims, 4);
+    ASSERT_TRUE(writer.ok());
+    ASSERT_TRUE((*writer)->Append(samples.data(), labels.data(), 3).ok());
+    const absl::StatusOr<uint64_t> finished = (*writer)->Finish();
+    EXPECT_TRUE(absl::IsInvalidArgument(finished.status())) << finished.status();
+    EXPECT_THAT(finished.status().message(), HasSubstr("label 7"));
+    EXPECT_TRUE(Leftovers("a.samples").empty());
+  }
+  {
+    // More than reserved: refused, and every later call says so.
+    auto writer = PreparedSamplesWriter::Begin(File("a.samples"), 2, SampleType::kUint8, dims, 4);
+    ASSERT_TRUE(writer.ok());
+    EXPECT_TRUE(absl::IsInvalidArgument((*writer)->Append(samples.data(), labels.data(), 3)));
+    EXPECT_TRUE(absl::IsInvalidArgument((*writer)->Finish().status()));
+    EXPECT_TRUE(Leftovers("a.samples").empty());
+  }
+  {
+    // Nothing appended: no samples, no file.
+    auto writer = PreparedSamplesWriter::Begin(File("a.samples"), 2, SampleType::kUint8, dims, 4);
+    ASSERT_TRUE(writer.ok());
+    EXPECT_TRUE(absl::IsInvalidArgument((*writer)->Finish().status()));
+    EXPECT_TRUE(Leftovers("a.samples").empty());
+  }
+  {
+    // Abandoned before Finish.
+    auto writer = PreparedSamplesWriter::Begin(File("a.samples"), 2, SampleType::kUint8, dims, 4);
+    ASSERT_TRUE(writer.ok());
+    ASSERT_TRUE((*writer)->Append(samples.data(), labels.data(), 2).ok());
+  }
+  EXPECT_TRUE(Leftovers("a.samples").empty());
+}
+
+TEST_F(PreparedDatasetTest, TheStreamingWriterNamesAFailedWriteAndRemovesIt) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    signal(SIGXFSZ, SIG_IGN);  // the write then fails with EFBIG
+    const rlimit limit{.rlim_cur = 4096 + 1000, .rlim_max = RLIM_INFINITY};
+    setrlimit(RLIMIT_FSIZE, &limit);
+    LabeledSamples big =
+        testing::PatternSamples(1000, {28, 28}, [](int i, int j) { return i ^ j; });
+    auto writer = PreparedSamplesWriter::Begin(File("test.samples"), 1000, SampleType::kUint8,
+                                               {28, 28}, big.classes);
+    if (!writer.ok()) _exit(12);
+    absl::Status status = (*writer)->Append(big.samples.data(), big.labels.data(), 1000);
+    const bool again = (*writer)->Finish().status() == status;
+    const std::string message(status.message());
+    const bool named = absl::IsUnavailable(status) &&
+                       message == File("test.samples") +
+                                      ": cannot write the prepared samples: File too large "
+                                      "(0.0 of 0.8 MiB written; the partial file is removed)";
+    _exit(status.ok() ? 10
+          : !named    ? (fprintf(stderr, "%s\n", message.c_str()), 11)
+          : !again    ? 13
+                      : 0);
+  }
+  int wait_status = 0;
+  ASSERT_EQ(waitpid(child, &wait_status, 0), child);
+  ASSERT_TRUE(WIFEXITED(wait_status));
+  EXPECT_EQ(WEXITSTATUS(wait_status), 0);
+  EXPECT_TRUE(Leftovers("test.samples").empty());
+}
+
 TEST_F(PreparedDatasetTest, OpenPreparedDatasetKnowsFilesByTheirMagic) {
   testing::WriteText(File("short"), "STOK");
   absl::Status status = OpenPreparedDataset(File("short"), 4, {}).status();

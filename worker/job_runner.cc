@@ -527,6 +527,8 @@ absl::StatusOr<pid_t> JobRunner::StartTrainer(JobRegion& region, int events_fd,
                                    absl::StrCat(classes),
                                    "--train-data",
                                    training_set_path(),
+                                   "--test-data",
+                                   absl::StrCat(dir_, "/test.samples"),
                                    "--threads",
                                    absl::StrCat(std::max(1, options_.cpu_count))};
   if (!options_.cuda_visible_devices.empty()) {

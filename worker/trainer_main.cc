@@ -28,6 +28,7 @@
 #include "data/image_dataset.h"
 #include "data/index/sample_index.h"
 #include "data/job_region.h"
+#include "data/prepared_dataset.h"
 #include "engine/backend.h"
 #include "google/protobuf/util/delimited_message_util.h"
 #include "spec/job_options.h"
@@ -121,7 +122,12 @@ absl::StatusOr<ResumePoint> LoadCheckpoint(const std::string& path, Model& model
 
 // What a job trains with, built from its spec and the region's geometry.
 struct TrainingSetup {
-  LabeledSamples test;  // read once, up front; training batches come from the loaders
+  // The test set, read once, up front (training batches come from the loaders): image datasets
+  // decoded into a file and mapped (its pages are reclaimable page cache, not the trainer's
+  // memory), IDX, NPY and CSV in memory. `test` views one of them.
+  std::unique_ptr<MappedSamples> test_file;
+  LabeledSamples test_in_memory;
+  SamplesView test;
 #ifdef STOKER_HAVE_CUDA
   // Unpins the ring when the setup goes: after the model (declared below), which copies out of
   // it, and before the region (which outlives the setup) unmaps it.
@@ -132,15 +138,22 @@ struct TrainingSetup {
 };
 
 // Reads the test set, starts the backend (resources.gpus > 0: cuda, device 0 of those the agent
-// gave us) and builds the model. Every error means bad data or spec (exit 2); its message is what
-// the trainer prints.
+// gave us) and builds the model. Every error means bad data or spec (exit 2), except UNAVAILABLE:
+// the decoded test set could not be written (a full disk), which another attempt may not meet
+// (exit 1); its message is what the trainer prints.
 // The test split of an image dataset (image_folder, shards), decoded with the evaluation
-// transform. `train_data` is the training index the agent built (the loaders' --data): its first
-// images decide the geometry where the job leaves it open, and its classes the labels.
-absl::StatusOr<LabeledSamples> LoadImageTestSet(const v1::JobSpec& spec,
-                                                const std::string& train_data, int train_classes) {
+// transform into the prepared samples file `test_data` (in the attempt's directory), a chunk at a
+// time, and mapped read-only. The file is removed once mapped: the mapping keeps its pages, and
+// nothing is left behind when the trainer ends. `train_data` is the training index the agent
+// built (the loaders' --data): its first images decide the geometry where the job leaves it open,
+// and its classes the labels.
+absl::StatusOr<std::unique_ptr<MappedSamples>> LoadImageTestSet(const v1::JobSpec& spec,
+                                                                const std::string& train_data,
+                                                                const std::string& test_data,
+                                                                int train_classes) {
   const v1::DatasetSpec& data = spec.dataset();
   if (train_data.empty()) return absl::InvalidArgumentError("--train-data is required for images");
+  if (test_data.empty()) return absl::InvalidArgumentError("--test-data is required for images");
   STOKER_ASSIGN_OR_RETURN(const SampleIndex train, OpenSampleIndex(train_data));
   STOKER_ASSIGN_OR_RETURN(const ImageHeader first, FirstImageHeader(train));
   auto log = [](const std::string& line) { std::cerr << "stoker-trainer: " << line << "\n"; };
@@ -148,8 +161,13 @@ absl::StatusOr<LabeledSamples> LoadImageTestSet(const v1::JobSpec& spec,
                           BuildImageIndex(data.format(), data.test_images(), log));
   const int classes = std::max({2, train_classes, data.classes()});
   const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return DecodeImageTestSplit(train, test, EvalImageTransform(spec, first), classes,
-                              data.test_limit(), threads, data.max_bad_samples(), log);
+  STOKER_RETURN_IF_ERROR(WriteImageTestSplit(train, test, EvalImageTransform(spec, first), classes,
+                                             data.test_limit(), threads, data.max_bad_samples(),
+                                             log, test_data)
+                             .status());
+  absl::StatusOr<std::unique_ptr<MappedSamples>> mapped = MappedSamples::Open(test_data);
+  unlink(test_data.c_str());
+  return mapped;
 }
 
 // The devices and threads the agent gave this job (its Placement). CUDA_VISIBLE_DEVICES is set
@@ -161,15 +179,34 @@ struct DeviceChoice {
 };
 
 absl::Status SetUp(const v1::JobSpec& spec, int train_classes, const std::string& train_data,
-                   const DeviceChoice& devices, JobRegion& region, TrainingSetup& setup) {
+                   const std::string& test_data, const DeviceChoice& devices, JobRegion& region,
+                   TrainingSetup& setup) {
   const RingGeometry& geometry = region.geometry();
   const v1::DatasetSpec& data = spec.dataset();
-  absl::StatusOr<LabeledSamples> test =
-      IsImageFormat(data.format())
-          ? LoadImageTestSet(spec, train_data, train_classes)
-          : LoadDataset(TestDatasetFiles(spec, train_classes), data.test_limit());
-  if (!test.ok())
-    return absl::InvalidArgumentError(absl::StrCat("test set: ", test.status().message()));
+  absl::Status loaded;
+  if (IsImageFormat(data.format())) {
+    absl::StatusOr<std::unique_ptr<MappedSamples>> mapped =
+        LoadImageTestSet(spec, train_data, test_data, train_classes);
+    if (mapped.ok()) {
+      setup.test_file = std::move(*mapped);
+      setup.test = setup.test_file->view();
+    }
+    loaded = mapped.status();
+  } else {
+    absl::StatusOr<LabeledSamples> samples =
+        LoadDataset(TestDatasetFiles(spec, train_classes), data.test_limit());
+    if (samples.ok()) {
+      setup.test_in_memory = std::move(*samples);
+      setup.test = View(setup.test_in_memory);
+    }
+    loaded = samples.status();
+  }
+  if (!loaded.ok()) {
+    // A test file that cannot be written (a full disk) is the worker's trouble, not the job's.
+    if (absl::IsUnavailable(loaded)) return loaded;
+    return absl::InvalidArgumentError(absl::StrCat("test set: ", loaded.message()));
+  }
+  const SamplesView* test = &setup.test;
   if (test->sample_bytes != static_cast<int>(geometry.sample_bytes) ||
       test->sample_type != geometry.sample_type) {
     return absl::InvalidArgumentError(
@@ -178,7 +215,6 @@ absl::Status SetUp(const v1::JobSpec& spec, int train_classes, const std::string
                      geometry.sample_bytes / SampleTypeBytes(geometry.sample_type), " ",
                      SampleTypeName(geometry.sample_type), " values"));
   }
-  setup.test = std::move(*test);
 
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       absl::FailedPreconditionError("this trainer was built without the cuda backend");
@@ -209,7 +245,8 @@ absl::Status SetUp(const v1::JobSpec& spec, int train_classes, const std::string
 
 int Train(int region_fd, int events_fd, const std::string& job_path,
           const std::string& checkpoint_path, const std::string& resume_path, int train_classes,
-          const std::string& train_data, const DeviceChoice& devices) {
+          const std::string& train_data, const std::string& test_data,
+          const DeviceChoice& devices) {
   EventWriter events(events_fd);
   v1::JobSpec spec;
   {
@@ -239,9 +276,10 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
                                                  : ""),
                           ", ", omp_get_max_threads(), " cpu threads"));
   TrainingSetup setup;
-  if (absl::Status s = SetUp(spec, train_classes, train_data, devices, region, setup); !s.ok()) {
+  if (absl::Status s = SetUp(spec, train_classes, train_data, test_data, devices, region, setup);
+      !s.ok()) {
     std::cerr << "stoker-trainer: " << s.message() << "\n";
-    return kExitBadInput;
+    return absl::IsUnavailable(s) ? kExitFailure : kExitBadInput;
   }
   Model& model = *setup.built.model;
   events.Log(absl::StrCat("training on ", setup.backend->Name(), " in ",
@@ -287,7 +325,7 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
 int main(int argc, char** argv) {
   CLI::App app{"stoker-trainer: trains one job attempt; started by stoker-worker"};
   int region_fd = -1, events_fd = -1;
-  std::string job_path, checkpoint_path, resume_path, train_data;
+  std::string job_path, checkpoint_path, resume_path, train_data, test_data;
   pid_t parent_pid = 0;
   int classes = 0;
   app.add_option("--classes", classes, "classes in the training labels (max label + 1)");
@@ -296,6 +334,9 @@ int main(int argc, char** argv) {
   app.add_option("--resume", resume_path, "resume from this checkpoint");
   app.add_option("--train-data", train_data,
                  "image datasets: the training index the agent built (as the loaders' --data)");
+  app.add_option("--test-data", test_data,
+                 "image datasets: where to write the decoded test split (a prepared samples file "
+                 "that the trainer maps, and removes once mapped)");
   app.add_option("--parent-pid", parent_pid, "the agent's pid; exit if it is gone");
   stoker::DeviceChoice devices;
   app.add_option("--threads", devices.threads,
@@ -330,5 +371,5 @@ int main(int argc, char** argv) {
   }
   if (devices.threads > 0) omp_set_num_threads(devices.threads);
   return stoker::Train(region_fd, events_fd, job_path, checkpoint_path, resume_path, classes,
-                       train_data, devices);
+                       train_data, test_data, devices);
 }

@@ -19,13 +19,13 @@ struct EvalSummary {
 };
 
 // Raises `heartbeats` after each batch: a long evaluation is work, not a hang.
-absl::StatusOr<EvalSummary> EvaluateTestSet(Model& model, const LabeledSamples& test,
-                                            int batch_size, std::atomic<uint64_t>& heartbeats) {
+absl::StatusOr<EvalSummary> EvaluateTestSet(Model& model, const SamplesView& test, int batch_size,
+                                            std::atomic<uint64_t>& heartbeats) {
   EvalResult total;
   for (int64_t start = 0; start < test.count; start += batch_size) {
     heartbeats.fetch_add(1, std::memory_order_relaxed);
     const BatchView batch = MakeBatchView(
-        test.samples.data() + start * test.sample_bytes, test.labels.data() + start,
+        test.samples + start * test.sample_bytes, test.labels + start,
         static_cast<int>(std::min<int64_t>(batch_size, test.count - start)), test.sample_type);
     STOKER_ASSIGN_OR_RETURN(const EvalResult result, model.Evaluate(batch));
     total.loss_sum += result.loss_sum;
@@ -60,12 +60,12 @@ BatchView MakeBatchView(const uint8_t* samples, const uint8_t* labels, int count
   return view;
 }
 
-TrainingLoop::TrainingLoop(JobRegion& region, Model& model, const LabeledSamples& test,
+TrainingLoop::TrainingLoop(JobRegion& region, Model& model, SamplesView test,
                            TrainingLoopOptions options, EventSink events,
                            CheckpointWriter checkpoint)
     : region_(region),
       model_(model),
-      test_(test),
+      test_(std::move(test)),
       options_(std::move(options)),
       events_(std::move(events)),
       checkpoint_(std::move(checkpoint)),

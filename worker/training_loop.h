@@ -52,11 +52,12 @@ class TrainingLoop {
   using CheckpointWriter =
       std::function<absl::Status(uint64_t step, int epoch, double test_accuracy)>;
 
-  // `region`, `model` and `test` must outlive the loop. The loop is the region's consumer: it
+  // `region`, `model` and the samples `test` views (a LabeledSamples, or a mapped file) must
+  // outlive the loop. The loop is the region's consumer: it
   // waits for and releases its batches and raises its counters (steps, samples, stall and busy
   // time, loss, epoch, accuracy, heartbeats).
-  TrainingLoop(JobRegion& region, Model& model, const LabeledSamples& test,
-               TrainingLoopOptions options, EventSink events, CheckpointWriter checkpoint);
+  TrainingLoop(JobRegion& region, Model& model, SamplesView test, TrainingLoopOptions options,
+               EventSink events, CheckpointWriter checkpoint);
 
   // Trains from options.first_batch to the ring's last batch. OK when every batch was trained on
   // (and the last epoch evaluated and checkpointed). CANCELLED when it stopped early: the region's
@@ -91,7 +92,7 @@ class TrainingLoop {
 
   JobRegion& region_;
   Model& model_;
-  const LabeledSamples& test_;
+  const SamplesView test_;
   const TrainingLoopOptions options_;
   EventSink events_;
   CheckpointWriter checkpoint_;

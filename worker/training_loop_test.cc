@@ -137,7 +137,7 @@ class TrainingLoopTest : public ::testing::Test {
 TEST_F(TrainingLoopTest, TrainsEveryBatchThenEvaluatesReportsAndCheckpointsEachEpoch) {
   TrainingLoopOptions options = Options();
   options.report_interval = absl::ZeroDuration();  // a progress report after every step
-  TrainingLoop loop(pipeline_.region(), *model_, data_, options, recorder_.Sink(),
+  TrainingLoop loop(pipeline_.region(), *model_, View(data_), options, recorder_.Sink(),
                     recorder_.Writer());
   pipeline_.StartLoader();
   ASSERT_TRUE(loop.Run().ok());
@@ -182,7 +182,7 @@ TEST_F(TrainingLoopTest, CheckpointsEveryNStepsBetweenEpochEnds) {
   TrainingLoopOptions options = Options();
   options.checkpoint_every_steps = 3;
   options.report_interval = absl::InfiniteDuration();
-  TrainingLoop loop(pipeline_.region(), *model_, data_, options, recorder_.Sink(),
+  TrainingLoop loop(pipeline_.region(), *model_, View(data_), options, recorder_.Sink(),
                     recorder_.Writer());
   pipeline_.StartLoader();
   ASSERT_TRUE(loop.Run().ok());
@@ -192,7 +192,7 @@ TEST_F(TrainingLoopTest, CheckpointsEveryNStepsBetweenEpochEnds) {
 }
 
 TEST_F(TrainingLoopTest, WithoutAWriterCheckpointsAreNeitherWrittenNorReported) {
-  TrainingLoop loop(pipeline_.region(), *model_, data_, Options(), recorder_.Sink(), nullptr);
+  TrainingLoop loop(pipeline_.region(), *model_, View(data_), Options(), recorder_.Sink(), nullptr);
   pipeline_.StartLoader();
   ASSERT_TRUE(loop.Run().ok());
   EXPECT_EQ(recorder_.OfType(v1::EVENT_TYPE_EPOCH).size(), 2u);
@@ -200,7 +200,7 @@ TEST_F(TrainingLoopTest, WithoutAWriterCheckpointsAreNeitherWrittenNorReported) 
 }
 
 TEST_F(TrainingLoopTest, ACheckpointAndStopRequestKeepsTheStepReachedAndStops) {
-  TrainingLoop loop(pipeline_.region(), *model_, data_, Options(), recorder_.Sink(),
+  TrainingLoop loop(pipeline_.region(), *model_, View(data_), Options(), recorder_.Sink(),
                     recorder_.Writer());
   pipeline_.region().RequestCheckpointAndStop();  // seen after the first step
   pipeline_.StartLoader();
@@ -219,7 +219,8 @@ TEST_F(TrainingLoopTest, ACheckpointAndStopRequestWhileWaitingForABatchStopsTher
   std::unique_ptr<Model> model = TinyModel();
   ASSERT_NE(model, nullptr);
   Recorder recorder;
-  TrainingLoop loop(pipeline.region(), *model, data, Options(), recorder.Sink(), recorder.Writer());
+  TrainingLoop loop(pipeline.region(), *model, View(data), Options(), recorder.Sink(),
+                    recorder.Writer());
   pipeline.region().RequestCheckpointAndStop();
   const absl::Status status = loop.Run();  // looks for the request after a second's wait
   EXPECT_TRUE(absl::IsCancelled(status)) << status;
@@ -230,7 +231,7 @@ TEST_F(TrainingLoopTest, ACheckpointAndStopRequestWhileWaitingForABatchStopsTher
 }
 
 TEST_F(TrainingLoopTest, AStopEndsTheWaitWithoutACheckpoint) {
-  TrainingLoop loop(pipeline_.region(), *model_, data_, Options(), recorder_.Sink(),
+  TrainingLoop loop(pipeline_.region(), *model_, View(data_), Options(), recorder_.Sink(),
                     recorder_.Writer());
   pipeline_.region().RequestStop();
   const absl::Status status = loop.Run();
@@ -249,7 +250,8 @@ TEST_F(TrainingLoopTest, AResumedRunTrainsFromItsStep) {
   options.first_batch = 4;
   options.test_accuracy = 0.5;
   options.report_interval = absl::ZeroDuration();
-  TrainingLoop loop(pipeline.region(), *model, data, options, recorder.Sink(), recorder.Writer());
+  TrainingLoop loop(pipeline.region(), *model, View(data), options, recorder.Sink(),
+                    recorder.Writer());
   pipeline.StartLoader();
   ASSERT_TRUE(loop.Run().ok());
   EXPECT_EQ(pipeline.region().stats().steps_total.load(), 4u);
@@ -264,7 +266,7 @@ TEST_F(TrainingLoopTest, AResumedRunTrainsFromItsStep) {
 
 TEST_F(TrainingLoopTest, ACheckpointThatCannotBeWrittenFailsTheAttempt) {
   recorder_.checkpoint_status = absl::ResourceExhaustedError("disk full");
-  TrainingLoop loop(pipeline_.region(), *model_, data_, Options(), recorder_.Sink(),
+  TrainingLoop loop(pipeline_.region(), *model_, View(data_), Options(), recorder_.Sink(),
                     recorder_.Writer());
   pipeline_.StartLoader();
   const absl::Status status = loop.Run();
@@ -281,7 +283,8 @@ TEST_F(TrainingLoopTest, ABatchTheModelRefusesIsBadInput) {
   std::unique_ptr<Model> model = TinyModel();
   ASSERT_NE(model, nullptr);
   Recorder recorder;
-  TrainingLoop loop(pipeline.region(), *model, data, Options(), recorder.Sink(), recorder.Writer());
+  TrainingLoop loop(pipeline.region(), *model, View(data), Options(), recorder.Sink(),
+                    recorder.Writer());
   pipeline.StartLoader();
   const absl::Status status = loop.Run();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
@@ -292,7 +295,7 @@ TEST_F(TrainingLoopTest, ABatchTheModelRefusesIsBadInput) {
 TEST_F(TrainingLoopTest, ADivergedLossIsBadInputNamingTheStep) {
   TrainingLoopOptions options = Options();
   options.optimizer.set_lr(1e38);  // the first step's weights overflow the next step's logits
-  TrainingLoop loop(pipeline_.region(), *model_, data_, options, recorder_.Sink(),
+  TrainingLoop loop(pipeline_.region(), *model_, View(data_), options, recorder_.Sink(),
                     recorder_.Writer());
   pipeline_.StartLoader();
   const absl::Status status = loop.Run();
