@@ -258,14 +258,24 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   }
   resolved_spec_ = spec;
   // The prepared training set (decoded samples, or an image index) goes when the attempt ends:
-  // the loaders are gone by then, and it may be as large as the dataset.
-  struct RemoveTrainingSet {
-    std::string path;
-    ~RemoveTrainingSet() {
+  // the loaders are gone by then, and it may be as large as the dataset. So does what a trainer
+  // killed while decoding an image test split left of it (test.samples and its temporary files;
+  // a trainer that finished unlinked it itself).
+  struct RemoveAttemptData {
+    std::string dir;
+    std::string training_set;
+    ~RemoveAttemptData() {
       std::error_code ignored;
-      std::filesystem::remove(path, ignored);
+      std::filesystem::remove(training_set, ignored);
+      for (std::filesystem::directory_iterator it(dir, ignored), end; !ignored && it != end;
+           it.increment(ignored)) {
+        if (it->path().filename().string().rfind("test.samples", 0) == 0) {
+          std::error_code also_ignored;
+          std::filesystem::remove(it->path(), also_ignored);
+        }
+      }
     }
-  } remove_training_set{training_set_path()};
+  } remove_attempt_data{dir_, training_set_path()};
   // Image datasets: the index is the probe (it is what knows the count and the classes), built
   // once, here.
   const bool images = IsImageFormat(spec.dataset().format());

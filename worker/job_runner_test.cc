@@ -1,6 +1,7 @@
 #include "worker/job_runner.h"
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -201,6 +202,24 @@ TEST_F(PrepareInRunTest, TheTrainingSetIsPreparedOnceForTheAttemptAndRemovedAfte
   EXPECT_TRUE(absl::StartsWith(events_[1], "prepared the training set in ") &&
               absl::EndsWith(events_[1], " s: 0.0 MiB decoded into train.samples"))
       << events_[1];
+}
+
+TEST_F(PrepareInRunTest, WhatAKilledTrainerLeftOfItsTestSplitIsRemovedAfter) {
+  // A trainer killed while decoding an image test split leaves test.samples' temporary file in
+  // the attempt's directory; the attempt's end removes it, and only it besides train.samples.
+  const std::string attempt_dir = dir_.File("work") + "/j-000001-a1";
+  std::string leftover, kept;
+  const AttemptOutcome outcome = Run(true, [&](JobRunner&, const std::string& message) {
+    if (message.rfind("prepared the training set in ", 0) != 0) return;
+    leftover = attempt_dir + "/test.samples.tmp-Ab12Cd";
+    kept = attempt_dir + "/trainer.log";
+    std::ofstream(leftover) << "partial";
+    std::ofstream(kept) << "log";
+  });
+  EXPECT_EQ(outcome.state, v1::JOB_STATE_CANCELLED) << outcome.error;
+  ASSERT_FALSE(leftover.empty());
+  EXPECT_FALSE(std::filesystem::exists(leftover));
+  EXPECT_TRUE(std::filesystem::exists(kept)) << "logs stay";
 }
 
 TEST_F(PrepareInRunTest, BadDataFailsTheJobNamingTheFileAsWritten) {
