@@ -177,20 +177,7 @@ class TempFile {
   }
   // Writes all of [data, data + bytes), counting into written_.
   bool Write(const void* data, size_t bytes) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    while (bytes > 0) {
-      // Slices of at most 64 MiB: no single call runs for long, and the count stays exact.
-      const ssize_t n = write(fd_, p, std::min<size_t>(bytes, size_t{1} << 26));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        if (n == 0) errno = EIO;
-        return false;
-      }
-      p += n;
-      bytes -= static_cast<size_t>(n);
-      written_ += static_cast<uint64_t>(n);
-    }
-    return true;
+    return WriteFully(data, bytes, /*offset=*/-1, &written_);
   }
   bool Pad(uint64_t to) {
     static constexpr uint8_t kZeros[kSamplesAlignment] = {};
@@ -212,20 +199,8 @@ class TempFile {
   }
   // Writes all of [data, data + bytes) at `offset`, leaving the file position and written_.
   bool WriteAt(const void* data, size_t bytes, uint64_t offset) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    while (bytes > 0) {
-      const ssize_t n =
-          pwrite(fd_, p, std::min<size_t>(bytes, size_t{1} << 26), static_cast<off_t>(offset));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        if (n == 0) errno = EIO;
-        return false;
-      }
-      p += n;
-      bytes -= static_cast<size_t>(n);
-      offset += static_cast<uint64_t>(n);
-    }
-    return true;
+    uint64_t done = 0;
+    return WriteFully(data, bytes, static_cast<int64_t>(offset), &done);
   }
   // Moves the file position to `offset` (leaving a hole), counted as written.
   bool SeekTo(uint64_t offset) {
@@ -236,6 +211,28 @@ class TempFile {
   uint64_t written() const { return written_; }
 
  private:
+  // write() (offset < 0) or pwrite() at `offset` of all of [data, data + bytes), in slices of at
+  // most 64 MiB (no single call runs for long, and the count stays exact), retrying EINTR; adds
+  // what got written to *done. False, with errno set, on a failure.
+  bool WriteFully(const void* data, size_t bytes, int64_t offset, uint64_t* done) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    while (bytes > 0) {
+      const size_t slice = std::min<size_t>(bytes, size_t{1} << 26);
+      const ssize_t n =
+          offset < 0 ? write(fd_, p, slice) : pwrite(fd_, p, slice, static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        if (n == 0) errno = EIO;
+        return false;
+      }
+      p += n;
+      bytes -= static_cast<size_t>(n);
+      *done += static_cast<uint64_t>(n);
+      if (offset >= 0) offset += n;
+    }
+    return true;
+  }
+
   int fd_ = -1;
   std::string name_;
   uint64_t written_ = 0;

@@ -25,18 +25,6 @@ NetworkConfig PlainSgd(NetworkConfig config) {
   return config;
 }
 
-// A tiny network for the gradient checks: 3 classes, batches of up to 4, plain SGD.
-NetworkConfig TinyNet(std::vector<int> input_shape, std::vector<LayerConfig> layers,
-                      uint64_t seed) {
-  NetworkConfig config;
-  config.input_shape = std::move(input_shape);
-  config.layers = std::move(layers);
-  config.classes = 3;
-  config.max_batch = 4;
-  config.seed = seed;
-  return PlainSgd(config);
-}
-
 // conv stride 2 pad 1 (7 -> 4), GELU, pool k3 s2 p1 (4 -> 2), Flatten, Linear, ReLU, Linear.
 NetworkConfig StridedNet() {
   return TinyNet({2, 7, 7},

@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <utility>
 
 #include "gtest/gtest.h"
 
@@ -307,6 +308,19 @@ void ExpectSameParameters(const Model& a, const Model& b, const std::string& lab
   for (size_t t = 0; t < pa.size(); ++t) {
     EXPECT_EQ(pa[t].values, pb[t].values) << label << " " << pa[t].name;
   }
+}
+
+NetworkConfig TinyNet(std::vector<int> input_shape, std::vector<LayerConfig> layers,
+                      uint64_t seed) {
+  NetworkConfig config;
+  config.input_shape = std::move(input_shape);
+  config.layers = std::move(layers);
+  config.classes = 3;
+  config.max_batch = 4;
+  config.seed = seed;
+  config.optimizer.momentum = 0;
+  config.optimizer.weight_decay = 0;
+  return config;
 }
 
 int Features(const NetworkConfig& config) {

@@ -64,6 +64,10 @@ double CentralDifference(const DoubleParams& params, size_t t, size_t i, double 
   return (plus - loss(shifted)) / (2 * h);
 }
 
+// A tiny network for the gradient checks: `layers` on `input_shape`, 3 classes, batches of up to
+// 4, plain SGD (no momentum, no decay), initialised from `seed`.
+NetworkConfig TinyNet(std::vector<int> input_shape, std::vector<LayerConfig> layers, uint64_t seed);
+
 // Values per sample: the product of config.input_shape.
 int Features(const NetworkConfig& config);
 

@@ -44,19 +44,6 @@ LayerConfig Residual(std::vector<LayerConfig> main, std::vector<LayerConfig> sho
   return layer;
 }
 
-NetworkConfig TinyNet(std::vector<int> input_shape, std::vector<LayerConfig> layers,
-                      uint64_t seed) {
-  NetworkConfig config;
-  config.input_shape = std::move(input_shape);
-  config.layers = std::move(layers);
-  config.classes = 3;
-  config.max_batch = 4;
-  config.seed = seed;
-  config.optimizer.momentum = 0;
-  config.optimizer.weight_decay = 0;
-  return config;
-}
-
 // conv (no bias) k3 pad 1, BatchNorm2d, ReLU, AvgPool k2, Flatten, Linear.
 NetworkConfig BatchNorm2dNet() {
   return TinyNet({2, 6, 6},
