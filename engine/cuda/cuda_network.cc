@@ -387,12 +387,14 @@ absl::Status CheckCudaSupports(const NetworkConfig& config) {
     if (!supported || !layer.bias) {
       return absl::UnimplementedError(absl::StrCat(
           "layers[", i, "] (", LayerKindName(layer.kind), ")", layer.bias ? "" : " without bias",
-          " is not available on the cuda backend yet; use backend: cpu"));
+          " is not available on the cuda backend yet; train it on the cpu backend (resources.gpus: "
+          "0)"));
     }
   }
   if (config.label_smoothing != 0) {
     return absl::UnimplementedError(
-        "label_smoothing is not available on the cuda backend yet; use backend: cpu");
+        "label_smoothing is not available on the cuda backend yet; train it on the cpu backend "
+        "(resources.gpus: 0)");
   }
   return absl::OkStatus();
 }
