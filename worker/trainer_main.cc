@@ -13,7 +13,6 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
-#include <thread>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
@@ -160,7 +159,9 @@ absl::StatusOr<std::unique_ptr<MappedSamples>> LoadImageTestSet(const v1::JobSpe
   STOKER_ASSIGN_OR_RETURN(const SampleIndex test,
                           BuildImageIndex(data.format(), data.test_images(), log));
   const int classes = std::max({2, train_classes, data.classes()});
-  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // The job's cpus (--threads, which OpenMP was given in main), not the whole machine's: other
+  // jobs may share this worker.
+  const int threads = std::max(1, omp_get_max_threads());
   STOKER_RETURN_IF_ERROR(WriteImageTestSplit(train, test, EvalImageTransform(spec, first), classes,
                                              data.test_limit(), threads, data.max_bad_samples(),
                                              log, test_data)
