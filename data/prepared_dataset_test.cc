@@ -12,6 +12,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,6 +59,23 @@ void ExpectSameData(const SamplesView& got, const LabeledSamples& want) {
   EXPECT_EQ(got.classes, want.classes);
   EXPECT_EQ(std::memcmp(got.samples, want.samples.data(), want.samples.size()), 0);
   EXPECT_EQ(std::memcmp(got.labels, want.labels.data(), want.labels.size()), 0);
+}
+
+// Runs `body` in a child process whose files may not grow past 5096 bytes (RLIMIT_FSIZE, with
+// SIGXFSZ ignored, so a write past it fails with EFBIG) and returns the child's exit code (-1 if
+// it did not exit). The limit stays in the child: the test process keeps writing freely.
+int ExitCodeUnderFileSizeLimit(const std::function<int()>& body) {
+  const pid_t child = fork();
+  if (child < 0) return -1;
+  if (child == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{.rlim_cur = 4096 + 1000, .rlim_max = RLIM_INFINITY};
+    setrlimit(RLIMIT_FSIZE, &limit);
+    _exit(body());
+  }
+  int wait_status = 0;
+  if (waitpid(child, &wait_status, 0) != child || !WIFEXITED(wait_status)) return -1;
+  return WEXITSTATUS(wait_status);
 }
 
 struct Case {
@@ -326,12 +344,7 @@ TEST_F(PreparedDatasetTest, WriteRefusesWhatTheFormatCannotHold) {
 // leaves neither the file nor its temporary behind; a file already there stays as it was.
 TEST_F(PreparedDatasetTest, AFailedWriteNamesTheFileAndRemovesIt) {
   testing::WriteText(File("train.samples"), "an older file");
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    signal(SIGXFSZ, SIG_IGN);  // the write then fails with EFBIG
-    const rlimit limit{.rlim_cur = 4096 + 1000, .rlim_max = RLIM_INFINITY};
-    setrlimit(RLIMIT_FSIZE, &limit);
+  const int exit_code = ExitCodeUnderFileSizeLimit([&] {
     LabeledSamples big =
         testing::PatternSamples(1000, {28, 28}, [](int i, int j) { return i ^ j; });
     const absl::Status status = WritePreparedSamples(View(big), File("train.samples"));
@@ -340,12 +353,9 @@ TEST_F(PreparedDatasetTest, AFailedWriteNamesTheFileAndRemovesIt) {
                        message == File("train.samples") +
                                       ": cannot write the prepared training set: File too large "
                                       "(0.0 of 0.8 MiB written; the partial file is removed)";
-    _exit(status.ok() ? 10 : !named ? (fprintf(stderr, "%s\n", message.c_str()), 11) : 0);
-  }
-  int wait_status = 0;
-  ASSERT_EQ(waitpid(child, &wait_status, 0), child);
-  ASSERT_TRUE(WIFEXITED(wait_status));
-  EXPECT_EQ(WEXITSTATUS(wait_status), 0);
+    return status.ok() ? 10 : !named ? (fprintf(stderr, "%s\n", message.c_str()), 11) : 0;
+  });
+  EXPECT_EQ(exit_code, 0);
   EXPECT_EQ(Leftovers("train.samples"), std::vector<std::string>{"train.samples"});
   EXPECT_EQ(testing::ReadRaw(File("train.samples")).size(), 13u) << "the older file is kept";
 }
@@ -565,17 +575,12 @@ TEST_F(PreparedDatasetTest, TheStreamingWriterLeavesNoFileOnAnError) {
 }
 
 TEST_F(PreparedDatasetTest, TheStreamingWriterNamesAFailedWriteAndRemovesIt) {
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    signal(SIGXFSZ, SIG_IGN);  // the write then fails with EFBIG
-    const rlimit limit{.rlim_cur = 4096 + 1000, .rlim_max = RLIM_INFINITY};
-    setrlimit(RLIMIT_FSIZE, &limit);
+  const int exit_code = ExitCodeUnderFileSizeLimit([&] {
     LabeledSamples big =
         testing::PatternSamples(1000, {28, 28}, [](int i, int j) { return i ^ j; });
     auto writer = PreparedSamplesWriter::Begin(File("test.samples"), 1000, SampleType::kUint8,
                                                {28, 28}, big.classes);
-    if (!writer.ok()) _exit(12);
+    if (!writer.ok()) return 12;
     absl::Status status = (*writer)->Append(big.samples.data(), big.labels.data(), 1000);
     const bool again = (*writer)->Finish().status() == status;
     const std::string message(status.message());
@@ -583,15 +588,12 @@ TEST_F(PreparedDatasetTest, TheStreamingWriterNamesAFailedWriteAndRemovesIt) {
                        message == File("test.samples") +
                                       ": cannot write the prepared samples: File too large "
                                       "(0.0 of 0.8 MiB written; the partial file is removed)";
-    _exit(status.ok() ? 10
-          : !named    ? (fprintf(stderr, "%s\n", message.c_str()), 11)
-          : !again    ? 13
-                      : 0);
-  }
-  int wait_status = 0;
-  ASSERT_EQ(waitpid(child, &wait_status, 0), child);
-  ASSERT_TRUE(WIFEXITED(wait_status));
-  EXPECT_EQ(WEXITSTATUS(wait_status), 0);
+    return status.ok() ? 10
+           : !named    ? (fprintf(stderr, "%s\n", message.c_str()), 11)
+           : !again    ? 13
+                       : 0;
+  });
+  EXPECT_EQ(exit_code, 0);
   EXPECT_TRUE(Leftovers("test.samples").empty());
 }
 
