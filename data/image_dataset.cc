@@ -411,52 +411,7 @@ absl::Status Relabel(const std::vector<int>& relabel, int classes, uint8_t* labe
   return absl::OkStatus();
 }
 
-// Decodes into memory, relabelling each chunk with `relabel` (null: none).
-absl::StatusOr<LabeledSamples> DecodeIntoMemory(const SampleIndex& index,
-                                                const ImageTransform& transform, int64_t limit,
-                                                int threads, int64_t max_bad_samples,
-                                                const LogFn& log, const std::vector<int>* relabel,
-                                                int classes) {
-  LabeledSamples out;
-  const size_t sample_bytes = TransformOutputBytes(transform);
-  out.samples.reserve(static_cast<size_t>(std::max<int64_t>(Limited(index, limit), 0)) *
-                      sample_bytes);
-  auto sink = [&](const uint8_t* samples, const uint8_t* labels, int64_t count) -> absl::Status {
-    out.samples.insert(out.samples.end(), samples,
-                       samples + static_cast<size_t>(count) * sample_bytes);
-    const size_t at = out.labels.size();
-    out.labels.insert(out.labels.end(), labels, labels + count);
-    if (relabel == nullptr) return absl::OkStatus();
-    return Relabel(*relabel, classes, out.labels.data() + at, count);
-  };
-  STOKER_ASSIGN_OR_RETURN(
-      out.count, DecodeChunks(index, transform, limit, threads, max_bad_samples, log, sink));
-  out.sample_type = SampleType::kUint8;
-  out.sample_bytes = static_cast<int>(sample_bytes);
-  out.features = static_cast<int>(sample_bytes);
-  out.sample_dims = ImageSampleDims(transform);
-  out.classes = classes;
-  return out;
-}
-
 }  // namespace
-
-absl::StatusOr<LabeledSamples> DecodeImageSplit(const SampleIndex& index,
-                                                const ImageTransform& transform, int64_t limit,
-                                                int threads, int64_t max_bad_samples,
-                                                const LogFn& log) {
-  return DecodeIntoMemory(index, transform, limit, threads, max_bad_samples, log, nullptr,
-                          index.classes());
-}
-
-absl::StatusOr<LabeledSamples> DecodeImageTestSplit(const SampleIndex& train,
-                                                    const SampleIndex& test,
-                                                    const ImageTransform& transform, int classes,
-                                                    int64_t limit, int threads,
-                                                    int64_t max_bad_samples, const LogFn& log) {
-  STOKER_ASSIGN_OR_RETURN(const std::vector<int> relabel, TestRelabelling(train, test));
-  return DecodeIntoMemory(test, transform, limit, threads, max_bad_samples, log, &relabel, classes);
-}
 
 absl::StatusOr<DatasetSummary> WriteImageTestSplit(const SampleIndex& train,
                                                    const SampleIndex& test,

@@ -15,7 +15,6 @@
 //   chunk of a few hundred images at a time, into a prepared samples file
 //   (data/prepared_dataset.h) that the trainer maps: its memory is page cache, which the kernel
 //   can reclaim, not the trainer's own (50,000 ImageNet images at 224 x 224 are 7.5 GB).
-//   DecodeImageSplit and DecodeImageTestSplit decode the same bytes into memory.
 #ifndef STOKER_DATA_IMAGE_DATASET_H_
 #define STOKER_DATA_IMAGE_DATASET_H_
 
@@ -135,32 +134,19 @@ std::vector<int> ImageSampleDims(const ImageTransform& transform);
 // The 64 random bits sample `position` of batch `batch` is transformed with.
 uint64_t SampleRandomBits(uint64_t seed, uint64_t batch, uint32_t position);
 
-// Decodes LimitedSubset(count, limit) (all when 0) of the samples of `index` with `transform`
-// (deterministic: no random crop or flip) into memory, in index order, on `threads` threads, in
-// chunks of at most 512 samples (and about 64 MiB). Samples that cannot be decoded are skipped and
-// named on `log`; more than `max_bad_samples` of them is an INVALID_ARGUMENT naming some (as soon
-// as a chunk passes the limit). None decodable is INVALID_ARGUMENT. `classes` of the result is the
-// index's.
-absl::StatusOr<LabeledSamples> DecodeImageSplit(const SampleIndex& index,
-                                                const ImageTransform& transform, int64_t limit,
-                                                int threads, int64_t max_bad_samples,
-                                                const std::function<void(const std::string&)>& log);
-
-// The test split of an image dataset, ready for evaluation: `test` decoded as DecodeImageSplit
-// does, its labels made the training set's. Image folders: classes are matched by directory
-// name, so a test folder may lack classes of the training folder; a class the training folder
-// does not have is INVALID_ARGUMENT naming it. Shards: .cls numbers are labels already, and must
-// be below `classes` (the job's class count). `classes` of the result is `classes`.
-absl::StatusOr<LabeledSamples> DecodeImageTestSplit(
-    const SampleIndex& train, const SampleIndex& test, const ImageTransform& transform, int classes,
-    int64_t limit, int threads, int64_t max_bad_samples,
-    const std::function<void(const std::string&)>& log);
-
-// DecodeImageTestSplit's samples and labels, byte for byte, written chunk by chunk into the
+// The test split of an image dataset, ready for evaluation, written chunk by chunk into the
 // prepared samples file `path` (PreparedSamplesWriter: only one chunk of samples and the labels
-// are in memory at once). Errors are DecodeImageTestSplit's, and the writer's (UNAVAILABLE naming
-// `path` when it cannot be written); on any error no file is left at `path` or beside it. Returns
-// what was written (count: the samples kept).
+// are in memory at once). LimitedSubset(count, limit) (all when 0) of the samples of `test` are
+// decoded with `transform` (deterministic: no random crop or flip), in index order, on `threads`
+// threads, in chunks of at most 512 samples (and about 64 MiB). Samples that cannot be decoded are
+// skipped and named on `log`; more than `max_bad_samples` of them is an INVALID_ARGUMENT naming
+// some (as soon as a chunk passes the limit); none decodable is INVALID_ARGUMENT. Labels are made
+// the training set's: image folders' classes are matched by directory name, so a test folder may
+// lack classes of the training folder, and a class the training folder does not have is
+// INVALID_ARGUMENT naming it; shards' .cls numbers are labels already, and one not below `classes`
+// (the job's class count) is OUT_OF_RANGE. The writer's errors are UNAVAILABLE naming `path`. On
+// any error no file is left at `path` or beside it. Returns what was written (count: the samples
+// kept; classes: `classes`).
 absl::StatusOr<DatasetSummary> WriteImageTestSplit(
     const SampleIndex& train, const SampleIndex& test, const ImageTransform& transform, int classes,
     int64_t limit, int threads, int64_t max_bad_samples,

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "data/prepared_dataset.h"
+#include "data/test_util.h"
 #include "gtest/gtest.h"
 
 namespace stoker {
@@ -50,6 +51,34 @@ SampleIndex Index(const std::string& root) {
   absl::StatusOr<SampleIndex> index = BuildImageIndex("image_folder", root, nullptr);
   EXPECT_TRUE(index.ok()) << index.status();
   return std::move(*index);
+}
+
+// The test split as the trainer gets it: WriteImageTestSplit into `dir`/test.samples, mapped,
+// and copied out (the file is removed).
+absl::StatusOr<LabeledSamples> TestSplit(const SampleIndex& train, const SampleIndex& test,
+                                         const ImageTransform& eval, int classes, int64_t limit,
+                                         int threads, int64_t max_bad_samples,
+                                         const testing::TempDir& dir,
+                                         const std::function<void(const std::string&)>& log = {}) {
+  const std::string path = dir.File("test.samples");
+  absl::StatusOr<DatasetSummary> written =
+      WriteImageTestSplit(train, test, eval, classes, limit, threads, max_bad_samples, log, path);
+  if (!written.ok()) return written.status();
+  absl::StatusOr<std::unique_ptr<MappedSamples>> mapped = MappedSamples::Open(path);
+  if (!mapped.ok()) return mapped.status();
+  const SamplesView& view = (*mapped)->view();
+  EXPECT_EQ(view.count, written->count);
+  LabeledSamples out;
+  out.count = view.count;
+  out.sample_type = view.sample_type;
+  out.features = view.features;
+  out.sample_bytes = view.sample_bytes;
+  out.sample_dims = view.sample_dims;
+  out.classes = view.classes;
+  out.samples.assign(view.samples, view.samples + view.count * view.sample_bytes);
+  out.labels.assign(view.labels, view.labels + view.count);
+  std::filesystem::remove(path);
+  return out;
 }
 
 ImageSourceOptions Options(int side, int channels) {
@@ -146,8 +175,9 @@ TEST(ImageDatasetTest, TestSplitClassesAreMatchedByName) {
   ImageTransform eval;
   eval.channels = 1;
   eval.size = 4;
+  const testing::TempDir work;
   absl::StatusOr<LabeledSamples> split =
-      DecodeImageTestSplit(Index(train.root()), Index(test.root()), eval, 3, 0, 2, 0, nullptr);
+      TestSplit(Index(train.root()), Index(test.root()), eval, 3, 0, 2, 0, work);
   ASSERT_TRUE(split.ok()) << split.status();
   EXPECT_EQ(split->count, 4);
   EXPECT_EQ(split->labels, (std::vector<uint8_t>{1, 1, 2, 2}));
@@ -156,15 +186,15 @@ TEST(ImageDatasetTest, TestSplitClassesAreMatchedByName) {
 
   std::filesystem::rename(test.root() + "/class2", test.root() + "/zebra");
   absl::StatusOr<LabeledSamples> unknown =
-      DecodeImageTestSplit(Index(train.root()), Index(test.root()), eval, 3, 0, 1, 0, nullptr);
+      TestSplit(Index(train.root()), Index(test.root()), eval, 3, 0, 1, 0, work);
   EXPECT_TRUE(absl::StartsWith(unknown.status().message(),
                                "test class directory 'zebra' has no counterpart"))
       << unknown.status();
 }
 
-// The trainer's test split, written chunk by chunk into a prepared samples file: the bytes of the
-// in-memory decode, relabelled by class name, a bad image skipped, over more than one chunk.
-TEST(ImageDatasetTest, TheTestSplitWrittenToAFileIsTheDecodeInMemory) {
+// The trainer's test split, written chunk by chunk into a prepared samples file: every decodable
+// image, in index order, relabelled by class name, a bad image skipped, over more than one chunk.
+TEST(ImageDatasetTest, TheTestSplitWrittenToAFileHoldsEveryDecodableImage) {
   ImageFolder train(4, 1, 4, 1);
   ImageFolder test(4, 180, 4, 1);  // 540 samples after removing class0: chunks of 512 and 28
   std::filesystem::remove_all(test.root() + "/class0");
@@ -175,13 +205,8 @@ TEST(ImageDatasetTest, TheTestSplitWrittenToAFileIsTheDecodeInMemory) {
   eval.size = 4;
   const SampleIndex train_index = Index(train.root());
   const SampleIndex test_index = Index(test.root());
-  absl::StatusOr<LabeledSamples> memory =
-      DecodeImageTestSplit(train_index, test_index, eval, 4, 0, 3, 1, nullptr);
-  ASSERT_TRUE(memory.ok()) << memory.status();
-  ASSERT_EQ(memory->count, 539);
-  const std::string dir = absl::StrCat(test.root(), "/work");
-  std::filesystem::create_directories(dir);
-  const std::string path = dir + "/test.samples";
+  const testing::TempDir work;
+  const std::string path = work.File("test.samples");
   std::vector<std::string> lines;
   absl::StatusOr<DatasetSummary> written = WriteImageTestSplit(
       train_index, test_index, eval, 4, 0, 3, 1,
@@ -191,21 +216,31 @@ TEST(ImageDatasetTest, TheTestSplitWrittenToAFileIsTheDecodeInMemory) {
   EXPECT_EQ(written->classes, 4);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_TRUE(absl::StrContains(lines[0], bad)) << lines[0];
-  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1)
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(work.File("")), {}), 1)
       << "no temporary file is left";
   absl::StatusOr<std::unique_ptr<MappedSamples>> mapped = MappedSamples::Open(path);
   ASSERT_TRUE(mapped.ok()) << mapped.status();
   const SamplesView& view = (*mapped)->view();
-  ASSERT_EQ(view.count, memory->count);
+  ASSERT_EQ(view.count, 539);
   EXPECT_EQ(view.classes, 4);
-  EXPECT_EQ(view.sample_dims, memory->sample_dims);
+  EXPECT_EQ(view.sample_dims, (std::vector<int>{1, 4, 4}));
   EXPECT_EQ(view.sample_bytes, 16);
-  EXPECT_EQ(std::vector<uint8_t>(view.labels, view.labels + view.count), memory->labels);
-  EXPECT_EQ(std::vector<uint8_t>(view.samples, view.samples + view.count * 16), memory->samples);
-  // Relabelled by name: the test folder's first class is the training set's class1.
-  EXPECT_EQ(view.labels[0], 1);
-  EXPECT_EQ(view.labels[view.count - 1], 3);
-  EXPECT_EQ(view.samples[0], 40);  // class1/img0
+  // The expected samples, from the index alone: image classC/imgI.png is uniformly C * 40 + I
+  // (as a uint8), and test class C is the training set's class C too (class0 only exists there).
+  int64_t k = 0;
+  for (int64_t i = 0; i < test_index.count(); ++i) {
+    const std::string name = test_index.SampleName(i);
+    if (name == bad) continue;
+    const size_t c_at = name.rfind("/class") + 6, i_at = name.rfind("/img") + 4;
+    const int c = std::stoi(name.substr(c_at)), n = std::stoi(name.substr(i_at));
+    ASSERT_LT(k, view.count);
+    EXPECT_EQ(view.labels[k], c) << name;
+    for (int b = 0; b < 16; ++b) {
+      ASSERT_EQ(view.samples[k * 16 + b], static_cast<uint8_t>(c * 40 + n)) << name;
+    }
+    ++k;
+  }
+  EXPECT_EQ(k, view.count);
 }
 
 TEST(ImageDatasetTest, AFailedTestSplitWriteLeavesNoFile) {
@@ -263,8 +298,9 @@ TEST(ImageDatasetTest, ALimitKeepsARandomSubsetNotTheFirstClasses) {
   ImageTransform eval;
   eval.channels = 1;
   eval.size = 4;
-  absl::StatusOr<LabeledSamples> split =
-      DecodeImageSplit(Index(folder.root()), eval, 8, 1, 0, nullptr);
+  const testing::TempDir work;
+  const SampleIndex index = Index(folder.root());
+  absl::StatusOr<LabeledSamples> split = TestSplit(index, index, eval, 4, 8, 1, 0, work);
   ASSERT_TRUE(split.ok()) << split.status();
   EXPECT_EQ(split->count, 8);
   EXPECT_GE(std::set<uint8_t>(split->labels.begin(), split->labels.end()).size(), 2u);
