@@ -62,6 +62,12 @@ struct JobStats {
   // Samples the loaders skipped because they could not be decoded (image datasets); the job fails
   // once it passes dataset.max_bad_samples.
   std::atomic<uint64_t> bad_samples_total{0};
+  // Data-parallel jobs: this rank's gradient all-reduce time (all of it, and the part backward
+  // did not hide), bytes and calls, and evaluation/setup collectives are not counted.
+  std::atomic<uint64_t> allreduce_ns_total{0};
+  std::atomic<uint64_t> allreduce_exposed_ns_total{0};
+  std::atomic<uint64_t> allreduce_bytes_total{0};
+  std::atomic<uint64_t> allreduce_calls_total{0};
 };
 
 void StoreDouble(std::atomic<uint64_t>& cell, double value);

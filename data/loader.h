@@ -74,7 +74,27 @@ struct LoaderOptions {
   uint64_t seed = 0;       // the job's train.seed
   int delay_ms = 0;        // artificial delay per batch (to demonstrate data stalls)
   AugmentOptions augment;  // off by default
+  // Data-parallel jobs: this loader feeds rank `rank` of `replicas`. Every rank's loaders walk the
+  // same stream of global batches (replicas x batch_size samples; batches_per_epoch counts them)
+  // and rank r's batch b is slice r of global batch b (RankSlice); augmentation is drawn for the
+  // sample's position in the global batch. replicas 1: the batches of a job of one rank.
+  uint32_t rank = 0;
+  uint32_t replicas = 1;
 };
+
+// Positions [first, end) of the epoch's order that rank `rank` of `replicas` gets in batch
+// `batch_in_epoch`, each rank's batch being `batch_size` samples of a global batch of
+// replicas x batch_size, for a training set of `count` samples: [g + r*B, min(g + (r+1)*B,
+// next)) with g = batch_in_epoch x replicas x B and next the start of the next global batch (or
+// count). Empty (first == end) when the epoch's short last global batch ends before slice r.
+struct RankSlice {
+  int64_t first = 0;
+  int64_t end = 0;
+  int64_t global_first = 0;  // g: where the global batch starts (augmentation positions count
+                             // from it)
+};
+RankSlice SliceOfRank(int64_t count, uint32_t batch_size, uint32_t rank, uint32_t replicas,
+                      int64_t batch_in_epoch);
 
 // Fills the region's slots with this loader's batches from `source`, starting with the first one
 // the consumer has not released (so a respawned loader resumes with the batch it owed) and

@@ -203,6 +203,27 @@ struct NamedTensor {
   std::vector<float> values;
 };
 
+// Data-parallel training: a model given a reducer (Model::SetGradientReducer) hands it its
+// gradients between backward and the optimizer update, and updates with what comes back, so every
+// rank takes the same step. Per step, the model
+//   1. scales its batch-mean loss gradient by LocalShare() before backward (this rank's samples
+//      over the global batch's: the ranks' gradients then sum to the global batch's mean),
+//   2. calls GradientReady(i, ...) for each trained tensor once its gradient is final, in the
+//      order backward finishes them (the same order, pointers and counts every step; i counts
+//      0, 1, ... in that order), so a reducer may start summing early gradients while backward
+//      still computes later ones,
+//   3. calls Finish(): afterwards every buffer holds the sum over the ranks; the model then checks
+//      finiteness (fp16), unscales, clips and updates as it would alone.
+// Buffers are fp32 master gradients. A reducer serves one model.
+class GradientReducer {
+ public:
+  virtual ~GradientReducer() = default;
+  virtual float LocalShare() const = 0;
+  virtual void GradientReady(int index, float* gradient, int64_t count) = 0;
+  // An error (a peer gone, a timeout) fails the step: the model must not update.
+  virtual absl::Status Finish() = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -228,6 +249,22 @@ class Model {
   virtual absl::Status SetOptimizerState(const std::vector<NamedTensor>& state) {
     return state.empty() ? absl::OkStatus()
                          : absl::UnimplementedError("this model keeps no optimizer state");
+  }
+
+  // Data-parallel training: TrainStep passes its gradients through `reducer` (see
+  // GradientReducer) before the update; null turns it off. The reducer must outlive its use.
+  // UNIMPLEMENTED where a model cannot (then the job cannot run data-parallel on it).
+  virtual absl::Status SetGradientReducer(GradientReducer* reducer) {
+    (void)reducer;
+    return absl::UnimplementedError("this model cannot train data-parallel");
+  }
+  // A data-parallel step to which this rank brings no samples (its slice of the global batch is
+  // empty: the epoch's last, short batch, or every image of it was bad): zero gradients go
+  // through the reducer with the other ranks', then the same update as theirs. Its loss is 0.
+  // FAILED_PRECONDITION without a reducer.
+  virtual absl::StatusOr<StepResult> TrainStepWithoutSamples(double learning_rate) {
+    (void)learning_rate;
+    return absl::UnimplementedError("this model cannot train data-parallel");
   }
 
   // Test hook: the next TrainStep adds `value` (e.g. +inf) to one element of the gradient after

@@ -1,0 +1,95 @@
+// Collectives between the ranks of a data-parallel job, through real engines: Gloo (TCP) for
+// cpu ranks, NCCL for GPU ranks. The ranks meet through a KeyValueStore (the server's rendezvous
+// RPCs in a trainer, an in-process store in tests); no daemon of our own.
+#ifndef STOKER_COMM_COLLECTIVE_H_
+#define STOKER_COMM_COLLECTIVE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/backend.h"  // GradientReducer
+
+namespace stoker {
+
+// Where ranks publish and find each other's addresses. Keys are set once.
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
+  // The values of `keys`, in order, once all are set; DEADLINE_EXCEEDED (naming a missing key)
+  // after `timeout`.
+  virtual absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                                       absl::Duration timeout) = 0;
+};
+
+// A thread-safe store in this process (tests, benchmarks with every rank in one process).
+std::unique_ptr<KeyValueStore> CreateInProcessStore();
+
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In-place sums over the ranks; every rank gets the same bits. Errors: DEADLINE_EXCEEDED after
+  // the options' timeout, UNAVAILABLE when a peer is gone (its process died): the caller must
+  // give up on the job's attempt, not retry the collective.
+  virtual absl::Status AllReduceSum(float* data, size_t count) = 0;
+  virtual absl::Status AllReduceSum(double* data, size_t count) = 0;
+  // `data` of rank `root` copied to every rank.
+  virtual absl::Status Broadcast(float* data, size_t count, int root) = 0;
+  virtual absl::Status Barrier() = 0;
+};
+
+struct GlooOptions {
+  int rank = 0;
+  int size = 1;
+  // The address other ranks reach this one at (the TCP device binds to it): "127.0.0.1" when
+  // every rank is on this machine, else this host's name or address.
+  std::string host = "127.0.0.1";
+  // Prefixes every store key, so attempts of a job (and jobs) never meet each other's keys.
+  std::string store_prefix;
+  // Connecting (every rank must arrive within it) and each collective.
+  absl::Duration timeout = absl::Seconds(60);
+};
+
+// A Gloo context over TCP, fully connected through `store`. The store is used only while
+// connecting.
+absl::StatusOr<std::unique_ptr<Collective>> ConnectGloo(const GlooOptions& options,
+                                                        KeyValueStore& store);
+
+// Counters of a reducer, read while it runs (from another thread).
+struct ReducerCounters {
+  double allreduce_seconds = 0;  // wall time spent in all-reduce calls (overlapped or not)
+  double exposed_seconds = 0;    // time Finish() waited: what the overlap did not hide
+  uint64_t allreduce_bytes = 0;  // bytes summed (each bucket's size, once per all-reduce)
+  uint64_t allreduce_calls = 0;
+};
+
+struct BucketOptions {
+  // Gradients are packed, in the order they become ready, into buckets of about this many bytes
+  // (PyTorch DDP's default, 25 MiB); a bucket is summed as soon as all its gradients are ready.
+  int64_t bucket_bytes = 25ll << 20;
+  // The global batch of every step (replicas x batch_size); LocalShare() is the rank's samples
+  // of the step (SetLocalSamples) over it.
+  int64_t global_batch = 1;
+};
+
+// A GradientReducer that sums bucketed gradients over `collective` on a thread of its own,
+// overlapping backward. Each step: SetLocalSamples(n) before the model's TrainStep.
+class BucketedReducer : public GradientReducer {
+ public:
+  virtual void SetLocalSamples(int64_t samples) = 0;
+  virtual ReducerCounters counters() const = 0;
+};
+std::unique_ptr<BucketedReducer> CreateBucketedReducer(Collective& collective,
+                                                       const BucketOptions& options);
+
+}  // namespace stoker
+
+#endif  // STOKER_COMM_COLLECTIVE_H_
