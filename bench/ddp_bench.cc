@@ -1,0 +1,469 @@
+// Data-parallel training throughput of the cpu backend (issue 16's benchmark, bench/run_ddp.sh):
+// the MLP of examples/fashion-mnist-mlp.yaml trained by `--ranks` forked processes, each pinned to
+// a core of its own with one OpenMP thread, joined by Gloo over TCP on 127.0.0.1 (ConnectGloo, the
+// ranks meeting through a file-based KeyValueStore in a temporary directory), gradients summed by
+// the BucketedReducer (25 MiB buckets, as PyTorch DDP) that the model calls during its TrainStep.
+// Each rank trains on `--batch` synthetic uint8 samples per step (Fashion-MNIST's shape; the model
+// normalises them itself), so the global batch is ranks x batch. `--ranks=1` trains the plain
+// model (no reducer, no Gloo): the single-rank baseline.
+//
+// Timing as bench/ddp_pytorch.py: warm-up steps, the window's step count picked by rank 0 from
+// the warm-up's second half and broadcast, a barrier, the window, a barrier. Prints one JSON line:
+// samples_per_s is the global rate; allreduce_* are the reducer's counters over the window.
+#include <fcntl.h>
+#include <omp.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "comm/collective.h"
+#include "engine/backend.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(int, ranks, 2, "processes (1: the plain model, no reducer)");
+ABSL_FLAG(int, batch, 128, "samples per rank per step");
+ABSL_FLAG(double, seconds, 3.0, "timed window (about)");
+ABSL_FLAG(int, warmup_steps, 40, "steps before the window");
+ABSL_FLAG(std::string, hidden, "256,128", "hidden widths, comma-separated");
+ABSL_FLAG(std::string, precision, "fp32", "fp32 or bf16");
+ABSL_FLAG(double, lr, 0.05, "SGD learning rate");
+ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
+ABSL_FLAG(int64_t, bucket_bytes, 25ll << 20, "reducer bucket size (PyTorch DDP: 25 MiB)");
+ABSL_FLAG(double, timeout_seconds, 120, "the whole run; ranks still running then are killed");
+
+namespace stoker {
+namespace {
+
+constexpr int kFeatures = 784;
+constexpr int kClasses = 10;
+constexpr int kPoolBatches = 32;
+
+// A KeyValueStore in a directory shared by the forked ranks: each key a file, written under a
+// temporary name and renamed into place, so a reader sees a value whole or not at all. Get polls.
+class FileStore : public KeyValueStore {
+ public:
+  explicit FileStore(std::string directory) : directory_(std::move(directory)) {}
+
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    const std::string path = PathOf(key);
+    const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
+    {
+      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+      out.write(value.data(), static_cast<std::streamsize>(value.size()));
+      if (!out.good()) return absl::InternalError(absl::StrCat("store: cannot write ", temporary));
+    }
+    // link() fails when the key exists: keys are set once.
+    if (link(temporary.c_str(), path.c_str()) != 0) {
+      const int error = errno;
+      unlink(temporary.c_str());
+      if (error != EEXIST) {
+        return absl::InternalError(absl::StrCat("store: link ", path, ": ", std::strerror(error)));
+      }
+      absl::StatusOr<std::string> existing = Read(path);
+      if (!existing.ok()) return existing.status();
+      if (*existing != value) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("store key '", key, "' is already set to a different value"));
+      }
+      return absl::OkStatus();
+    }
+    unlink(temporary.c_str());
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                               absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    std::vector<std::string> values;
+    for (const std::string& key : keys) {
+      const std::string path = PathOf(key);
+      while (access(path.c_str(), F_OK) != 0) {
+        if (absl::Now() > deadline) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "store key '", key, "' was not set within ", absl::FormatDuration(timeout)));
+        }
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      absl::StatusOr<std::string> value = Read(path);
+      if (!value.ok()) return value.status();
+      values.push_back(std::move(*value));
+    }
+    return values;
+  }
+
+ private:
+  // Keys become file names: [A-Za-z0-9_.-] kept, every other byte %XX.
+  std::string PathOf(const std::string& key) const {
+    std::string name;
+    for (unsigned char c : key) {
+      if (std::isalnum(c) || c == '_' || c == '-' || (c == '.' && !name.empty())) {
+        name.push_back(static_cast<char>(c));
+      } else {
+        absl::StrAppend(&name, "%", absl::Hex(c, absl::kZeroPad2));
+      }
+    }
+    return absl::StrCat(directory_, "/", name);
+  }
+
+  static absl::StatusOr<std::string> Read(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::InternalError(absl::StrCat("store: cannot read ", path));
+    std::ostringstream contents;
+    contents << in.rdbuf();
+    return contents.str();
+  }
+
+  std::string directory_;
+};
+
+struct Options {
+  int ranks = 2;
+  int batch = 128;
+  double seconds = 3;
+  int warmup_steps = 40;
+  std::vector<int> hidden;
+  Precision precision = Precision::kFp32;
+  double lr = 0.05;
+  double momentum = 0.9;
+  int64_t bucket_bytes = 25ll << 20;
+  std::string store_directory;
+};
+
+// The `index`-th CPU this process may run on (modulo their count); -1 when unknown.
+int AllowedCpu(int index) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return -1;
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  }
+  return cpus.empty() ? -1 : cpus[index % cpus.size()];
+}
+
+int AllowedCpuCount() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return 1;
+  return CPU_COUNT(&allowed);
+}
+
+// One rank's whole run; rank 0 returns the JSON line to print.
+absl::StatusOr<std::string> RunRank(int rank, const Options& options) {
+  const int cpu = AllowedCpu(rank);
+  if (cpu >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+      return absl::InternalError(
+          absl::StrCat("rank ", rank, ": pinning to cpu ", cpu, ": ", std::strerror(errno)));
+    }
+  }
+  omp_set_num_threads(1);
+
+  MlpConfig config;
+  config.hidden = options.hidden;
+  config.max_batch = options.batch;
+  config.precision = options.precision;
+  config.seed = 1;  // the same initial weights on every rank
+  config.optimizer.learning_rate = options.lr;
+  config.optimizer.momentum = options.momentum;
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
+  if (!backend.ok()) return backend.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = (*backend)->CreateMlp(config);
+  if (!model.ok()) return model.status();
+
+  std::unique_ptr<KeyValueStore> store;
+  std::unique_ptr<Collective> collective;
+  std::unique_ptr<BucketedReducer> reducer;
+  if (options.ranks > 1) {
+    store = std::make_unique<FileStore>(options.store_directory);
+    GlooOptions gloo;
+    gloo.rank = rank;
+    gloo.size = options.ranks;
+    gloo.host = "127.0.0.1";
+    gloo.store_prefix = "ddp_bench/";
+    absl::StatusOr<std::unique_ptr<Collective>> connected = ConnectGloo(gloo, *store);
+    if (!connected.ok()) return connected.status();
+    collective = std::move(*connected);
+    BucketOptions bucket;
+    bucket.bucket_bytes = options.bucket_bytes;
+    bucket.global_batch = static_cast<int64_t>(options.ranks) * options.batch;
+    reducer = CreateBucketedReducer(*collective, bucket);
+    if (absl::Status status = (*model)->SetGradientReducer(reducer.get()); !status.ok()) {
+      return status;
+    }
+  }
+
+  // A pool of random batches per rank (a disjoint stream per rank), cycled.
+  std::mt19937_64 rng(2024 + rank);
+  std::vector<uint8_t> samples(static_cast<size_t>(kPoolBatches) * options.batch * kFeatures);
+  std::vector<uint8_t> labels(static_cast<size_t>(kPoolBatches) * options.batch);
+  for (uint8_t& p : samples) p = static_cast<uint8_t>(rng() >> 56);
+  for (uint8_t& l : labels) l = static_cast<uint8_t>(rng() % kClasses);
+
+  float loss = 0;
+  auto step = [&](int64_t i) -> absl::Status {
+    const int64_t b = i % kPoolBatches;
+    const BatchView view{samples.data() + b * options.batch * kFeatures,
+                         labels.data() + b * options.batch, options.batch};
+    if (reducer != nullptr) reducer->SetLocalSamples(options.batch);
+    absl::StatusOr<StepResult> result = (*model)->TrainStep(view, options.lr);
+    if (!result.ok()) {
+      return absl::Status(result.status().code(), absl::StrCat("rank ", rank, " step ", i, ": ",
+                                                               result.status().message()));
+    }
+    loss = result->loss;
+    return absl::OkStatus();
+  };
+
+  // The window's length comes from the warm-up's second half (the first steps allocate).
+  const int half = options.warmup_steps / 2;
+  for (int i = 0; i < half; ++i) {
+    if (absl::Status status = step(i); !status.ok()) return status;
+  }
+  absl::Time start = absl::Now();
+  for (int i = half; i < options.warmup_steps; ++i) {
+    if (absl::Status status = step(i); !status.ok()) return status;
+  }
+  const double warm_step_seconds =
+      absl::ToDoubleSeconds(absl::Now() - start) / std::max(1, options.warmup_steps - half);
+  float steps_value = static_cast<float>(
+      std::max<int64_t>(10, std::llround(options.seconds / std::max(warm_step_seconds, 1e-6))));
+  ReducerCounters before;
+  if (collective != nullptr) {
+    if (absl::Status status = collective->Broadcast(&steps_value, 1, 0); !status.ok()) {
+      return status;
+    }
+    if (absl::Status status = collective->Barrier(); !status.ok()) return status;
+    before = reducer->counters();
+  }
+  const int64_t steps = static_cast<int64_t>(steps_value);
+  start = absl::Now();
+  for (int64_t i = 0; i < steps; ++i) {
+    if (absl::Status status = step(options.warmup_steps + i); !status.ok()) return status;
+  }
+  ReducerCounters after;
+  if (collective != nullptr) {
+    after = reducer->counters();
+    if (absl::Status status = collective->Barrier(); !status.ok()) return status;
+  }
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+  if (rank != 0) return std::string();
+
+  const int64_t global_batch = static_cast<int64_t>(options.ranks) * options.batch;
+  nlohmann::ordered_json json = {
+      {"impl", "stoker"},
+      {"mode", options.ranks > 1 ? "ddp-gloo" : "single"},
+      {"ranks", options.ranks},
+      {"batch_per_rank", options.batch},
+      {"global_batch", global_batch},
+      {"precision", PrecisionName(options.precision)},
+      {"input", "uint8, normalised by the model"},
+      {"model", absl::StrCat("784-", absl::StrJoin(options.hidden, "-"), "-10")},
+      {"steps", steps},
+      {"seconds", elapsed},
+      {"step_ms", 1e3 * elapsed / steps},
+      {"samples_per_s", global_batch * steps / elapsed},
+      {"last_loss", loss},
+      {"omp_threads", omp_get_max_threads()},
+  };
+  if (reducer != nullptr) {
+    const double window_steps = static_cast<double>(steps);
+    json["bucket_bytes"] = options.bucket_bytes;
+    json["allreduce_seconds"] = after.allreduce_seconds - before.allreduce_seconds;
+    json["exposed_seconds"] = after.exposed_seconds - before.exposed_seconds;
+    json["allreduce_bytes"] = after.allreduce_bytes - before.allreduce_bytes;
+    json["allreduce_calls"] = after.allreduce_calls - before.allreduce_calls;
+    json["allreduce_ms_per_step"] =
+        1e3 * (after.allreduce_seconds - before.allreduce_seconds) / window_steps;
+    json["exposed_ms_per_step"] =
+        1e3 * (after.exposed_seconds - before.exposed_seconds) / window_steps;
+    json["allreduce_gb_per_s"] =
+        after.allreduce_seconds > before.allreduce_seconds
+            ? static_cast<double>(after.allreduce_bytes - before.allreduce_bytes) /
+                  (after.allreduce_seconds - before.allreduce_seconds) / 1e9
+            : 0.0;
+  }
+  return json.dump();
+}
+
+absl::StatusOr<Options> ParseOptions() {
+  Options options;
+  options.ranks = absl::GetFlag(FLAGS_ranks);
+  options.batch = absl::GetFlag(FLAGS_batch);
+  options.seconds = absl::GetFlag(FLAGS_seconds);
+  options.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  options.lr = absl::GetFlag(FLAGS_lr);
+  options.momentum = absl::GetFlag(FLAGS_momentum);
+  options.bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
+  if (options.ranks < 1 || options.ranks > 64) {
+    return absl::InvalidArgumentError("--ranks must be in [1, 64]");
+  }
+  if (options.batch < 1) return absl::InvalidArgumentError("--batch must be at least 1");
+  if (options.warmup_steps < 2) {
+    return absl::InvalidArgumentError("--warmup_steps must be at least 2");
+  }
+  if (!(options.seconds > 0)) return absl::InvalidArgumentError("--seconds must be positive");
+  if (options.bucket_bytes < 4) return absl::InvalidArgumentError("--bucket_bytes too small");
+  for (absl::string_view width : absl::StrSplit(absl::GetFlag(FLAGS_hidden), ',')) {
+    int value = 0;
+    if (!absl::SimpleAtoi(width, &value) || value < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--hidden: '", width, "' is not a positive width"));
+    }
+    options.hidden.push_back(value);
+  }
+  const std::string precision = absl::GetFlag(FLAGS_precision);
+  if (precision == "fp32") {
+    options.precision = Precision::kFp32;
+  } else if (precision == "bf16") {
+    options.precision = Precision::kBf16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--precision: '", precision, "' (fp32 or bf16)"));
+  }
+  return options;
+}
+
+int Main() {
+  absl::StatusOr<Options> parsed = ParseOptions();
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "%s\n", parsed.status().ToString().c_str());
+    return 2;
+  }
+  Options options = *parsed;
+  if (options.ranks > AllowedCpuCount()) {
+    std::fprintf(stderr, "warning: %d ranks on %d cores share cores\n", options.ranks,
+                 AllowedCpuCount());
+  }
+  char directory[] = "/tmp/ddp_bench.XXXXXX";
+  if (mkdtemp(directory) == nullptr) {
+    std::fprintf(stderr, "mkdtemp: %s\n", std::strerror(errno));
+    return 1;
+  }
+  options.store_directory = directory;
+  int result_pipe[2];
+  if (pipe(result_pipe) != 0) {
+    std::fprintf(stderr, "pipe: %s\n", std::strerror(errno));
+    return 1;
+  }
+
+  // Forked before this process starts any thread (no OpenMP, oneDNN or Gloo yet).
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < options.ranks; ++rank) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::fprintf(stderr, "fork: %s\n", std::strerror(errno));
+      for (pid_t child : children) kill(child, SIGKILL);
+      return 1;
+    }
+    if (pid == 0) {
+      close(result_pipe[0]);
+      absl::StatusOr<std::string> line = RunRank(rank, options);
+      if (!line.ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, line.status().ToString().c_str());
+        std::fflush(stderr);
+        _exit(1);
+      }
+      if (rank == 0) {
+        const std::string text = *line + "\n";
+        if (write(result_pipe[1], text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+          _exit(1);
+        }
+      }
+      _exit(0);
+    }
+    children.push_back(pid);
+  }
+  close(result_pipe[1]);
+
+  // Wait for every rank; the first failure (or the deadline) kills the rest.
+  const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds));
+  std::vector<bool> done(children.size(), false);
+  size_t remaining = children.size();
+  bool failed = false;
+  while (remaining > 0) {
+    bool reaped = false;
+    for (size_t r = 0; r < children.size(); ++r) {
+      if (done[r]) continue;
+      int status = 0;
+      const pid_t pid = waitpid(children[r], &status, WNOHANG);
+      if (pid != children[r]) continue;
+      done[r] = true;
+      --remaining;
+      reaped = true;
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        if (!failed) {
+          std::fprintf(stderr, "rank %zu failed (%s %d): stopping the others\n", r,
+                       WIFEXITED(status) ? "exit" : "signal",
+                       WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+        }
+        failed = true;
+      }
+    }
+    if (!failed && absl::Now() > deadline) {
+      std::fprintf(stderr, "ranks still running after --timeout_seconds: killing them\n");
+      failed = true;
+    }
+    if (failed) {
+      for (size_t r = 0; r < children.size(); ++r) {
+        if (!done[r]) kill(children[r], SIGKILL);
+      }
+    }
+    if (!reaped && remaining > 0) absl::SleepFor(absl::Milliseconds(5));
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(directory, ignored);
+
+  std::string output;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(result_pipe[0], buffer, sizeof(buffer))) > 0) output.append(buffer, n);
+  close(result_pipe[0]);
+  if (failed || output.empty()) {
+    if (!failed) std::fprintf(stderr, "rank 0 wrote no result\n");
+    return 1;
+  }
+  std::fputs(output.c_str(), stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace stoker
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return stoker::Main();
+}

@@ -1,0 +1,175 @@
+#!/usr/bin/python3
+"""PyTorch 1.13 DistributedDataParallel peer for bench/run_ddp.sh (issue 16's benchmark).
+
+The MLP of examples/fashion-mnist-mlp.yaml (784-256-128-10, ReLU, SGD lr 0.05 momentum 0.9, a fixed
+learning rate here), on synthetic Fashion-MNIST-shaped batches held in memory. `--ranks N` forks N
+processes, each pinned to its own core (rank r on the r-th core this process may use) with one
+torch thread, joined by torch.distributed's gloo backend on 127.0.0.1, the model wrapped in
+DistributedDataParallel (default bucket_cap_mb=25); each rank trains on `--batch` samples per step,
+so the global batch is N x batch. `--ranks 1` trains the plain model (no DDP, no process group) in
+one pinned process: the single-rank baseline.
+
+Input: the batches are fed as float32 already normalised to [-1, 1] (x / 127.5 - 1). Stoker's model
+takes uint8 samples and normalises them itself inside its step, so this peer does slightly less
+work per step than Stoker.
+
+Timing: warm-up steps, then rank 0 picks the timed window's step count from the warm-up's speed
+(broadcast, so every rank runs the same steps), a barrier, the window, a barrier. Prints one JSON
+line: samples_per_s is the global rate (N x batch x steps / window seconds).
+
+Run with OPENBLAS_NUM_THREADS=1 /usr/bin/python3 (Debian's python3-torch does its fp32 matrix
+products through the system BLAS: install libopenblas0-pthread; the JSON names the BLAS loaded).
+"""
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+
+def build_model(hidden):
+    layers, width = [], 784
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    layers.append(nn.Linear(width, 10))
+    return nn.Sequential(*layers)
+
+
+def loaded_blas():
+    """The BLAS shared objects mapped into this process (after a matrix product)."""
+    names = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if "blas" in os.path.basename(path):
+                names.add(path)
+    return sorted(names)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_rank(rank, args, port, results):
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[rank % len(cores)]
+    if not args.no_pin:
+        os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)
+    distributed = args.ranks > 1
+    if distributed:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=args.ranks)
+
+    torch.manual_seed(args.seed)  # same initial weights on every rank (DDP broadcasts rank 0's too)
+    model = build_model(args.hidden)
+    if distributed:
+        model = nn.parallel.DistributedDataParallel(model)  # bucket_cap_mb=25 (the default)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    loss_fn = nn.CrossEntropyLoss()
+    use_bf16 = args.precision == "bf16"
+
+    # A pool of random batches per rank (a disjoint stream per rank), cycled.
+    generator = torch.Generator().manual_seed(2024 + rank)
+    pool = 32
+    pixels = torch.randint(0, 256, (pool, args.batch, 784), dtype=torch.uint8, generator=generator)
+    samples = pixels.float() / 127.5 - 1.0
+    labels = torch.randint(0, 10, (pool, args.batch), generator=generator)
+
+    def step(i):
+        b = i % pool
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+            logits = model(samples[b])
+        loss = loss_fn(logits.float(), labels[b])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    # The window's length comes from the warm-up's second half (the first steps allocate).
+    half = args.warmup_steps // 2
+    for i in range(half):
+        loss = step(i)
+    start = time.perf_counter()
+    for i in range(half, args.warmup_steps):
+        loss = step(i)
+    step_seconds = (time.perf_counter() - start) / max(1, args.warmup_steps - half)
+    steps = torch.tensor([max(10, round(args.seconds / step_seconds))])
+    if distributed:
+        dist.broadcast(steps, src=0)
+        dist.barrier()
+    steps = int(steps.item())
+    start = time.perf_counter()
+    for i in range(steps):
+        loss = step(args.warmup_steps + i)
+    if distributed:
+        dist.barrier()
+    elapsed = time.perf_counter() - start
+    if rank == 0:
+        results.put({"steps": steps, "elapsed": elapsed, "last_loss": loss.item(),
+                     "blas": loaded_blas(), "torch_threads": torch.get_num_threads(),
+                     "core": core})
+    if distributed:
+        dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=2, help="processes (1: plain model, no DDP)")
+    parser.add_argument("--batch", type=int, default=128, help="samples per rank per step")
+    parser.add_argument("--seconds", type=float, default=3.0, help="timed window (about)")
+    parser.add_argument("--warmup-steps", type=int, default=40)
+    parser.add_argument("--hidden", default="256,128")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: torch.autocast on cpu (fp32 weights and gradients)")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-pin", action="store_true", help="experiment: leave ranks unpinned")
+    args = parser.parse_args()
+    args.hidden = [int(h) for h in args.hidden.split(",")]
+    if args.ranks < 1 or args.batch < 1:
+        sys.exit("--ranks and --batch must be at least 1")
+    if args.ranks > len(os.sched_getaffinity(0)):
+        print(f"warning: {args.ranks} ranks on {len(os.sched_getaffinity(0))} cores share cores",
+              file=sys.stderr)
+
+    context = mp.get_context("fork")
+    results = context.SimpleQueue()
+    port = free_port()
+    processes = [context.Process(target=run_rank, args=(r, args, port, results))
+                 for r in range(args.ranks)]
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join()
+    failed = [r for r, p in enumerate(processes) if p.exitcode != 0]
+    if failed or results.empty():
+        sys.exit(f"ranks {failed} failed (exit codes {[p.exitcode for p in processes]})")
+    r = results.get()
+    global_batch = args.ranks * args.batch
+    print(json.dumps({
+        "impl": "pytorch", "torch": torch.__version__,
+        "mode": "ddp-gloo" if args.ranks > 1 else "single",
+        "ranks": args.ranks, "batch_per_rank": args.batch, "global_batch": global_batch,
+        "precision": args.precision, "input": "float32 pre-normalised",
+        "model": "784-" + "-".join(map(str, args.hidden)) + "-10",
+        "steps": r["steps"], "seconds": round(r["elapsed"], 4),
+        "step_ms": round(1e3 * r["elapsed"] / r["steps"], 4),
+        "samples_per_s": round(global_batch * r["steps"] / r["elapsed"], 1),
+        "last_loss": round(r["last_loss"], 4), "torch_threads": r["torch_threads"],
+        "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"), "blas": r["blas"],
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
