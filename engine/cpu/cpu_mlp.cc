@@ -13,6 +13,7 @@
 #include "engine/bf16.h"
 #include "engine/cpu/aligned_array.h"
 #include "engine/cpu/cpu_kernels.h"
+#include "engine/cpu/cpu_train_kernels.h"
 #include "engine/plan_cache.h"
 #include "engine/tensor_match.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -74,6 +75,11 @@ class CpuMlp final : public Model {
   absl::Status SetParameters(const std::vector<NamedTensor>& parameters) override;
   std::vector<NamedTensor> OptimizerState() const override;
   absl::Status SetOptimizerState(const std::vector<NamedTensor>& state) override;
+  absl::Status SetGradientReducer(GradientReducer* reducer) override {
+    reducer_ = reducer;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<StepResult> TrainStepWithoutSamples(double learning_rate) override;
 
  private:
   // A tensor the model owns, by reference: weights/biases or their momentum buffers.
@@ -100,6 +106,10 @@ class CpuMlp final : public Model {
         "could not execute a matmul");
   }
   void RefreshBf16Weights();
+  // GradientReady(next_index++, ...) for `gradient`, once the work writing it has finished.
+  void HandOver(AlignedArray<float>& gradient, int& next_index);
+  // SGD with momentum on every layer (weight decay on the weights only).
+  void ApplyOptimizer(double learning_rate);
 
   const MlpConfig config_;
   const ChannelNormalization normalization_;  // of uint8 samples, per channel
@@ -110,6 +120,7 @@ class CpuMlp final : public Model {
   std::vector<Layer> layers_;
   std::unique_ptr<Plan> full_plan_;
   PartialPlanCache<Plan> partial_plans_{kMaxPartialPlans};
+  GradientReducer* reducer_ = nullptr;  // data-parallel training: not owned; null when alone
 };
 
 CpuMlp::CpuMlp(const MlpConfig& config)
@@ -273,6 +284,16 @@ void CpuMlp::LoadInput(const BatchView& batch) {
 absl::StatusOr<StepResult> CpuMlp::TrainStep(const BatchView& batch, double learning_rate) {
   if (absl::Status status = ValidateBatch(config_, batch); !status.ok()) return status;
   if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
+  float share = 1;  // this rank's part of the global batch's mean
+  if (reducer_ != nullptr) {
+    share = reducer_->LocalShare();
+    if (!(share > 0 && share <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the gradient reducer's LocalShare() is ", share,
+                       "; a rank with samples needs a share in (0, 1] (with none it calls "
+                       "TrainStepWithoutSamples)"));
+    }
+  }
   absl::StatusOr<Plan*> plan_or = PlanFor(batch.count);
   if (!plan_or.ok()) return plan_or.status();
   Plan& plan = **plan_or;
@@ -286,7 +307,13 @@ absl::StatusOr<StepResult> CpuMlp::TrainStep(const BatchView& batch, double lear
         cpu::SoftmaxCrossEntropy(reinterpret_cast<const float*>(last.output.data()), batch.labels,
                                  rows, last.out, last.output_grad.data(), nullptr);
     result.loss = static_cast<float>(loss_sum / rows);
+    // The fast path has no loss scale to fold the share into: one pass over the logits' gradient
+    // (rows x classes values), only when it changes anything.
+    if (share != 1) {
+      cpu::ScaleInPlace(last.output_grad.data(), static_cast<int64_t>(rows) * last.out, share);
+    }
 
+    int next_index = 0;  // GradientReady's
     for (size_t l = layers_.size(); l-- > 0;) {
       Layer& layer = layers_[l];
       bf16_t* grad_bf16 = bf16_ ? layer.output_grad_bf16.data() : nullptr;
@@ -300,14 +327,48 @@ absl::StatusOr<StepResult> CpuMlp::TrainStep(const BatchView& batch, double lear
         cpu::FinishOutputGrad(reinterpret_cast<const float*>(layer.output.data()), rows, layer.out,
                               layer.output_grad.data(), layer.bias_grad.data(), grad_bf16);
       }
+      // Each gradient goes to the reducer as soon as it is final: the bias here, the weight after
+      // its matmul (reverse Parameters() order), while the layers below still compute theirs.
+      if (reducer_ != nullptr) HandOver(layer.bias_grad, next_index);
       Run(plan.weight_grad[l]);
+      if (reducer_ != nullptr) HandOver(layer.weight_grad, next_index);
       if (l > 0) Run(plan.input_grad[l]);
     }
     stream_.wait();
   } catch (const dnnl::error& e) {
     return absl::InternalError(absl::StrCat("oneDNN failed in TrainStep: ", e.what()));
   }
+  if (reducer_ != nullptr) STOKER_RETURN_IF_ERROR(reducer_->Finish());
+  ApplyOptimizer(learning_rate);
+  return result;
+}
 
+absl::StatusOr<StepResult> CpuMlp::TrainStepWithoutSamples(double learning_rate) {
+  if (reducer_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "TrainStepWithoutSamples needs a gradient reducer (SetGradientReducer): a model training "
+        "alone has no step without samples");
+  }
+  if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
+  int next_index = 0;  // TrainStep's order: layers last to first, bias then weight
+  for (size_t l = layers_.size(); l-- > 0;) {
+    Layer& layer = layers_[l];
+    std::fill_n(layer.bias_grad.data(), layer.bias_grad.size(), 0.0f);
+    HandOver(layer.bias_grad, next_index);
+    std::fill_n(layer.weight_grad.data(), layer.weight_grad.size(), 0.0f);
+    HandOver(layer.weight_grad, next_index);
+  }
+  STOKER_RETURN_IF_ERROR(reducer_->Finish());
+  ApplyOptimizer(learning_rate);
+  return StepResult{};
+}
+
+void CpuMlp::HandOver(AlignedArray<float>& gradient, int& next_index) {
+  stream_.wait();
+  reducer_->GradientReady(next_index++, gradient.data(), static_cast<int64_t>(gradient.size()));
+}
+
+void CpuMlp::ApplyOptimizer(double learning_rate) {
   const float lr = static_cast<float>(learning_rate);
   const float momentum = static_cast<float>(config_.optimizer.momentum);
   const float weight_decay = static_cast<float>(config_.optimizer.weight_decay);
@@ -319,7 +380,6 @@ absl::StatusOr<StepResult> CpuMlp::TrainStep(const BatchView& batch, double lear
     cpu::SgdMomentumUpdate(layer.out, lr, momentum, /*weight_decay=*/0.0f, layer.bias_grad.data(),
                            layer.bias.data(), layer.bias_velocity.data(), nullptr);
   }
-  return result;
 }
 
 absl::StatusOr<EvalResult> CpuMlp::Evaluate(const BatchView& batch) {

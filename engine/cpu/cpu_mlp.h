@@ -8,6 +8,14 @@
 // Primitives and their arguments are built once per batch size: the full max_batch shape at
 // creation, and a few others (the partial last batch of an epoch) on first use. Not thread-safe:
 // one caller at a time per model.
+//
+// Data-parallel training (SetGradientReducer): TrainStep multiplies the logits' gradient by the
+// reducer's LocalShare() (a pass over rows x classes values, skipped for a share of 1) and hands
+// the reducer each gradient as backward finalises it, layers last to first, the bias (after the
+// ReLU backward that sums it) before the weight (after its matmul): GradientReady index 2k is
+// layer (L-1-k)'s bias, 2k+1 its weight. After Finish() the SGD update runs on the sums; a failed
+// Finish() returns its error with the weights and momentum untouched. TrainStepWithoutSamples
+// hands zeroed gradients over in the same order.
 #ifndef STOKER_ENGINE_CPU_CPU_MLP_H_
 #define STOKER_ENGINE_CPU_CPU_MLP_H_
 

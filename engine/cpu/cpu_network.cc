@@ -93,6 +93,7 @@ struct Node {
   memory::desc weight_fwd_md;    // compute type
   memory::desc weight_bwd_md;    // compute type, for backward data
   memory::desc diff_weight_md;   // f32
+  int grad_reorder = -1;         // index in grad_reorders_, -1 when backward writes the plain one
   AlignedArray<std::byte> weight_fwd;
   AlignedArray<std::byte> weight_bwd;
   AlignedArray<std::byte> diff_weight;  // empty when backward writes the plain gradient directly
@@ -167,6 +168,11 @@ class CpuNetwork final : public Model {
     injected_gradient_ = value;
     return absl::OkStatus();
   }
+  absl::Status SetGradientReducer(GradientReducer* reducer) override {
+    reducer_ = reducer;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<StepResult> TrainStepWithoutSamples(double learning_rate) override;
 
  private:
   bool bf16() const { return config_.precision == Precision::kBf16; }
@@ -220,8 +226,22 @@ class CpuNetwork final : public Model {
   // Forward through every node; dropout and batch statistics only when training. Returns the f32
   // logits.
   const float* Forward(Plan& plan, bool training);
+  // BatchNorm's running statistics from the batch statistics Forward(training) kept: once the
+  // step cannot fail any more.
+  void UpdateRunningStatistics(int batch);
   void UpdateRunningStatistics(const Node& node, int batch);
+  // Backward through every node; with a reducer, each node's trained gradients go to it as soon as
+  // they are final (HandOverGradients).
   void Backward(Plan& plan);
+  // Passes the trained gradients of `node` (one with parameters) to the reducer, in reverse
+  // Parameters() order (bias before weight), as GradientReady(next_index++, ...); the test hook's
+  // value is added to params_[0] before it goes.
+  void HandOverGradients(const Node& node, int& next_index);
+  // params_[0].grad[0] += the injected value, once.
+  void ApplyInjectedGradient();
+  // After the gradients are final (and summed over the ranks): the step is counted, then the fp16
+  // finiteness check and unscale, clipping and the optimizer, and the loss-scale growth.
+  StepResult FinishStep(double learning_rate, StepResult result);
   void Execute(const Op& op) { op.primitive.execute(stream_, op.args); }
   void ExecuteAll(const std::vector<Op>& ops) {
     for (const Op& op : ops) Execute(op);
@@ -267,6 +287,7 @@ class CpuNetwork final : public Model {
   float loss_scale_ = 1;
   int64_t growth_tracker_ = 0;  // consecutive finite steps since the last scale change
   std::optional<float> injected_gradient_;
+  GradientReducer* reducer_ = nullptr;  // data-parallel training: not owned; null when alone
 };
 
 CpuNetwork::CpuNetwork(const NetworkConfig& config, ParameterNaming naming)
@@ -944,6 +965,7 @@ void CpuNetwork::BuildWeightReorders() {
       layer.diff_weight = AlignedArray<std::byte>(layer.diff_weight_md.get_size());
       memory diff(layer.diff_weight_md, engine_, layer.diff_weight.data());
       memory plain(layer.weight_plain_md, engine_, weight.grad.data());
+      layer.grad_reorder = static_cast<int>(grad_reorders_.size());
       grad_reorders_.push_back(
           {dnnl::reorder(diff, plain), {{DNNL_ARG_FROM, diff}, {DNNL_ARG_TO, plain}}});
     }
@@ -988,6 +1010,14 @@ void CpuNetwork::LoadInput(const BatchView& batch) {
   if (fp16()) cpu::RoundToFp16InPlace(reinterpret_cast<float*>(input), n);
 }
 
+void CpuNetwork::UpdateRunningStatistics(int batch) {
+  for (const Node& node : nodes_) {
+    if (node.type == Node::Type::kLayer && IsBatchNorm(node.config.kind)) {
+      UpdateRunningStatistics(node, batch);
+    }
+  }
+}
+
 void CpuNetwork::UpdateRunningStatistics(const Node& node, int batch) {
   // torch.nn.BatchNorm*d in training: running = (1 - momentum) * running + momentum * batch
   // statistic, the variance unbiased (n / (n - 1)); with one value per channel (PyTorch refuses
@@ -1021,11 +1051,9 @@ const float* CpuNetwork::Forward(Plan& plan, bool training) {
     }
     const int64_t elements = Elements(plan.value_md[node.out]);
     if (!ops.forward.empty()) {
+      // BatchNorm in training keeps the batch's statistics in node.mean and node.variance; the
+      // running ones follow once the step has succeeded (TrainStep).
       ExecuteAll(!training && !ops.eval.empty() ? ops.eval : ops.forward);
-      if (training && IsBatchNorm(node.config.kind)) {
-        stream_.wait();
-        UpdateRunningStatistics(node, plan.batch);
-      }
     } else if (node.config.kind == Kind::kDropout) {
       if (training && node.config.rate > 0) {
         const uint64_t stream = static_cast<uint64_t>(train_steps_) * 4096 + i;
@@ -1056,6 +1084,7 @@ const float* CpuNetwork::Forward(Plan& plan, bool training) {
 }
 
 void CpuNetwork::Backward(Plan& plan) {
+  int next_index = 0;  // GradientReady's
   for (size_t i = nodes_.size(); i-- > 0;) {
     const Node& node = nodes_[i];
     const NodeOps& ops = plan.ops[i];
@@ -1072,6 +1101,12 @@ void CpuNetwork::Backward(Plan& plan) {
       continue;
     }
     ExecuteAll(ops.backward_weights);
+    // The plain gradient right away (not after the whole backward): final here, so a reducer can
+    // start summing it while the layers below still compute theirs.
+    if (node.grad_reorder >= 0) Execute(grad_reorders_[node.grad_reorder]);
+    if (reducer_ != nullptr && (node.weight >= 0 || node.norm >= 0)) {
+      HandOverGradients(node, next_index);
+    }
     if (!node.needs_input_grad) continue;
     const int64_t elements = Elements(plan.grad_md[node.in]);
     if (!ops.backward_data.empty()) {
@@ -1096,8 +1131,28 @@ void CpuNetwork::Backward(Plan& plan) {
     }
     RoundFp16(node.diff_src, plan.grad_md[node.in]);
   }
-  for (const Op& op : grad_reorders_) Execute(op);
   stream_.wait();
+}
+
+void CpuNetwork::HandOverGradients(const Node& node, int& next_index) {
+  stream_.wait();  // the primitives that wrote them have finished
+  // Reverse Parameters() order within the node, as across nodes: the order is then exactly the
+  // reverse of Parameters()' trained tensors.
+  const int params[] = {node.norm >= 0 ? node.norm + 1 : node.bias,
+                        node.norm >= 0 ? node.norm : node.weight};
+  for (const int p : params) {
+    if (p < 0) continue;
+    if (p == 0) ApplyInjectedGradient();
+    Param& param = params_[p];
+    reducer_->GradientReady(next_index++, param.grad.data(),
+                            static_cast<int64_t>(param.grad.size()));
+  }
+}
+
+void CpuNetwork::ApplyInjectedGradient() {
+  if (!injected_gradient_.has_value()) return;
+  params_[0].grad[0] += *injected_gradient_;
+  injected_gradient_.reset();
 }
 
 double CpuNetwork::Loss(const float* logits, const uint8_t* labels, int rows, float* grad,
@@ -1111,6 +1166,18 @@ double CpuNetwork::Loss(const float* logits, const uint8_t* labels, int rows, fl
 absl::StatusOr<StepResult> CpuNetwork::TrainStep(const BatchView& batch, double learning_rate) {
   if (absl::Status status = ValidateBatch(config_, batch); !status.ok()) return status;
   if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
+  // This rank's part of the global batch's mean: folded into the loss scale's multiply below
+  // (one product, exact for fp32 and bf16 whose scale is 1).
+  float share = 1;
+  if (reducer_ != nullptr) {
+    share = reducer_->LocalShare();
+    if (!(share > 0 && share <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the gradient reducer's LocalShare() is ", share,
+                       "; a rank with samples needs a share in (0, 1] (with none it calls "
+                       "TrainStepWithoutSamples)"));
+    }
+  }
   absl::StatusOr<Plan*> plan_or = PlanFor(batch.count);
   if (!plan_or.ok()) return plan_or.status();
   Plan& plan = **plan_or;
@@ -1122,23 +1189,52 @@ absl::StatusOr<StepResult> CpuNetwork::TrainStep(const BatchView& batch, double 
     const float* logits = Forward(plan, /*training=*/true);
     result.loss =
         static_cast<float>(Loss(logits, batch.labels, rows, loss_grad_.data(), nullptr) / rows);
-    // The loss gradient enters backward in the compute type, times the loss scale.
+    // The loss gradient enters backward in the compute type, times the loss scale (and share).
+    const float scale = loss_scale_ * share;
     if (bf16()) {
-      cpu::ScaleToBf16(loss_grad_.data(), logit_count, loss_scale_,
+      cpu::ScaleToBf16(loss_grad_.data(), logit_count, scale,
                        reinterpret_cast<bf16_t*>(Grad(output_)));
     } else {
-      cpu::ScaleToF32(loss_grad_.data(), logit_count, loss_scale_, fp16(),
+      cpu::ScaleToF32(loss_grad_.data(), logit_count, scale, fp16(),
                       reinterpret_cast<float*>(Grad(output_)));
     }
     Backward(plan);
   } catch (const dnnl::error& e) {
     return absl::InternalError(absl::StrCat("oneDNN failed in TrainStep: ", e.what()));
   }
-  ++train_steps_;
-  if (injected_gradient_.has_value()) {
-    params_[0].grad[0] += *injected_gradient_;
-    injected_gradient_.reset();
+  if (reducer_ != nullptr) STOKER_RETURN_IF_ERROR(reducer_->Finish());
+  UpdateRunningStatistics(plan.batch);
+  return FinishStep(learning_rate, result);
+}
+
+absl::StatusOr<StepResult> CpuNetwork::TrainStepWithoutSamples(double learning_rate) {
+  if (reducer_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "TrainStepWithoutSamples needs a gradient reducer (SetGradientReducer): a model training "
+        "alone has no step without samples");
   }
+  if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
+  // Zero gradients through the reducer in Backward's order (nodes in reverse); no forward, so
+  // BatchNorm's running statistics stay as they are.
+  int next_index = 0;
+  for (size_t i = nodes_.size(); i-- > 0;) {
+    const Node& node = nodes_[i];
+    if (node.type != Node::Type::kLayer || (node.weight < 0 && node.norm < 0)) continue;
+    for (const int p : {node.weight, node.bias, node.norm, node.norm >= 0 ? node.norm + 1 : -1}) {
+      if (p >= 0) std::fill_n(params_[p].grad.data(), params_[p].grad.size(), 0.0f);
+    }
+    HandOverGradients(node, next_index);
+  }
+  STOKER_RETURN_IF_ERROR(reducer_->Finish());
+  StepResult result;
+  result.loss = 0;
+  return FinishStep(learning_rate, result);
+}
+
+StepResult CpuNetwork::FinishStep(double learning_rate, StepResult result) {
+  // Counted also by a step without samples: every rank's dropout stream stays at the same step.
+  ++train_steps_;
+  ApplyInjectedGradient();  // alone; a reducer's step applied it before the reducer saw it
 
   if (fp16()) {
     // GradScaler: skip on inf/NaN and back off; grow after growth_interval finite steps.

@@ -25,6 +25,23 @@
 //
 // Primitives are built once per batch size: max_batch at creation, a few partial sizes on first
 // use. Not thread-safe: one caller at a time per model.
+//
+// Data-parallel training (SetGradientReducer): the loss gradient is multiplied by
+// loss scale x LocalShare() in the one multiply that enters backward. Backward hands the reducer
+// each node's trained gradients as soon as that node's backward-weights primitive (and the reorder
+// of oneDNN's blocked weight gradient into PyTorch's layout, run right after it) has written them:
+// nodes last to first, bias before weight (BatchNorm beta before gamma), i.e. exactly the reverse
+// of Parameters()' trained tensors; BatchNorm's buffers are never passed. The test hook's value is
+// added before the reducer sees params_[0]'s gradient. After Finish() the fp16 finiteness check and
+// unscale, clipping and the optimizer run on the sums as alone, so every rank takes the same
+// decision. BatchNorm's running statistics are updated only once the step can no longer fail: a
+// failed Finish() (or oneDNN error) leaves weights, optimizer state, running statistics, loss scale
+// and step counters as they were. The running statistics are each rank's own (from its local
+// batch, never reduced, as PyTorch DDP without SyncBatchNorm); rank 0's are the checkpoint's.
+// TrainStepWithoutSamples hands zeroed gradients over in the same order, runs no forward pass (the
+// running statistics stay), and still counts the step in "train_step", so every rank's dropout
+// masks stay at the same step. Dropout masks hash (seed, step, layer, index within the local
+// batch): ranks with the same seed draw the same masks for their j-th local samples.
 #ifndef STOKER_ENGINE_CPU_CPU_NETWORK_H_
 #define STOKER_ENGINE_CPU_CPU_NETWORK_H_
 
