@@ -1,0 +1,393 @@
+// Real Gloo over loopback TCP: ranks as threads of this process (in-process store) and ranks as
+// forked processes (a directory of files as the store), including ranks that never arrive, leave
+// mid-run or are killed with SIGKILL.
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "comm/collective.h"
+#include "gtest/gtest.h"
+
+namespace stoker {
+namespace {
+
+// A KeyValueStore that forked processes share: one file per key in a directory, written under a
+// temporary name and renamed into place, so a reader sees a whole value or none.
+class DirectoryStore : public KeyValueStore {
+ public:
+  explicit DirectoryStore(std::string directory) : directory_(std::move(directory)) {}
+
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    const std::string path = PathOf(key);
+    const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
+    {
+      std::ofstream out(temporary, std::ios::binary);
+      out.write(value.data(), static_cast<std::streamsize>(value.size()));
+      if (!out) return absl::InternalError(absl::StrCat("cannot write ", temporary));
+    }
+    if (rename(temporary.c_str(), path.c_str()) != 0) {
+      return absl::InternalError(absl::StrCat("cannot rename ", temporary, ": ", strerror(errno)));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                               absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    std::vector<std::string> values;
+    for (const std::string& key : keys) {
+      for (;;) {
+        std::ifstream in(PathOf(key), std::ios::binary);
+        if (in) {
+          std::ostringstream contents;
+          contents << in.rdbuf();
+          values.push_back(contents.str());
+          break;
+        }
+        if (absl::Now() >= deadline) {
+          return absl::DeadlineExceededError(absl::StrCat("store key '", key, "' was not set"));
+        }
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+    }
+    return values;
+  }
+
+ private:
+  std::string PathOf(const std::string& key) const {
+    return absl::StrCat(directory_, "/", absl::BytesToHexString(key));
+  }
+  std::string directory_;
+};
+
+std::string MakeTempDirectory() {
+  std::string pattern =
+      (std::filesystem::temp_directory_path() / "stoker-comm-test-XXXXXX").string();
+  if (mkdtemp(pattern.data()) == nullptr) return "";
+  return pattern;
+}
+
+// Runs `body(rank)` on `size` threads and waits for all.
+template <typename F>
+void OnRanks(int size, F body) {
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) threads.emplace_back([&body, rank] { body(rank); });
+  for (std::thread& thread : threads) thread.join();
+}
+
+GlooOptions Options(int rank, int size, const std::string& prefix, absl::Duration timeout) {
+  GlooOptions options;
+  options.rank = rank;
+  options.size = size;
+  options.store_prefix = prefix;
+  options.timeout = timeout;
+  return options;
+}
+
+// Connects `size` ranks as threads; every collective is in `collectives[rank]`.
+std::vector<std::unique_ptr<Collective>> ConnectThreads(int size, absl::Duration timeout) {
+  std::unique_ptr<KeyValueStore> store = CreateInProcessStore();
+  std::vector<std::unique_ptr<Collective>> collectives(size);
+  std::vector<absl::Status> statuses(size);
+  OnRanks(size, [&](int rank) {
+    absl::StatusOr<std::unique_ptr<Collective>> collective =
+        ConnectGloo(Options(rank, size, "job-1/", timeout), *store);
+    statuses[rank] = collective.status();
+    if (collective.ok()) collectives[rank] = std::move(*collective);
+  });
+  for (int rank = 0; rank < size; ++rank) {
+    EXPECT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
+  }
+  return collectives;
+}
+
+TEST(InProcessStoreTest, GetWaitsForKeysSetLater) {
+  std::unique_ptr<KeyValueStore> store = CreateInProcessStore();
+  ASSERT_TRUE(store->Set("a", "1").ok());
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(store->Set("b", std::string("\0two", 4)).ok());
+  });
+  absl::StatusOr<std::vector<std::string>> values = store->Get({"a", "b"}, absl::Seconds(10));
+  setter.join();
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(*values, (std::vector<std::string>{"1", std::string("\0two", 4)}));
+  // Set once: the same value again is fine, another one is refused.
+  EXPECT_TRUE(store->Set("a", "1").ok());
+  EXPECT_EQ(store->Set("a", "2").code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST(InProcessStoreTest, GetTimesOutNamingTheMissingKey) {
+  std::unique_ptr<KeyValueStore> store = CreateInProcessStore();
+  ASSERT_TRUE(store->Set("present", "x").ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<std::string>> values =
+      store->Get({"present", "missing"}, absl::Milliseconds(200));
+  const absl::Duration waited = absl::Now() - start;
+  EXPECT_EQ(values.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(values.status().message().find("'missing'"), std::string::npos) << values.status();
+  EXPECT_EQ(values.status().message().find("'present'"), std::string::npos) << values.status();
+  EXPECT_GE(waited, absl::Milliseconds(190));
+  EXPECT_LT(waited, absl::Seconds(5));
+}
+
+TEST(GlooCollectiveTest, RefusesBadOptions) {
+  std::unique_ptr<KeyValueStore> store = CreateInProcessStore();
+  EXPECT_EQ(ConnectGloo(Options(2, 2, "", absl::Seconds(1)), *store).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConnectGloo(Options(0, 0, "", absl::Seconds(1)), *store).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConnectGloo(Options(0, 1, "", absl::ZeroDuration()), *store).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GlooCollectiveTest, OneRankIsItsOwnSum) {
+  std::unique_ptr<KeyValueStore> store = CreateInProcessStore();
+  absl::StatusOr<std::unique_ptr<Collective>> collective =
+      ConnectGloo(Options(0, 1, "", absl::Seconds(2)), *store);
+  ASSERT_TRUE(collective.ok()) << collective.status();
+  std::vector<float> data = {1.5f, -2.0f};
+  ASSERT_TRUE((*collective)->AllReduceSum(data.data(), data.size()).ok());
+  EXPECT_EQ(data, (std::vector<float>{1.5f, -2.0f}));
+  EXPECT_TRUE((*collective)->Barrier().ok());
+  EXPECT_EQ((*collective)->Broadcast(data.data(), data.size(), 1).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+class RanksTest : public testing::TestWithParam<int> {};
+
+TEST_P(RanksTest, AllReduceGivesTheExactSumOnEveryRankBitIdentical) {
+  const int size = GetParam();
+  std::vector<std::unique_ptr<Collective>> collectives = ConnectThreads(size, absl::Seconds(20));
+  ASSERT_EQ(collectives.size(), static_cast<size_t>(size));
+  for (int rank = 0; rank < size; ++rank) {
+    ASSERT_NE(collectives[rank], nullptr);
+    EXPECT_EQ(collectives[rank]->rank(), rank);
+    EXPECT_EQ(collectives[rank]->size(), size);
+  }
+  // Sizes around Gloo's segment boundaries: small, odd, and more than one 1 MiB segment.
+  for (size_t count : {size_t{1}, size_t{7}, size_t{1000}, size_t{300001}}) {
+    // Integers: exact whatever the order of the sum.
+    std::vector<std::vector<float>> exact(size, std::vector<float>(count));
+    // Random reals: the order matters, so every rank must get the same bits.
+    std::vector<std::vector<float>> reals(size, std::vector<float>(count));
+    std::vector<std::vector<double>> doubles(size, std::vector<double>(count));
+    std::mt19937 random(static_cast<uint32_t>(count));
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (int rank = 0; rank < size; ++rank) {
+      for (size_t i = 0; i < count; ++i) {
+        exact[rank][i] = static_cast<float>((rank + 1) * 1000 + static_cast<int>(i % 997));
+        reals[rank][i] = uniform(random);
+        doubles[rank][i] = static_cast<double>(uniform(random)) * 1e-3;
+      }
+    }
+    std::vector<absl::Status> statuses(size);
+    OnRanks(size, [&](int rank) {
+      absl::Status status = collectives[rank]->AllReduceSum(exact[rank].data(), count);
+      if (status.ok()) status = collectives[rank]->AllReduceSum(reals[rank].data(), count);
+      if (status.ok()) status = collectives[rank]->AllReduceSum(doubles[rank].data(), count);
+      statuses[rank] = status;
+    });
+    for (int rank = 0; rank < size; ++rank) {
+      ASSERT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
+    }
+    int64_t rank_sum = 0;
+    for (int rank = 0; rank < size; ++rank) rank_sum += (rank + 1) * 1000;
+    for (int rank = 0; rank < size; ++rank) {
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(exact[rank][i], static_cast<float>(rank_sum + size * static_cast<int>(i % 997)))
+            << "rank " << rank << " element " << i;
+      }
+      EXPECT_EQ(std::memcmp(reals[rank].data(), reals[0].data(), count * sizeof(float)), 0)
+          << "rank " << rank << " differs from rank 0 (" << count << " floats)";
+      EXPECT_EQ(std::memcmp(doubles[rank].data(), doubles[0].data(), count * sizeof(double)), 0)
+          << "rank " << rank << " differs from rank 0 (" << count << " doubles)";
+    }
+  }
+}
+
+TEST_P(RanksTest, BroadcastCopiesTheRootsDataAndBarrierPasses) {
+  const int size = GetParam();
+  std::vector<std::unique_ptr<Collective>> collectives = ConnectThreads(size, absl::Seconds(20));
+  for (const auto& collective : collectives) ASSERT_NE(collective, nullptr);
+  const int root = size - 1;
+  const size_t count = 100000;
+  std::vector<std::vector<float>> data(size, std::vector<float>(count));
+  for (int rank = 0; rank < size; ++rank) {
+    for (size_t i = 0; i < count; ++i) data[rank][i] = static_cast<float>(rank * 1e6 + i);
+  }
+  const std::vector<float> expected = data[root];
+  std::vector<absl::Status> statuses(size);
+  OnRanks(size, [&](int rank) {
+    absl::Status status = collectives[rank]->Broadcast(data[rank].data(), count, root);
+    if (status.ok()) status = collectives[rank]->Barrier();
+    statuses[rank] = status;
+  });
+  for (int rank = 0; rank < size; ++rank) {
+    ASSERT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
+    EXPECT_EQ(data[rank], expected) << "rank " << rank;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TwoAndThree, RanksTest, testing::Values(2, 3));
+
+TEST(GlooCollectiveTest, ARankThatNeverArrivesFailsTheConnectWithinTheTimeout) {
+  std::unique_ptr<KeyValueStore> store = CreateInProcessStore();
+  // Ranks 0 and 1 of 3 come; rank 2 never does.
+  std::vector<absl::Status> statuses(2);
+  std::vector<absl::Duration> waited(2);
+  OnRanks(2, [&](int rank) {
+    const absl::Time start = absl::Now();
+    statuses[rank] = ConnectGloo(Options(rank, 3, "absent/", absl::Seconds(2)), *store).status();
+    waited[rank] = absl::Now() - start;
+  });
+  RecordProperty("error", statuses[0].ToString());
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(statuses[rank].code(), absl::StatusCode::kDeadlineExceeded)
+        << "rank " << rank << ": " << statuses[rank];
+    EXPECT_NE(statuses[rank].message().find("absent/"), std::string::npos) << statuses[rank];
+    EXPECT_GE(waited[rank], absl::Milliseconds(1900)) << "rank " << rank;
+    EXPECT_LT(waited[rank], absl::Seconds(4)) << "rank " << rank;
+  }
+}
+
+TEST(GlooCollectiveTest, APeerThatLeavesMidRunFailsTheOthersAllReduce) {
+  std::vector<std::unique_ptr<Collective>> collectives = ConnectThreads(2, absl::Seconds(20));
+  for (const auto& collective : collectives) ASSERT_NE(collective, nullptr);
+  std::vector<std::vector<float>> data(2, std::vector<float>(1000, 1.0f));
+  OnRanks(2, [&](int rank) {
+    EXPECT_TRUE(collectives[rank]->AllReduceSum(data[rank].data(), 1000).ok());
+  });
+  EXPECT_EQ(data[0][999], 2.0f);
+  // Rank 1 goes away while rank 0 is (or is about to be) in its next all-reduce.
+  std::thread leaver([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    collectives[1].reset();
+  });
+  const absl::Time start = absl::Now();
+  absl::Status status = collectives[0]->AllReduceSum(data[0].data(), 1000);
+  const absl::Duration waited = absl::Now() - start;
+  leaver.join();
+  RecordProperty("error", status.ToString());
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_LT(waited, absl::Seconds(10)) << status;
+  // The collective stays failed: the attempt is over.
+  absl::Status again = collectives[0]->AllReduceSum(data[0].data(), 1000);
+  EXPECT_EQ(again.code(), absl::StatusCode::kUnavailable) << again;
+  EXPECT_NE(again.message().find("earlier"), std::string::npos) << again;
+}
+
+TEST(GlooCollectiveTest, APeerThatStopsAnsweringTimesOut) {
+  std::vector<std::unique_ptr<Collective>> collectives = ConnectThreads(2, absl::Seconds(1));
+  for (const auto& collective : collectives) ASSERT_NE(collective, nullptr);
+  // Rank 1 is alive but never calls the all-reduce.
+  std::vector<float> data(1000, 1.0f);
+  const absl::Time start = absl::Now();
+  absl::Status status = collectives[0]->AllReduceSum(data.data(), data.size());
+  const absl::Duration waited = absl::Now() - start;
+  RecordProperty("error", status.ToString());
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_GE(waited, absl::Milliseconds(900));
+  EXPECT_LT(waited, absl::Seconds(5));
+}
+
+// Forked ranks. A child runs `body`, exits with its result and never returns to the test.
+template <typename F>
+pid_t ForkRank(F body) {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(body());
+  return pid;
+}
+
+// The exit code of `pid`, or -signal when a signal ended it.
+int WaitFor(pid_t pid) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1000;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return -WTERMSIG(status);
+}
+
+TEST(GlooForkedTest, ThreeProcessesSumExactly) {
+  const std::string directory = MakeTempDirectory();
+  ASSERT_FALSE(directory.empty());
+  const size_t count = 50000;
+  // Each rank contributes rank + 1 to every element; the sum is 6, exactly.
+  auto rank_body = [&](int rank) {
+    DirectoryStore store(directory);
+    absl::StatusOr<std::unique_ptr<Collective>> collective =
+        ConnectGloo(Options(rank, 3, "forked/", absl::Seconds(20)), store);
+    if (!collective.ok()) return 10;
+    std::vector<float> data(count, static_cast<float>(rank + 1));
+    if (!(*collective)->AllReduceSum(data.data(), count).ok()) return 11;
+    for (float value : data) {
+      if (value != 6.0f) return 12;
+    }
+    return (*collective)->Barrier().ok() ? 0 : 13;
+  };
+  const pid_t first = ForkRank([&] { return rank_body(1); });
+  const pid_t second = ForkRank([&] { return rank_body(2); });
+  EXPECT_EQ(rank_body(0), 0);
+  EXPECT_EQ(WaitFor(first), 0);
+  EXPECT_EQ(WaitFor(second), 0);
+  std::filesystem::remove_all(directory);
+}
+
+TEST(GlooForkedTest, AKilledRankFailsTheParentsAllReduceWithinSeconds) {
+  const std::string directory = MakeTempDirectory();
+  ASSERT_FALSE(directory.empty());
+  const size_t count = 1 << 20;
+  // The child joins one all-reduce, then stops taking part (as a rank stuck in backward would)
+  // until it is killed.
+  const pid_t child = ForkRank([&] {
+    DirectoryStore store(directory);
+    absl::StatusOr<std::unique_ptr<Collective>> collective =
+        ConnectGloo(Options(1, 2, "killed/", absl::Seconds(60)), store);
+    if (!collective.ok()) return 10;
+    std::vector<float> data(count, 1.0f);
+    if (!(*collective)->AllReduceSum(data.data(), count).ok()) return 11;
+    for (;;) pause();
+  });
+  DirectoryStore store(directory);
+  // A long timeout: the failure must come from the peer's death, not from the clock.
+  absl::StatusOr<std::unique_ptr<Collective>> collective =
+      ConnectGloo(Options(0, 2, "killed/", absl::Seconds(60)), store);
+  ASSERT_TRUE(collective.ok()) << collective.status();
+  std::vector<float> data(count, 2.0f);
+  ASSERT_TRUE((*collective)->AllReduceSum(data.data(), count).ok());
+  EXPECT_EQ(data[count - 1], 3.0f);
+  std::thread killer([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    kill(child, SIGKILL);
+  });
+  const absl::Time start = absl::Now();
+  absl::Status status = (*collective)->AllReduceSum(data.data(), count);
+  const absl::Duration waited = absl::Now() - start;
+  killer.join();
+  RecordProperty("error", status.ToString());
+  EXPECT_EQ(WaitFor(child), -SIGKILL);
+  EXPECT_TRUE(absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) << status;
+  EXPECT_LT(waited, absl::Seconds(5)) << status;
+  std::filesystem::remove_all(directory);
+}
+
+}  // namespace
+}  // namespace stoker
