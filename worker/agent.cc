@@ -84,6 +84,11 @@ grpc::ChannelArguments ChannelArgs() {
 
 }  // namespace
 
+std::string RankName(const v1::Assignment& assignment) {
+  if (assignment.replicas() <= 1 && assignment.rank() == 0) return assignment.job_id();
+  return absl::StrCat(assignment.job_id(), " rank ", assignment.rank());
+}
+
 absl::StatusOr<WorkerInstance> ClaimWorkerInstance(const std::string& work_dir,
                                                    const std::string& worker_id) {
   std::string name = worker_id;
@@ -200,7 +205,11 @@ Agent::Agent(AgentOptions options, WorkerMetrics* metrics)
           options_.server_address,
           options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(),
           ChannelArgs())),
-      stub_(v1::WorkerService::NewStub(channel_)) {}
+      stub_(v1::WorkerService::NewStub(channel_)) {
+  // Data-parallel trainers reach the server's rendezvous as this worker.
+  options_.runner.server_address = options_.server_address;
+  options_.runner.worker_id = options_.worker_id;
+}
 
 Agent::~Agent() {
   absl::MutexLock lock(&mu_);
@@ -220,10 +229,11 @@ std::unique_ptr<grpc::ClientContext> Agent::Context(absl::Duration timeout, bool
 
 void Agent::AddRunningAttempts(
     google::protobuf::RepeatedPtrField<v1::RunningAttempt>* running) const {
-  for (const auto& [id, job] : jobs_) {
+  for (const auto& [key, job] : jobs_) {
     v1::RunningAttempt* attempt = running->Add();
-    attempt->set_job_id(id);
+    attempt->set_job_id(key.first);
     attempt->set_attempt(job->assignment.attempt());
+    attempt->set_rank(key.second);
   }
 }
 
@@ -303,9 +313,9 @@ bool Agent::Run(const std::atomic<bool>& stop) {
       if (metrics_ != nullptr) metrics_->HeartbeatAnswered(absl::Now());
       for (const v1::RunningAttempt& stop_attempt : response.stop()) {
         absl::MutexLock lock(&mu_);
-        auto it = jobs_.find(stop_attempt.job_id());
+        auto it = jobs_.find(RankKey(stop_attempt.job_id(), stop_attempt.rank()));
         if (it != jobs_.end() && it->second->assignment.attempt() == stop_attempt.attempt()) {
-          Log(absl::StrCat("server asks to stop ", stop_attempt.job_id(), " attempt ",
+          Log(absl::StrCat("server asks to stop ", RankName(it->second->assignment), " attempt ",
                            stop_attempt.attempt()));
           it->second->runner->Cancel();
         }
@@ -347,11 +357,13 @@ void Agent::ExportMetrics() {
   if (metrics_ == nullptr) return;
   std::vector<JobCounters> counters;
   absl::MutexLock lock(&mu_);
-  for (const auto& [id, job] : jobs_) {
+  for (const auto& [key, job] : jobs_) {
     const JobRunner::StatsSnapshot snapshot = job->runner->Snapshot();
     if (!snapshot.running) continue;
     JobCounters& c = counters.emplace_back();
-    c.job_id = id;
+    c.job_id = key.first;
+    c.rank = key.second;
+    c.data_parallel = job->assignment.replicas() > 1;
     c.attempt = static_cast<uint32_t>(job->assignment.attempt());
     // The physical GPUs (this worker's indices), not the trainer's renumbered device 0.
     const v1::Placement& placement = job->assignment.placement();
@@ -377,6 +389,10 @@ void Agent::ExportMetrics() {
       c.loss_scale = snapshot.loss_scale;
     }
     if (snapshot.eval_accuracy > 0) c.eval_accuracy = snapshot.eval_accuracy;
+    c.allreduce_seconds = snapshot.allreduce_ns / 1e9;
+    c.allreduce_exposed_seconds = snapshot.allreduce_exposed_ns / 1e9;
+    c.allreduce_bytes_total = snapshot.allreduce_bytes_total;
+    c.allreduce_calls_total = snapshot.allreduce_calls_total;
   }
   metrics_->Update(counters);
 }
@@ -385,7 +401,7 @@ void Agent::ReapFinishedJobs() {
   absl::MutexLock lock(&mu_);
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     if (it->second->done.load()) {
-      if (metrics_ != nullptr) metrics_->JobEnded(it->first);
+      if (metrics_ != nullptr) metrics_->JobEnded(it->first.first, it->first.second);
       it->second->thread.join();
       it = jobs_.erase(it);
     } else {
@@ -396,7 +412,14 @@ void Agent::ReapFinishedJobs() {
 
 void Agent::StartJob(const v1::Assignment& assignment) {
   absl::MutexLock lock(&mu_);
-  if (jobs_.contains(assignment.job_id())) return;
+  const RankKey key(assignment.job_id(), assignment.rank());
+  if (jobs_.contains(key)) return;
+  if (assignment.rank() < 0 ||
+      (assignment.replicas() > 1 && assignment.rank() >= assignment.replicas())) {
+    Log(absl::StrCat("refusing ", assignment.job_id(), " attempt ", assignment.attempt(), ": rank ",
+                     assignment.rank(), " of ", assignment.replicas(), " is out of range"));
+    return;
+  }
   // The server's ledger gives each GPU to one job; a placement naming a GPU this worker lacks or
   // another of its jobs holds is a bug somewhere: refuse it (not reported, the server requeues
   // the attempt) rather than share a device.
@@ -404,9 +427,9 @@ void Agent::StartJob(const v1::Assignment& assignment) {
     bool known = false;
     for (const v1::Device& gpu : options_.gpus) known = known || gpu.index() == index;
     std::string holder;
-    for (const auto& [id, other] : jobs_) {
+    for (const auto& [other_key, other] : jobs_) {
       for (int held : other->assignment.placement().gpu_indices()) {
-        if (held == index) holder = id;
+        if (held == index) holder = RankName(other->assignment);
       }
     }
     if (!known || !holder.empty()) {
@@ -425,7 +448,7 @@ void Agent::StartJob(const v1::Assignment& assignment) {
   const RunnerOptions runner_options =
       RunnerOptionsFor(options_.runner, assignment, options_.fake_gpus_for_tests);
   Log(absl::StrCat(
-      "starting ", assignment.job_id(), " attempt ", assignment.attempt(), " (",
+      "starting ", RankName(assignment), " attempt ", assignment.attempt(), " (",
       assignment.spec().name(), ") with ", runner_options.cpu_count, " cpus",
       runner_options.cuda_visible_devices.empty()
           ? ""
@@ -437,6 +460,8 @@ void Agent::StartJob(const v1::Assignment& assignment) {
       runner_options, assignment, [this, raw](const v1::JobEvent& event) {
         // Events arrive on the runner's reader thread.
         if (event.type() == v1::EVENT_TYPE_CHECKPOINT) {
+          // Only rank 0 writes checkpoints (other ranks' trainers get no --checkpoint).
+          if (raw->assignment.rank() != 0) return;
           absl::Status s = UploadCheckpoint(*raw, event.progress());
           raw->checkpoint_on_server.store(s.ok());
           raw->unsent_checkpoint.reset();
@@ -455,7 +480,7 @@ void Agent::StartJob(const v1::Assignment& assignment) {
         }
       });
   job->thread = std::thread([this, raw] { RunJob(raw); });
-  jobs_[assignment.job_id()] = std::move(job);
+  jobs_[key] = std::move(job);
 }
 
 bool Agent::SendEvents(const v1::Assignment& assignment, std::vector<v1::JobEvent>& pending) {
@@ -463,6 +488,7 @@ bool Agent::SendEvents(const v1::Assignment& assignment, std::vector<v1::JobEven
   request.set_worker_id(options_.worker_id);
   request.set_job_id(assignment.job_id());
   request.set_attempt(assignment.attempt());
+  request.set_rank(assignment.rank());
   for (const v1::JobEvent& event : pending) *request.add_events() = event;
   v1::ReportProgressResponse response;
   grpc::Status status = stub_->ReportProgress(Context(absl::Seconds(5)).get(), request, &response);
@@ -480,7 +506,7 @@ bool Agent::SendEvents(const v1::Assignment& assignment, std::vector<v1::JobEven
     pending = std::move(kept);
     return true;
   }
-  Log(absl::StrCat("progress for ", assignment.job_id(), " refused: ", status.error_message(),
+  Log(absl::StrCat("progress for ", RankName(assignment), " refused: ", status.error_message(),
                    "; stopping the attempt"));
   pending.clear();
   return false;
@@ -527,6 +553,7 @@ absl::Status Agent::UploadCheckpoint(RunningJob& job, const v1::TrainingProgress
   chunk.set_worker_id(options_.worker_id);
   chunk.set_job_id(job.assignment.job_id());
   chunk.set_attempt(job.assignment.attempt());
+  chunk.set_rank(job.assignment.rank());
   chunk.set_step(step);
   chunk.set_epoch(epoch);
   std::string buffer(1 << 20, '\0');
@@ -556,6 +583,7 @@ absl::Status Agent::DownloadCheckpoint(const v1::Assignment& assignment, const s
   request.set_worker_id(options_.worker_id);
   request.set_job_id(assignment.job_id());
   request.set_attempt(assignment.attempt());
+  request.set_rank(assignment.rank());
   auto context = Context(absl::Minutes(10));
   auto reader = stub_->DownloadCheckpoint(context.get(), request);
   return DownloadChunksToFile(*reader, path).status();
@@ -573,23 +601,27 @@ void Agent::RunJob(RunningJob* job) {
                                    job->assignment.resume_step(), ": ", s.message());
       resume_path.clear();
     } else {
-      Log(absl::StrCat(job->assignment.job_id(), ": resuming from the checkpoint at step ",
+      Log(absl::StrCat(RankName(job->assignment), ": resuming from the checkpoint at step ",
                        job->assignment.resume_step()));
     }
   }
   if (outcome.error.empty()) outcome = job->runner->Run(resume_path);
   // Drained for this worker's shutdown: the job runs on elsewhere.
-  if (outcome.released) outcome.error = absl::StrCat("worker ", options_.worker_id, " shut down");
+  // (A rank that stopped because another rank's worker shut down says so itself.)
+  if (outcome.released && outcome.error.empty()) {
+    outcome.error = absl::StrCat("worker ", options_.worker_id, " shut down");
+  }
   v1::CompleteJobRequest request;
   request.set_worker_id(options_.worker_id);
   request.set_job_id(job->assignment.job_id());
   request.set_attempt(job->assignment.attempt());
+  request.set_rank(job->assignment.rank());
   request.set_state(outcome.state);
   request.set_error(outcome.error);
   request.set_permanent(outcome.permanent);
   request.set_released(outcome.released);
   *request.mutable_progress() = outcome.progress;
-  Log(absl::StrCat(job->assignment.job_id(), " attempt ", job->assignment.attempt(),
+  Log(absl::StrCat(RankName(job->assignment), " attempt ", job->assignment.attempt(),
                    " ended: ", v1::JobState_Name(outcome.state),
                    outcome.error.empty() ? "" : absl::StrCat(" (", outcome.error, ")")));
   // Events, the last checkpoint and the outcome must reach the server, in that order; keep trying
@@ -634,7 +666,8 @@ void Agent::RunJob(RunningJob* job) {
       // The server serves the checkpoint from now on (`stoker artifact`, a retry's resume): the
       // local copies would only fill this worker's disk, one per job. Logs and job.pb stay. A
       // checkpoint the server does not have is kept.
-      if (job->checkpoint_on_server.load()) {
+      // Ranks other than 0 write none; their resume file is only a copy of the server's.
+      if (job->checkpoint_on_server.load() || job->assignment.rank() != 0) {
         std::error_code ignored;
         std::filesystem::remove(job->runner->checkpoint_path(), ignored);
         std::filesystem::remove(job->runner->dir() + "/resume.safetensors", ignored);
@@ -642,7 +675,7 @@ void Agent::RunJob(RunningJob* job) {
       break;
     }
     if (!IsUnreachable(status)) {
-      Log(absl::StrCat("completion of ", job->assignment.job_id(),
+      Log(absl::StrCat("completion of ", RankName(job->assignment),
                        " refused: ", status.error_message()));
       break;
     }

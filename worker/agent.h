@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -27,7 +28,9 @@ struct AgentOptions {
   // At most this many jobs at once; which jobs fit (cores, memory, GPUs) the server decides
   // from what the agent advertises below, and tells each job what it holds (Placement).
   int job_slots = 64;
-  std::string token;                                      // bearer token for the server ("" = none)
+  // Bearer token for the server ("" = none). Data-parallel trainers read it from
+  // runner.token_file themselves (never from their command line, which `ps` shows).
+  std::string token;
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: plaintext
   std::string metrics_url;                                // advertised to the server
   std::vector<v1::Device> gpus;  // found through NVML (index, UUID); each job gets its own
@@ -56,6 +59,12 @@ struct WorkerInstance {
 };
 absl::StatusOr<WorkerInstance> ClaimWorkerInstance(const std::string& work_dir,
                                                    const std::string& worker_id);
+
+// A job attempt's rank on this worker: a worker may run several ranks of one data-parallel job, so
+// running attempts are named by (job id, rank) everywhere (rank 0 for a job of one rank).
+using RankKey = std::pair<std::string, int>;
+// "j-000001" for rank 0 of a job of one rank, else "j-000001 rank 2" (for log lines).
+std::string RankName(const v1::Assignment& assignment);
 
 class Agent {
  public:
@@ -104,7 +113,7 @@ class Agent {
   // RESOURCE_EXHAUSTED or INTERNAL when it could not store the file (a full disk: try again
   // later), FAILED_PRECONDITION when the attempt is no longer this worker's.
   absl::Status UploadCheckpoint(RunningJob& job, const v1::TrainingProgress& at);
-  // Fetches the checkpoint the assignment resumes from into `path`.
+  // Fetches the checkpoint the assignment resumes from into `path` (every rank resumes from it).
   absl::Status DownloadCheckpoint(const v1::Assignment& assignment, const std::string& path);
   // A call context with the token and a deadline. `wait_for_ready`: while the server cannot be
   // reached the call waits (until the deadline) for the channel to connect instead of failing at
@@ -119,7 +128,7 @@ class Agent {
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
   std::atomic<bool> shutting_down_{false};
   absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<RunningJob>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<RankKey, std::unique_ptr<RunningJob>> jobs_ ABSL_GUARDED_BY(mu_);
 };
 
 // This machine's CPU as a device (model name from /proc/cpuinfo, total memory).

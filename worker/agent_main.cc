@@ -102,7 +102,23 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-listen", metrics_listen,
                  "serve Prometheus /metrics on HOST:PORT (port 0 picks one; empty = off)")
       ->capture_default_str();
+  std::string collective_host;
+  app.add_option("--collective-host", collective_host,
+                 "data-parallel jobs: the address other ranks reach this worker's trainers at "
+                 "(Gloo binds to it; default: 127.0.0.1 when the server is on loopback, else "
+                 "this host's name)");
+  double collective_timeout_seconds = absl::ToDoubleSeconds(options.runner.collective_timeout);
+  app.add_option("--collective-timeout-seconds", collective_timeout_seconds,
+                 "data-parallel jobs: how long the ranks wait for each other (connecting, and "
+                 "each collective) before the attempt fails")
+      ->check(CLI::Range(1.0, 3600.0))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  options.runner.collective_host =
+      !collective_host.empty()
+          ? collective_host
+          : (stoker::IsLoopbackAddress(options.server_address) ? "127.0.0.1" : hostname);
+  options.runner.collective_timeout = absl::Seconds(collective_timeout_seconds);
   options.runner.drain_timeout = absl::Seconds(drain_seconds);
   options.runner.trainer_stall_timeout =
       stall_seconds > 0 ? absl::Seconds(stall_seconds) : absl::InfiniteDuration();
@@ -114,7 +130,10 @@ int main(int argc, char** argv) {
       return stoker::kExitBadInput;
     }
     options.token = *token;
+    // Data-parallel trainers read the token from the file themselves.
+    options.runner.token_file = std::filesystem::absolute(token_file).string();
   }
+  if (!tls_ca.empty()) options.runner.tls_ca = std::filesystem::absolute(tls_ca).string();
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       stoker::MakeChannelCredentials({.cert = "", .key = "", .ca = tls_ca});
   if (!credentials.ok()) {

@@ -145,7 +145,8 @@ class TrainerEvents {
 
 // How an attempt ended whose trainer exited with `exit` (nothing else failed first); `drained`
 // when the worker's shutdown asked it to checkpoint and stop.
-AttemptOutcome TrainerOutcome(const ExitInfo& exit, bool drained, const std::string& trainer_log) {
+AttemptOutcome TrainerOutcome(const ExitInfo& exit, bool drained, bool data_parallel,
+                              const std::string& trainer_log) {
   AttemptOutcome outcome;
   if (!exit.signaled && exit.code == kExitSuccess) {
     outcome.state = v1::JOB_STATE_SUCCEEDED;
@@ -154,6 +155,13 @@ AttemptOutcome TrainerOutcome(const ExitInfo& exit, bool drained, const std::str
   outcome.state = v1::JOB_STATE_FAILED;
   if (drained) {
     outcome.released = true;  // the agent says why: its shutdown
+    return outcome;
+  }
+  if (data_parallel && !exit.signaled && exit.code == kExitStopped) {
+    // The ranks stop together at a checkpoint when any rank's worker shuts down (the trainers
+    // vote on it every step): this rank gives the job back too.
+    outcome.released = true;
+    outcome.error = "stopped at a checkpoint with the other ranks: a worker of the job shut down";
     return outcome;
   }
   outcome.permanent = !exit.signaled && exit.code == kExitBadInput;
@@ -171,6 +179,65 @@ AttemptOutcome TrainerOutcome(const ExitInfo& exit, bool drained, const std::str
 }
 
 }  // namespace
+
+std::string AttemptDirectory(const std::string& work_dir, const v1::Assignment& assignment) {
+  return absl::StrCat(work_dir, "/", assignment.job_id(), "-a", assignment.attempt(),
+                      assignment.rank() > 0 ? absl::StrCat("-r", assignment.rank()) : "");
+}
+
+uint64_t RankTotalBatches(int64_t count, uint32_t batch_size, int replicas, int epochs) {
+  const int64_t global_batch = int64_t{batch_size} * std::max(1, replicas);
+  return static_cast<uint64_t>(BatchesPerEpoch(count, global_batch)) *
+         static_cast<uint64_t>(std::max(0, epochs));
+}
+
+std::vector<std::string> TrainerArguments(const RunnerOptions& options,
+                                          const v1::Assignment& assignment, const std::string& dir,
+                                          int region_fd, int events_fd, const std::string& job_file,
+                                          const std::string& resume_checkpoint, int classes) {
+  std::vector<std::string> argv = {options.trainer_path,
+                                   "--region-fd",
+                                   absl::StrCat(region_fd),
+                                   "--events-fd",
+                                   absl::StrCat(events_fd),
+                                   "--job",
+                                   job_file,
+                                   "--parent-pid",
+                                   absl::StrCat(getpid()),
+                                   "--classes",
+                                   absl::StrCat(classes),
+                                   "--train-data",
+                                   dir + "/train.samples",
+                                   "--test-data",
+                                   absl::StrCat(dir, "/test.samples"),
+                                   "--threads",
+                                   absl::StrCat(std::max(1, options.cpu_count))};
+  // Only rank 0 writes checkpoints.
+  if (assignment.rank() == 0) {
+    argv.insert(argv.begin() + 7, {"--checkpoint", dir + "/checkpoint.safetensors"});
+  }
+  if (!options.cuda_visible_devices.empty()) {
+    argv.push_back("--cuda-visible-devices");
+    argv.push_back(options.cuda_visible_devices);
+  }
+  if (options.fake_gpus_for_tests) argv.push_back("--fake-gpus-for-tests");
+  if (!resume_checkpoint.empty()) {
+    argv.push_back("--resume");
+    argv.push_back(resume_checkpoint);
+  }
+  if (assignment.replicas() > 1) {
+    argv.insert(argv.end(),
+                {"--rank", absl::StrCat(assignment.rank()), "--replicas",
+                 absl::StrCat(assignment.replicas()), "--server", options.server_address,
+                 "--worker-id", options.worker_id, "--job-id", assignment.job_id(), "--attempt",
+                 absl::StrCat(assignment.attempt()), "--collective-host", options.collective_host,
+                 "--collective-timeout-seconds",
+                 absl::StrCat(absl::ToDoubleSeconds(options.collective_timeout))});
+    if (!options.token_file.empty()) argv.insert(argv.end(), {"--token-file", options.token_file});
+    if (!options.tls_ca.empty()) argv.insert(argv.end(), {"--tls-ca", options.tls_ca});
+  }
+  return argv;
+}
 
 PipelineMemory EstimatePipelineMemory(const DatasetSummary& train, uint32_t batch_size,
                                       uint64_t ring_batches, bool decodes) {
@@ -217,7 +284,7 @@ absl::StatusOr<int> FitLoadersInMemory(const PipelineMemory& memory, int loader_
 JobRunner::JobRunner(RunnerOptions options, v1::Assignment assignment, EventCallback on_event)
     : options_(std::move(options)),
       assignment_(std::move(assignment)),
-      dir_(absl::StrCat(options_.work_dir, "/", assignment_.job_id(), "-a", assignment_.attempt())),
+      dir_(AttemptDirectory(options_.work_dir, assignment_)),
       on_event_(std::move(on_event)) {}
 
 JobRunner::StatsSnapshot JobRunner::Snapshot() {
@@ -239,6 +306,10 @@ JobRunner::StatsSnapshot JobRunner::Snapshot() {
   snapshot.loader_batches_total = stats.loader_batches_total.load();
   snapshot.loader_restarts_total = stats.loader_restarts_total.load();
   snapshot.bad_samples_total = stats.bad_samples_total.load();
+  snapshot.allreduce_ns = stats.allreduce_ns_total.load();
+  snapshot.allreduce_exposed_ns = stats.allreduce_exposed_ns_total.load();
+  snapshot.allreduce_bytes_total = stats.allreduce_bytes_total.load();
+  snapshot.allreduce_calls_total = stats.allreduce_calls_total.load();
   snapshot.filled_slots = region_->FilledSlots();
   snapshot.loader_processes = region_->ActiveLoaderCount();
   return snapshot;
@@ -294,9 +365,10 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   // `auto` starts with one loader and grows while the trainer waits for data (see Supervise).
   const bool autotune = spec.loader().processes() == 0;
   int loader_count = autotune ? AutoLoaderLimit(options_.cpu_count) : spec.loader().processes();
+  // A data-parallel rank's ring holds its slices of the global batches.
+  const int replicas = std::max(1, assignment_.replicas());
   uint64_t total_batches =
-      static_cast<uint64_t>(BatchesPerEpoch(shape->count, spec.train().batch_size())) *
-      spec.train().epochs();
+      RankTotalBatches(shape->count, spec.train().batch_size(), replicas, spec.train().epochs());
   // Memory: the ring, each loader's own memory, and preparing the training set; not a copy of the
   // training set per loader (they share one mapping). They may take half of what is available;
   // the trainer sizes its model against what is left when it starts.
@@ -341,8 +413,8 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   // From here on the prepared set is the training set (the same as probed, unless the files
   // changed meanwhile).
   const DatasetSummary& train = prepared->summary;
-  total_batches = static_cast<uint64_t>(BatchesPerEpoch(train.count, spec.train().batch_size())) *
-                  spec.train().epochs();
+  total_batches =
+      RankTotalBatches(train.count, spec.train().batch_size(), replicas, spec.train().epochs());
   RingGeometry geometry;
   geometry.slot_count = spec.loader().ring_slots();
   geometry.batch_size = spec.train().batch_size();
@@ -522,34 +594,8 @@ absl::StatusOr<pid_t> JobRunner::StartTrainer(JobRegion& region, int events_fd,
                                               const std::string& job_file,
                                               const std::string& resume_checkpoint, int classes,
                                               const std::string& log_path) {
-  std::vector<std::string> argv = {options_.trainer_path,
-                                   "--region-fd",
-                                   absl::StrCat(region.fd()),
-                                   "--events-fd",
-                                   absl::StrCat(events_fd),
-                                   "--job",
-                                   job_file,
-                                   "--checkpoint",
-                                   checkpoint_path(),
-                                   "--parent-pid",
-                                   absl::StrCat(getpid()),
-                                   "--classes",
-                                   absl::StrCat(classes),
-                                   "--train-data",
-                                   training_set_path(),
-                                   "--test-data",
-                                   absl::StrCat(dir_, "/test.samples"),
-                                   "--threads",
-                                   absl::StrCat(std::max(1, options_.cpu_count))};
-  if (!options_.cuda_visible_devices.empty()) {
-    argv.push_back("--cuda-visible-devices");
-    argv.push_back(options_.cuda_visible_devices);
-  }
-  if (options_.fake_gpus_for_tests) argv.push_back("--fake-gpus-for-tests");
-  if (!resume_checkpoint.empty()) {
-    argv.push_back("--resume");
-    argv.push_back(resume_checkpoint);
-  }
+  const std::vector<std::string> argv = TrainerArguments(
+      options_, assignment_, dir_, region.fd(), events_fd, job_file, resume_checkpoint, classes);
   return Spawn({argv, {region.fd(), events_fd}, log_path});
 }
 
@@ -584,7 +630,9 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
                       .job_file = job_file,
                       .data_file = training_set_path(),
                       .dir = dir,
-                      .max_restarts = options_.max_loader_restarts},
+                      .max_restarts = options_.max_loader_restarts,
+                      .rank = assignment_.replicas() > 1 ? assignment_.rank() : 0,
+                      .replicas = std::max(1, assignment_.replicas())},
                      [this](const std::string& line) { on_event_(LogEvent(line)); });
   if (absl::Status s = loaders.StartInitial(); !s.ok()) fail(s);
 
@@ -647,7 +695,8 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   } else if (fatal) {
     outcome = Failed(*fatal, fatal_permanent);
   } else {
-    outcome = TrainerOutcome(*trainer_exit, drain_started.has_value(), trainer_log);
+    outcome = TrainerOutcome(*trainer_exit, drain_started.has_value(), assignment_.replicas() > 1,
+                             trainer_log);
   }
   outcome.progress = events.last_epoch_progress();
   return outcome;

@@ -3,12 +3,19 @@
 // stoker-trainer and K stoker-loader processes that share one read-only mapping of the prepared
 // training set, supervised until the trainer ends. A loader that dies is respawned and resumes
 // with the batch it owed; a trainer that dies fails the attempt.
+//
+// Data-parallel jobs (Assignment.replicas > 1): one JobRunner runs one rank. Its ring holds the
+// rank's slices of the job's global batches (replicas x batch_size samples, so the ring counts
+// BatchesPerEpoch(train count, replicas x batch_size) batches an epoch, each slot still
+// batch_size samples), its loaders are told --rank/--replicas, and its trainer how to reach the
+// other ranks through the server's rendezvous. Only rank 0's trainer writes checkpoints.
 #ifndef STOKER_WORKER_JOB_RUNNER_H_
 #define STOKER_WORKER_JOB_RUNNER_H_
 
 #include <atomic>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -24,7 +31,9 @@ namespace stoker {
 struct RunnerOptions {
   std::string trainer_path;
   std::string loader_path;
-  std::string work_dir;   // each attempt gets <work_dir>/<job>-a<attempt>/ for its files and logs
+  // Each attempt gets <work_dir>/<job>-a<attempt>/ for its files and logs (rank r > 0 of a
+  // data-parallel job: <job>-a<attempt>-r<r>/).
+  std::string work_dir;
   std::string data_root;  // dataset paths resolve under it
   // The job's cores (its Placement): the trainer's thread count (--threads), and the bound of
   // loader.processes: auto. Loaders share these cores with the trainer.
@@ -48,7 +57,34 @@ struct RunnerOptions {
   // for every batch and while it maps its data, but neither while it only waits for the other.
   // absl::InfiniteDuration() never gives up.
   absl::Duration trainer_stall_timeout = absl::Seconds(30);
+
+  // Data-parallel jobs: what the trainer needs to reach the server's rendezvous as this worker.
+  // The token reaches it as a file path (never the token on its command line, which `ps`
+  // shows). Paths are made absolute by the agent.
+  std::string server_address;
+  std::string worker_id;
+  std::string token_file;  // "" = no token
+  std::string tls_ca;      // "" = plaintext
+  // The address the other ranks reach this worker's trainers at (Gloo's TCP device binds to it).
+  std::string collective_host = "127.0.0.1";
+  // Connecting the ranks (all must arrive within it) and each collective.
+  absl::Duration collective_timeout = absl::Seconds(60);
 };
+
+// The attempt's directory under `work_dir`: <job>-a<attempt>, and -r<rank> after it for a rank
+// other than 0.
+std::string AttemptDirectory(const std::string& work_dir, const v1::Assignment& assignment);
+
+// The trainer's command line (argv[0] is options.trainer_path) for `assignment`, its region and
+// event pipe descriptors, the job file, the resume checkpoint ("" = none) and the class count.
+std::vector<std::string> TrainerArguments(const RunnerOptions& options,
+                                          const v1::Assignment& assignment, const std::string& dir,
+                                          int region_fd, int events_fd, const std::string& job_file,
+                                          const std::string& resume_checkpoint, int classes);
+
+// Batches the ring of one rank holds: BatchesPerEpoch(count, replicas x batch_size) x epochs
+// (replicas <= 1: a job of one rank).
+uint64_t RankTotalBatches(int64_t count, uint32_t batch_size, int replicas, int epochs);
 
 struct AttemptOutcome {
   v1::JobState state = v1::JOB_STATE_FAILED;
@@ -116,6 +152,9 @@ class JobRunner {
     uint64_t samples_total = 0, steps_total = 0, skipped_steps_total = 0, data_stall_ns = 0,
              device_busy_ns = 0, loader_batches_total = 0, loader_busy_ns = 0,
              loader_restarts_total = 0, bad_samples_total = 0, epoch = 0;
+    // Data-parallel jobs: this rank's gradient all-reduce (JobStats allreduce_*).
+    uint64_t allreduce_ns = 0, allreduce_exposed_ns = 0, allreduce_bytes_total = 0,
+             allreduce_calls_total = 0;
     double loss = 0, loss_scale = 1, eval_accuracy = 0;
     uint32_t filled_slots = 0;
     uint32_t loader_processes = 0;  // loaders of the current era (loader.processes: auto moves it)

@@ -72,6 +72,78 @@ TEST(AutotuneLoaderCountTest, ShrinkingThenGrowingNeedsTheTrainerToWait) {
   EXPECT_EQ(AutotuneLoaderCount(2, 16, 0.0, 1.0), 2) << "1 would be 100% busy";
 }
 
+// Issue 16: a worker may run several ranks of one job; their files must not meet.
+TEST(AttemptDirectoryTest, RanksOtherThanZeroGetTheirOwnDirectory) {
+  v1::Assignment assignment;
+  assignment.set_job_id("j-000007");
+  assignment.set_attempt(3);
+  EXPECT_EQ(AttemptDirectory("/w", assignment), "/w/j-000007-a3") << "a job of one rank";
+  assignment.set_replicas(2);
+  EXPECT_EQ(AttemptDirectory("/w", assignment), "/w/j-000007-a3") << "rank 0";
+  assignment.set_rank(1);
+  EXPECT_EQ(AttemptDirectory("/w", assignment), "/w/j-000007-a3-r1");
+}
+
+TEST(RankTotalBatchesTest, ARankCountsTheGlobalBatchesOfItsEpochs) {
+  EXPECT_EQ(RankTotalBatches(60000, 128, 1, 10), 4690u) << "469 batches an epoch";
+  EXPECT_EQ(RankTotalBatches(60000, 128, 0, 10), 4690u) << "replicas 0 is one rank";
+  EXPECT_EQ(RankTotalBatches(60000, 128, 2, 10), 2350u) << "235 global batches of 256";
+  EXPECT_EQ(RankTotalBatches(10, 4, 3, 1), 1u) << "one global batch of 12 holds all 10";
+}
+
+std::string ArgAfter(const std::vector<std::string>& argv, const std::string& flag) {
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == flag) return argv[i + 1];
+  }
+  return "<absent>";
+}
+
+TEST(TrainerArgumentsTest, AJobOfOneRankGetsNoDataParallelFlags) {
+  RunnerOptions options;
+  options.trainer_path = "/bin/stoker-trainer";
+  v1::Assignment assignment;
+  assignment.set_job_id("j-1");
+  assignment.set_attempt(1);
+  const std::vector<std::string> argv =
+      TrainerArguments(options, assignment, "/w/j-1-a1", 5, 6, "/w/j-1-a1/job.pb", "", 10);
+  EXPECT_EQ(argv[0], "/bin/stoker-trainer");
+  EXPECT_EQ(ArgAfter(argv, "--checkpoint"), "/w/j-1-a1/checkpoint.safetensors");
+  EXPECT_EQ(ArgAfter(argv, "--region-fd"), "5");
+  EXPECT_EQ(ArgAfter(argv, "--rank"), "<absent>");
+  EXPECT_EQ(ArgAfter(argv, "--server"), "<absent>");
+}
+
+TEST(TrainerArgumentsTest, ADataParallelRankFindsTheRendezvousWithoutTheTokenOnItsCommandLine) {
+  RunnerOptions options;
+  options.trainer_path = "/bin/stoker-trainer";
+  options.server_address = "10.0.0.1:50051";
+  options.worker_id = "w2";
+  options.token_file = "/etc/stoker/token";
+  options.tls_ca = "/etc/stoker/ca.pem";
+  options.collective_host = "node2";
+  options.collective_timeout = absl::Seconds(45);
+  v1::Assignment assignment;
+  assignment.set_job_id("j-1");
+  assignment.set_attempt(4);
+  assignment.set_rank(1);
+  assignment.set_replicas(2);
+  const std::vector<std::string> argv = TrainerArguments(
+      options, assignment, "/w/j-1-a4-r1", 5, 6, "/w/j-1-a4-r1/job.pb", "/w/r.safetensors", 10);
+  EXPECT_EQ(ArgAfter(argv, "--checkpoint"), "<absent>") << "only rank 0 writes checkpoints";
+  EXPECT_EQ(ArgAfter(argv, "--resume"), "/w/r.safetensors") << "every rank resumes";
+  EXPECT_EQ(ArgAfter(argv, "--rank"), "1");
+  EXPECT_EQ(ArgAfter(argv, "--replicas"), "2");
+  EXPECT_EQ(ArgAfter(argv, "--server"), "10.0.0.1:50051");
+  EXPECT_EQ(ArgAfter(argv, "--worker-id"), "w2");
+  EXPECT_EQ(ArgAfter(argv, "--job-id"), "j-1");
+  EXPECT_EQ(ArgAfter(argv, "--attempt"), "4");
+  EXPECT_EQ(ArgAfter(argv, "--collective-host"), "node2");
+  EXPECT_EQ(ArgAfter(argv, "--collective-timeout-seconds"), "45");
+  EXPECT_EQ(ArgAfter(argv, "--token-file"), "/etc/stoker/token");
+  EXPECT_EQ(ArgAfter(argv, "--tls-ca"), "/etc/stoker/ca.pem");
+  EXPECT_EQ(ArgAfter(argv, "--train-data"), "/w/j-1-a4-r1/train.samples");
+}
+
 constexpr double kMiB = 1024.0 * 1024;
 
 // Fashion-MNIST's training set: 60000 samples of 784 bytes.

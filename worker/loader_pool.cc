@@ -27,12 +27,15 @@ std::string LoaderLogPath(const std::string& dir, int k) {
 std::string LoaderPool::LogPath(int k) const { return LoaderLogPath(options_.dir, k); }
 
 absl::Status LoaderPool::Start(int k) {
-  absl::StatusOr<pid_t> pid =
-      Spawn({{options_.loader_path, "--region-fd", absl::StrCat(region_.fd()), "--index",
-              absl::StrCat(k), "--job", options_.job_file, "--data", options_.data_file,
-              "--parent-pid", absl::StrCat(getpid())},
-             {region_.fd()},
-             LogPath(k)});
+  std::vector<std::string> argv = {
+      options_.loader_path, "--region-fd",  absl::StrCat(region_.fd()), "--index",
+      absl::StrCat(k),      "--job",        options_.job_file,          "--data",
+      options_.data_file,   "--parent-pid", absl::StrCat(getpid())};
+  if (options_.replicas > 1) {
+    argv.insert(argv.end(), {"--rank", absl::StrCat(options_.rank), "--replicas",
+                             absl::StrCat(options_.replicas)});
+  }
+  absl::StatusOr<pid_t> pid = Spawn({argv, {region_.fd()}, LogPath(k)});
   if (!pid.ok()) return absl::InternalError(pid.status().message());
   loaders_[k] = *pid;
   return absl::OkStatus();

@@ -26,6 +26,10 @@ struct LoaderPoolOptions {
   std::string data_file;    // the training set prepared for the attempt (--data)
   std::string dir;          // the attempt's directory: loader-<k>.log go here
   int max_restarts = 20;    // respawns of failed loaders, all loaders together
+  // Data-parallel jobs: the rank the loaders feed, of `replicas` (--rank/--replicas; passed only
+  // when replicas > 1).
+  int rank = 0;
+  int replicas = 1;
 };
 
 // Where loader k of the attempt in `dir` logs: <dir>/loader-<k>.log.

@@ -18,25 +18,48 @@ struct EvalSummary {
   double loss = 0;
 };
 
-// Raises `heartbeats` after each batch: a long evaluation is work, not a hang.
-absl::StatusOr<EvalSummary> EvaluateTestSet(Model& model, const SamplesView& test, int batch_size,
-                                            std::atomic<uint64_t>& heartbeats) {
+// Evaluates test samples [first, end). Raises `heartbeats` after each batch: a long evaluation
+// is work, not a hang.
+absl::StatusOr<EvalResult> EvaluateTestSamples(Model& model, const SamplesView& test, int64_t first,
+                                               int64_t end, int batch_size,
+                                               std::atomic<uint64_t>& heartbeats) {
   EvalResult total;
-  for (int64_t start = 0; start < test.count; start += batch_size) {
+  for (int64_t start = first; start < end; start += batch_size) {
     heartbeats.fetch_add(1, std::memory_order_relaxed);
     const BatchView batch = MakeBatchView(
         test.samples + start * test.sample_bytes, test.labels + start,
-        static_cast<int>(std::min<int64_t>(batch_size, test.count - start)), test.sample_type);
+        static_cast<int>(std::min<int64_t>(batch_size, end - start)), test.sample_type);
     STOKER_ASSIGN_OR_RETURN(const EvalResult result, model.Evaluate(batch));
     total.loss_sum += result.loss_sum;
     total.correct += result.correct;
     total.count += result.count;
   }
+  return total;
+}
+
+EvalSummary Summarize(const EvalResult& total) {
   if (total.count == 0) return EvalSummary{};
   return EvalSummary{double(total.correct) / total.count, total.loss_sum / total.count};
 }
 
+// A step's error from the model. Alone, the model refused the batch: bad input. Data-parallel, a
+// failed gradient sum (a rank gone, a timeout) comes back the same way, and a retry may help.
+absl::Status StepError(uint64_t batch, const absl::Status& status, bool data_parallel) {
+  const std::string message = absl::StrCat("batch ", batch, ": ", status.message());
+  if (data_parallel && (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
+                        absl::IsInternal(status) || absl::IsAborted(status) ||
+                        absl::IsCancelled(status) || absl::IsUnknown(status))) {
+    return absl::InternalError(message);
+  }
+  return absl::InvalidArgumentError(message);
+}
+
 }  // namespace
+
+std::pair<int64_t, int64_t> EvaluationShare(int64_t count, int rank, int replicas) {
+  if (replicas <= 1) return {0, count};
+  return {count * rank / replicas, count * (rank + 1) / replicas};
+}
 
 double LearningRateAt(const v1::OptimizerSpec& optimizer, uint64_t step, uint64_t total_steps) {
   const double base = optimizer.lr();
@@ -81,7 +104,14 @@ absl::Status TrainingLoop::Run() {
     const absl::Time wait_start = absl::Now();
     STOKER_ASSIGN_OR_RETURN(const ReadableBatch batch, WaitForBatch(b));
     STOKER_RETURN_IF_ERROR(Step(b, batch, wait_start, absl::Now()));
-    if (b + 1 < total_batches_ && region_.CheckpointAndStopRequested()) {
+    if (b + 1 >= total_batches_) continue;
+    if (options_.data_parallel) {
+      // Every rank must stop at the same step, whichever rank's worker asked.
+      const uint64_t every = std::max<uint64_t>(1, options_.data_parallel->stop_vote_every_steps);
+      if ((b + 1) % every != 0) continue;
+      STOKER_ASSIGN_OR_RETURN(const bool stop, AnyRankAsksToStop());
+      if (stop) return CheckpointAndStop(b + 1);
+    } else if (region_.CheckpointAndStopRequested()) {
       return CheckpointAndStop(b + 1);
     }
   }
@@ -100,7 +130,11 @@ absl::StatusOr<ReadableBatch> TrainingLoop::WaitForBatch(uint64_t batch) {
                                               region_.LoaderFor(batch),
                                               "): ", readable.status().message()));
     }
-    if (region_.CheckpointAndStopRequested()) return CheckpointAndStop(batch);
+    // A data-parallel rank stops only where the ranks vote (Run): the others would wait for it
+    // in the next step's gradient sum.
+    if (!options_.data_parallel && region_.CheckpointAndStopRequested()) {
+      return CheckpointAndStop(batch);
+    }
   }
 }
 
@@ -108,6 +142,25 @@ absl::Status TrainingLoop::Step(uint64_t batch, const ReadableBatch& readable,
                                 absl::Time wait_start, absl::Time got_batch) {
   const int epoch = EpochOf(batch);
   JobStats& stats = region_.stats();
+  const double learning_rate = LearningRateAt(options_.optimizer, batch, total_batches_);
+  if (options_.data_parallel) {
+    options_.data_parallel->reducer->SetLocalSamples(static_cast<int64_t>(readable.count));
+  }
+  if (readable.count == 0 && options_.data_parallel) {
+    // This rank's slice of the global batch is empty (the epoch's short last batch, or every
+    // image of it was bad): it still joins the step's gradient sum and takes the same update.
+    absl::StatusOr<StepResult> step = model_.TrainStepWithoutSamples(learning_rate);
+    region_.Release(batch);
+    stats.heartbeats_total.fetch_add(1, std::memory_order_relaxed);
+    const absl::Time step_done = absl::Now();
+    if (!step.ok()) return StepError(batch, step.status(), true);
+    PublishReducerCounters();
+    stats.data_stall_ns_total.fetch_add(absl::ToInt64Nanoseconds(got_batch - wait_start));
+    stats.device_busy_ns_total.fetch_add(absl::ToInt64Nanoseconds(step_done - got_batch));
+    stats.steps_total.fetch_add(1);
+    stats.epoch.store(epoch);
+    return AfterStep(batch + 1, epoch, step_done);
+  }
   if (readable.count == 0) {
     // Every image of the batch was bad (the loaders skipped and counted them): nothing to train
     // on, but the batch still ends an epoch or falls on a checkpoint.
@@ -118,14 +171,12 @@ absl::Status TrainingLoop::Step(uint64_t batch, const ReadableBatch& readable,
   const BatchView view =
       MakeBatchView(readable.samples, readable.labels, static_cast<int>(readable.count),
                     region_.geometry().sample_type);
-  absl::StatusOr<StepResult> step =
-      model_.TrainStep(view, LearningRateAt(options_.optimizer, batch, total_batches_));
+  absl::StatusOr<StepResult> step = model_.TrainStep(view, learning_rate);
   region_.Release(batch);
   stats.heartbeats_total.fetch_add(1, std::memory_order_relaxed);
   const absl::Time step_done = absl::Now();
-  if (!step.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("batch ", batch, ": ", step.status().message()));
-  }
+  if (!step.ok()) return StepError(batch, step.status(), options_.data_parallel.has_value());
+  if (options_.data_parallel) PublishReducerCounters();
   if (!std::isfinite(step->loss)) {
     std::ostringstream message;  // prints the loss as the trainer always has ("nan", "-nan", "inf")
     message << "the loss diverged (" << step->loss << ") at step " << batch + 1
@@ -158,11 +209,29 @@ absl::Status TrainingLoop::AfterStep(uint64_t done, int epoch, absl::Time step_d
 
 absl::Status TrainingLoop::EndOfEpoch(uint64_t step, int epoch, absl::Time now) {
   v1::TrainingProgress progress = WindowProgress(step, epoch, now);
-  absl::StatusOr<EvalSummary> eval =
-      EvaluateTestSet(model_, test_, options_.eval_batch_size, region_.stats().heartbeats_total);
-  if (!eval.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("evaluation: ", eval.status().message()));
+  // A data-parallel rank evaluates its share of the test set; the sums make the global result.
+  const auto [first, end] =
+      options_.data_parallel
+          ? EvaluationShare(test_.count, options_.data_parallel->collective->rank(),
+                            options_.data_parallel->collective->size())
+          : std::pair<int64_t, int64_t>(0, test_.count);
+  absl::StatusOr<EvalResult> local = EvaluateTestSamples(
+      model_, test_, first, end, options_.eval_batch_size, region_.stats().heartbeats_total);
+  if (!local.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("evaluation: ", local.status().message()));
   }
+  if (options_.data_parallel) {
+    double sums[3] = {local->loss_sum, double(local->correct), double(local->count)};
+    const ScopedHeartbeat waiting(region_.stats().heartbeats_total);
+    if (absl::Status s = options_.data_parallel->collective->AllReduceSum(sums, 3); !s.ok()) {
+      return absl::InternalError(absl::StrCat("all-reduce: evaluation: ", s.message()));
+    }
+    local->loss_sum = sums[0];
+    local->correct = static_cast<int64_t>(std::llround(sums[1]));
+    local->count = static_cast<int64_t>(std::llround(sums[2]));
+  }
+  const EvalSummary summary = Summarize(*local);
+  const EvalSummary* eval = &summary;
   last_accuracy_ = eval->accuracy;
   last_test_loss_ = eval->loss;
   StoreDouble(region_.stats().eval_accuracy_bits, eval->accuracy);
@@ -208,9 +277,30 @@ absl::Status TrainingLoop::CheckpointAndStop(uint64_t step) {
   if (step > last_checkpoint_step_) {
     STOKER_RETURN_IF_ERROR(Checkpoint(step, EpochOf(step - 1)));  // the epoch of step's batch
   }
-  const std::string message = absl::StrCat("stopped at step ", step, " for the worker's shutdown");
+  const std::string message =
+      !options_.data_parallel || region_.CheckpointAndStopRequested()
+          ? absl::StrCat("stopped at step ", step, " for the worker's shutdown")
+          : absl::StrCat("stopped at step ", step,
+                         " with the other ranks: a worker of the job is shutting down");
   Log(message);
   return absl::CancelledError(message);
+}
+
+absl::StatusOr<bool> TrainingLoop::AnyRankAsksToStop() {
+  float flag = region_.CheckpointAndStopRequested() ? 1.0f : 0.0f;
+  if (absl::Status s = options_.data_parallel->collective->AllReduceSum(&flag, 1); !s.ok()) {
+    return absl::InternalError(absl::StrCat("all-reduce: stop vote: ", s.message()));
+  }
+  return flag > 0;
+}
+
+void TrainingLoop::PublishReducerCounters() {
+  const ReducerCounters counters = options_.data_parallel->reducer->counters();
+  JobStats& stats = region_.stats();
+  stats.allreduce_ns_total.store(static_cast<uint64_t>(counters.allreduce_seconds * 1e9));
+  stats.allreduce_exposed_ns_total.store(static_cast<uint64_t>(counters.exposed_seconds * 1e9));
+  stats.allreduce_bytes_total.store(counters.allreduce_bytes);
+  stats.allreduce_calls_total.store(counters.allreduce_calls);
 }
 
 v1::TrainingProgress TrainingLoop::WindowProgress(uint64_t step, int epoch, absl::Time now) const {

@@ -5,15 +5,27 @@
 // stop. stoker-trainer (trainer_main.cc) builds the model and runs this; everything the loop does
 // goes through the region, the model, an event sink and a checkpoint writer, so a test runs it in
 // one process.
+//
+// Data-parallel jobs (TrainingLoopOptions::data_parallel): every rank runs this loop over its own
+// region, whose batch b is the rank's slice of global batch b, and every rank takes every step
+// (one whose slice is empty brings zero gradients: Model::TrainStepWithoutSamples), so each step's
+// gradient sum meets all ranks. Evaluation splits the test set into contiguous shares, one per
+// rank, and sums (loss, correct, count) over the ranks: every rank reports the global accuracy.
+// Only the rank given a checkpoint writer (rank 0) writes checkpoints. A checkpoint-and-stop
+// request reaching any rank stops every rank at the same step: the ranks sum a stop flag after
+// every stop_vote_every_steps-th step, and all stop when one asked.
 #ifndef STOKER_WORKER_TRAINING_LOOP_H_
 #define STOKER_WORKER_TRAINING_LOOP_H_
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "comm/collective.h"
 #include "data/dataset.h"
 #include "data/job_region.h"
 #include "engine/backend.h"
@@ -29,6 +41,21 @@ double LearningRateAt(const v1::OptimizerSpec& optimizer, uint64_t step, uint64_
 BatchView MakeBatchView(const uint8_t* samples, const uint8_t* labels, int count,
                         SampleType sample_type);
 
+// A data-parallel rank's means of meeting the other ranks. The model was given `reducer`
+// (Model::SetGradientReducer), which sums each step's gradients over `collective`; the loop itself
+// uses `collective` only between steps (the stop vote, evaluation), when the reducer is idle.
+struct DataParallelContext {
+  BucketedReducer* reducer = nullptr;
+  Collective* collective = nullptr;
+  // Sum the ranks' stop flags (a checkpoint-and-stop request) after every N-th step; the ranks
+  // stop at the first such step after any rank's request. One tiny all-reduce per vote.
+  uint64_t stop_vote_every_steps = 1;
+};
+
+// The contiguous share [first, end) of `count` test samples that rank `rank` of `replicas`
+// evaluates: [count*rank/replicas, count*(rank+1)/replicas).
+std::pair<int64_t, int64_t> EvaluationShare(int64_t count, int rank, int replicas);
+
 struct TrainingLoopOptions {
   v1::OptimizerSpec optimizer;  // the learning-rate schedule (lr, warmup_steps, lr_schedule)
   int epochs = 1;               // the ring's total_batches split evenly into this many epochs
@@ -40,6 +67,8 @@ struct TrainingLoopOptions {
   double test_accuracy = -1;
   // Progress is reported when at least this much time has passed since the last report.
   absl::Duration report_interval = absl::Seconds(1);
+  // Set for a data-parallel rank; its pointers must outlive the loop.
+  std::optional<DataParallelContext> data_parallel;
 };
 
 class TrainingLoop {
@@ -68,6 +97,10 @@ class TrainingLoop {
   // evaluation failed ("evaluation: ..."). INTERNAL for what a retry may fix: a batch that cannot
   // be read ("waiting for batch B (loader K): ...") or a checkpoint that cannot be written
   // ("checkpoint: ...").
+  // Data-parallel ranks: CANCELLED also when another rank's request stopped them all (logged as
+  // "stopped at step N with the other ranks: a worker of the job is shutting down"), INTERNAL
+  // ("all-reduce: ...", "batch B: ...") when a collective failed (a rank gone, a timeout): the
+  // attempt is retried.
   absl::Status Run();
 
  private:
@@ -83,6 +116,10 @@ class TrainingLoop {
   absl::Status Checkpoint(uint64_t step, int epoch);
   // Never OK: CANCELLED once stopped, or the checkpoint's error.
   absl::Status CheckpointAndStop(uint64_t step);
+  // Data-parallel: whether any rank asked to checkpoint and stop (summed over the ranks).
+  absl::StatusOr<bool> AnyRankAsksToStop();
+  // Data-parallel: copies the reducer's counters into JobStats' allreduce_*.
+  void PublishReducerCounters();
 
   int EpochOf(uint64_t batch) const { return static_cast<int>(batch / batches_per_epoch_) + 1; }
   // The progress of the window that ends at `now`, after `step` batches.
@@ -108,6 +145,8 @@ class TrainingLoop {
   double window_loss_ = 0;
   int64_t window_steps_ = 0, window_samples_ = 0;
   uint64_t window_stall_ns_ = 0;
+  // Data-parallel: a peer's request stopped this rank (the log line says so).
+  bool stopped_for_peer_ = false;
 };
 
 }  // namespace stoker

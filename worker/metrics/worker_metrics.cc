@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <span>
+#include <tuple>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -33,6 +34,7 @@ using prometheus::Labels;
 // an exported `job` label would be renamed to `exported_job` on ingestion. See deploy/README.md.
 constexpr char kJobLabel[] = "job_id";
 constexpr char kDeviceLabel[] = "device";
+constexpr char kRankLabel[] = "rank";
 // Ended attempts remembered so that a late snapshot cannot resurrect their series.
 constexpr size_t kEndedJobsRemembered = 1024;
 
@@ -147,6 +149,10 @@ struct WorkerMetrics::Impl {
   Family<Gauge>* loss_scale = nullptr;
   Family<Counter>* skipped_steps = nullptr;
   Family<Gauge>* epoch = nullptr;
+  Family<Counter>* allreduce_seconds = nullptr;
+  Family<Counter>* allreduce_exposed_seconds = nullptr;
+  Family<Counter>* allreduce_bytes = nullptr;
+  Family<Counter>* allreduce_calls = nullptr;
   Gauge* last_heartbeat = nullptr;  // stoker_worker_last_heartbeat_timestamp_seconds{worker}
 
   // One running job's series and the totals its counters were last advanced to.
@@ -172,6 +178,11 @@ struct WorkerMetrics::Impl {
     Gauge* loss_scale = nullptr;
     Counter* skipped_steps = nullptr;
     Gauge* epoch = nullptr;
+    // Data-parallel jobs only.
+    Counter* allreduce_seconds = nullptr;
+    Counter* allreduce_exposed_seconds = nullptr;
+    Counter* allreduce_bytes = nullptr;
+    Counter* allreduce_calls = nullptr;
   };
 
   // One GPU's series; `labels` carries the job running on it, if any.
@@ -183,12 +194,14 @@ struct WorkerMetrics::Impl {
   };
 
   absl::Mutex mu;
-  std::map<std::string, JobSeries, std::less<>> jobs ABSL_GUARDED_BY(mu);
+  // By (job id, rank).
+  std::map<std::pair<std::string, int>, JobSeries> jobs ABSL_GUARDED_BY(mu);
   std::map<int, GpuSeries> gpus ABSL_GUARDED_BY(mu);
   std::set<int> gpus_with_info ABSL_GUARDED_BY(mu);
-  // (job id, attempt) of ended attempts, oldest first.
-  std::set<std::pair<std::string, uint32_t>> ended ABSL_GUARDED_BY(mu);
-  std::deque<std::pair<std::string, uint32_t>> ended_order ABSL_GUARDED_BY(mu);
+  // (job id, rank, attempt) of ended attempts, oldest first.
+  using EndedAttempt = std::tuple<std::string, int, uint32_t>;
+  std::set<EndedAttempt> ended ABSL_GUARDED_BY(mu);
+  std::deque<EndedAttempt> ended_order ABSL_GUARDED_BY(mu);
 
   template <typename T>
   Family<T>& Build(prometheus::detail::Builder<T> builder, const char* name, const char* help) {
@@ -237,6 +250,19 @@ struct WorkerMetrics::Impl {
     skipped_steps = &Build(prometheus::BuildCounter(), "stoker_skipped_steps_total",
                            "Steps skipped because gradients overflowed (fp16).");
     epoch = &Build(prometheus::BuildGauge(), "stoker_epoch", "Epoch the job is in (0-based).");
+    allreduce_seconds =
+        &Build(prometheus::BuildCounter(), "stoker_allreduce_seconds_total",
+               "Data-parallel jobs: time this rank spent summing gradients with the other ranks "
+               "(overlapped with backward or not).");
+    allreduce_exposed_seconds =
+        &Build(prometheus::BuildCounter(), "stoker_allreduce_exposed_seconds_total",
+               "Data-parallel jobs: the part of the all-reduce time backward did not hide (the "
+               "step waited for it).");
+    allreduce_bytes = &Build(prometheus::BuildCounter(), "stoker_allreduce_bytes_total",
+                             "Data-parallel jobs: gradient bytes this rank summed.");
+    allreduce_calls =
+        &Build(prometheus::BuildCounter(), "stoker_allreduce_calls_total",
+               "Data-parallel jobs: gradient all-reduce calls (buckets) of this rank.");
     last_heartbeat =
         &Build(prometheus::BuildGauge(), "stoker_worker_last_heartbeat_timestamp_seconds",
                "Unix time of the last heartbeat the server answered (0: none yet).")
@@ -259,6 +285,12 @@ struct WorkerMetrics::Impl {
     series.step_seconds = &step_seconds->Add(l, ToBoundaries(kStepSecondsBounds));
     series.skipped_steps = &skipped_steps->Add(l);
     series.epoch = &epoch->Add(l);
+    if (l.contains(kRankLabel)) {
+      series.allreduce_seconds = &allreduce_seconds->Add(l);
+      series.allreduce_exposed_seconds = &allreduce_exposed_seconds->Add(l);
+      series.allreduce_bytes = &allreduce_bytes->Add(l);
+      series.allreduce_calls = &allreduce_calls->Add(l);
+    }
   }
 
   void RemoveJobSeries(JobSeries& series) {
@@ -275,6 +307,12 @@ struct WorkerMetrics::Impl {
     step_seconds->Remove(series.step_seconds);
     skipped_steps->Remove(series.skipped_steps);
     epoch->Remove(series.epoch);
+    if (series.allreduce_seconds != nullptr) {
+      allreduce_seconds->Remove(series.allreduce_seconds);
+      allreduce_exposed_seconds->Remove(series.allreduce_exposed_seconds);
+      allreduce_bytes->Remove(series.allreduce_bytes);
+      allreduce_calls->Remove(series.allreduce_calls);
+    }
     if (series.loss != nullptr) loss->Remove(series.loss);
     if (series.eval_accuracy != nullptr) eval_accuracy->Remove(series.eval_accuracy);
     if (series.loss_scale != nullptr) loss_scale->Remove(series.loss_scale);
@@ -288,16 +326,19 @@ struct WorkerMetrics::Impl {
   }
 
   void ApplyJob(const JobCounters& now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    auto it = jobs.find(now.job_id);
-    if (it != jobs.end() && it->second.labels.at(kDeviceLabel) != now.device) {
+    const std::pair<std::string, int> key(now.job_id, now.data_parallel ? now.rank : 0);
+    auto it = jobs.find(key);
+    if (it != jobs.end() && (it->second.labels.at(kDeviceLabel) != now.device ||
+                             it->second.labels.contains(kRankLabel) != now.data_parallel)) {
       // Moved to another device (a new attempt placed elsewhere): new label set.
       RemoveJobSeries(it->second);
       jobs.erase(it);
       it = jobs.end();
     }
     if (it == jobs.end()) {
-      it = jobs.try_emplace(now.job_id).first;
+      it = jobs.try_emplace(key).first;
       it->second.labels = {{kJobLabel, now.job_id}, {kDeviceLabel, now.device}};
+      if (now.data_parallel) it->second.labels[kRankLabel] = absl::StrCat(now.rank);
       it->second.attempt = now.attempt;
       AddJobSeries(it->second);
     }
@@ -333,6 +374,15 @@ struct WorkerMetrics::Impl {
                             *series.step_seconds);
     series.loader_feeder.Feed(now.loader_batch_seconds, now.loader_batches_total,
                               now.loader_busy_seconds, *series.loader_batch_seconds);
+    if (series.allreduce_seconds != nullptr) {
+      series.allreduce_seconds->Increment(Advance(now.allreduce_seconds, &last.allreduce_seconds));
+      series.allreduce_exposed_seconds->Increment(
+          Advance(now.allreduce_exposed_seconds, &last.allreduce_exposed_seconds));
+      series.allreduce_bytes->Increment(
+          static_cast<double>(Advance(now.allreduce_bytes_total, &last.allreduce_bytes_total)));
+      series.allreduce_calls->Increment(
+          static_cast<double>(Advance(now.allreduce_calls_total, &last.allreduce_calls_total)));
+    }
   }
 
   void ApplyGpus(const std::vector<GpuReading>& readings,
@@ -406,7 +456,8 @@ void WorkerMetrics::Update(const std::vector<JobCounters>& jobs) {
   absl::MutexLock lock(&impl_->mu);
   std::map<int, std::string> job_by_gpu;
   for (const JobCounters& job : jobs) {
-    if (impl_->ended.count({job.job_id, job.attempt}) > 0) continue;  // a late snapshot
+    const int rank = job.data_parallel ? job.rank : 0;
+    if (impl_->ended.count({job.job_id, rank, job.attempt}) > 0) continue;  // a late snapshot
     impl_->ApplyJob(job);
     for (int index : job.gpu_indices) job_by_gpu[index] = job.job_id;
   }
@@ -417,11 +468,11 @@ void WorkerMetrics::HeartbeatAnswered(absl::Time at) {
   impl_->last_heartbeat->Set(absl::ToDoubleSeconds(at - absl::UnixEpoch()));
 }
 
-void WorkerMetrics::JobEnded(absl::string_view job_id) {
+void WorkerMetrics::JobEnded(absl::string_view job_id, int rank) {
   absl::MutexLock lock(&impl_->mu);
-  auto it = impl_->jobs.find(job_id);
+  auto it = impl_->jobs.find({std::string(job_id), rank});
   if (it == impl_->jobs.end()) return;
-  std::pair<std::string, uint32_t> key(it->first, it->second.attempt);
+  Impl::EndedAttempt key(it->first.first, it->first.second, it->second.attempt);
   if (impl_->ended.insert(key).second) {
     impl_->ended_order.push_back(key);
     if (impl_->ended_order.size() > kEndedJobsRemembered) {
@@ -434,7 +485,7 @@ void WorkerMetrics::JobEnded(absl::string_view job_id) {
   // GPUs the job ran on lose its label now rather than at the next Update.
   for (auto& [index, series] : impl_->gpus) {
     auto label = series.labels.find(kJobLabel);
-    if (label != series.labels.end() && label->second == key.first) {
+    if (label != series.labels.end() && label->second == std::get<0>(key)) {
       impl_->RemoveGpuSeries(series);
     }
   }

@@ -5,7 +5,7 @@
 // Usage (agent):
 //   auto metrics = WorkerMetrics::Create({.worker_id = id, .listen_address = "0.0.0.0:9101"});
 //   every ~1 s, even with no jobs:  (*metrics)->Update(snapshots_of_running_jobs);
-//   when an attempt ends for good:   (*metrics)->JobEnded(job_id);
+//   when an attempt ends for good:   (*metrics)->JobEnded(job_id, rank);
 //
 // This class must live in a process that does not link cuBLAS (docs/toolchain.md, pitfall 1).
 #ifndef STOKER_WORKER_METRICS_WORKER_METRICS_H_
@@ -37,6 +37,11 @@ struct HistogramTotals {
 struct JobCounters {
   std::string job_id;
   uint32_t attempt = 0;
+  // A data-parallel job's rank (a worker may run several ranks of one job): its series carry a
+  // `rank` label, and (job_id, rank) names them. A job of one rank (data_parallel false) has no
+  // rank label, as before.
+  int rank = 0;
+  bool data_parallel = false;
   // Value of the `device` label on the job's series: "cpu", "gpu0", or e.g. "gpu0,gpu1".
   std::string device = "cpu";
   // NVML indices of the GPUs the job runs on; their GPU series get the job's `job_id` label.
@@ -58,6 +63,12 @@ struct JobCounters {
   std::optional<double> loss_scale;  // empty when the job does not scale (fp32, bf16)
   std::optional<double> eval_accuracy;  // 0..1; empty before the first evaluation
   uint64_t epoch = 0;
+  // Data-parallel jobs: this rank's gradient all-reduce time (all of it, and the part backward did
+  // not hide), bytes and calls (stoker_allreduce_*; absent for a job of one rank).
+  double allreduce_seconds = 0;
+  double allreduce_exposed_seconds = 0;
+  uint64_t allreduce_bytes_total = 0;
+  uint64_t allreduce_calls_total = 0;
 
   // Real histograms when the trainer/loaders keep bucket counts. When empty, the histogram is
   // approximated from the totals above: each Update's new steps (batches) are all counted in the
@@ -98,9 +109,9 @@ class WorkerMetrics {
   // stoker_worker_last_heartbeat_timestamp_seconds (the container healthcheck and the "worker
   // down" alert read its age). Thread-safe.
   void HeartbeatAnswered(absl::Time at);
-  // Removes every series labelled with `job_id` (call once the job's attempt has ended and no
+  // Removes every series of rank `rank` of `job_id` (call once the rank's attempt has ended and no
   // further attempt will run here). Unknown ids are ignored. Thread-safe.
-  void JobEnded(absl::string_view job_id);
+  void JobEnded(absl::string_view job_id, int rank = 0);
 
   // The exposition text, exactly what GET /metrics returns.
   std::string Scrape() const;

@@ -90,6 +90,42 @@ TEST(WorkerMetricsTest, ServesJobCountersOverHttp) {
   EXPECT_TRUE(absl::EndsWith(*text, metrics->Scrape()));
 }
 
+// Issue 16: a worker may run two ranks of one job; each has its own series (a `rank` label) and
+// its all-reduce counters, and one rank ending leaves the other's.
+TEST(WorkerMetricsTest, RanksOfOneJobHaveTheirOwnSeriesWithAllReduceCounters) {
+  auto metrics = Make();
+  JobCounters r0 = Counters("j1", 1, 100), r1 = Counters("j1", 1, 50);
+  r0.data_parallel = r1.data_parallel = true;
+  r1.rank = 1;
+  r0.allreduce_seconds = 1.5;
+  r0.allreduce_exposed_seconds = 0.25;
+  r0.allreduce_bytes_total = 4096;
+  r0.allreduce_calls_total = 8;
+  r1.allreduce_calls_total = 9;
+  metrics->Update({r0, r1});
+  const std::string text = metrics->Scrape();
+  auto series = [](const std::string& name, int rank) {
+    return absl::StrCat(name, "{device=\"cpu\",job_id=\"j1\",rank=\"", rank, "\",worker=\"w1\"}");
+  };
+  EXPECT_EQ(Value(text, series("stoker_samples_total", 0)), 100) << text;
+  EXPECT_EQ(Value(text, series("stoker_samples_total", 1)), 50);
+  EXPECT_EQ(Value(text, series("stoker_allreduce_seconds_total", 0)), 1.5);
+  EXPECT_EQ(Value(text, series("stoker_allreduce_exposed_seconds_total", 0)), 0.25);
+  EXPECT_EQ(Value(text, series("stoker_allreduce_bytes_total", 0)), 4096);
+  EXPECT_EQ(Value(text, series("stoker_allreduce_calls_total", 0)), 8);
+  EXPECT_EQ(Value(text, series("stoker_allreduce_calls_total", 1)), 9);
+  metrics->JobEnded("j1", 1);
+  const std::string after = metrics->Scrape();
+  EXPECT_EQ(Value(after, series("stoker_samples_total", 0)), 100);
+  EXPECT_EQ(Value(after, series("stoker_samples_total", 1)), std::nullopt);
+  EXPECT_EQ(Value(after, series("stoker_allreduce_calls_total", 1)), std::nullopt);
+  // A job of one rank has neither a rank label nor all-reduce series.
+  metrics->Update({Counters("j2", 1, 10)});
+  EXPECT_EQ(Value(metrics->Scrape(), JobSeries("stoker_samples_total", "j2")), 10);
+  EXPECT_FALSE(absl::StrContains(metrics->Scrape(),
+                                 "stoker_allreduce_calls_total{device=\"cpu\",job_id=\"j2\""));
+}
+
 TEST(WorkerMetricsTest, LastHeartbeatIsAUnixTimestampFromZero) {
   std::unique_ptr<WorkerMetrics> metrics = Make();
   ASSERT_NE(metrics, nullptr);
