@@ -121,8 +121,9 @@ absl::StatusOr<LabeledSamples> LoadIdxDataset(const std::string& images_path,
 // Sample order of one epoch: a permutation of [0, count) that depends only on (seed, epoch).
 std::vector<uint32_t> EpochPermutation(int64_t count, uint64_t seed, uint64_t epoch);
 
-// Number of batches per epoch (the last one may be partial).
-inline int64_t BatchesPerEpoch(int64_t count, int batch_size) {
+// Number of batches per epoch (the last one may be partial). `batch_size` > 0 (a data-parallel
+// job's global batch, replicas x batch_size, for its batches per epoch).
+inline int64_t BatchesPerEpoch(int64_t count, int64_t batch_size) {
   return (count + batch_size - 1) / batch_size;
 }
 

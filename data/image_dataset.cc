@@ -207,6 +207,7 @@ absl::StatusOr<std::unique_ptr<ImageBatchSource>> ImageBatchSource::Create(
     SampleIndex index, uint32_t batch_size, ImageSourceOptions options) {
   if (index.count() <= 0) return absl::InvalidArgumentError("the image dataset holds no samples");
   if (batch_size == 0) return absl::InvalidArgumentError("batch size 0");
+  STOKER_RETURN_IF_ERROR(CheckRank(options.rank, options.replicas));
   if (TransformOutputBytes(options.transform) == 0) {
     return absl::InvalidArgumentError("the image transform produces no pixels");
   }
@@ -220,7 +221,8 @@ ImageBatchSource::ImageBatchSource(SampleIndex index, uint32_t batch_size,
       batch_size_(batch_size),
       options_(std::move(options)),
       count_(Limited(index_, options_.limit)),
-      batches_per_epoch_(BatchesPerEpoch(count_, static_cast<int>(batch_size))),
+      batches_per_epoch_(
+          BatchesPerEpoch(count_, static_cast<int64_t>(batch_size) * options_.replicas)),
       sample_bytes_(TransformOutputBytes(options_.transform)),
       subset_(LimitedSubset(index_.count(), options_.limit)),
       scratch_(std::make_unique<TransformScratch>()) {}
@@ -239,8 +241,9 @@ absl::StatusOr<uint32_t> ImageBatchSource::Make(uint64_t batch, uint8_t* samples
     }
     cached_epoch_ = epoch;
   }
-  const int64_t first = index * batch_size_;
-  const int64_t end = std::min<int64_t>(first + batch_size_, count_);
+  const RankSlice slice = SliceOfRank(count_, batch_size_, options_.rank, options_.replicas, index);
+  const int64_t first = slice.first;
+  const int64_t end = slice.end;
   // Ask the kernel for every member of the batch at once: a shard is then read ahead in large
   // requests while the first images decode.
   for (int64_t i = first; i < end && index_.sharded(); ++i) {
@@ -255,7 +258,8 @@ absl::StatusOr<uint32_t> ImageBatchSource::Make(uint64_t batch, uint8_t* samples
       options_.bad_samples_total != nullptr ? *options_.bad_samples_total : local_bad_;
   uint32_t made = 0;
   for (int64_t i = first; i < end; ++i) {
-    const uint32_t position = static_cast<uint32_t>(i - first);
+    // The place in the global batch: the ranks' random crops and flips are one rank's.
+    const uint32_t position = static_cast<uint32_t>(i - slice.global_first);
     const int64_t sample = order_[static_cast<size_t>(i)];
     absl::Status status = ReadSampleBytes(index_, sample, files_, bytes_);
     if (status.ok()) {

@@ -6,7 +6,10 @@
 //   [i*B, (i+1)*B) of the training index, reading each image with pread from its file (shards
 //   with readahead advice for the batch's members), so a loader holds one batch of encoded bytes,
 //   never the dataset. The random crop and flip of sample p of batch b are a pure function of
-//   (seed, b, p): a batch is the same whichever loader makes it, and after a respawn.
+//   (seed, b, p): a batch is the same whichever loader makes it, and after a respawn. Rank r of a
+//   data-parallel job of N gets SliceOfRank(count, B, r, N, i) of the epoch's order (which is the
+//   same for every rank: for shards, the one shuffle-buffer stream), and p counts from the start
+//   of the global batch, so the ranks' batches b together are one rank's batch b of N x B.
 // - Bad samples: an image that cannot be read or decoded is skipped (the batch holds fewer
 //   samples), counted in JobStats::bad_samples_total and named on the loader's log; once more
 //   than max_bad_samples have been skipped (all loaders together), Make fails with
@@ -84,6 +87,10 @@ struct ImageSourceOptions {
   int shuffle_buffer = 10000;  // shards
   int64_t limit = 0;           // > 0: only LimitedSubset(count, limit) of the index
   int64_t max_bad_samples = 100;
+  // Data-parallel jobs: the loader feeds rank `rank` of `replicas` (see LoaderOptions); batches
+  // per epoch count global batches.
+  uint32_t rank = 0;
+  uint32_t replicas = 1;
   // Shared by all loaders of the job (the region's JobStats::bad_samples_total); may be null in
   // tests (then a local count is used).
   std::atomic<uint64_t>* bad_samples_total = nullptr;
@@ -93,7 +100,8 @@ struct ImageSourceOptions {
 
 class ImageBatchSource : public BatchSource {
  public:
-  // INVALID_ARGUMENT when the transform is unusable or the index is empty.
+  // INVALID_ARGUMENT when the transform is unusable, the index is empty or options.rank/replicas
+  // fail CheckRank.
   static absl::StatusOr<std::unique_ptr<ImageBatchSource>> Create(SampleIndex index,
                                                                   uint32_t batch_size,
                                                                   ImageSourceOptions options);

@@ -7,11 +7,15 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "data/index/index_test_util.h"
+#include "data/job_region.h"
 #include "data/prepared_dataset.h"
+#include "data/rank_slice_test_util.h"
 #include "data/test_util.h"
 #include "gtest/gtest.h"
 
@@ -340,6 +344,212 @@ TEST(ImageDatasetTest, FirstImageHeaderPrefersColour) {
   ASSERT_TRUE(header.ok()) << header.status();
   EXPECT_EQ(header->channels, 3);
   EXPECT_EQ(header->height, 4);
+}
+
+// Data-parallel ranks (loader.h, SliceOfRank) over image datasets: textured 12x12 RGB images, so
+// that a crop or a flip drawn for another position would show. Channel 0 of pixel (0, 0) is the
+// image's number; the label is number % 3.
+std::string TexturedPng(int number) {
+  Image image{12, 12, 3, {}};
+  for (int y = 0; y < 12; ++y) {
+    for (int x = 0; x < 12; ++x) {
+      for (int c = 0; c < 3; ++c) {
+        image.pixels.push_back(static_cast<uint8_t>(
+            x == 0 && y == 0 && c == 0 ? number : (number * 37 + x * 13 + y * 5 + c * 71) % 256));
+      }
+    }
+  }
+  absl::StatusOr<std::vector<uint8_t>> png = EncodePng(image);
+  EXPECT_TRUE(png.ok()) << png.status();
+  return std::string(png->begin(), png->end());
+}
+
+// `count` textured images as an image folder (class<label>/img<number>.png) under `root`.
+void WriteTexturedFolder(const std::string& root, int count) {
+  for (int i = 0; i < count; ++i) {
+    testing::WriteString(absl::StrCat(root, "/class", i % 3, "/img", i, ".png"), TexturedPng(i));
+  }
+}
+
+// The same as WebDataset shards of `per_shard` samples each: `dir`/s-{0..K-1}.tar; returns the
+// pattern.
+std::string WriteTexturedShards(const std::string& dir, int count, int per_shard) {
+  std::filesystem::create_directories(dir);
+  int shards = 0;
+  for (int first = 0; first < count; first += per_shard, ++shards) {
+    std::vector<std::pair<std::string, std::string>> members;
+    for (int i = first; i < std::min(count, first + per_shard); ++i) {
+      const std::string key = absl::StrCat("sample", 1000 + i);
+      members.emplace_back(key + ".png", TexturedPng(i));
+      members.emplace_back(key + ".cls", std::to_string(i % 3));
+    }
+    testing::WriteShard(absl::StrCat(dir, "/s-", shards, ".tar"), members);
+  }
+  return absl::StrCat(dir, "/s-{0..", shards - 1, "}.tar");
+}
+
+// Training transforms: RandomResizedCrop to 8 and a flip, or none (the image as it is, so its
+// number can be read back).
+ImageSourceOptions TexturedOptions(bool random, uint32_t rank, uint32_t replicas) {
+  ImageSourceOptions options;
+  options.transform.channels = 3;
+  if (random) {
+    options.transform.size = 8;
+    options.transform.random_resized_crop = true;
+    options.transform.horizontal_flip = true;
+  } else {
+    options.transform.expect_height = 12;
+    options.transform.expect_width = 12;
+  }
+  options.seed = 5;
+  options.shuffle_buffer = 4;
+  options.rank = rank;
+  options.replicas = replicas;
+  return options;
+}
+
+// For 2 and 3 ranks of batch 4 over 2 epochs: the ranks' batches b, in rank order, are batch b of
+// one rank of batch 8 or 12, byte for byte, with random crops and flips; without them each
+// image is in exactly one rank's batch per epoch. 18 images leave last global batches of 2 (2
+// ranks: rank 1 empty) and 6 (3 ranks: 4, 2, and rank 2 empty); 21 leave 5 (4, 1) and 9 (4, 4,
+// 1).
+void ExpectRanksSliceTheImageStream(const std::function<SampleIndex()>& index, int count) {
+  constexpr uint32_t kRankBatch = 4;
+  for (const uint32_t replicas : {2u, 3u}) {
+    for (const bool random : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << count << " images, " << replicas << " ranks"
+                                        << (random ? ", random crop and flip" : ""));
+      absl::StatusOr<std::unique_ptr<ImageBatchSource>> single =
+          ImageBatchSource::Create(index(), replicas * kRankBatch, TexturedOptions(random, 0, 1));
+      ASSERT_TRUE(single.ok()) << single.status();
+      std::vector<std::unique_ptr<ImageBatchSource>> sources;
+      std::vector<BatchSource*> ranks;
+      for (uint32_t r = 0; r < replicas; ++r) {
+        absl::StatusOr<std::unique_ptr<ImageBatchSource>> source =
+            ImageBatchSource::Create(index(), kRankBatch, TexturedOptions(random, r, replicas));
+        ASSERT_TRUE(source.ok()) << source.status();
+        sources.push_back(*std::move(source));
+        ranks.push_back(sources.back().get());
+      }
+      const int64_t per_epoch = (*single)->batches_per_epoch();
+      ASSERT_EQ(per_epoch, BatchesPerEpoch(count, replicas * kRankBatch));
+      const auto made = testing::ExpectRanksMakeTheSingleStream(**single, ranks, kRankBatch, count,
+                                                                2 * per_epoch);
+      if (random) continue;
+      for (int64_t epoch = 0; epoch < 2; ++epoch) {
+        std::vector<int> seen(static_cast<size_t>(count), 0);
+        for (uint32_t r = 0; r < replicas; ++r) {
+          for (int64_t b = epoch * per_epoch; b < (epoch + 1) * per_epoch; ++b) {
+            const testing::MadeBatch& batch = made[r][static_cast<size_t>(b)];
+            for (uint32_t s = 0; s < batch.count; ++s) {
+              const int number = batch.samples[s * 3 * 12 * 12];  // channel 0, pixel (0, 0)
+              ASSERT_LT(number, count);
+              EXPECT_EQ(batch.labels[s], number % 3);
+              ++seen[static_cast<size_t>(number)];
+            }
+          }
+        }
+        EXPECT_EQ(seen, std::vector<int>(static_cast<size_t>(count), 1)) << "epoch " << epoch;
+      }
+    }
+  }
+}
+
+TEST(ImageRankSliceTest, ImageFolderRanksMakeTheSingleRankStream) {
+  for (const int count : {18, 21}) {
+    const testing::TempDir dir;
+    WriteTexturedFolder(dir.File("folder"), count);
+    ExpectRanksSliceTheImageStream([&] { return Index(dir.File("folder")); }, count);
+  }
+}
+
+// Shards: every rank walks the same shard order and shuffle-buffer stream of the epoch and takes
+// its slice of it.
+TEST(ImageRankSliceTest, ShardRanksMakeTheSingleRankStream) {
+  for (const int count : {18, 21}) {
+    const testing::TempDir dir;
+    const std::string pattern = WriteTexturedShards(dir.File("shards"), count, 5);
+    ExpectRanksSliceTheImageStream(
+        [&] {
+          absl::StatusOr<SampleIndex> index = BuildImageIndex("shards", pattern, nullptr);
+          EXPECT_TRUE(index.ok()) << index.status();
+          return std::move(*index);
+        },
+        count);
+  }
+}
+
+// Bad images in a rank's slice are skipped as they are for one rank: the ranks' batches still
+// make the single rank's (which skips the same images), and a slice of only bad images is a batch
+// of 0 samples that RunLoader publishes like any other.
+TEST(ImageRankSliceTest, BadImagesAreSkippedInEachRanksSlice) {
+  const testing::TempDir dir;
+  WriteTexturedFolder(dir.File("folder"), 18);
+  for (int i : {0, 4, 9, 10, 11, 12, 13, 14, 17}) {
+    testing::WriteString(absl::StrCat(dir.File("folder"), "/class", i % 3, "/img", i, ".png"),
+                         "not a png");
+  }
+  auto options = [](uint32_t rank, uint32_t replicas) {
+    ImageSourceOptions o = TexturedOptions(true, rank, replicas);
+    o.max_bad_samples = 1000;
+    return o;
+  };
+  absl::StatusOr<std::unique_ptr<ImageBatchSource>> single =
+      ImageBatchSource::Create(Index(dir.File("folder")), 4, options(0, 1));
+  ASSERT_TRUE(single.ok()) << single.status();
+  std::vector<std::unique_ptr<ImageBatchSource>> sources;
+  std::vector<BatchSource*> ranks;
+  for (uint32_t r = 0; r < 2; ++r) {
+    sources.push_back(*ImageBatchSource::Create(Index(dir.File("folder")), 2, options(r, 2)));
+    ranks.push_back(sources.back().get());
+  }
+  const auto made = testing::ExpectRanksMakeTheSingleStream(**single, ranks, 2, 18, 10,
+                                                            /*counts_are_slices=*/false);
+  int empty_but_not_by_slice = 0;
+  for (uint32_t r = 0; r < 2; ++r) {
+    for (uint64_t b = 0; b < 10; ++b) {
+      const RankSlice slice = SliceOfRank(18, 2, r, 2, static_cast<int64_t>(b % 5));
+      empty_but_not_by_slice += made[r][b].count == 0 && slice.end > slice.first;
+    }
+  }
+  ASSERT_GT(empty_but_not_by_slice, 0) << "no slice of only bad images: pick other bad ones";
+
+  // Through the ring: rank 1's loader publishes every batch, the empty ones with count 0.
+  RingGeometry g;
+  g.slot_count = 2;
+  g.batch_size = 2;
+  g.sample_bytes = static_cast<uint32_t>(ranks[1]->sample_bytes());
+  g.total_batches = 10;
+  absl::StatusOr<std::unique_ptr<JobRegion>> region = JobRegion::Create(g);
+  ASSERT_TRUE(region.ok()) << region.status();
+  (*region)->SetConsumerPid(getpid());
+  absl::StatusOr<std::unique_ptr<ImageBatchSource>> rank1 =
+      ImageBatchSource::Create(Index(dir.File("folder")), 2, options(1, 2));
+  ASSERT_TRUE(rank1.ok());
+  absl::Status loaded;
+  std::thread loader([&] { loaded = RunLoader(**region, **rank1, LoaderOptions{}); });
+  for (uint64_t b = 0; b < 10; ++b) {
+    absl::StatusOr<ReadableBatch> batch = (*region)->WaitReadable(b, absl::Seconds(10));
+    ASSERT_TRUE(batch.ok()) << "batch " << b << ": " << batch.status();
+    EXPECT_EQ(batch->count, made[1][b].count) << "batch " << b;
+    EXPECT_TRUE(std::equal(made[1][b].samples.begin(), made[1][b].samples.end(), batch->samples))
+        << "batch " << b;
+    (*region)->Release(b);
+  }
+  loader.join();
+  EXPECT_TRUE(loaded.ok()) << loaded;
+}
+
+TEST(ImageRankSliceTest, RanksOutsideTheReplicasAreRefused) {
+  const testing::TempDir dir;
+  WriteTexturedFolder(dir.File("folder"), 3);
+  absl::StatusOr<std::unique_ptr<ImageBatchSource>> source =
+      ImageBatchSource::Create(Index(dir.File("folder")), 2, TexturedOptions(true, 3, 3));
+  EXPECT_TRUE(absl::IsInvalidArgument(source.status())) << source.status();
+  EXPECT_EQ(source.status().message(),
+            "rank 3 is out of range: a job of 3 replicas has ranks 0 to 2");
+  source = ImageBatchSource::Create(Index(dir.File("folder")), 2, TexturedOptions(true, 0, 0));
+  EXPECT_TRUE(absl::IsInvalidArgument(source.status())) << source.status();
 }
 
 }  // namespace

@@ -18,13 +18,47 @@
 
 namespace stoker {
 
+absl::Status CheckRank(uint32_t rank, uint32_t replicas) {
+  if (replicas < 1 || replicas > kMaxReplicas) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replicas ", replicas, " is out of range: 1 to ", kMaxReplicas));
+  }
+  if (rank >= replicas) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is out of range: a job of ",
+                                                   replicas, " replicas has ranks 0 to ",
+                                                   replicas - 1));
+  }
+  return absl::OkStatus();
+}
+
+RankSlice SliceOfRank(int64_t count, uint32_t batch_size, uint32_t rank, uint32_t replicas,
+                      int64_t batch_in_epoch) {
+  const int64_t clamped = std::max<int64_t>(count, 0);
+  // Unsigned 64-bit: replicas x batch_size can pass INT64_MAX; every sum below stays <= count.
+  const uint64_t global = static_cast<uint64_t>(batch_size) * replicas;
+  if (clamped == 0 || global == 0 || rank >= replicas || batch_in_epoch < 0 ||
+      static_cast<uint64_t>(batch_in_epoch) > static_cast<uint64_t>(clamped - 1) / global) {
+    return RankSlice{.first = clamped, .end = clamped, .global_first = clamped};
+  }
+  const uint64_t g = static_cast<uint64_t>(batch_in_epoch) * global;  // <= count - 1
+  const uint64_t in_batch = std::min(global, static_cast<uint64_t>(clamped) - g);
+  const uint64_t first = std::min(static_cast<uint64_t>(rank) * batch_size, in_batch);
+  const uint64_t end = std::min(first + batch_size, in_batch);
+  return RankSlice{.first = static_cast<int64_t>(g + first),
+                   .end = static_cast<int64_t>(g + end),
+                   .global_first = static_cast<int64_t>(g)};
+}
+
 BatchMaker::BatchMaker(SamplesView data, uint32_t batch_size, uint64_t seed,
-                       const AugmentOptions& augment)
+                       const AugmentOptions& augment, uint32_t rank, uint32_t replicas)
     : data_(std::move(data)),
       batch_size_(batch_size),
       seed_(seed),
       augment_(augment),
-      batches_per_epoch_(BatchesPerEpoch(data_.count, static_cast<int>(batch_size))) {
+      rank_(rank),
+      replicas_(std::clamp<uint32_t>(replicas, 1, kMaxReplicas)),
+      batches_per_epoch_(
+          BatchesPerEpoch(data_.count, static_cast<int64_t>(batch_size) * replicas_)) {
   if (augment_.enabled() && data_.sample_dims.size() >= 2) {
     image_ = ImageShapeOf(data_.sample_dims, SampleTypeBytes(data_.sample_type));
   } else {
@@ -39,25 +73,25 @@ absl::StatusOr<uint32_t> BatchMaker::Make(uint64_t batch, uint8_t* samples, uint
     order_ = EpochPermutation(data_.count, seed_, epoch);
     cached_epoch_ = epoch;
   }
-  const int64_t first = index * batch_size_;
-  const int64_t end = std::min<int64_t>(first + batch_size_, data_.count);
+  const RankSlice slice = SliceOfRank(data_.count, batch_size_, rank_, replicas_, index);
   const size_t sample_bytes = static_cast<size_t>(data_.sample_bytes);
-  for (int64_t i = first; i < end; ++i) {
+  for (int64_t i = slice.first; i < slice.end; ++i) {
     const uint32_t source = order_[static_cast<size_t>(i)];
     const uint8_t* from = data_.samples + source * sample_bytes;
-    uint8_t* to = samples + static_cast<size_t>(i - first) * sample_bytes;
+    uint8_t* to = samples + static_cast<size_t>(i - slice.first) * sample_bytes;
     if (augment_.enabled()) {
+      // Drawn for the sample's place in the global batch: the ranks together augment as one.
       const AugmentDraw draw =
-          DrawAugment(augment_, seed_, batch, static_cast<uint32_t>(i - first));
+          DrawAugment(augment_, seed_, batch, static_cast<uint32_t>(i - slice.global_first));
       augmented_.resize(sample_bytes);
       CopyAugmented(from, augmented_.data(), image_, draw);
       StreamCopy(to, augmented_.data(), sample_bytes);
     } else {
       StreamCopy(to, from, sample_bytes);
     }
-    labels[i - first] = data_.labels[source];
+    labels[i - slice.first] = data_.labels[source];
   }
-  return static_cast<uint32_t>(end - first);
+  return static_cast<uint32_t>(slice.end - slice.first);
 }
 
 namespace {
@@ -91,7 +125,8 @@ class MappedBatchSource : public BatchSource {
   MappedBatchSource(std::unique_ptr<MappedSamples> mapped, uint32_t batch_size,
                     const LoaderOptions& options)
       : mapped_(std::move(mapped)),
-        maker_(mapped_->view(), batch_size, options.seed, options.augment) {}
+        maker_(mapped_->view(), batch_size, options.seed, options.augment, options.rank,
+               options.replicas) {}
 
   int64_t batches_per_epoch() const override { return maker_.batches_per_epoch(); }
   SampleType sample_type() const override { return maker_.sample_type(); }
@@ -111,6 +146,7 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenPreparedDataset(const std::stri
                                                                  uint32_t batch_size,
                                                                  const LoaderOptions& options) {
   if (batch_size == 0) return absl::InvalidArgumentError("batch size 0");
+  STOKER_RETURN_IF_ERROR(CheckRank(options.rank, options.replicas));
   // The kind of prepared file is in its first 8 bytes: one branch per kind.
   char magic[8] = {};
   {
@@ -143,13 +179,16 @@ absl::Status RunLoader(JobRegion& region, const LabeledSamples& data,
   if (data.count <= 0) return absl::InvalidArgumentError("the training set is empty");
   STOKER_RETURN_IF_ERROR(CheckFitsRing(geometry, data.sample_type, data.sample_bytes));
   STOKER_RETURN_IF_ERROR(ValidateAugment(options.augment, data.sample_dims));
-  BatchMaker maker(data, geometry.batch_size, options.seed, options.augment);
+  STOKER_RETURN_IF_ERROR(CheckRank(options.rank, options.replicas));
+  BatchMaker maker(data, geometry.batch_size, options.seed, options.augment, options.rank,
+                   options.replicas);
   return RunLoader(region, maker, options);
 }
 
 absl::Status RunLoader(JobRegion& region, BatchSource& source, const LoaderOptions& options) {
   const RingGeometry& geometry = region.geometry();
   STOKER_RETURN_IF_ERROR(CheckLoaderIndex(geometry, options));
+  STOKER_RETURN_IF_ERROR(CheckRank(options.rank, options.replicas));
   if (source.batches_per_epoch() <= 0) {
     return absl::InvalidArgumentError("the training set is empty");
   }
@@ -187,9 +226,12 @@ absl::Status RunLoader(JobRegion& region, BatchSource& source, const LoaderOptio
         return absl::Status(count.status().code(),
                             absl::StrCat("batch ", batch, ": ", count.status().message()));
       }
-      if (*count == 0 || *count > geometry.batch_size) {
+      // 0 is a batch too: a rank's empty slice of a short last global batch, or a batch whose
+      // images were all bad. It is published (count 0) so that the trainer still takes its
+      // step: a data-parallel rank joins the step's all-reduce, and the batch may end an epoch.
+      if (*count > geometry.batch_size) {
         return absl::InternalError(absl::StrCat("batch ", batch, ": the source made ", *count,
-                                                " samples; a batch holds 1 to ",
+                                                " samples; a batch holds at most ",
                                                 geometry.batch_size));
       }
       // The artificial delay, in slices with a heartbeat each: a loader that sleeps is working.

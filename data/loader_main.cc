@@ -1,7 +1,8 @@
 // stoker-loader: one loader process of a job. The agent starts K of them with the job's region
 // fd inherited and the path of the training set it prepared for the attempt; each maps that file
 // read-only (all K share its pages) and fills the ring with its share of the batch stream (see
-// loader.h).
+// loader.h). A data-parallel job's rank has its own region and loaders: --rank R --replicas N
+// make them fill it with rank R's slices of the job's global batches.
 //
 // Exit status (common/exit_codes.h): 0 done, stopped, or the consumer is gone; 1 the region or the
 // prepared training set cannot be used (missing, truncated, corrupt, its source changed: the
@@ -43,11 +44,15 @@ using stoker::kExitUsage;
 
 constexpr char kUsage[] =
     "usage: stoker-loader --region-fd N --index K --job FILE --data FILE [--parent-pid P]\n"
+    "                     [--rank R --replicas N]\n"
     "  --region-fd N   inherited fd of the job's shared-memory region\n"
     "  --index K       this loader's index, 0 <= K < the region's loader count\n"
     "  --job FILE      binary stoker.v1.JobSpec (the loader's options: seed, delay, augment)\n"
     "  --data FILE     the training set the agent prepared (data/prepared_dataset.h)\n"
     "  --parent-pid P  exit at once unless the parent is P (default: exit if reparented to 1)\n"
+    "  --rank R        data-parallel jobs: the rank this region feeds, 0 <= R < N (default 0)\n"
+    "  --replicas N    data-parallel jobs: the job's ranks, 1 to 256 (default 1); the region's\n"
+    "                  batches are rank R's slices of global batches of N x the batch size\n"
     "exit status: 0 done or stopped, 1 region/prepared data/parent error, 2 data or options\n"
     "that do not fit the job, 64 bad arguments\n";
 
@@ -57,6 +62,8 @@ struct Args {
   std::string job_path;
   std::string data_path;
   std::optional<pid_t> parent_pid;
+  int rank = 0;
+  int replicas = 1;
 };
 
 // Flags whose errors must exit 64 (EX_USAGE); absl's flag parser exits 1 on its own.
@@ -76,7 +83,8 @@ std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
       return std::nullopt;
     }
     int number = 0;
-    if (name == "--region-fd" || name == "--index" || name == "--parent-pid") {
+    if (name == "--region-fd" || name == "--index" || name == "--parent-pid" || name == "--rank" ||
+        name == "--replicas") {
       if (!absl::SimpleAtoi(value, &number) || number < 0) {
         *error = absl::StrCat(name, ": '", value, "' is not a non-negative integer");
         return std::nullopt;
@@ -88,6 +96,10 @@ std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
       args.index = number;
     } else if (name == "--parent-pid") {
       args.parent_pid = number;
+    } else if (name == "--rank") {
+      args.rank = number;
+    } else if (name == "--replicas") {
+      args.replicas = number;
     } else if (name == "--job") {
       args.job_path = value;
     } else if (name == "--data") {
@@ -99,6 +111,13 @@ std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
   }
   if (args.region_fd < 0 || args.index < 0 || args.job_path.empty() || args.data_path.empty()) {
     *error = "--region-fd, --index, --job and --data are required";
+    return std::nullopt;
+  }
+  if (const absl::Status rank =
+          stoker::CheckRank(static_cast<uint32_t>(args.rank), static_cast<uint32_t>(args.replicas));
+      !rank.ok()) {
+    *error =
+        absl::StrCat("--rank ", args.rank, " --replicas ", args.replicas, ": ", rank.message());
     return std::nullopt;
   }
   return args;
@@ -140,6 +159,8 @@ absl::StatusOr<std::unique_ptr<stoker::BatchSource>> OpenImageSource(
   if (!first.ok()) return first.status();
   stoker::ImageSourceOptions options =
       stoker::ImageSourceOptionsFromSpec(spec, *first, &region.stats().bad_samples_total);
+  options.rank = static_cast<uint32_t>(args.rank);
+  options.replicas = static_cast<uint32_t>(args.replicas);
   options.log = [prefix](const std::string& line) {
     std::fprintf(stderr, "%s: %s\n", prefix.c_str(), line.c_str());
   };
@@ -166,7 +187,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "stoker-loader: %s\n%s", error.c_str(), kUsage);
     return kExitUsage;
   }
-  const std::string prefix = absl::StrCat("stoker-loader[", args->index, "]");
+  // Data-parallel jobs name the rank too: its loaders log to the same job log as the others'.
+  const std::string prefix =
+      args->replicas == 1 ? absl::StrCat("stoker-loader[", args->index, "]")
+                          : absl::StrCat("stoker-loader[", args->index, " rank ", args->rank, "]");
   // The parent may have died before prctl took effect; then nobody would ever stop us.
   const pid_t parent = getppid();
   if (args->parent_pid ? parent != *args->parent_pid : parent == 1) {
@@ -195,8 +219,10 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
 
-  const stoker::LoaderOptions options =
+  stoker::LoaderOptions options =
       stoker::LoaderOptionsFromSpec(spec, static_cast<uint32_t>(args->index));
+  options.rank = static_cast<uint32_t>(args->rank);
+  options.replicas = static_cast<uint32_t>(args->replicas);
   InstallSigbusHandler(prefix, args->data_path);
   absl::StatusOr<std::unique_ptr<stoker::BatchSource>> source = [&] {
     // Mapping is quick, but checking a large file's labels reads them: beat meanwhile.

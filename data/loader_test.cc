@@ -454,6 +454,70 @@ TEST_F(LoaderProcessTest, AFileTruncatedUnderARunningLoaderIsReportedNotACrash) 
               HasSubstr(dir_.File("train.samples") + ": truncated"));
 }
 
+// A data-parallel job through real loader processes: each of N ranks has its own region (batch
+// kBatchSize, total_batches counting the job's global batches of N x kBatchSize) filled by two
+// loaders started with --rank r --replicas N; batch b of the ranks, put together in rank order,
+// is batch b of one rank with batch N x kBatchSize, augmentation included. 103 samples leave a
+// last global batch of 7: rank 0's alone, the other ranks publish it empty (count 0).
+TEST_F(LoaderProcessTest, RanksTogetherMakeTheStreamOfOneRankWithTheGlobalBatch) {
+  augment_.set_crop_padding(1);
+  augment_.set_horizontal_flip(true);
+  WriteJob(dir_.File("images.gz"), dir_.File("labels"));
+  for (const uint32_t replicas : {2u, 3u}) {
+    SCOPED_TRACE(::testing::Message() << replicas << " ranks");
+    const int64_t per_epoch = BatchesPerEpoch(kCount, replicas * kBatchSize);
+    std::vector<std::unique_ptr<JobRegion>> regions;
+    std::vector<pid_t> pids;
+    for (uint32_t r = 0; r < replicas; ++r) {
+      RingGeometry g;
+      g.slot_count = 3;
+      g.batch_size = kBatchSize;
+      g.sample_bytes = static_cast<uint32_t>(data_.sample_bytes);
+      g.loader_count = 2;
+      g.total_batches = kEpochs * per_epoch;
+      absl::StatusOr<std::unique_ptr<JobRegion>> region = JobRegion::Create(g);
+      ASSERT_TRUE(region.ok()) << region.status();
+      (*region)->SetConsumerPid(getpid());
+      for (int k = 0; k < 2; ++k) {
+        pids.push_back(Spawn(
+            **region, {"--region-fd", std::to_string((*region)->fd()), "--index", std::to_string(k),
+                       "--job", dir_.File("job.pb"), "--data", dir_.File("train.samples"), "--rank",
+                       std::to_string(r), "--replicas", std::to_string(replicas)}));
+      }
+      regions.push_back(*std::move(region));
+    }
+    BatchMaker single(data_, replicas * kBatchSize, kSeed,
+                      AugmentOptions{.crop_padding = 1, .horizontal_flip = true});
+    std::vector<uint8_t> samples(replicas * kBatchSize * data_.sample_bytes);
+    std::vector<uint8_t> labels(replicas * kBatchSize);
+    int empty = 0;
+    for (uint64_t b = 0; b < kEpochs * per_epoch; ++b) {
+      std::vector<uint8_t> joined_samples, joined_labels;
+      for (uint32_t r = 0; r < replicas; ++r) {
+        absl::StatusOr<ReadableBatch> batch = regions[r]->WaitReadable(b, absl::Seconds(10));
+        ASSERT_TRUE(batch.ok()) << "rank " << r << " batch " << b << ": " << batch.status();
+        empty += batch->count == 0;
+        joined_samples.insert(joined_samples.end(), batch->samples,
+                              batch->samples + batch->count * data_.sample_bytes);
+        joined_labels.insert(joined_labels.end(), batch->labels, batch->labels + batch->count);
+        regions[r]->Release(b);
+      }
+      const uint32_t count = *single.Make(b, samples.data(), labels.data());
+      ASSERT_EQ(joined_labels.size(), count) << "batch " << b;
+      EXPECT_TRUE(std::equal(joined_samples.begin(), joined_samples.end(), samples.begin()))
+          << "batch " << b;
+      EXPECT_TRUE(std::equal(joined_labels.begin(), joined_labels.end(), labels.begin()))
+          << "batch " << b;
+    }
+    // The last global batch of each epoch: every rank but rank 0 had nothing.
+    EXPECT_EQ(empty, static_cast<int>(kEpochs * (replicas - 1)));
+    for (pid_t pid : pids) EXPECT_EQ(ExitCode(pid), 0);
+    for (const auto& region : regions) {
+      EXPECT_EQ(region->stats().loader_batches_total.load(), kEpochs * per_epoch);
+    }
+  }
+}
+
 TEST_F(LoaderProcessTest, BadArgumentsExit64) {
   auto region = MakeRegion(2, 2);
   ASSERT_NE(region, nullptr);
@@ -470,6 +534,15 @@ TEST_F(LoaderProcessTest, BadArgumentsExit64) {
   EXPECT_EQ(ExitCode(Spawn(*region, {"--region-fd", fd, "--index", "2", "--job",
                                      dir_.File("job.pb"), "--data", data})),
             64);
+  // Ranks outside the replicas, and replicas outside 1..256.
+  for (const auto& [rank, replicas] : std::vector<std::pair<std::string, std::string>>{
+           {"2", "2"}, {"0", "0"}, {"0", "257"}, {"-1", "2"}, {"x", "2"}}) {
+    EXPECT_EQ(
+        ExitCode(Spawn(*region, {"--region-fd", fd, "--index", "0", "--job", dir_.File("job.pb"),
+                                 "--data", data, "--rank", rank, "--replicas", replicas})),
+        64)
+        << "--rank " << rank << " --replicas " << replicas;
+  }
   // A region fd that is not a region.
   EXPECT_EQ(ExitCode(Spawn(*region, {"--region-fd", "0", "--index", "0", "--job",
                                      dir_.File("job.pb"), "--data", data})),
