@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <iostream>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -20,30 +21,11 @@ namespace {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
-// "GPU 1, 1 cpus, 11.5 GiB memory", for the job's history.
-std::string PlacementText(const v1::Placement& placement) {
-  std::string gpus;
-  if (placement.gpu_indices_size() > 0) {
-    gpus = absl::StrCat(placement.gpu_indices_size() == 1 ? "GPU " : "GPUs ",
-                        absl::StrJoin(placement.gpu_indices(), ","), ", ");
-  }
-  return absl::StrCat(gpus, placement.cpus(), " cpus, ", FormatBytes(placement.memory_bytes()),
-                      " memory");
-}
-
 void Log(const std::string& message) { std::cerr << "stoker-server: " << message << std::endl; }
 
 // A duration for messages, to a tenth of a second ("9.7s").
 std::string Rounded(absl::Duration d) {
   return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(100)));
-}
-
-absl::Status RequireId(const std::string& value, const char* field) {
-  if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": is required"));
-  if (value.size() > 256) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": longer than 256 characters"));
-  }
-  return absl::OkStatus();
 }
 
 // A cnn that cannot take the dataset's samples (a kernel larger than the image, an output that
@@ -144,6 +126,14 @@ absl::Status CheckModelAgainstData(const v1::JobSpec& written, const v1::JobSpec
 
 }  // namespace
 
+absl::Status RequireId(const std::string& value, const char* field) {
+  if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": is required"));
+  if (value.size() > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": longer than 256 characters"));
+  }
+  return absl::OkStatus();
+}
+
 v1::JobEvent MakeEvent(v1::EventType type, const std::string& message, int attempt) {
   v1::JobEvent event;
   event.set_type(type);
@@ -163,12 +153,20 @@ absl::Status Coordinator::Recover() {
   STOKER_ASSIGN_OR_RETURN(const std::vector<v1::Job> running,
                           store_->InState(v1::JOB_STATE_RUNNING));
   for (const v1::Job& job : running) {
-    WorkerEntry& worker = workers_[job.worker_id()];
-    worker.info.set_worker_id(job.worker_id());
-    worker.last_heartbeat = absl::Now();
-    worker.restored = true;
-    worker.grace_until = absl::Now() + std::max(options_.restart_grace, options_.lease);
-    worker.running[job.id()] = job.placement();
+    std::vector<v1::Placement> ranks(job.rank_placements().begin(), job.rank_placements().end());
+    if (ranks.empty()) {
+      ranks.push_back(job.placement());
+      ranks[0].set_worker_id(job.worker_id());
+      ranks[0].set_rank(0);
+    }
+    for (const v1::Placement& placement : ranks) {
+      WorkerEntry& worker = workers_[placement.worker_id()];
+      worker.info.set_worker_id(placement.worker_id());
+      worker.last_heartbeat = absl::Now();
+      worker.restored = true;
+      worker.grace_until = absl::Now() + std::max(options_.restart_grace, options_.lease);
+      worker.running[{job.id(), job.attempt(), placement.rank()}] = {placement, true, absl::Now()};
+    }
   }
   return absl::OkStatus();
 }
@@ -240,7 +238,10 @@ void Coordinator::FillQueueInfo(v1::Job* job) {
   std::vector<WorkerView> alive;
   for (const auto& [id, worker] : workers_) {
     // A restored worker has not said what it has since the server restarted.
-    if (!worker.lost && !worker.restored) alive.push_back(ViewOf(id, worker));
+    if (worker.lost || worker.restored) continue;
+    alive.push_back(ViewOf(id, worker));
+    // Why it waits is about resources; slots are known only at heartbeats.
+    alive.back().slots = std::numeric_limits<int>::max();
   }
   job->set_queue_position(*position);
   job->set_waiting_reason(WaitingReason(*job, *position, alive));
@@ -283,6 +284,8 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
   job.set_state(v1::JOB_STATE_CANCELLED);
   job.set_end_time_unix_ms(NowMs());
   job.set_error("cancelled by user");
+  // Delivered ranks keep what they hold until their workers stopped them.
+  EndAttempt(job, "", -1);
   STOKER_RETURN_IF_ERROR(
       SaveAndNotify(job, {MakeEvent(v1::EVENT_TYPE_FINISHED, "cancelled by user", job.attempt())}));
   return job;
@@ -302,11 +305,14 @@ v1::ListWorkersResponse Coordinator::ListWorkers() {
     status->set_cpus_used(view.capacity.cpus - view.free.cpus);
     status->set_memory_bytes(view.capacity.memory_bytes);
     status->set_memory_used_bytes(view.capacity.memory_bytes - view.free.memory_bytes);
-    for (const auto& [job_id, placement] : worker.running) {
-      status->add_job_ids(job_id);
-      v1::Placement* held = status->add_placements();
-      *held = placement;
-      held->set_job_id(job_id);
+    for (const auto& [key, held] : worker.running) {
+      if (status->job_ids().empty() || *status->job_ids().rbegin() != key.job_id) {
+        status->add_job_ids(key.job_id);
+      }
+      v1::Placement* placement = status->add_placements();
+      *placement = held.placement;
+      placement->set_job_id(key.job_id);
+      placement->set_rank(key.rank);
     }
     status->set_heartbeat_age_ms(absl::ToInt64Milliseconds(now - worker.last_heartbeat));
     status->set_hostname(worker.info.hostname());
@@ -343,6 +349,7 @@ void Coordinator::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutting_down_ = true;
   events_changed_.SignalAll();
+  rendezvous_changed_.SignalAll();
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
@@ -398,18 +405,22 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   worker.last_heartbeat = now;
   worker.lost = false;
   worker.restored = false;
+  worker.free_slots = 0;  // until its first heartbeat says
   // Jobs the server believes run there but the worker does not have are lost: requeue them.
-  std::set<std::string> reported;
-  for (const v1::RunningAttempt& attempt : request.running()) reported.insert(attempt.job_id());
+  std::set<RankKey> reported;
+  for (const v1::RunningAttempt& attempt : request.running()) {
+    reported.insert({attempt.job_id(), attempt.attempt(), attempt.rank()});
+  }
   STOKER_RETURN_IF_ERROR(
-      RequeueUnreported(request.worker_id(), reported, "restarted without the job"));
+      RequeueUnreported(request.worker_id(), reported, "restarted without the job", false));
   v1::RegisterWorkerResponse response;
   response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
   response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
   return response;
 }
 
-absl::Status Coordinator::Requeue(v1::Job job, const std::string& reason) {
+absl::Status Coordinator::Requeue(v1::Job job, const std::string& reason,
+                                  const std::string& ended_worker, int ended_rank) {
   const int attempts_allowed = 1 + job.spec().max_retries() + job.released_attempts();
   std::vector<v1::JobEvent> events;
   job.clear_waiting_reason();
@@ -427,26 +438,36 @@ absl::Status Coordinator::Requeue(v1::Job job, const std::string& reason) {
         v1::EVENT_TYPE_LOG,
         absl::StrCat("attempt ", job.attempt(), " ended: ", reason, "; requeued"), job.attempt()));
   }
-  if (auto it = workers_.find(job.worker_id()); it != workers_.end()) {
-    it->second.running.erase(job.id());
-  }
+  EndAttempt(job, ended_worker, ended_rank);
   return SaveAndNotify(job, std::move(events));
 }
 
 absl::Status Coordinator::RequeueUnreported(const std::string& worker_id,
-                                            const std::set<std::string>& reported,
-                                            absl::string_view why) {
+                                            const std::set<RankKey>& reported,
+                                            absl::string_view why, bool grace_for_gangs) {
   WorkerEntry& worker = workers_[worker_id];
-  std::vector<std::string> placed;
-  for (const auto& [job_id, placement] : worker.running) placed.push_back(job_id);
-  for (const std::string& job_id : placed) {
-    if (reported.contains(job_id)) continue;
-    absl::StatusOr<v1::Job> job = store_->Get(job_id);
-    if (job.ok() && job->state() == v1::JOB_STATE_RUNNING && job->worker_id() == worker_id) {
+  std::vector<RankKey> placed;
+  for (const auto& [key, held] : worker.running) {
+    if (held.delivered && !reported.contains(key)) placed.push_back(key);
+  }
+  const absl::Time now = absl::Now();
+  for (const RankKey& key : placed) {
+    auto entry = worker.running.find(key);
+    if (entry == worker.running.end()) continue;  // dropped with an attempt ended before
+    absl::StatusOr<v1::Job> job = store_->Get(key.job_id);
+    if (job.ok() && job->state() == v1::JOB_STATE_RUNNING &&
+        RunsRank(*job, worker_id, key.attempt, key.rank)) {
+      const bool gang = IsGang(job->spec());
+      // A rank handed over moments ago may not be in this report yet.
+      if (gang && grace_for_gangs && now - entry->second.delivered_at < options_.lease) continue;
       // Requeue also drops it from worker.running.
-      STOKER_RETURN_IF_ERROR(Requeue(*job, absl::StrCat("worker ", worker_id, " ", why)));
+      STOKER_RETURN_IF_ERROR(
+          Requeue(*job,
+                  absl::StrCat("worker ", worker_id, " ", why,
+                               gang ? absl::StrCat(" (rank ", key.rank, ")") : ""),
+                  worker_id, key.rank));
     } else {
-      worker.running.erase(job_id);
+      worker.running.erase(entry);
     }
   }
   return absl::OkStatus();
@@ -454,23 +475,50 @@ absl::Status Coordinator::RequeueUnreported(const std::string& worker_id,
 
 WorkerView Coordinator::ViewOf(const std::string& worker_id, const WorkerEntry& worker) {
   std::vector<const v1::Placement*> held;
-  for (const auto& [job_id, placement] : worker.running) held.push_back(&placement);
-  return WorkerView{worker_id, worker.capacity, FreeResources(worker.capacity, held)};
+  for (const auto& [key, rank] : worker.running) held.push_back(&rank.placement);
+  return WorkerView{worker_id, worker.capacity, FreeResources(worker.capacity, held),
+                    std::max(0, worker.free_slots)};
 }
 
-absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::string& worker_id,
-                                                                int free_slots) {
+absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::string& worker_id) {
   std::vector<v1::Assignment> assignments;
-  if (free_slots <= 0) return assignments;
   absl::StatusOr<std::vector<v1::Job>> queue = store_->QueuedInOrder();
   if (!queue.ok()) return queue.status();
-  WorkerView view = ViewOf(worker_id, workers_[worker_id]);
-  while (free_slots > 0) {
-    v1::Placement placement;
-    const int index = PickJob(*queue, view, &placement);
-    if (index < 0) break;
-    v1::Job job = (*queue)[index];
-    queue->erase(queue->begin() + index);
+  // The live workers' free resources and slots, updated as jobs are placed.
+  std::map<std::string, WorkerView> views;
+  for (const auto& [id, worker] : workers_) {
+    if (!worker.lost && !worker.restored) views.emplace(id, ViewOf(id, worker));
+  }
+  std::set<std::string> queued;
+  for (const v1::Job& job : *queue) queued.insert(job.id());
+  std::erase_if(gang_waiting_since_,
+                [&](const auto& entry) { return !queued.contains(entry.first); });
+  WorkerView& view = views.at(worker_id);
+  const absl::Time now = absl::Now();
+  for (v1::Job& job : *queue) {
+    if (IsGang(job.spec())) {
+      absl::StatusOr<bool> placed = PlaceGangJob(job, worker_id, views, assignments);
+      if (!placed.ok()) return placed.status();
+      if (*placed) {
+        gang_waiting_since_.erase(job.id());
+        continue;
+      }
+      // Could it run on these workers idle? Then it waits for room, and after a while no job
+      // behind it takes any (the cluster drains for it).
+      std::vector<WorkerView> idle;
+      for (const auto& [id, other] : views) {
+        idle.push_back(other);
+        idle.back().free = other.capacity;
+      }
+      if (!PlaceGang(job.spec().resources(), ReplicasOf(job.spec()), idle).ok()) continue;
+      const absl::Time since = gang_waiting_since_.try_emplace(job.id(), now).first->second;
+      if (now - since >= options_.gang_backfill_limit) break;
+      continue;
+    }
+    if (view.slots <= 0) continue;
+    absl::StatusOr<v1::Placement> placed = PlaceOnWorker(job.spec().resources(), view);
+    if (!placed.ok()) continue;
+    const v1::Placement placement = std::move(*placed);
     if (observer_ != nullptr) {
       observer_->JobAssigned(std::max<int64_t>(0, NowMs() - job.submit_time_unix_ms()) / 1000.0);
     }
@@ -481,21 +529,18 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
     job.clear_queue_position();
     job.clear_waiting_reason();
     *job.mutable_placement() = placement;
+    job.clear_rank_placements();
     STOKER_RETURN_IF_ERROR(
         SaveAndNotify(job, {MakeEvent(v1::EVENT_TYPE_LOG,
                                       absl::StrCat("attempt ", job.attempt(), " started on worker ",
                                                    worker_id, " with ", PlacementText(placement)),
                                       job.attempt())}));
-    workers_[worker_id].running[job.id()] = placement;
+    workers_[worker_id].running[{job.id(), job.attempt(), 0}] = {placement, true, now};
     Hold(placement, view);
-    v1::Assignment& assignment = assignments.emplace_back();
-    assignment.set_job_id(job.id());
-    assignment.set_attempt(job.attempt());
-    *assignment.mutable_spec() = job.spec();
-    assignment.set_resume_step(job.checkpoint_step());
-    *assignment.mutable_placement() = placement;
-    free_slots -= 1;
+    view.slots -= 1;
+    assignments.push_back(AssignmentFor(job, placement, 0));
   }
+  workers_[worker_id].free_slots = view.slots;
   return assignments;
 }
 
@@ -519,18 +564,21 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   WorkerEntry& worker = it->second;
   worker.last_heartbeat = absl::Now();
   v1::HeartbeatResponse response;
-  std::set<std::string> reported;
+  std::set<RankKey> reported;
   for (const v1::RunningAttempt& attempt : request.running()) {
-    reported.insert(attempt.job_id());
+    reported.insert({attempt.job_id(), attempt.attempt(), attempt.rank()});
     absl::StatusOr<v1::Job> job =
-        FencedJob(request.worker_id(), attempt.job_id(), attempt.attempt());
+        FencedJob(request.worker_id(), attempt.job_id(), attempt.attempt(), attempt.rank());
     if (!job.ok()) *response.add_stop() = attempt;
   }
   // A job placed on this worker that it no longer reports was lost there (e.g. it restarted).
   STOKER_RETURN_IF_ERROR(
-      RequeueUnreported(request.worker_id(), reported, "no longer runs the job"));
-  STOKER_ASSIGN_OR_RETURN(std::vector<v1::Assignment> assignments,
-                          Assign(request.worker_id(), request.free_slots()));
+      RequeueUnreported(request.worker_id(), reported, "no longer runs the job", true));
+  // Ranks of gangs placed here while other workers heartbeated.
+  std::vector<v1::Assignment> delivered = DeliverPending(request.worker_id());
+  worker.free_slots = std::max(0, request.free_slots() - static_cast<int>(delivered.size()));
+  STOKER_ASSIGN_OR_RETURN(std::vector<v1::Assignment> assignments, Assign(request.worker_id()));
+  for (v1::Assignment& assignment : delivered) *response.add_assignments() = std::move(assignment);
   for (v1::Assignment& assignment : assignments) {
     *response.add_assignments() = std::move(assignment);
   }
@@ -538,17 +586,35 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
 }
 
 absl::StatusOr<v1::Job> Coordinator::FencedJob(const std::string& worker_id,
-                                               const std::string& job_id, int attempt) {
+                                               const std::string& job_id, int attempt, int rank) {
   absl::StatusOr<v1::Job> job = store_->Get(job_id);
   if (!job.ok()) return job.status();
-  if (job->worker_id() != worker_id || job->attempt() != attempt) {
+  if (!IsGang(job->spec())) {
+    if (job->worker_id() != worker_id || job->attempt() != attempt || rank != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stale report for job ", job_id, " attempt ", attempt,
+          rank != 0 ? absl::StrCat(" rank ", rank) : "", " from worker ", worker_id,
+          ": the current attempt is ", job->attempt(), " on worker ", job->worker_id()));
+    }
+  } else if (!RunsRank(*job, worker_id, attempt, rank)) {
+    const std::string holder = WorkerOfRank(*job, rank);
     return absl::FailedPreconditionError(absl::StrCat(
-        "stale report for job ", job_id, " attempt ", attempt, " from worker ", worker_id,
-        ": the current attempt is ", job->attempt(), " on worker ", job->worker_id()));
+        "stale report for job ", job_id, " attempt ", attempt, " rank ", rank, " from worker ",
+        worker_id, ": the current attempt is ", job->attempt(),
+        holder.empty() ? absl::StrCat(", which has ", ReplicasOf(job->spec()), " ranks")
+                       : absl::StrCat(", its rank ", rank, " on worker ", holder)));
   }
   if (job->state() != v1::JOB_STATE_RUNNING) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " is ", JobStateName(job->state()), ", not running"));
+  }
+  if (IsGang(job->spec())) {
+    // A rank that finished (its placement freed) reports nothing more.
+    auto worker = workers_.find(worker_id);
+    if (worker == workers_.end() || !worker->second.running.contains({job_id, attempt, rank})) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " attempt ", attempt, " rank ", rank, " already ended"));
+    }
   }
   return job;
 }
@@ -563,13 +629,14 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(
   if (auto it = workers_.find(request.worker_id()); it != workers_.end() && !it->second.lost) {
     it->second.last_heartbeat = absl::Now();
   }
-  absl::StatusOr<v1::Job> job = FencedJob(request.worker_id(), request.job_id(), request.attempt());
+  absl::StatusOr<v1::Job> job =
+      FencedJob(request.worker_id(), request.job_id(), request.attempt(), request.rank());
   v1::ReportProgressResponse response;
   if (!job.ok()) {
     // A cancelled job's own attempt is told to stop rather than refused.
     absl::StatusOr<v1::Job> current = store_->Get(request.job_id());
     if (current.ok() && current->state() == v1::JOB_STATE_CANCELLED &&
-        current->attempt() == request.attempt() && current->worker_id() == request.worker_id()) {
+        RunsRank(*current, request.worker_id(), request.attempt(), request.rank())) {
       response.set_cancel_requested(true);
       return response;
     }
@@ -583,7 +650,11 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(
     v1::JobEvent& event = events.emplace_back(reported);
     event.set_time_unix_ms(NowMs());
     event.set_attempt(request.attempt());
-    if (event.has_progress()) *job->mutable_progress() = event.progress();
+    // Every rank's events are kept; the job's progress is rank 0's.
+    if (request.rank() != 0 && event.type() == v1::EVENT_TYPE_LOG) {
+      event.set_message(absl::StrCat("rank ", request.rank(), ": ", event.message()));
+    }
+    if (event.has_progress() && request.rank() == 0) *job->mutable_progress() = event.progress();
   }
   STOKER_RETURN_IF_ERROR(SaveAndNotify(*job, std::move(events)));
   return response;
@@ -595,25 +666,42 @@ absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
     return absl::InvalidArgumentError("state: must be SUCCEEDED, FAILED or CANCELLED");
   }
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<v1::Job> job = FencedJob(request.worker_id(), request.job_id(), request.attempt());
+  const int rank = request.rank();
+  const RankKey key{request.job_id(), request.attempt(), rank};
+  absl::StatusOr<v1::Job> job =
+      FencedJob(request.worker_id(), request.job_id(), request.attempt(), rank);
   if (!job.ok()) {
     absl::StatusOr<v1::Job> current = store_->Get(request.job_id());
-    if (current.ok() && current->state() == v1::JOB_STATE_CANCELLED &&
-        current->attempt() == request.attempt()) {
-      if (auto it = workers_.find(request.worker_id()); it != workers_.end()) {
-        it->second.running.erase(request.job_id());
-      }
-      return absl::OkStatus();  // the cancel already finished it
+    // The rank stopped: whatever it held on its worker is free (this attempt no longer runs it).
+    if (auto it = workers_.find(request.worker_id()); it != workers_.end() && current.ok()) {
+      it->second.running.erase(key);
+    }
+    if (current.ok() && current->attempt() == request.attempt() &&
+        RunsRank(*current, request.worker_id(), request.attempt(), rank) &&
+        (current->state() == v1::JOB_STATE_CANCELLED ||
+         (current->state() == v1::JOB_STATE_SUCCEEDED && rank != 0))) {
+      return absl::OkStatus();  // the cancel (or rank 0's success) already finished it
     }
     return job.status();
   }
-  if (request.has_progress()) *job->mutable_progress() = request.progress();
+  const bool gang = IsGang(job->spec());
+  // For people: which rank ended, where.
+  const std::string who =
+      gang ? absl::StrCat("rank ", rank, " on worker ", request.worker_id(), ": ") : "";
+  if (request.has_progress() && rank == 0) *job->mutable_progress() = request.progress();
   if (request.state() == v1::JOB_STATE_FAILED && request.released()) {
     job->set_released_attempts(job->released_attempts() + 1);
-    return Requeue(*job, absl::StrCat(request.error(), " (not counted against max_retries)"));
+    return Requeue(*job, absl::StrCat(who, request.error(), " (not counted against max_retries)"),
+                   request.worker_id(), rank);
   }
   if (request.state() == v1::JOB_STATE_FAILED && !request.permanent()) {
-    return Requeue(*job, request.error());
+    return Requeue(*job, absl::StrCat(who, request.error()), request.worker_id(), rank);
+  }
+  if (request.state() == v1::JOB_STATE_SUCCEEDED && rank != 0) {
+    // Rank 0 decides the job; this rank's trainer is done and frees what it held.
+    workers_[request.worker_id()].running.erase(key);
+    return SaveAndNotify(
+        *job, {MakeEvent(v1::EVENT_TYPE_LOG, absl::StrCat(who, "finished"), request.attempt())});
   }
   if (request.state() == v1::JOB_STATE_SUCCEEDED) {
     const int64_t final_step =
@@ -631,25 +719,30 @@ absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
   write_failure_event_time_.erase(job->id());
   job->set_state(request.state());
   job->set_end_time_unix_ms(NowMs());
-  job->set_error(request.error());
+  job->set_error(request.state() == v1::JOB_STATE_SUCCEEDED ? request.error()
+                                                            : absl::StrCat(who, request.error()));
   std::string message;
   if (request.state() == v1::JOB_STATE_SUCCEEDED) {
     message = absl::StrCat("succeeded: test accuracy ", job->progress().test_accuracy());
   } else {
-    message = absl::StrCat(JobStateName(request.state()), ": ", request.error());
+    message = absl::StrCat(JobStateName(request.state()), ": ", job->error());
   }
-  if (auto it = workers_.find(request.worker_id()); it != workers_.end()) {
-    it->second.running.erase(request.job_id());
-  }
+  // The other ranks of a gang are told to stop by their next heartbeat.
+  EndAttempt(*job, request.worker_id(), rank);
   return SaveAndNotify(*job, {MakeEvent(v1::EVENT_TYPE_FINISHED, message, request.attempt())});
 }
 
 absl::StatusOr<std::string> Coordinator::StartCheckpointUpload(const std::string& worker_id,
                                                                const std::string& job_id,
-                                                               int attempt) {
+                                                               int attempt, int rank) {
   STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));
   absl::MutexLock lock(&mu_);
-  STOKER_RETURN_IF_ERROR(FencedJob(worker_id, job_id, attempt).status());
+  STOKER_RETURN_IF_ERROR(FencedJob(worker_id, job_id, attempt, rank).status());
+  if (rank != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " attempt ", attempt, ": rank ", rank,
+        " uploaded a checkpoint; only rank 0 writes a data-parallel job's checkpoints"));
+  }
   return checkpoints_.NewUploadPath(job_id, attempt);
 }
 
@@ -663,8 +756,11 @@ absl::Status Coordinator::CommitCheckpoint(const v1::CheckpointChunk& first_chun
   }
 
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<v1::Job> job =
-      FencedJob(first_chunk.worker_id(), first_chunk.job_id(), first_chunk.attempt());
+  absl::StatusOr<v1::Job> job = FencedJob(first_chunk.worker_id(), first_chunk.job_id(),
+                                          first_chunk.attempt(), first_chunk.rank());
+  if (job.ok() && first_chunk.rank() != 0) {
+    job = absl::FailedPreconditionError("only rank 0 writes a data-parallel job's checkpoints");
+  }
   if (!job.ok()) {
     checkpoints_.Discard(upload_path);
     return job.status();
@@ -695,8 +791,8 @@ absl::Status Coordinator::CheckpointWriteFailed(const v1::CheckpointChunk& first
                    " not stored: ", cause));
   absl::MutexLock lock(&mu_);
   if (observer_ != nullptr) observer_->CheckpointWriteFailed();
-  absl::StatusOr<v1::Job> job =
-      FencedJob(first_chunk.worker_id(), first_chunk.job_id(), first_chunk.attempt());
+  absl::StatusOr<v1::Job> job = FencedJob(first_chunk.worker_id(), first_chunk.job_id(),
+                                          first_chunk.attempt(), first_chunk.rank());
   if (job.ok()) {
     // The job says why it does not finish; its history says so once a minute at most.
     const bool final_step =
@@ -720,10 +816,10 @@ absl::Status Coordinator::CheckpointWriteFailed(const v1::CheckpointChunk& first
 
 absl::StatusOr<std::string> Coordinator::CheckpointForAttempt(const std::string& worker_id,
                                                               const std::string& job_id,
-                                                              int attempt) {
+                                                              int attempt, int rank) {
   STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));
   absl::MutexLock lock(&mu_);
-  STOKER_ASSIGN_OR_RETURN(const v1::Job job, FencedJob(worker_id, job_id, attempt));
+  STOKER_ASSIGN_OR_RETURN(const v1::Job job, FencedJob(worker_id, job_id, attempt, rank));
   if (job.checkpoint_step() == 0) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " has no checkpoint"));
   }
@@ -782,15 +878,17 @@ void Coordinator::ExpireLeases() {
                            " of the server's restart)")
             : absl::StrCat("worker ", worker_id, " lost (no heartbeat for ",
                            absl::FormatDuration(now - worker.last_heartbeat), ")");
-    std::vector<std::string> placed;
-    for (const auto& [job_id, placement] : worker.running) placed.push_back(job_id);
-    for (const std::string& job_id : placed) {
-      absl::StatusOr<v1::Job> job = store_->Get(job_id);
-      if (!job.ok() || job->state() != v1::JOB_STATE_RUNNING || job->worker_id() != worker_id) {
+    std::vector<RankKey> placed;
+    for (const auto& [key, held] : worker.running) placed.push_back(key);
+    for (const RankKey& key : placed) {
+      absl::StatusOr<v1::Job> job = store_->Get(key.job_id);
+      if (!job.ok() || job->state() != v1::JOB_STATE_RUNNING ||
+          !RunsRank(*job, worker_id, key.attempt, key.rank)) {
         continue;
       }
-      // On a store error the job stays RUNNING and the next sweep tries again.
-      (void)Requeue(*job, why);
+      // On a store error the job stays RUNNING and the next sweep tries again. A gang's other
+      // ranks are told to stop by their workers' next heartbeats.
+      (void)Requeue(*job, why, worker_id, -1);
     }
   }
 }

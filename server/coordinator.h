@@ -2,6 +2,21 @@
 // One mutex guards the store and the worker table; every state change is committed to the store
 // before the call returns. Checkpoint files (paths, fsync, rename) are the CheckpointStore's; the
 // coordinator decides which step a job holds and what the job is told.
+//
+// Data-parallel jobs (resources.replicas > 1, "gangs"; server/gang.h) run one rank per trainer.
+// A queued gang is placed whole, under the mutex, when some worker's heartbeat finds room for
+// every rank on the live workers (PlaceGang): the caller gets its ranks in that response, the
+// other workers in their next heartbeat. Every report names (worker, job, attempt, rank) and is
+// fenced on it. The job runs while its ranks run; rank 0's success (with the final checkpoint
+// stored) succeeds it, another rank's success frees that rank; any rank failing, or lost with its
+// worker, ends the attempt (requeued, or failed when retries are used up) and every other rank is
+// told to stop. Only rank 0 uploads checkpoints; every rank may download one. The ranks of an
+// attempt share a rendezvous store (server/rendezvous.h) for as long as the attempt runs.
+//
+// Starvation: the queue is walked in scheduling order and whatever fits is placed (backfill). A
+// gang that fits the live workers when idle but has waited longer than
+// options.gang_backfill_limit for room stops that backfill: nothing behind it in the queue is
+// placed until it is, so the cluster drains for it.
 #ifndef STOKER_SERVER_COORDINATOR_H_
 #define STOKER_SERVER_COORDINATOR_H_
 
@@ -18,7 +33,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/checkpoint_store.h"
+#include "server/gang.h"
 #include "server/job_store.h"
+#include "server/rendezvous.h"
 #include "server/scheduler.h"
 #include "stoker.pb.h"
 
@@ -59,6 +76,9 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // Checkpoints of jobs are kept here, one file per job (<job>.safetensors).
   std::string checkpoint_dir = ".stoker/server/checkpoints";
+  // A gang that could run on the live workers but has waited this long for room keeps the jobs
+  // behind it in the queue from being placed (see the file comment).
+  absl::Duration gang_backfill_limit = absl::Minutes(2);
 };
 
 class Coordinator {
@@ -94,15 +114,25 @@ class Coordinator {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
       const v1::ReportProgressRequest& request);
-  // Ends an attempt. SUCCEEDED is refused (FAILED_PRECONDITION) while the server does not hold
-  // the checkpoint of the final step (request.progress): a job succeeds only once its final
-  // weights are stored.
+  // Ends an attempt (a rank of it). SUCCEEDED is refused (FAILED_PRECONDITION) while the server
+  // does not hold the checkpoint of the final step (request.progress): a job succeeds only once
+  // its final weights are stored. A gang's rank other than 0 that succeeds only frees its
+  // placement; one that fails ends the attempt for every rank.
   absl::Status CompleteJob(const v1::CompleteJobRequest& request);
+
+  // The rendezvous store of the caller's attempt, fenced like ReportProgress. Set:
+  // INVALID_ARGUMENT for a bad key, RESOURCE_EXHAUSTED past RendezvousTable's bounds. Get waits
+  // until every key is set, at most min(wait_ms, 10 s), then answers ready false; an attempt that
+  // ends meanwhile is FAILED_PRECONDITION.
+  absl::Status RendezvousSet(const v1::RendezvousSetRequest& request);
+  absl::StatusOr<v1::RendezvousGetResponse> RendezvousGet(const v1::RendezvousGetRequest& request);
 
   // --- Checkpoints. An upload is written to the path StartCheckpointUpload returns, then
   // committed: validated, moved into place atomically and recorded in the job.
+  // Only rank 0 of an attempt uploads (another rank: FAILED_PRECONDITION).
   absl::StatusOr<std::string> StartCheckpointUpload(const std::string& worker_id,
-                                                    const std::string& job_id, int attempt);
+                                                    const std::string& job_id, int attempt,
+                                                    int rank = 0);
   absl::Status CommitCheckpoint(const v1::CheckpointChunk& first_chunk,
                                 const std::string& upload_path, int64_t bytes);
   // An upload could not be written (`error_number`: errno of the failed write, 0 if unknown).
@@ -111,9 +141,10 @@ class Coordinator {
   // otherwise. Either way the worker keeps its file and retries.
   absl::Status CheckpointWriteFailed(const v1::CheckpointChunk& first_chunk,
                                      const std::string& upload_path, int error_number);
-  // The checkpoint a worker resumes the attempt from (fenced).
+  // The checkpoint a worker resumes the attempt's rank from (fenced; any rank).
   absl::StatusOr<std::string> CheckpointForAttempt(const std::string& worker_id,
-                                                   const std::string& job_id, int attempt);
+                                                   const std::string& job_id, int attempt,
+                                                   int rank = 0);
   // The job's latest checkpoint, for users; NOT_FOUND if it has none.
   absl::StatusOr<std::string> ArtifactPath(const std::string& job_id);
 
@@ -139,27 +170,53 @@ class Coordinator {
     std::string instance;
     // What the worker advertised for jobs (cpus, memory, GPUs); empty while restored.
     WorkerResources capacity;
-    // Jobs the server placed there, by id, with what each holds: the worker's ledger. Its free
+    // The ranks the server placed there, with what each holds: the worker's ledger. Its free
     // resources are the capacity less these (FreeResources); nothing is placed beyond them.
-    std::map<std::string, v1::Placement> running;
+    Ledger running;
+    // Jobs it takes (its last heartbeat's free_slots), less the ranks placed there since.
+    int free_slots = 0;
   };
   // The scheduler's view of a worker: capacity and what its jobs leave free.
   static WorkerView ViewOf(const std::string& worker_id, const WorkerEntry& worker);
 
-  // Reads a RUNNING job and checks that `worker_id` runs its current attempt.
+  // Reads a RUNNING job and checks that `worker_id` runs `rank` of its current attempt.
   absl::StatusOr<v1::Job> FencedJob(const std::string& worker_id, const std::string& job_id,
-                                    int attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Puts a job back in the queue, or fails it when its retries are used up.
-  absl::Status Requeue(v1::Job job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Requeues the jobs placed on `worker_id` that its report (`reported` job ids) leaves out.
-  absl::Status RequeueUnreported(const std::string& worker_id,
-                                 const std::set<std::string>& reported, absl::string_view why)
+                                    int attempt, int rank = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts a job back in the queue, or fails it when its retries are used up. `ended_worker` and
+  // `ended_rank` name the rank whose end ends the attempt (-1: every rank on that worker, e.g.
+  // the worker was lost); see EndAttempt.
+  absl::Status Requeue(v1::Job job, const std::string& reason, const std::string& ended_worker,
+                       int ended_rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The attempt of `job` ended (the job's new state is being saved): drops the ledger entry of
+  // the rank that ended (`ended_rank` on `ended_worker`; -1 = all of the attempt's there; "" =
+  // none), the ranks of the attempt not delivered yet, and its rendezvous store. Ranks already
+  // delivered elsewhere keep what they hold until their workers have stopped them.
+  void EndAttempt(const v1::Job& job, const std::string& ended_worker, int ended_rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Requeues the jobs placed on `worker_id` whose ranks its report (`reported`) leaves out, and
+  // drops the entries of ranks that ended. Ranks not delivered yet are kept; with
+  // `grace_for_gangs`, so are a gang's ranks delivered less than a lease ago.
+  absl::Status RequeueUnreported(const std::string& worker_id, const std::set<RankKey>& reported,
+                                 absl::string_view why, bool grace_for_gangs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SaveAndNotify(const v1::Job& job, std::vector<v1::JobEvent> events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Places queued jobs on the worker while they fit its free resources, at most `free_slots`.
-  absl::StatusOr<std::vector<v1::Assignment>> Assign(const std::string& worker_id, int free_slots)
+  // Places queued jobs in scheduling order: single jobs on the calling worker while they fit its
+  // free resources and slots, gangs on the live workers. Returns the caller's assignments.
+  absl::StatusOr<std::vector<v1::Assignment>> Assign(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Places every rank of the queued gang `job` on `views` (the live workers, by id), or returns
+  // false with the job untouched. Ranks for `caller` are appended to `assignments`; the others
+  // wait in their workers' ledgers for delivery.
+  absl::StatusOr<bool> PlaceGangJob(v1::Job job, const std::string& caller,
+                                    std::map<std::string, WorkerView>& views,
+                                    std::vector<v1::Assignment>& assignments)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The ranks placed on `worker_id` that wait for delivery, as assignments, now delivered (those
+  // whose attempt ended meanwhile are dropped).
+  std::vector<v1::Assignment> DeliverPending(const std::string& worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::Assignment AssignmentFor(const v1::Job& job, const v1::Placement& placement, int rank) const;
   void FillQueueInfo(v1::Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Concurrent submits are committed together (one transaction, one fsync), LevelDB-style: the
@@ -176,6 +233,12 @@ class Coordinator {
   const CheckpointStore checkpoints_;
   absl::Mutex mu_;
   absl::CondVar events_changed_;
+  // Signalled when a rendezvous key is set or a rendezvous store is dropped.
+  absl::CondVar rendezvous_changed_;
+  // The rendezvous store of each running attempt, by (job id, attempt).
+  std::map<std::pair<std::string, int>, RendezvousTable> rendezvous_ ABSL_GUARDED_BY(mu_);
+  // Since when each queued gang that could run on the live workers waits for room.
+  std::map<std::string, absl::Time> gang_waiting_since_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<JobStore> store_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
   // When each job last got an event for a failed checkpoint write (one a minute at most).
@@ -183,6 +246,9 @@ class Coordinator {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   CoordinatorObserver* observer_ = nullptr;
 };
+
+// INVALID_ARGUMENT naming `field` when an id is empty or longer than 256 characters.
+absl::Status RequireId(const std::string& value, const char* field);
 
 // A job event stamped with the current time.
 v1::JobEvent MakeEvent(v1::EventType type, const std::string& message, int attempt = 0);

@@ -256,8 +256,8 @@ grpc::Status WorkerServiceImpl::UploadCheckpoint(grpc::ServerContext* context,
   if (first.step() <= 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "step: must be positive");
   }
-  absl::StatusOr<std::string> upload_path =
-      coordinator_->StartCheckpointUpload(first.worker_id(), first.job_id(), first.attempt());
+  absl::StatusOr<std::string> upload_path = coordinator_->StartCheckpointUpload(
+      first.worker_id(), first.job_id(), first.attempt(), first.rank());
   if (!upload_path.ok()) return ToGrpcStatus(upload_path.status());
   int64_t bytes = 0;
   {
@@ -287,7 +287,7 @@ grpc::Status WorkerServiceImpl::DownloadCheckpoint(
     grpc::ServerWriter<v1::CheckpointChunk>* writer) {
   if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   absl::StatusOr<std::string> path = coordinator_->CheckpointForAttempt(
-      request->worker_id(), request->job_id(), request->attempt());
+      request->worker_id(), request->job_id(), request->attempt(), request->rank());
   if (!path.ok()) return ToGrpcStatus(path.status());
   return StreamFile(*path, writer);
 }
@@ -318,6 +318,20 @@ grpc::Status WorkerServiceImpl::CompleteJob(grpc::ServerContext* context,
                                             v1::CompleteJobResponse*) {
   if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
   return ToGrpcStatus(coordinator_->CompleteJob(*request));
+}
+
+grpc::Status WorkerServiceImpl::RendezvousSet(grpc::ServerContext* context,
+                                              const v1::RendezvousSetRequest* request,
+                                              v1::RendezvousSetResponse*) {
+  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
+  return ToGrpcStatus(coordinator_->RendezvousSet(*request));
+}
+
+grpc::Status WorkerServiceImpl::RendezvousGet(grpc::ServerContext* context,
+                                              const v1::RendezvousGetRequest* request,
+                                              v1::RendezvousGetResponse* response) {
+  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
+  return Answer(coordinator_->RendezvousGet(*request), response);
 }
 
 }  // namespace stoker

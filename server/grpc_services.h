@@ -118,6 +118,10 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status DownloadCheckpoint(grpc::ServerContext* context,
                                   const v1::DownloadCheckpointRequest* request,
                                   grpc::ServerWriter<v1::CheckpointChunk>* writer) override;
+  grpc::Status RendezvousSet(grpc::ServerContext* context, const v1::RendezvousSetRequest* request,
+                             v1::RendezvousSetResponse* response) override;
+  grpc::Status RendezvousGet(grpc::ServerContext* context, const v1::RendezvousGetRequest* request,
+                             v1::RendezvousGetResponse* response) override;
 
  private:
   Coordinator* coordinator_;

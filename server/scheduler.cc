@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace stoker {
 namespace {
@@ -54,6 +55,36 @@ int64_t Of(const ResolvedRequest& request, Resource r) {
 }
 
 constexpr Resource kResources[] = {Resource::kGpus, Resource::kCpus, Resource::kMemory};
+
+// The most ranks a job has (spec: resources.replicas <= 256).
+constexpr int kMaxRanks = 256;
+
+// The placements of as many ranks of `request` as fit `worker` now, at most `limit` and its
+// slots, one after the other on its free resources.
+std::vector<v1::Placement> RanksThatFit(const v1::ResourceSpec& request, WorkerView worker,
+                                        int limit) {
+  std::vector<v1::Placement> placed;
+  while (static_cast<int>(placed.size()) < std::min(limit, worker.slots)) {
+    absl::StatusOr<v1::Placement> placement = PlaceOnWorker(request, worker);
+    if (!placement.ok()) break;
+    Hold(*placement, worker);
+    placed.push_back(std::move(*placement));
+  }
+  return placed;
+}
+
+// What one rank asks for, for messages: "1 cpus", "1 GPUs, 2.0 GiB memory"; the defaults ("a
+// whole worker's cpus") when it names nothing.
+std::string RankNeeds(const v1::ResourceSpec& request) {
+  std::vector<std::string> parts;
+  if (request.gpus() > 0) parts.push_back(absl::StrCat(request.gpus(), " GPUs"));
+  if (request.cpus() > 0) parts.push_back(absl::StrCat(request.cpus(), " cpus"));
+  if (request.memory_mib() > 0) {
+    parts.push_back(absl::StrCat(FormatBytes(request.memory_mib() * kMiB), " memory"));
+  }
+  if (parts.empty()) return "a whole worker's cpus";
+  return absl::StrJoin(parts, ", ");
+}
 
 }  // namespace
 
@@ -144,6 +175,76 @@ void Hold(const v1::Placement& placement, WorkerView& worker) {
   worker.free = FreeResources(worker.free, {&placement});
 }
 
+int ReplicasOf(const v1::JobSpec& spec) { return std::max(1, spec.resources().replicas()); }
+
+absl::StatusOr<std::vector<v1::Placement>> PlaceGang(const v1::ResourceSpec& request, int replicas,
+                                                     const std::vector<WorkerView>& workers) {
+  if (replicas < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("replicas: at least 1, not ", replicas));
+  }
+  const std::string needs = absl::StrCat("needs ", replicas, " ranks of ", RankNeeds(request));
+  // Could the workers hold it at all, idle?
+  int idle_room = 0;
+  for (const WorkerView& worker : workers) {
+    WorkerView idle = worker;
+    idle.free = idle.capacity;
+    idle.slots = std::numeric_limits<int>::max();
+    idle_room += static_cast<int>(RanksThatFit(request, idle, replicas).size());
+  }
+  if (idle_room < replicas) {
+    return absl::FailedPreconditionError(absl::StrCat(needs, "; the live workers could hold ",
+                                                      idle_room, " even with nothing running"));
+  }
+  struct Room {
+    const WorkerView* worker;
+    std::vector<v1::Placement> ranks;
+  };
+  std::vector<Room> rooms;
+  int room_now = 0;
+  for (const WorkerView& worker : workers) {
+    // Counted beyond `replicas` (up to the most a job has) so that best fit sees real room.
+    std::vector<v1::Placement> ranks = RanksThatFit(request, worker, kMaxRanks);
+    room_now += static_cast<int>(ranks.size());
+    if (!ranks.empty()) rooms.push_back({&worker, std::move(ranks)});
+  }
+  if (room_now < replicas) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(needs, "; the live workers have room for ", room_now));
+  }
+  // Most room first: the fewest workers that hold every rank are the first k of this order.
+  std::sort(rooms.begin(), rooms.end(), [](const Room& a, const Room& b) {
+    if (a.ranks.size() != b.ranks.size()) return a.ranks.size() > b.ranks.size();
+    return a.worker->worker_id < b.worker->worker_id;
+  });
+  size_t first_k = 0;  // workers filled whole
+  int placed = 0;
+  while (placed + static_cast<int>(rooms[first_k].ranks.size()) < replicas) {
+    placed += static_cast<int>(rooms[first_k].ranks.size());
+    ++first_k;
+  }
+  // The rest goes to the worker with the least room that holds it all (best fit).
+  const int rest = replicas - placed;
+  size_t last = first_k;
+  for (size_t i = first_k; i < rooms.size(); ++i) {
+    if (static_cast<int>(rooms[i].ranks.size()) >= rest &&
+        (rooms[i].ranks.size() < rooms[last].ranks.size() ||
+         (rooms[i].ranks.size() == rooms[last].ranks.size() &&
+          rooms[i].worker->worker_id < rooms[last].worker->worker_id))) {
+      last = i;
+    }
+  }
+  std::vector<v1::Placement> gang;
+  auto take = [&](Room& room, int count) {
+    for (int i = 0; i < count; ++i) {
+      v1::Placement& placement = gang.emplace_back(std::move(room.ranks[i]));
+      placement.set_rank(static_cast<int>(gang.size()) - 1);
+    }
+  };
+  for (size_t i = 0; i < first_k; ++i) take(rooms[i], static_cast<int>(rooms[i].ranks.size()));
+  take(rooms[last], rest);
+  return gang;
+}
+
 void SortForScheduling(std::vector<v1::Job>& jobs) {
   std::stable_sort(jobs.begin(), jobs.end(), [](const v1::Job& a, const v1::Job& b) {
     if (a.spec().priority() != b.spec().priority())
@@ -173,6 +274,11 @@ std::string WaitingReason(const v1::Job& job, int jobs_ahead,
   const std::string ahead =
       jobs_ahead > 0 ? absl::StrCat(jobs_ahead, " job(s) ahead in the queue") : "";
   const v1::ResourceSpec& request = job.spec().resources();
+  if (const int replicas = ReplicasOf(job.spec()); replicas > 1) {
+    absl::StatusOr<std::vector<v1::Placement>> gang = PlaceGang(request, replicas, workers);
+    if (gang.ok()) return ahead.empty() ? "starting at the next heartbeat of a worker" : ahead;
+    return absl::StrCat(ahead, ahead.empty() ? "" : "; ", gang.status().message());
+  }
   // Workers that could hold the job once their jobs finish, and the one closest to it: the
   // resource that stops it there comes latest in the checking order, with the most of it free.
   bool fits_somewhere = false;

@@ -9,12 +9,16 @@
 // the first worker with room that asks gets the job (its lowest free GPU indices). A job that does
 // not fit does not block smaller jobs behind it (backfill).
 //
-// A data-parallel job will need N placements at once, all or nothing: PlaceOnWorker on copies of
-// several workers' ledgers, committed only when every one succeeds.
+// A data-parallel job (resources.replicas > 1, a gang) needs one placement per rank, all at once
+// or none: PlaceGang places rank after rank on copies of the workers' free resources and returns
+// either every placement or an error, so a gang never holds part of the cluster while it waits
+// and two gangs cannot deadlock each other. Each rank gets the job's resources (resolved against
+// the worker that takes it); a worker with room for several ranks takes several.
 #ifndef STOKER_SERVER_SCHEDULER_H_
 #define STOKER_SERVER_SCHEDULER_H_
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -40,6 +44,9 @@ struct WorkerView {
   std::string worker_id;
   WorkerResources capacity;
   WorkerResources free;  // capacity less the placements of its running jobs
+  // How many more jobs (or ranks) it takes now (HeartbeatRequest.free_slots, less what was placed
+  // there since); PlaceGang puts at most this many ranks on it.
+  int slots = std::numeric_limits<int>::max();
 };
 
 // What a worker advertised in its registration (cpus, memory_bytes, its "cuda" devices).
@@ -69,6 +76,21 @@ absl::StatusOr<v1::Placement> PlaceOnWorker(const v1::ResourceSpec& request,
 // Takes `placement` out of `worker.free`.
 void Hold(const v1::Placement& placement, WorkerView& worker);
 
+// The number of ranks a job runs: resources.replicas, 0 meaning 1.
+int ReplicasOf(const v1::JobSpec& spec);
+
+// Places `replicas` ranks of `request` on `workers` (their free resources and slots; the caller's
+// copies are not changed): one placement per rank, by rank, each with its rank set. Ranks are
+// packed onto as few workers as possible (fewer network hops): the workers with room for the
+// most ranks are filled first, and the last rank(s) go to the worker with the least room that
+// still holds them, leaving larger holes for others; ties go to the lower worker id, so the
+// result depends only on the input. Consecutive ranks share a worker, rank 0 on the first.
+// FAILED_PRECONDITION when the workers could not hold the gang even idle, RESOURCE_EXHAUSTED when
+// they cannot now; the message names the ranks and what each needs ("needs 4 ranks of 1 cpus;
+// the live workers have room for 2").
+absl::StatusOr<std::vector<v1::Placement>> PlaceGang(const v1::ResourceSpec& request, int replicas,
+                                                     const std::vector<WorkerView>& workers);
+
 // Sorts `jobs` into scheduling order: higher priority first, then earlier submit (job id order for
 // equal submit times).
 void SortForScheduling(std::vector<v1::Job>& jobs);
@@ -80,7 +102,8 @@ int PickJob(const std::vector<v1::Job>& queue, const WorkerView& worker, v1::Pla
 // Why `job` is still queued, for people, naming the resource that holds it back: "needs 2 GPUs
 // on one worker; the largest worker has 1" (it can never run as things are), "needs 2 GPUs, the
 // most free on one worker is 1" (it waits for jobs to finish), preceded by the jobs ahead of it.
-// `workers` are the live workers.
+// `workers` are the live workers. A gang (replicas > 1) says what PlaceGang says: "needs 4 ranks
+// of 1 cpus; the live workers have room for 2".
 std::string WaitingReason(const v1::Job& job, int jobs_ahead,
                           const std::vector<WorkerView>& workers);
 

@@ -168,5 +168,115 @@ TEST(SchedulerTest, WaitingReasonNamesTheResource) {
             "needs 16 cpus on one worker; the largest worker has 8");
 }
 
+// Issue 16: data-parallel jobs are placed whole (every rank) or not at all.
+std::vector<std::pair<std::string, int>> WorkersAndRanks(
+    const std::vector<v1::Placement>& placements) {
+  std::vector<std::pair<std::string, int>> out;
+  for (const v1::Placement& p : placements) out.emplace_back(p.worker_id(), p.rank());
+  return out;
+}
+
+TEST(SchedulerTest, AGangFitsAcrossTwoWorkers) {
+  const std::vector<WorkerView> workers = {Worker("a", 1, 2 * kGiB, 0),
+                                           Worker("b", 1, 2 * kGiB, 0)};
+  absl::StatusOr<std::vector<v1::Placement>> gang = PlaceGang(Request(0, 1), 2, workers);
+  ASSERT_TRUE(gang.ok()) << gang.status();
+  EXPECT_EQ(WorkersAndRanks(*gang), (std::vector<std::pair<std::string, int>>{{"a", 0}, {"b", 1}}));
+  EXPECT_EQ((*gang)[1].cpus(), 1);
+  EXPECT_EQ((*gang)[1].memory_bytes(), 2 * kGiB);  // its cores' share of b's memory
+  // Several ranks share a worker with room for them: 2 free cores take two 1-core ranks.
+  gang = PlaceGang(Request(0, 1), 2, {Worker("c", 2, 2 * kGiB, 0)});
+  ASSERT_TRUE(gang.ok()) << gang.status();
+  EXPECT_EQ(WorkersAndRanks(*gang), (std::vector<std::pair<std::string, int>>{{"c", 0}, {"c", 1}}));
+  // GPUs are distinct per rank on one worker.
+  gang = PlaceGang(Request(1), 2, {Worker("g", 4, 4 * kGiB, 2)});
+  ASSERT_TRUE(gang.ok()) << gang.status();
+  EXPECT_EQ((*gang)[0].gpu_indices(0), 0);
+  EXPECT_EQ((*gang)[1].gpu_indices(0), 1);
+}
+
+TEST(SchedulerTest, APartialFitHoldsNothingAndSaysWhy) {
+  std::vector<WorkerView> workers = {Worker("a", 2, 2 * kGiB, 0), Worker("b", 2, 2 * kGiB, 0)};
+  v1::Placement busy;
+  busy.set_cpus(2);
+  Hold(busy, workers[1]);
+  absl::StatusOr<std::vector<v1::Placement>> gang = PlaceGang(Request(0, 1), 4, workers);
+  EXPECT_TRUE(absl::IsResourceExhausted(gang.status())) << gang.status();
+  EXPECT_EQ(gang.status().message(), "needs 4 ranks of 1 cpus; the live workers have room for 2");
+  // More than the workers could hold even idle can never run.
+  gang = PlaceGang(Request(0, 1), 5, workers);
+  EXPECT_TRUE(absl::IsFailedPrecondition(gang.status())) << gang.status();
+  EXPECT_EQ(gang.status().message(),
+            "needs 5 ranks of 1 cpus; the live workers could hold 4 even with nothing running");
+  // A worker's slots bound the ranks it takes.
+  workers[0].slots = 1;
+  gang = PlaceGang(Request(0, 1), 2, workers);
+  EXPECT_EQ(gang.status().message(), "needs 2 ranks of 1 cpus; the live workers have room for 1");
+  EXPECT_EQ(PlaceGang(Request(0, 1), 0, workers).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  v1::Job job = MakeJob("g", 0, 1);
+  job.mutable_spec()->mutable_resources()->set_cpus(1);
+  job.mutable_spec()->mutable_resources()->set_replicas(4);
+  EXPECT_EQ(WaitingReason(job, 1, workers),
+            "1 job(s) ahead in the queue; needs 4 ranks of 1 cpus; the live workers have room for "
+            "1");
+  job.mutable_spec()->mutable_resources()->set_replicas(2);
+  workers[0].slots = 2;
+  EXPECT_EQ(WaitingReason(job, 0, workers), "starting at the next heartbeat of a worker");
+}
+
+TEST(SchedulerTest, TwoGangsThatEachNeedMostOfTheClusterDoNotDeadlock) {
+  // 4 one-core slots on two workers; two gangs of 3 ranks each. Placed all or nothing in
+  // scheduling order, the first runs whole and the second waits holding nothing.
+  std::vector<WorkerView> workers = {Worker("a", 2, 2 * kGiB, 0), Worker("b", 2, 2 * kGiB, 0)};
+  absl::StatusOr<std::vector<v1::Placement>> first = PlaceGang(Request(0, 1), 3, workers);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->size(), 3u);
+  for (const v1::Placement& p : *first) {
+    for (WorkerView& worker : workers) {
+      if (worker.worker_id == p.worker_id()) Hold(p, worker);
+    }
+  }
+  absl::StatusOr<std::vector<v1::Placement>> second = PlaceGang(Request(0, 1), 3, workers);
+  EXPECT_TRUE(absl::IsResourceExhausted(second.status())) << second.status();
+  EXPECT_EQ(workers[0].free.cpus + workers[1].free.cpus, 1);  // the second gang holds nothing
+  v1::Job waiting = MakeJob("second", 0, 2);
+  waiting.mutable_spec()->mutable_resources()->set_cpus(1);
+  waiting.mutable_spec()->mutable_resources()->set_replicas(3);
+  EXPECT_EQ(WaitingReason(waiting, 0, workers),
+            "needs 3 ranks of 1 cpus; the live workers have room for 1");
+  // Once the first gang ends, the second fits.
+  for (WorkerView& worker : workers) worker.free = worker.capacity;
+  EXPECT_TRUE(PlaceGang(Request(0, 1), 3, workers).ok());
+}
+
+TEST(SchedulerTest, RanksArePackedOntoFewWorkersDeterministically) {
+  const std::vector<WorkerView> workers = {
+      Worker("w1", 1, 8 * kGiB, 0), Worker("w2", 4, 8 * kGiB, 0), Worker("w3", 2, 8 * kGiB, 0)};
+  using Ranks = std::vector<std::pair<std::string, int>>;
+  // Three ranks fit the 4-core worker alone.
+  absl::StatusOr<std::vector<v1::Placement>> gang = PlaceGang(Request(0, 1, 512), 3, workers);
+  ASSERT_TRUE(gang.ok()) << gang.status();
+  EXPECT_EQ(WorkersAndRanks(*gang), (Ranks{{"w2", 0}, {"w2", 1}, {"w2", 2}}));
+  // Two ranks go to the smallest worker that holds both, leaving w2's 4 cores whole.
+  gang = PlaceGang(Request(0, 1, 512), 2, workers);
+  ASSERT_TRUE(gang.ok()) << gang.status();
+  EXPECT_EQ(WorkersAndRanks(*gang), (Ranks{{"w3", 0}, {"w3", 1}}));
+  // Five: w2 fills up, the fifth rank takes w1 (best fit) rather than half of w3.
+  gang = PlaceGang(Request(0, 1, 512), 5, workers);
+  ASSERT_TRUE(gang.ok()) << gang.status();
+  EXPECT_EQ(WorkersAndRanks(*gang), (Ranks{{"w2", 0}, {"w2", 1}, {"w2", 2}, {"w2", 3}, {"w1", 4}}));
+  // The order of the workers given does not matter.
+  const std::vector<WorkerView> reversed(workers.rbegin(), workers.rend());
+  absl::StatusOr<std::vector<v1::Placement>> again = PlaceGang(Request(0, 1, 512), 5, reversed);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(WorkersAndRanks(*again), WorkersAndRanks(*gang));
+  // Equal room: the lower worker id first.
+  gang = PlaceGang(Request(0, 1), 2, {Worker("y", 1, kGiB, 0), Worker("x", 1, kGiB, 0)});
+  ASSERT_TRUE(gang.ok());
+  EXPECT_EQ(WorkersAndRanks(*gang), (Ranks{{"x", 0}, {"y", 1}}));
+}
+
 }  // namespace
 }  // namespace stoker

@@ -96,6 +96,8 @@ constexpr FieldRange kRunRanges[] = {
     {"resources.memory_mib",
      [](const v1::JobSpec& s) -> int64_t { return s.resources().memory_mib(); }, 0,
      int64_t{16} << 20},
+    {"resources.replicas", [](const v1::JobSpec& s) -> int64_t { return s.resources().replicas(); },
+     0, 256},
     {"checkpoint.every_steps",
      [](const v1::JobSpec& s) -> int64_t { return s.checkpoint().every_steps(); }, 0, INT32_MAX},
     {"priority", [](const v1::JobSpec& s) -> int64_t { return s.priority(); }, -1000, 1000},
@@ -230,6 +232,16 @@ absl::Status CheckImageSpec(const v1::JobSpec& spec) {
     return FieldError("loader.augment",
                       "is for decoded datasets (idx, npy, csv); images take dataset.image "
                       "(random_resized_crop, horizontal_flip)");
+  }
+  return absl::OkStatus();
+}
+
+// Data-parallel ranks train on the cpu backend (Gloo) for now: the NCCL path is not wired.
+absl::Status CheckReplicas(const v1::ResourceSpec& resources) {
+  if (resources.replicas() > 1 && resources.gpus() > 0) {
+    return absl::InvalidArgumentError(
+        "resources.replicas > 1 with gpus: data-parallel training runs on the cpu backend for now "
+        "(NCCL path not wired); set resources.gpus: 0");
   }
   return absl::OkStatus();
 }
@@ -461,7 +473,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   STOKER_RETURN_IF_ERROR(CheckRanges(spec, kTrainRanges));
   STOKER_RETURN_IF_ERROR(CheckOptimizer(spec.train()));
   STOKER_RETURN_IF_ERROR(CheckLabelSmoothing(spec));
-  return CheckRanges(spec, kRunRanges);
+  STOKER_RETURN_IF_ERROR(CheckRanges(spec, kRunRanges));
+  return CheckReplicas(spec.resources());
 }
 
 absl::StatusOr<std::string> ResolveUnderDataRoot(const std::string& data_root,

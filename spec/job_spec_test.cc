@@ -67,6 +67,8 @@ TEST(JobSpecTest, EachBadFieldIsNamed) {
        "train.optimizer.type:"},
       {[](v1::JobSpec* s) { s->mutable_train()->mutable_optimizer()->set_beta2(1.5); },
        "train.optimizer.beta2:"},
+      {[](v1::JobSpec* s) { s->mutable_resources()->set_replicas(-1); }, "resources.replicas:"},
+      {[](v1::JobSpec* s) { s->mutable_resources()->set_replicas(257); }, "resources.replicas:"},
   };
   for (const Case& c : cases) {
     v1::JobSpec spec = ValidSpec();
@@ -76,6 +78,27 @@ TEST(JobSpecTest, EachBadFieldIsNamed) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(status.message().substr(0, c.expected_prefix.size()), c.expected_prefix) << status;
   }
+}
+
+TEST(JobSpecTest, ReplicasRunOnTheCpuBackendForNow) {
+  v1::JobSpec spec = ValidSpec();
+  for (int replicas : {0, 1, 2, 256}) {
+    spec.mutable_resources()->set_replicas(replicas);
+    EXPECT_TRUE(ValidateJobSpec(spec).ok()) << replicas;
+  }
+  spec.mutable_resources()->set_replicas(257);
+  EXPECT_EQ(ValidateJobSpec(spec).message(),
+            "resources.replicas: must be between 0 and 256 (got 257)");
+  // One rank may have GPUs; several may not (yet).
+  spec.mutable_resources()->set_gpus(1);
+  spec.mutable_resources()->set_replicas(1);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+  spec.mutable_resources()->set_replicas(2);
+  const absl::Status gpus = ValidateJobSpec(spec);
+  EXPECT_EQ(gpus.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpus.message(),
+            "resources.replicas > 1 with gpus: data-parallel training runs on the cpu backend for "
+            "now (NCCL path not wired); set resources.gpus: 0");
 }
 
 // A cnn whose layer 1 is a residual block; `mutate` changes it before validation.

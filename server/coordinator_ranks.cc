@@ -1,0 +1,161 @@
+// The Coordinator's members for the ranks of data-parallel jobs (see coordinator.h and gang.h):
+// placing a gang whole, delivering its ranks to the workers that did not ask, ending an
+// attempt's ranks, and the attempts' rendezvous stores. Kept apart from coordinator.cc, which
+// holds the lifecycle every job shares.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "server/coordinator.h"
+#include "server/scheduler.h"
+
+namespace stoker {
+namespace {
+
+// The longest a RendezvousGet waits, whatever it asks for.
+constexpr absl::Duration kMaxRendezvousWait = absl::Seconds(10);
+
+}  // namespace
+
+v1::Assignment Coordinator::AssignmentFor(const v1::Job& job, const v1::Placement& placement,
+                                          int rank) const {
+  v1::Assignment assignment;
+  assignment.set_job_id(job.id());
+  assignment.set_attempt(job.attempt());
+  *assignment.mutable_spec() = job.spec();
+  assignment.set_resume_step(job.checkpoint_step());
+  *assignment.mutable_placement() = placement;
+  assignment.set_rank(rank);
+  assignment.set_replicas(ReplicasOf(job.spec()));
+  return assignment;
+}
+
+absl::StatusOr<bool> Coordinator::PlaceGangJob(v1::Job job, const std::string& caller,
+                                               std::map<std::string, WorkerView>& views,
+                                               std::vector<v1::Assignment>& assignments) {
+  std::vector<WorkerView> live;
+  for (const auto& [id, view] : views) live.push_back(view);
+  absl::StatusOr<std::vector<v1::Placement>> gang =
+      PlaceGang(job.spec().resources(), ReplicasOf(job.spec()), live);
+  if (!gang.ok()) return false;  // nothing is held: the gang waits whole
+  if (observer_ != nullptr) {
+    observer_->JobAssigned(
+        std::max<int64_t>(0, absl::ToUnixMillis(absl::Now()) - job.submit_time_unix_ms()) / 1000.0);
+  }
+  const absl::Time now = absl::Now();
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_attempt(job.attempt() + 1);
+  job.set_worker_id(gang->front().worker_id());
+  if (job.start_time_unix_ms() == 0) job.set_start_time_unix_ms(absl::ToUnixMillis(now));
+  job.clear_queue_position();
+  job.clear_waiting_reason();
+  *job.mutable_placement() = gang->front();
+  job.clear_rank_placements();
+  for (const v1::Placement& placement : *gang) *job.add_rank_placements() = placement;
+  STOKER_RETURN_IF_ERROR(
+      SaveAndNotify(job, {MakeEvent(v1::EVENT_TYPE_LOG,
+                                    absl::StrCat("attempt ", job.attempt(), " started with ",
+                                                 gang->size(), " ranks: ", GangPlacementText(job)),
+                                    job.attempt())}));
+  for (const v1::Placement& placement : *gang) {
+    const bool here = placement.worker_id() == caller;
+    WorkerEntry& worker = workers_[placement.worker_id()];
+    worker.running[{job.id(), job.attempt(), placement.rank()}] = {
+        placement, here, here ? now : absl::InfinitePast()};
+    WorkerView& view = views.at(placement.worker_id());
+    Hold(placement, view);
+    view.slots -= 1;
+    if (here) {
+      assignments.push_back(AssignmentFor(job, placement, placement.rank()));
+    } else {
+      worker.free_slots = view.slots;
+    }
+  }
+  return true;
+}
+
+std::vector<v1::Assignment> Coordinator::DeliverPending(const std::string& worker_id) {
+  std::vector<v1::Assignment> delivered;
+  Ledger& ledger = workers_[worker_id].running;
+  const absl::Time now = absl::Now();
+  for (auto it = ledger.begin(); it != ledger.end();) {
+    if (it->second.delivered) {
+      ++it;
+      continue;
+    }
+    const RankKey& key = it->first;
+    absl::StatusOr<v1::Job> job = store_->Get(key.job_id);
+    if (!job.ok() || job->state() != v1::JOB_STATE_RUNNING ||
+        !RunsRank(*job, worker_id, key.attempt, key.rank)) {
+      it = ledger.erase(it);  // the attempt ended before this rank started
+      continue;
+    }
+    it->second.delivered = true;
+    it->second.delivered_at = now;
+    delivered.push_back(AssignmentFor(*job, it->second.placement, key.rank));
+    ++it;
+  }
+  return delivered;
+}
+
+void Coordinator::EndAttempt(const v1::Job& job, const std::string& ended_worker, int ended_rank) {
+  for (auto& [worker_id, worker] : workers_) {
+    std::erase_if(worker.running, [&](const auto& entry) {
+      const RankKey& key = entry.first;
+      if (key.job_id != job.id() || key.attempt != job.attempt()) return false;
+      if (!entry.second.delivered) return true;
+      return worker_id == ended_worker && (ended_rank < 0 || key.rank == ended_rank);
+    });
+  }
+  rendezvous_.erase({job.id(), job.attempt()});
+  rendezvous_changed_.SignalAll();  // waiters of this attempt are refused from now on
+}
+
+absl::Status Coordinator::RendezvousSet(const v1::RendezvousSetRequest& request) {
+  STOKER_RETURN_IF_ERROR(RequireId(request.job_id(), "job_id"));
+  STOKER_RETURN_IF_ERROR(CheckRendezvousKey(request.key(), "key"));
+  absl::MutexLock lock(&mu_);
+  STOKER_RETURN_IF_ERROR(
+      FencedJob(request.worker_id(), request.job_id(), request.attempt(), request.rank()).status());
+  RendezvousTable& table = rendezvous_[{request.job_id(), request.attempt()}];
+  STOKER_RETURN_IF_ERROR(table.Set(request.key(), request.value()));
+  rendezvous_changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RendezvousGetResponse> Coordinator::RendezvousGet(
+    const v1::RendezvousGetRequest& request) {
+  STOKER_RETURN_IF_ERROR(RequireId(request.job_id(), "job_id"));
+  if (request.keys_size() == 0 || request.keys_size() > RendezvousTable::kMaxKeys) {
+    return absl::InvalidArgumentError(absl::StrCat("keys: 1 to ", RendezvousTable::kMaxKeys,
+                                                   " keys (got ", request.keys_size(), ")"));
+  }
+  for (int i = 0; i < request.keys_size(); ++i) {
+    STOKER_RETURN_IF_ERROR(CheckRendezvousKey(request.keys(i), absl::StrCat("keys[", i, "]")));
+  }
+  if (request.wait_ms() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("wait_ms: must not be negative (got ", request.wait_ms(), ")"));
+  }
+  const absl::Time deadline =
+      absl::Now() + std::min(absl::Milliseconds(request.wait_ms()), kMaxRendezvousWait);
+  v1::RendezvousGetResponse response;
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    // Fenced on every wake: an attempt that ended stops its waiters.
+    STOKER_RETURN_IF_ERROR(
+        FencedJob(request.worker_id(), request.job_id(), request.attempt(), request.rank())
+            .status());
+    auto table = rendezvous_.find({request.job_id(), request.attempt()});
+    std::vector<std::string> values;
+    if (table != rendezvous_.end() && table->second.Get(request.keys(), &values)) {
+      response.set_ready(true);
+      for (std::string& value : values) response.add_values(std::move(value));
+      return response;
+    }
+    if (shutting_down_ || absl::Now() >= deadline) return response;  // ready false
+    rendezvous_changed_.WaitWithDeadline(&mu_, deadline);
+  }
+}
+
+}  // namespace stoker
