@@ -38,7 +38,8 @@ RankSlice SliceOfRank(int64_t count, uint32_t batch_size, uint32_t rank, uint32_
   const uint64_t global = static_cast<uint64_t>(batch_size) * replicas;
   if (clamped == 0 || global == 0 || rank >= replicas || batch_in_epoch < 0 ||
       static_cast<uint64_t>(batch_in_epoch) > static_cast<uint64_t>(clamped - 1) / global) {
-    return RankSlice{.first = clamped, .end = clamped, .global_first = clamped};
+    return RankSlice{
+        .first = clamped, .end = clamped, .global_first = clamped, .global_end = clamped};
   }
   const uint64_t g = static_cast<uint64_t>(batch_in_epoch) * global;  // <= count - 1
   const uint64_t in_batch = std::min(global, static_cast<uint64_t>(clamped) - g);
@@ -46,7 +47,8 @@ RankSlice SliceOfRank(int64_t count, uint32_t batch_size, uint32_t rank, uint32_
   const uint64_t end = std::min(first + batch_size, in_batch);
   return RankSlice{.first = static_cast<int64_t>(g + first),
                    .end = static_cast<int64_t>(g + end),
-                   .global_first = static_cast<int64_t>(g)};
+                   .global_first = static_cast<int64_t>(g),
+                   .global_end = static_cast<int64_t>(g + in_batch)};
 }
 
 BatchMaker::BatchMaker(SamplesView data, uint32_t batch_size, uint64_t seed,

@@ -107,13 +107,16 @@ absl::Status CheckRank(uint32_t rank, uint32_t replicas);
 // slice r. The sample at position i of the order has position i - global_first in the global
 // batch: its augmentation is drawn for that position. replicas 1: [b*B, min((b+1)*B, count)).
 // Outside the epoch (batch_in_epoch < 0 or >= BatchesPerEpoch(count, replicas x B)), for a
-// rank >= replicas, replicas 0 or batch_size 0: empty, first == end == global_first == count
-// (0 for count < 0).
+// rank >= replicas, replicas 0 or batch_size 0: empty, first == end == global_first ==
+// global_end == count (0 for count < 0).
 struct RankSlice {
   int64_t first = 0;
   int64_t end = 0;
   int64_t global_first = 0;  // g: where the global batch starts (augmentation positions count
                              // from it)
+  // Where it ends (next): global_end - global_first samples are the global batch's, the count
+  // one rank of batch replicas x B gets (what this rank's share of the step is a share of).
+  int64_t global_end = 0;
 };
 RankSlice SliceOfRank(int64_t count, uint32_t batch_size, uint32_t rank, uint32_t replicas,
                       int64_t batch_in_epoch);

@@ -29,6 +29,7 @@ TEST(SliceOfRankTest, SlicesAGlobalBatchInRankOrder) {
     EXPECT_EQ(slice.first, first) << "rank " << rank << " batch " << batch;
     EXPECT_EQ(slice.end, end) << "rank " << rank << " batch " << batch;
     EXPECT_EQ(slice.global_first, global) << "rank " << rank << " batch " << batch;
+    EXPECT_EQ(slice.global_end, batch == 0 ? 9 : 10) << "rank " << rank << " batch " << batch;
   };
   expect(0, 0, 0, 3, 0);
   expect(1, 0, 3, 6, 0);
@@ -59,6 +60,7 @@ TEST(SliceOfRankTest, SlicesTileEveryEpoch) {
             ASSERT_GE(slice.end, slice.first);
             ASSERT_LE(slice.end - slice.first, batch_size);
             ASSERT_EQ(slice.global_first, b * batch_size * replicas);
+            ASSERT_EQ(slice.global_end, std::min<int64_t>((b + 1) * batch_size * replicas, count));
             // Full slices for every rank but in the epoch's last global batch.
             if (b + 1 < per_epoch) {
               ASSERT_EQ(slice.end - slice.first, batch_size);
@@ -82,6 +84,7 @@ TEST(SliceOfRankTest, OutsideTheEpochOrTheRanksIsEmpty) {
     EXPECT_EQ(slice.first, at);
     EXPECT_EQ(slice.end, at);
     EXPECT_EQ(slice.global_first, at);
+    EXPECT_EQ(slice.global_end, at);
   };
   expect_empty_at(SliceOfRank(10, 3, 0, 3, 2), 10);   // past the epoch's 2 global batches
   expect_empty_at(SliceOfRank(10, 3, 0, 3, -1), 10);  // before it
@@ -97,6 +100,7 @@ TEST(SliceOfRankTest, OutsideTheEpochOrTheRanksIsEmpty) {
   EXPECT_EQ(slice.first, kHuge);  // (kMax - 1) * kMax samples before it: past the set
   EXPECT_EQ(slice.end, kHuge);
   EXPECT_EQ(slice.global_first, 0);
+  EXPECT_EQ(slice.global_end, kHuge);
   slice = SliceOfRank(kHuge, kMax, 1, kMax, 0);
   EXPECT_EQ(slice.first, int64_t{kMax});
   EXPECT_EQ(slice.end, 2 * int64_t{kMax});

@@ -71,6 +71,7 @@ inline std::vector<std::vector<MadeBatch>> ExpectRanksMakeTheSingleStream(
         const RankSlice slice =
             SliceOfRank(count, batch_size, r, replicas, static_cast<int64_t>(b % per_epoch));
         EXPECT_EQ(part.count, slice.end - slice.first) << "rank " << r << " batch " << b;
+        EXPECT_EQ(whole.count, slice.global_end - slice.global_first) << "batch " << b;
       }
       joined.count += part.count;
       joined.samples.insert(joined.samples.end(), part.samples.begin(), part.samples.end());
