@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -65,6 +66,36 @@ std::string PlacementText(const v1::Placement& placement) {
   return absl::StrJoin(parts, ", ");
 }
 
+// The workers of a job: rank 0's, or a data-parallel job's every worker in rank order ("w1,w2").
+std::string Workers(const v1::Job& job) {
+  if (job.rank_placements_size() == 0) return job.worker_id().empty() ? "-" : job.worker_id();
+  std::vector<std::string> workers;
+  for (const v1::Placement& placement : job.rank_placements()) {
+    if (std::find(workers.begin(), workers.end(), placement.worker_id()) == workers.end()) {
+      workers.push_back(placement.worker_id());
+    }
+  }
+  return absl::StrJoin(workers, ",");
+}
+
+// Jobs that have a rank other than 0 somewhere in the listing: data-parallel jobs, whose
+// placements are shown with their rank.
+std::set<std::string> DataParallelJobs(const v1::ListWorkersResponse& workers) {
+  std::set<std::string> jobs;
+  for (const v1::WorkerStatus& worker : workers.workers()) {
+    for (const v1::Placement& placement : worker.placements()) {
+      if (placement.rank() != 0) jobs.insert(placement.job_id());
+    }
+  }
+  return jobs;
+}
+
+// "j-000007", or "j-000007/r1" for rank 1 of a data-parallel job.
+std::string Holder(const v1::Placement& placement, const std::set<std::string>& data_parallel) {
+  if (!data_parallel.contains(placement.job_id())) return placement.job_id();
+  return absl::StrCat(placement.job_id(), "/r", placement.rank());
+}
+
 }  // namespace
 
 std::string FormatSeconds(double seconds) {
@@ -83,8 +114,7 @@ std::string JobTable(const v1::ListJobsResponse& jobs) {
     rows.push_back(
         {job.id(), job.spec().name(), JobStateName(job.state()), absl::StrCat(job.attempt()),
          absl::StrCat(job.progress().epoch(), "/", job.spec().train().epochs()),
-         Accuracy(job.progress().test_accuracy()), job.worker_id().empty() ? "-" : job.worker_id(),
-         Clock(job.submit_time_unix_ms())});
+         Accuracy(job.progress().test_accuracy()), Workers(job), Clock(job.submit_time_unix_ms())});
   }
   if (jobs.jobs().empty()) return "no jobs";
   return Table(rows);
@@ -108,15 +138,23 @@ std::string JobDetails(const v1::Job& job) {
                                                ? absl::StrCat(" (", job.released_attempts(),
                                                               " given back by a worker shutdown)")
                                                : "")});
-  rows.push_back({"worker:", job.worker_id().empty() ? "-" : job.worker_id()});
+  rows.push_back({job.rank_placements_size() > 0 ? "workers:" : "worker:", Workers(job)});
   const v1::ResourceSpec& asked = job.spec().resources();
   rows.push_back(
       {"resources:",
-       absl::StrCat(asked.gpus(), " gpus, ",
-                    asked.cpus() > 0 ? absl::StrCat(asked.cpus()) : "default", " cpus, ",
-                    asked.memory_mib() > 0 ? absl::StrCat(asked.memory_mib(), " MiB") : "default",
-                    " memory")});
-  if (job.state() == v1::JOB_STATE_RUNNING && job.has_placement()) {
+       absl::StrCat(
+           asked.gpus(), " gpus, ", asked.cpus() > 0 ? absl::StrCat(asked.cpus()) : "default",
+           " cpus, ", asked.memory_mib() > 0 ? absl::StrCat(asked.memory_mib(), " MiB") : "default",
+           " memory",
+           asked.replicas() > 1 ? absl::StrCat(" per rank, ", asked.replicas(), " ranks") : "")});
+  if (job.state() == v1::JOB_STATE_RUNNING && job.rank_placements_size() > 0) {
+    // One row per rank: where it runs and what it holds there.
+    for (const v1::Placement& placement : job.rank_placements()) {
+      rows.push_back({placement.rank() == 0 ? "holds:" : "",
+                      absl::StrCat("rank ", placement.rank(), " on ", placement.worker_id(), ": ",
+                                   PlacementText(placement))});
+    }
+  } else if (job.state() == v1::JOB_STATE_RUNNING && job.has_placement()) {
     rows.push_back({"holds:", PlacementText(job.placement())});
   }
   rows.push_back({"priority:", absl::StrCat(job.spec().priority())});
@@ -145,6 +183,7 @@ std::string WorkerTable(const v1::ListWorkersResponse& workers) {
   if (workers.workers().empty()) return "no workers";
   std::vector<std::vector<std::string>> rows = {
       {"WORKER", "STATE", "CPUS", "MEMORY", "GPUS", "JOBS", "HEARTBEAT AGE", "HOST"}};
+  const std::set<std::string> data_parallel = DataParallelJobs(workers);
   for (const v1::WorkerStatus& worker : workers.workers()) {
     // Each GPU with the job holding it, or "free".
     std::vector<std::string> gpus;
@@ -153,11 +192,22 @@ std::string WorkerTable(const v1::ListWorkersResponse& workers) {
       std::string holder = "free";
       for (const v1::Placement& placement : worker.placements()) {
         for (int index : placement.gpu_indices()) {
-          if (index == device.index()) holder = placement.job_id();
+          if (index == device.index()) holder = Holder(placement, data_parallel);
         }
       }
       gpus.push_back(absl::StrCat("gpu", device.index(), ":", holder,
                                   absl::StartsWith(device.uuid(), "fake-") ? " (fake)" : ""));
+    }
+    // Its jobs; a data-parallel job's ranks here each by rank ("j-000003/r0,j-000003/r1").
+    std::vector<std::string> jobs;
+    for (const std::string& job_id : worker.job_ids()) {
+      if (!data_parallel.contains(job_id)) {
+        jobs.push_back(job_id);
+        continue;
+      }
+      for (const v1::Placement& placement : worker.placements()) {
+        if (placement.job_id() == job_id) jobs.push_back(Holder(placement, data_parallel));
+      }
     }
     rows.push_back(
         {worker.worker_id(), worker.state(),
@@ -165,7 +215,7 @@ std::string WorkerTable(const v1::ListWorkersResponse& workers) {
          absl::StrCat(Bytes(worker.memory_used_bytes()), " used, ",
                       Bytes(worker.memory_bytes() - worker.memory_used_bytes()), " free"),
          gpus.empty() ? "-" : absl::StrJoin(gpus, ", "),
-         worker.job_ids().empty() ? "-" : absl::StrJoin(worker.job_ids(), ","),
+         jobs.empty() ? "-" : absl::StrJoin(jobs, ","),
          absl::StrFormat("%.1fs", worker.heartbeat_age_ms() / 1000.0), worker.hostname()});
   }
   return Table(rows);

@@ -132,5 +132,51 @@ TEST(RenderTest, WorkerTableShowsWhatIsUsedAndFree) {
   EXPECT_NE(table.find("gpu0:free, gpu1:j-000007"), std::string::npos) << table;
 }
 
+// Issue 16: a data-parallel job's ranks, where they run and why a gang waits.
+TEST(RenderTest, DataParallelJobsShowTheirRanks) {
+  v1::Job job;
+  job.set_id("j-000003");
+  job.set_state(v1::JOB_STATE_QUEUED);
+  job.mutable_spec()->mutable_resources()->set_cpus(1);
+  job.mutable_spec()->mutable_resources()->set_replicas(4);
+  job.set_waiting_reason("needs 4 ranks of 1 cpus; the live workers have room for 2");
+  EXPECT_EQ(Row(job, "waiting:"), job.waiting_reason());
+  EXPECT_EQ(Row(job, "resources:"), "0 gpus, 1 cpus, default memory per rank, 4 ranks");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_worker_id("w1");
+  for (int rank = 0; rank < 3; ++rank) {
+    v1::Placement& placement = *job.add_rank_placements();
+    placement.set_worker_id(rank < 2 ? "w1" : "w2");
+    placement.set_rank(rank);
+    placement.set_cpus(1);
+    placement.set_memory_bytes(int64_t{1} << 30);
+  }
+  *job.mutable_placement() = job.rank_placements(0);
+  EXPECT_EQ(Row(job, "workers:"), "w1,w2");
+  EXPECT_EQ(Row(job, "holds:"), "rank 0 on w1: 1 cpus, 1.0 GiB memory");
+  EXPECT_NE(JobDetails(job).find("rank 2 on w2: 1 cpus, 1.0 GiB memory"), std::string::npos);
+  v1::ListJobsResponse jobs;
+  *jobs.add_jobs() = job;
+  EXPECT_NE(JobTable(jobs).find("w1,w2"), std::string::npos) << JobTable(jobs);
+
+  v1::ListWorkersResponse workers;
+  v1::WorkerStatus& w1 = *workers.add_workers();
+  w1.set_worker_id("w1");
+  w1.add_job_ids("j-000003");
+  w1.add_job_ids("j-000004");
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::Placement& placement = *w1.add_placements();
+    placement.set_job_id("j-000003");
+    placement.set_rank(rank);
+  }
+  w1.add_placements()->set_job_id("j-000004");  // a job of one rank: no rank shown
+  v1::Device& gpu = *w1.add_devices();
+  gpu.set_kind("cuda");
+  w1.mutable_placements(1)->add_gpu_indices(0);
+  const std::string table = WorkerTable(workers);
+  EXPECT_NE(table.find("j-000003/r0,j-000003/r1,j-000004"), std::string::npos) << table;
+  EXPECT_NE(table.find("gpu0:j-000003/r1"), std::string::npos) << table;
+}
+
 }  // namespace
 }  // namespace stoker
