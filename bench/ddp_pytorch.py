@@ -5,9 +5,9 @@ The MLP of examples/fashion-mnist-mlp.yaml (784-256-128-10, ReLU, SGD lr 0.05 mo
 learning rate here), on synthetic Fashion-MNIST-shaped batches held in memory. `--ranks N` forks N
 processes, each pinned to its own core (rank r on the r-th core this process may use) with one
 torch thread, joined by torch.distributed's gloo backend on 127.0.0.1, the model wrapped in
-DistributedDataParallel (default bucket_cap_mb=25); each rank trains on `--batch` samples per step,
-so the global batch is N x batch. `--ranks 1` trains the plain model (no DDP, no process group) in
-one pinned process: the single-rank baseline.
+DistributedDataParallel (bucket_cap_mb=25, its default, unless --bucket-cap-mb); each rank trains
+on `--batch` samples per step, so the global batch is N x batch. `--ranks 1` trains the plain
+model (no DDP, no process group) in one pinned process: the single-rank baseline.
 
 Input: the batches are fed as float32 already normalised to [-1, 1] (x / 127.5 - 1). Stoker's model
 takes uint8 samples and normalises them itself inside its step, so this peer does slightly less
@@ -73,7 +73,7 @@ def run_rank(rank, args, port, results):
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP broadcasts rank 0's too)
     model = build_model(args.hidden)
     if distributed:
-        model = nn.parallel.DistributedDataParallel(model)  # bucket_cap_mb=25 (the default)
+        model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     loss_fn = nn.CrossEntropyLoss()
     use_bf16 = args.precision == "bf16"
@@ -134,6 +134,8 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                        help="DDP's bucket_cap_mb (25: its default)")
     parser.add_argument("--no-pin", action="store_true", help="experiment: leave ranks unpinned")
     args = parser.parse_args()
     args.hidden = [int(h) for h in args.hidden.split(",")]
@@ -163,7 +165,7 @@ def main():
         "ranks": args.ranks, "batch_per_rank": args.batch, "global_batch": global_batch,
         "precision": args.precision, "input": "float32 pre-normalised",
         "model": "784-" + "-".join(map(str, args.hidden)) + "-10",
-        "steps": r["steps"], "seconds": round(r["elapsed"], 4),
+        "bucket_cap_mb": args.bucket_cap_mb, "steps": r["steps"], "seconds": round(r["elapsed"], 4),
         "step_ms": round(1e3 * r["elapsed"] / r["steps"], 4),
         "samples_per_s": round(global_batch * r["steps"] / r["elapsed"], 1),
         "last_loss": round(r["last_loss"], 4), "torch_threads": r["torch_threads"],

@@ -20,6 +20,8 @@
 #     BATCH               per-rank batch (default 128, the example's batch_size)
 #     RANKS               ranks of the data-parallel runs (default 2: this machine's cores)
 #     PRECISION           fp32 (default) or bf16 (PyTorch: autocast)
+#     BUCKET_BYTES        gradient bucket size of both (default 26214400: DDP's 25 MiB; DDP
+#                         still caps its first bucket at 1 MiB)
 #   The table shows the best and the median over the rounds. On a shared machine the best is the
 #   estimate of unloaded speed; a median far below it means neighbours were busy.
 set -euo pipefail
@@ -41,6 +43,8 @@ repeats="${REPEATS:-3}"
 batch="${BATCH:-128}"
 ranks="${RANKS:-2}"
 precision="${PRECISION:-fp32}"
+bucket_bytes="${BUCKET_BYTES:-26214400}"
+bucket_mb="$(/usr/bin/python3 -c "print($bucket_bytes / 1048576)")"
 big_batch=$((ranks * batch))
 
 log="$(mktemp)"
@@ -56,11 +60,13 @@ echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 export OPENBLAS_NUM_THREADS=1
 export OMP_NUM_THREADS=1
 pytorch() {
-  /usr/bin/python3 "$here/ddp_pytorch.py" --seconds "$seconds" --precision "$precision" "$@" |
+  /usr/bin/python3 "$here/ddp_pytorch.py" --seconds "$seconds" --precision "$precision" \
+    --bucket-cap-mb "$bucket_mb" "$@" |
     tee -a "$log"
 }
 stoker() {
-  "$bench" --seconds="$seconds" --precision="$precision" "$@" | tee -a "$log"
+  "$bench" --seconds="$seconds" --precision="$precision" --bucket_bytes="$bucket_bytes" "$@" |
+    tee -a "$log"
 }
 for ((i = 1; i <= repeats; i++)); do
   pytorch --ranks 1 --batch "$batch"
@@ -102,7 +108,8 @@ one, many, big = (1, batch), (ranks, batch), (1, ranks * batch)
 rounds = max(len(v) for v in runs.values())
 first = runs[("stoker", *one)][0]
 print(f"MLP {first['model']}, {first['precision']}, per-rank batch {batch}; samples/s (global), "
-      f"best (median) of {rounds} rounds; one core and one thread per rank")
+      f"best (median) of {rounds} rounds; one core and one thread per rank; gradient buckets "
+      f"{runs[('stoker', *many)][0]['bucket_bytes']:,} bytes")
 print()
 print("| configuration | global batch | Stoker samples/s | PyTorch 1.13 samples/s | Stoker/PyTorch |")
 print("|---|---|---|---|---|")
