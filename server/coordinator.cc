@@ -9,12 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "data/dataset.h"
-#include "data/image_dataset.h"
 #include "server/scheduler.h"
-#include "spec/job_options.h"
+#include "server/submit_checks.h"
 #include "spec/job_spec.h"
-#include "spec/model_spec.h"
 
 namespace stoker {
 namespace {
@@ -26,102 +23,6 @@ void Log(const std::string& message) { std::cerr << "stoker-server: " << message
 // A duration for messages, to a tenth of a second ("9.7s").
 std::string Rounded(absl::Duration d) {
   return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(100)));
-}
-
-// A cnn that cannot take the dataset's samples (a kernel larger than the image, an output that
-// is not one logit per class, a test set shaped unlike the training set) is refused at submit
-// rather than failing on a worker after its wait in the queue. Only IDX and NPY files are probed
-// here (headers and labels: milliseconds); CSV, and files that cannot be read, are left to the
-// worker, which names the byte or line. Labels outside dataset.classes are refused here too
-// (OUT_OF_RANGE from the probe), naming the file as the job wrote it; a job that does not declare
-// dataset.classes (and is not a cnn) is not probed, and a bad label fails it on the worker.
-// Image datasets: what can be seen without building an index (ProbeImageDataset): image folders
-// have class directories and the test folder's classes are among the training folder's; every
-// shard a pattern names exists. Where the sample geometry is known (dataset.image.size, and the
-// channels from the job or the first training image) and the classes too (dataset.classes or the
-// training folder's class directories), a cnn is checked against them.
-absl::Status CheckImageDataset(const v1::JobSpec& written, const v1::JobSpec& resolved) {
-  const v1::DatasetSpec& data = resolved.dataset();
-  ImageDatasetProbe train;
-  for (auto [field, path] : {std::pair{"dataset.train_images", &data.train_images()},
-                             std::pair{"dataset.test_images", &data.test_images()}}) {
-    absl::StatusOr<ImageDatasetProbe> probe = ProbeImageDataset(data.format(), *path);
-    if (!probe.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": ", DatasetPathsAsWritten(probe.status().message(), written, resolved)));
-    }
-    if (path == &data.train_images()) {
-      train = std::move(*probe);
-      continue;
-    }
-    for (const std::string& name : probe->class_names) {
-      if (std::find(train.class_names.begin(), train.class_names.end(), name) ==
-          train.class_names.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, ": class directory '", name, "' is not among the training classes (",
-            absl::StrJoin(train.class_names.begin(),
-                          train.class_names.begin() + std::min<size_t>(train.class_names.size(), 8),
-                          ", "),
-            train.class_names.size() > 8 ? ", ..." : "", ")"));
-      }
-    }
-  }
-  const int classes =
-      data.classes() > 0 ? data.classes() : static_cast<int>(train.class_names.size());
-  const int channels = data.image().channels() > 0 ? data.image().channels()
-                       : train.first               ? (train.first->channels == 1 ? 1 : 3)
-                                                   : 0;
-  if (data.classes() > 0 && !train.class_names.empty() &&
-      static_cast<int>(train.class_names.size()) > data.classes()) {
-    return absl::InvalidArgumentError(absl::StrCat("dataset.classes: ", data.classes(),
-                                                   ", but dataset.train_images has ",
-                                                   train.class_names.size(), " class directories"));
-  }
-  if (resolved.model().type() == "mlp" || classes == 0 || channels == 0 ||
-      data.image().size() == 0) {
-    return absl::OkStatus();
-  }
-  if (classes > 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dataset.train_images: ", classes, " class directories; at most 256 are supported"));
-  }
-  return ValidateModelForData(resolved, {channels, data.image().size(), data.image().size()},
-                              std::max(2, classes));
-}
-
-absl::Status CheckModelAgainstData(const v1::JobSpec& written, const v1::JobSpec& resolved) {
-  const std::string& format = resolved.dataset().format();
-  if (IsImageFormat(format)) return CheckImageDataset(written, resolved);
-  if (format != "idx" && format != "npy") return absl::OkStatus();
-  if (resolved.model().type() == "mlp" && resolved.dataset().classes() == 0) {
-    return absl::OkStatus();
-  }
-  absl::StatusOr<DatasetSummary> train =
-      ProbeDatasetFiles(TrainDatasetFiles(resolved), resolved.dataset().train_limit());
-  absl::StatusOr<DatasetSummary> test = absl::UnknownError("");
-  if (train.ok()) {
-    test = ProbeDatasetFiles(TestDatasetFiles(resolved, train->classes),
-                             resolved.dataset().test_limit());
-  }
-  for (auto [field, probe] :
-       {std::pair{"dataset.train_labels", &train}, std::pair{"dataset.test_labels", &test}}) {
-    if (absl::IsOutOfRange(probe->status())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": ", DatasetPathsAsWritten(probe->status().message(), written, resolved)));
-    }
-  }
-  if (resolved.model().type() == "mlp" || !train.ok() || !test.ok()) return absl::OkStatus();
-  if (train->sample_dims != test->sample_dims || train->sample_type != test->sample_type) {
-    auto describe = [](const DatasetSummary& d) {
-      return absl::StrCat(absl::StrJoin(d.sample_dims, "x"), " ", SampleTypeName(d.sample_type));
-    };
-    return absl::InvalidArgumentError(
-        absl::StrCat("dataset.test_images: samples of ", describe(*test),
-                     ", but the training samples are ", describe(*train)));
-  }
-  // As the trainer counts them: at least 2, and every label of either split.
-  const int classes = std::max({2, train->classes, test->classes});
-  return ValidateModelForData(resolved, train->sample_dims, classes);
 }
 
 }  // namespace
@@ -478,70 +379,6 @@ WorkerView Coordinator::ViewOf(const std::string& worker_id, const WorkerEntry& 
   for (const auto& [key, rank] : worker.running) held.push_back(&rank.placement);
   return WorkerView{worker_id, worker.capacity, FreeResources(worker.capacity, held),
                     std::max(0, worker.free_slots)};
-}
-
-absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::string& worker_id) {
-  std::vector<v1::Assignment> assignments;
-  absl::StatusOr<std::vector<v1::Job>> queue = store_->QueuedInOrder();
-  if (!queue.ok()) return queue.status();
-  // The live workers' free resources and slots, updated as jobs are placed.
-  std::map<std::string, WorkerView> views;
-  for (const auto& [id, worker] : workers_) {
-    if (!worker.lost && !worker.restored) views.emplace(id, ViewOf(id, worker));
-  }
-  std::set<std::string> queued;
-  for (const v1::Job& job : *queue) queued.insert(job.id());
-  std::erase_if(gang_waiting_since_,
-                [&](const auto& entry) { return !queued.contains(entry.first); });
-  WorkerView& view = views.at(worker_id);
-  const absl::Time now = absl::Now();
-  for (v1::Job& job : *queue) {
-    if (IsGang(job.spec())) {
-      absl::StatusOr<bool> placed = PlaceGangJob(job, worker_id, views, assignments);
-      if (!placed.ok()) return placed.status();
-      if (*placed) {
-        gang_waiting_since_.erase(job.id());
-        continue;
-      }
-      // Could it run on these workers idle? Then it waits for room, and after a while no job
-      // behind it takes any (the cluster drains for it).
-      std::vector<WorkerView> idle;
-      for (const auto& [id, other] : views) {
-        idle.push_back(other);
-        idle.back().free = other.capacity;
-      }
-      if (!PlaceGang(job.spec().resources(), ReplicasOf(job.spec()), idle).ok()) continue;
-      const absl::Time since = gang_waiting_since_.try_emplace(job.id(), now).first->second;
-      if (now - since >= options_.gang_backfill_limit) break;
-      continue;
-    }
-    if (view.slots <= 0) continue;
-    absl::StatusOr<v1::Placement> placed = PlaceOnWorker(job.spec().resources(), view);
-    if (!placed.ok()) continue;
-    const v1::Placement placement = std::move(*placed);
-    if (observer_ != nullptr) {
-      observer_->JobAssigned(std::max<int64_t>(0, NowMs() - job.submit_time_unix_ms()) / 1000.0);
-    }
-    job.set_state(v1::JOB_STATE_RUNNING);
-    job.set_attempt(job.attempt() + 1);
-    job.set_worker_id(worker_id);
-    if (job.start_time_unix_ms() == 0) job.set_start_time_unix_ms(NowMs());
-    job.clear_queue_position();
-    job.clear_waiting_reason();
-    *job.mutable_placement() = placement;
-    job.clear_rank_placements();
-    STOKER_RETURN_IF_ERROR(
-        SaveAndNotify(job, {MakeEvent(v1::EVENT_TYPE_LOG,
-                                      absl::StrCat("attempt ", job.attempt(), " started on worker ",
-                                                   worker_id, " with ", PlacementText(placement)),
-                                      job.attempt())}));
-    workers_[worker_id].running[{job.id(), job.attempt(), 0}] = {placement, true, now};
-    Hold(placement, view);
-    view.slots -= 1;
-    assignments.push_back(AssignmentFor(job, placement, 0));
-  }
-  workers_[worker_id].free_slots = view.slots;
-  return assignments;
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {

@@ -1,8 +1,9 @@
-// The Coordinator's members for the ranks of data-parallel jobs (see coordinator.h and gang.h):
-// placing a gang whole, delivering its ranks to the workers that did not ask, ending an
-// attempt's ranks, and the attempts' rendezvous stores. Kept apart from coordinator.cc, which
-// holds the lifecycle every job shares.
+// The Coordinator's placement and the ranks of data-parallel jobs (see coordinator.h and
+// gang.h): walking the queue at a heartbeat (Assign), placing a gang whole, delivering its ranks
+// to the workers that did not ask, ending an attempt's ranks, and the attempts' rendezvous
+// stores. Kept apart from coordinator.cc, which holds the lifecycle every job shares.
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -12,10 +13,76 @@
 namespace stoker {
 namespace {
 
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
 // The longest a RendezvousGet waits, whatever it asks for.
 constexpr absl::Duration kMaxRendezvousWait = absl::Seconds(10);
 
 }  // namespace
+
+absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::string& worker_id) {
+  std::vector<v1::Assignment> assignments;
+  absl::StatusOr<std::vector<v1::Job>> queue = store_->QueuedInOrder();
+  if (!queue.ok()) return queue.status();
+  // The live workers' free resources and slots, updated as jobs are placed.
+  std::map<std::string, WorkerView> views;
+  for (const auto& [id, worker] : workers_) {
+    if (!worker.lost && !worker.restored) views.emplace(id, ViewOf(id, worker));
+  }
+  std::set<std::string> queued;
+  for (const v1::Job& job : *queue) queued.insert(job.id());
+  std::erase_if(gang_waiting_since_,
+                [&](const auto& entry) { return !queued.contains(entry.first); });
+  WorkerView& view = views.at(worker_id);
+  const absl::Time now = absl::Now();
+  for (v1::Job& job : *queue) {
+    if (IsGang(job.spec())) {
+      absl::StatusOr<bool> placed = PlaceGangJob(job, worker_id, views, assignments);
+      if (!placed.ok()) return placed.status();
+      if (*placed) {
+        gang_waiting_since_.erase(job.id());
+        continue;
+      }
+      // Could it run on these workers idle? Then it waits for room, and after a while no job
+      // behind it takes any (the cluster drains for it).
+      std::vector<WorkerView> idle;
+      for (const auto& [id, other] : views) {
+        idle.push_back(other);
+        idle.back().free = other.capacity;
+      }
+      if (!PlaceGang(job.spec().resources(), ReplicasOf(job.spec()), idle).ok()) continue;
+      const absl::Time since = gang_waiting_since_.try_emplace(job.id(), now).first->second;
+      if (now - since >= options_.gang_backfill_limit) break;
+      continue;
+    }
+    if (view.slots <= 0) continue;
+    absl::StatusOr<v1::Placement> placed = PlaceOnWorker(job.spec().resources(), view);
+    if (!placed.ok()) continue;
+    const v1::Placement placement = std::move(*placed);
+    if (observer_ != nullptr) {
+      observer_->JobAssigned(std::max<int64_t>(0, NowMs() - job.submit_time_unix_ms()) / 1000.0);
+    }
+    job.set_state(v1::JOB_STATE_RUNNING);
+    job.set_attempt(job.attempt() + 1);
+    job.set_worker_id(worker_id);
+    if (job.start_time_unix_ms() == 0) job.set_start_time_unix_ms(NowMs());
+    job.clear_queue_position();
+    job.clear_waiting_reason();
+    *job.mutable_placement() = placement;
+    job.clear_rank_placements();
+    STOKER_RETURN_IF_ERROR(
+        SaveAndNotify(job, {MakeEvent(v1::EVENT_TYPE_LOG,
+                                      absl::StrCat("attempt ", job.attempt(), " started on worker ",
+                                                   worker_id, " with ", PlacementText(placement)),
+                                      job.attempt())}));
+    workers_[worker_id].running[{job.id(), job.attempt(), 0}] = {placement, true, now};
+    Hold(placement, view);
+    view.slots -= 1;
+    assignments.push_back(AssignmentFor(job, placement, 0));
+  }
+  workers_[worker_id].free_slots = view.slots;
+  return assignments;
+}
 
 v1::Assignment Coordinator::AssignmentFor(const v1::Job& job, const v1::Placement& placement,
                                           int rank) const {

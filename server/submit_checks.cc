@@ -1,0 +1,104 @@
+#include "server/submit_checks.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "data/dataset.h"
+#include "data/image_dataset.h"
+#include "spec/job_options.h"
+#include "spec/job_spec.h"
+#include "spec/model_spec.h"
+
+namespace stoker {
+namespace {
+
+absl::Status CheckImageDataset(const v1::JobSpec& written, const v1::JobSpec& resolved) {
+  const v1::DatasetSpec& data = resolved.dataset();
+  ImageDatasetProbe train;
+  for (auto [field, path] : {std::pair{"dataset.train_images", &data.train_images()},
+                             std::pair{"dataset.test_images", &data.test_images()}}) {
+    absl::StatusOr<ImageDatasetProbe> probe = ProbeImageDataset(data.format(), *path);
+    if (!probe.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", DatasetPathsAsWritten(probe.status().message(), written, resolved)));
+    }
+    if (path == &data.train_images()) {
+      train = std::move(*probe);
+      continue;
+    }
+    for (const std::string& name : probe->class_names) {
+      if (std::find(train.class_names.begin(), train.class_names.end(), name) ==
+          train.class_names.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": class directory '", name, "' is not among the training classes (",
+            absl::StrJoin(train.class_names.begin(),
+                          train.class_names.begin() + std::min<size_t>(train.class_names.size(), 8),
+                          ", "),
+            train.class_names.size() > 8 ? ", ..." : "", ")"));
+      }
+    }
+  }
+  const int classes =
+      data.classes() > 0 ? data.classes() : static_cast<int>(train.class_names.size());
+  const int channels = data.image().channels() > 0 ? data.image().channels()
+                       : train.first               ? (train.first->channels == 1 ? 1 : 3)
+                                                   : 0;
+  if (data.classes() > 0 && !train.class_names.empty() &&
+      static_cast<int>(train.class_names.size()) > data.classes()) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset.classes: ", data.classes(),
+                                                   ", but dataset.train_images has ",
+                                                   train.class_names.size(), " class directories"));
+  }
+  if (resolved.model().type() == "mlp" || classes == 0 || channels == 0 ||
+      data.image().size() == 0) {
+    return absl::OkStatus();
+  }
+  if (classes > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.train_images: ", classes, " class directories; at most 256 are supported"));
+  }
+  return ValidateModelForData(resolved, {channels, data.image().size(), data.image().size()},
+                              std::max(2, classes));
+}
+
+}  // namespace
+
+absl::Status CheckModelAgainstData(const v1::JobSpec& written, const v1::JobSpec& resolved) {
+  const std::string& format = resolved.dataset().format();
+  if (IsImageFormat(format)) return CheckImageDataset(written, resolved);
+  if (format != "idx" && format != "npy") return absl::OkStatus();
+  if (resolved.model().type() == "mlp" && resolved.dataset().classes() == 0) {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<DatasetSummary> train =
+      ProbeDatasetFiles(TrainDatasetFiles(resolved), resolved.dataset().train_limit());
+  absl::StatusOr<DatasetSummary> test = absl::UnknownError("");
+  if (train.ok()) {
+    test = ProbeDatasetFiles(TestDatasetFiles(resolved, train->classes),
+                             resolved.dataset().test_limit());
+  }
+  for (auto [field, probe] :
+       {std::pair{"dataset.train_labels", &train}, std::pair{"dataset.test_labels", &test}}) {
+    if (absl::IsOutOfRange(probe->status())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", DatasetPathsAsWritten(probe->status().message(), written, resolved)));
+    }
+  }
+  if (resolved.model().type() == "mlp" || !train.ok() || !test.ok()) return absl::OkStatus();
+  if (train->sample_dims != test->sample_dims || train->sample_type != test->sample_type) {
+    auto describe = [](const DatasetSummary& d) {
+      return absl::StrCat(absl::StrJoin(d.sample_dims, "x"), " ", SampleTypeName(d.sample_type));
+    };
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.test_images: samples of ", describe(*test),
+                     ", but the training samples are ", describe(*train)));
+  }
+  // As the trainer counts them: at least 2, and every label of either split.
+  const int classes = std::max({2, train->classes, test->classes});
+  return ValidateModelForData(resolved, train->sample_dims, classes);
+}
+
+}  // namespace stoker
