@@ -194,7 +194,8 @@ uint64_t RankTotalBatches(int64_t count, uint32_t batch_size, int replicas, int 
 std::vector<std::string> TrainerArguments(const RunnerOptions& options,
                                           const v1::Assignment& assignment, const std::string& dir,
                                           int region_fd, int events_fd, const std::string& job_file,
-                                          const std::string& resume_checkpoint, int classes) {
+                                          const std::string& resume_checkpoint, int classes,
+                                          int64_t train_samples) {
   std::vector<std::string> argv = {options.trainer_path,
                                    "--region-fd",
                                    absl::StrCat(region_fd),
@@ -229,9 +230,9 @@ std::vector<std::string> TrainerArguments(const RunnerOptions& options,
     argv.insert(argv.end(),
                 {"--rank", absl::StrCat(assignment.rank()), "--replicas",
                  absl::StrCat(assignment.replicas()), "--server", options.server_address,
-                 "--worker-id", options.worker_id, "--job-id", assignment.job_id(), "--attempt",
-                 absl::StrCat(assignment.attempt()), "--collective-host", options.collective_host,
-                 "--collective-timeout-seconds",
+                 "--train-samples", absl::StrCat(train_samples), "--worker-id", options.worker_id,
+                 "--job-id", assignment.job_id(), "--attempt", absl::StrCat(assignment.attempt()),
+                 "--collective-host", options.collective_host, "--collective-timeout-seconds",
                  absl::StrCat(absl::ToDoubleSeconds(options.collective_timeout))});
     if (!options.token_file.empty()) argv.insert(argv.end(), {"--token-file", options.token_file});
     if (!options.tls_ca.empty()) argv.insert(argv.end(), {"--tls-ca", options.tls_ca});
@@ -459,7 +460,7 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
     region_ = region->get();
   }
   AttemptOutcome outcome =
-      Supervise(**region, job_file, resume_checkpoint, loader_count, train.classes);
+      Supervise(**region, job_file, resume_checkpoint, loader_count, train.classes, train.count);
   // Loader and trainer errors name the files as the job wrote them, not under the data root.
   outcome.error = DatasetPathsAsWritten(outcome.error, assignment_.spec(), spec);
   {
@@ -593,21 +594,22 @@ absl::StatusOr<PreparedInfo> JobRunner::PrepareTrainingSetLogged(const v1::JobSp
 absl::StatusOr<pid_t> JobRunner::StartTrainer(JobRegion& region, int events_fd,
                                               const std::string& job_file,
                                               const std::string& resume_checkpoint, int classes,
-                                              const std::string& log_path) {
-  const std::vector<std::string> argv = TrainerArguments(
-      options_, assignment_, dir_, region.fd(), events_fd, job_file, resume_checkpoint, classes);
+                                              int64_t train_samples, const std::string& log_path) {
+  const std::vector<std::string> argv =
+      TrainerArguments(options_, assignment_, dir_, region.fd(), events_fd, job_file,
+                       resume_checkpoint, classes, train_samples);
   return Spawn({argv, {region.fd(), events_fd}, log_path});
 }
 
 AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_file,
                                     const std::string& resume_checkpoint, int loader_count,
-                                    int classes) {
+                                    int classes, int64_t train_samples) {
   const std::string& dir = dir_;
   int event_pipe[2];
   if (pipe2(event_pipe, O_CLOEXEC) != 0) return Failed("cannot create the event pipe", false);
   const std::string trainer_log = dir + "/trainer.log";
-  absl::StatusOr<pid_t> trainer =
-      StartTrainer(region, event_pipe[1], job_file, resume_checkpoint, classes, trainer_log);
+  absl::StatusOr<pid_t> trainer = StartTrainer(region, event_pipe[1], job_file, resume_checkpoint,
+                                               classes, train_samples, trainer_log);
   close(event_pipe[1]);
   if (!trainer.ok()) {
     close(event_pipe[0]);

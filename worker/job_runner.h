@@ -76,11 +76,13 @@ struct RunnerOptions {
 std::string AttemptDirectory(const std::string& work_dir, const v1::Assignment& assignment);
 
 // The trainer's command line (argv[0] is options.trainer_path) for `assignment`, its region and
-// event pipe descriptors, the job file, the resume checkpoint ("" = none) and the class count.
+// event pipe descriptors, the job file, the resume checkpoint ("" = none), the class count and
+// the training set's sample count (a data-parallel rank's share of each step depends on it).
 std::vector<std::string> TrainerArguments(const RunnerOptions& options,
                                           const v1::Assignment& assignment, const std::string& dir,
                                           int region_fd, int events_fd, const std::string& job_file,
-                                          const std::string& resume_checkpoint, int classes);
+                                          const std::string& resume_checkpoint, int classes,
+                                          int64_t train_samples);
 
 // Batches the ring of one rank holds: BatchesPerEpoch(count, replicas x batch_size) x epochs
 // (replicas <= 1: a job of one rank).
@@ -172,11 +174,12 @@ class JobRunner {
   // Starts stoker-trainer with the region, the event pipe's write end and its flags.
   absl::StatusOr<pid_t> StartTrainer(JobRegion& region, int events_fd, const std::string& job_file,
                                      const std::string& resume_checkpoint, int classes,
-                                     const std::string& log_path);
+                                     int64_t train_samples, const std::string& log_path);
   // Runs the trainer and the loaders until the trainer ends (or the attempt is cancelled, drained,
   // stalled, or a loader fails for good) and says how the attempt ended.
   AttemptOutcome Supervise(JobRegion& region, const std::string& job_file,
-                           const std::string& resume_checkpoint, int loader_count, int classes);
+                           const std::string& resume_checkpoint, int loader_count, int classes,
+                           int64_t train_samples);
   // Prepares the training set in training_set_path(), logging its progress; the error is the
   // attempt's outcome.
   absl::StatusOr<PreparedInfo> PrepareTrainingSetLogged(const v1::JobSpec& spec);

@@ -105,12 +105,13 @@ TEST(TrainerArgumentsTest, AJobOfOneRankGetsNoDataParallelFlags) {
   assignment.set_job_id("j-1");
   assignment.set_attempt(1);
   const std::vector<std::string> argv =
-      TrainerArguments(options, assignment, "/w/j-1-a1", 5, 6, "/w/j-1-a1/job.pb", "", 10);
+      TrainerArguments(options, assignment, "/w/j-1-a1", 5, 6, "/w/j-1-a1/job.pb", "", 10, 60000);
   EXPECT_EQ(argv[0], "/bin/stoker-trainer");
   EXPECT_EQ(ArgAfter(argv, "--checkpoint"), "/w/j-1-a1/checkpoint.safetensors");
   EXPECT_EQ(ArgAfter(argv, "--region-fd"), "5");
   EXPECT_EQ(ArgAfter(argv, "--rank"), "<absent>");
   EXPECT_EQ(ArgAfter(argv, "--server"), "<absent>");
+  EXPECT_EQ(ArgAfter(argv, "--train-samples"), "<absent>");
 }
 
 TEST(TrainerArgumentsTest, ADataParallelRankFindsTheRendezvousWithoutTheTokenOnItsCommandLine) {
@@ -127,12 +128,14 @@ TEST(TrainerArgumentsTest, ADataParallelRankFindsTheRendezvousWithoutTheTokenOnI
   assignment.set_attempt(4);
   assignment.set_rank(1);
   assignment.set_replicas(2);
-  const std::vector<std::string> argv = TrainerArguments(
-      options, assignment, "/w/j-1-a4-r1", 5, 6, "/w/j-1-a4-r1/job.pb", "/w/r.safetensors", 10);
+  const std::vector<std::string> argv =
+      TrainerArguments(options, assignment, "/w/j-1-a4-r1", 5, 6, "/w/j-1-a4-r1/job.pb",
+                       "/w/r.safetensors", 10, 60000);
   EXPECT_EQ(ArgAfter(argv, "--checkpoint"), "<absent>") << "only rank 0 writes checkpoints";
   EXPECT_EQ(ArgAfter(argv, "--resume"), "/w/r.safetensors") << "every rank resumes";
   EXPECT_EQ(ArgAfter(argv, "--rank"), "1");
   EXPECT_EQ(ArgAfter(argv, "--replicas"), "2");
+  EXPECT_EQ(ArgAfter(argv, "--train-samples"), "60000");
   EXPECT_EQ(ArgAfter(argv, "--server"), "10.0.0.1:50051");
   EXPECT_EQ(ArgAfter(argv, "--worker-id"), "w2");
   EXPECT_EQ(ArgAfter(argv, "--job-id"), "j-1");

@@ -2,6 +2,12 @@
 // in order from the ring, trains on the selected backend, evaluates on the test set after every
 // epoch and reports events to the agent over a pipe (length-delimited stoker.v1.JobEvent).
 //
+// Data-parallel jobs (--replicas N > 1): the trainer is rank --rank of N. It meets the other
+// ranks through the server's rendezvous (worker/rendezvous_store.h, as the worker that runs it:
+// --server, --worker-id, --token-file, --tls-ca), connects Gloo over TCP at --collective-host,
+// starts from rank 0's parameters, and sums every step's gradients with the other ranks (a
+// bucketed reducer, comm/collective.h). Only rank 0 writes checkpoints (--checkpoint).
+//
 // Exit codes (common/exit_codes.h): 0 done, 1 failed (may succeed on retry), 2 bad data or spec,
 // 3 stopped, 64 bad arguments, other = crash.
 #include <omp.h>
@@ -19,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "comm/collective.h"
 #include "common/checkpoint.h"
 #include "common/exit_codes.h"
 #include "common/status_macros.h"
@@ -37,6 +44,7 @@
 #include "engine/cuda/cuda_backend.h"
 #endif
 #include "spec/model_spec.h"
+#include "worker/rendezvous_store.h"
 #include "worker/training_loop.h"
 
 namespace stoker {
@@ -244,10 +252,77 @@ absl::Status SetUp(const v1::JobSpec& spec, int train_classes, const std::string
   return absl::OkStatus();
 }
 
+// A data-parallel rank's flags (--replicas > 1).
+struct RankChoice {
+  int rank = 0;
+  int replicas = 1;
+  RendezvousStoreOptions rendezvous;   // server, token file, CA, worker, job, attempt, rank
+  std::string host = "127.0.0.1";      // where the other ranks reach this one (Gloo binds it)
+  double timeout_seconds = 60;         // connecting, and each collective
+  uint64_t stop_vote_every_steps = 0;  // 0: about every 0.5 s (DataParallelContext)
+  int64_t train_samples = 0;           // the training set's count (each step's global batch)
+};
+
+// What a data-parallel rank trains with; declared before the loop so it outlives it.
+struct DataParallelSetup {
+  std::unique_ptr<KeyValueStore> store;
+  std::unique_ptr<Collective> collective;
+  std::unique_ptr<BucketedReducer> reducer;
+};
+
+// Connects the ranks, copies rank 0's parameters (initialised or resumed) to every rank, and hands
+// the model a bucketed reducer. INVALID_ARGUMENT when the job cannot train data-parallel here (the
+// model, the rendezvous flags); other errors (a rank that never came, the server unreachable) may
+// pass on another attempt.
+absl::Status SetUpDataParallel(const RankChoice& choice, const v1::JobSpec& spec, Model& model,
+                               DataParallelSetup& dp) {
+  // A token file or CA this worker cannot read is the worker's trouble, not the job's.
+  absl::StatusOr<std::unique_ptr<KeyValueStore>> store = CreateRendezvousStore(choice.rendezvous);
+  if (!store.ok()) return absl::FailedPreconditionError(store.status().message());
+  dp.store = std::move(*store);
+  const absl::Duration timeout = absl::Seconds(choice.timeout_seconds);
+  GlooOptions gloo;
+  gloo.rank = choice.rank;
+  gloo.size = choice.replicas;
+  gloo.host = choice.host;
+  gloo.store_prefix = absl::StrCat(choice.rendezvous.job_id, "/a", choice.rendezvous.attempt, "/");
+  gloo.timeout = timeout;
+  absl::StatusOr<std::unique_ptr<Collective>> collective = ConnectGloo(gloo, *dp.store);
+  if (!collective.ok()) {
+    return absl::Status(absl::IsInvalidArgument(collective.status()) ? absl::StatusCode::kInternal
+                                                                     : collective.status().code(),
+                        absl::StrCat("connecting the ranks (gloo at ", choice.host,
+                                     "): ", collective.status().message()));
+  }
+  dp.collective = std::move(*collective);
+  // Every rank starts from rank 0's weights (and BatchNorm buffers), whatever its own
+  // initialisation or checkpoint read gave it.
+  std::vector<NamedTensor> parameters = model.Parameters();
+  for (NamedTensor& tensor : parameters) {
+    if (absl::Status s = dp.collective->Broadcast(tensor.values.data(), tensor.values.size(), 0);
+        !s.ok()) {
+      return absl::InternalError(
+          absl::StrCat("broadcasting rank 0's ", tensor.name, ": ", s.message()));
+    }
+  }
+  if (absl::Status s = model.SetParameters(parameters); !s.ok()) {
+    return absl::InternalError(absl::StrCat("rank 0's parameters: ", s.message()));
+  }
+  BucketOptions buckets;
+  buckets.global_batch = int64_t{choice.replicas} * spec.train().batch_size();
+  dp.reducer = CreateBucketedReducer(*dp.collective, buckets);
+  if (absl::Status s = model.SetGradientReducer(dp.reducer.get()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resources.replicas: ", choice.replicas, ": this model cannot train data-parallel on ",
+        "this backend (", s.message(), "); use resources.replicas: 1"));
+  }
+  return absl::OkStatus();
+}
+
 int Train(int region_fd, int events_fd, const std::string& job_path,
           const std::string& checkpoint_path, const std::string& resume_path, int train_classes,
-          const std::string& train_data, const std::string& test_data,
-          const DeviceChoice& devices) {
+          const std::string& train_data, const std::string& test_data, const DeviceChoice& devices,
+          const RankChoice& rank_choice) {
   EventWriter events(events_fd);
   v1::JobSpec spec;
   {
@@ -303,8 +378,23 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
     events.Log(absl::StrCat("resumed from the checkpoint at step ", options.first_batch, " (epoch ",
                             options.first_batch / batches_per_epoch + 1, ")"));
   }
+  DataParallelSetup dp;
+  if (rank_choice.replicas > 1) {
+    if (absl::Status s = SetUpDataParallel(rank_choice, spec, model, dp); !s.ok()) {
+      std::cerr << "stoker-trainer: data-parallel: " << s.message() << "\n";
+      return absl::IsInvalidArgument(s) ? kExitBadInput : kExitFailure;
+    }
+    options.data_parallel =
+        DataParallelContext{.reducer = dp.reducer.get(),
+                            .collective = dp.collective.get(),
+                            .train_samples = rank_choice.train_samples,
+                            .stop_vote_every_steps = rank_choice.stop_vote_every_steps};
+    events.Log(absl::StrCat("data-parallel: rank ", rank_choice.rank, " of ", rank_choice.replicas,
+                            ", gloo over ", rank_choice.host));
+  }
   TrainingLoop::CheckpointWriter write_checkpoint;
-  if (!checkpoint_path.empty()) {
+  // Only rank 0 writes checkpoints (the agent gives no other rank --checkpoint).
+  if (!checkpoint_path.empty() && rank_choice.rank == 0) {
     write_checkpoint = [&](uint64_t step, int epoch, double test_accuracy) {
       return SaveCheckpoint(checkpoint_path, setup.built, step, epoch, test_accuracy, spec);
     };
@@ -353,6 +443,34 @@ int main(int argc, char** argv) {
   app.add_option("--events-fd", events_fd, "inherited pipe for events to the agent")->required();
   app.add_option("--job", job_path, "binary stoker.v1.JobSpec with absolute dataset paths")
       ->required();
+  stoker::RankChoice rank_choice;
+  app.add_option("--rank", rank_choice.rank, "data-parallel: this trainer's rank")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--replicas", rank_choice.replicas, "data-parallel: the job's ranks (1 = alone)")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--server", rank_choice.rendezvous.server_address,
+                 "data-parallel: the server whose rendezvous the ranks meet at");
+  app.add_option("--token-file", rank_choice.rendezvous.token_file,
+                 "data-parallel: file holding the server's bearer token");
+  app.add_option("--tls-ca", rank_choice.rendezvous.tls_ca,
+                 "data-parallel: reach the server with TLS, trusting this CA (PEM)");
+  app.add_option("--worker-id", rank_choice.rendezvous.worker_id,
+                 "data-parallel: the worker running this rank (the rendezvous is fenced by it)");
+  app.add_option("--job-id", rank_choice.rendezvous.job_id, "data-parallel: the job's id");
+  app.add_option("--attempt", rank_choice.rendezvous.attempt, "data-parallel: the attempt");
+  app.add_option("--train-samples", rank_choice.train_samples,
+                 "data-parallel: the training set's samples (the epoch's last global batch may be "
+                 "short)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
+  app.add_option("--collective-host", rank_choice.host,
+                 "data-parallel: the address other ranks reach this one at");
+  app.add_option("--collective-timeout-seconds", rank_choice.timeout_seconds,
+                 "data-parallel: connecting the ranks, and each collective")
+      ->check(CLI::Range(1.0, 3600.0));
+  app.add_option("--stop-vote-every-steps", rank_choice.stop_vote_every_steps,
+                 "data-parallel: the ranks vote on a checkpoint-and-stop every N steps (0: about "
+                 "every 0.5 s)")
+      ->check(CLI::Range(0, 1000000));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -371,6 +489,16 @@ int main(int argc, char** argv) {
     setenv("CUDA_VISIBLE_DEVICES", devices.cuda_visible_devices.c_str(), 1);
   }
   if (devices.threads > 0) omp_set_num_threads(devices.threads);
+  if (rank_choice.replicas > 1) {
+    if (rank_choice.rank >= rank_choice.replicas || rank_choice.rendezvous.server_address.empty() ||
+        rank_choice.rendezvous.worker_id.empty() || rank_choice.rendezvous.job_id.empty()) {
+      std::cerr << "stoker-trainer: --replicas " << rank_choice.replicas
+                << " needs --rank below it, --server, --worker-id and --job-id\n";
+      return stoker::kExitUsage;
+    }
+    rank_choice.rendezvous.rank = rank_choice.rank;
+    rank_choice.rendezvous.unreachable_timeout = absl::Seconds(rank_choice.timeout_seconds);
+  }
   return stoker::Train(region_fd, events_fd, job_path, checkpoint_path, resume_path, classes,
-                       train_data, test_data, devices);
+                       train_data, test_data, devices, rank_choice);
 }

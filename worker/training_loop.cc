@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "data/heartbeat.h"
+#include "data/loader.h"  // SliceOfRank
 
 namespace stoker {
 namespace {
@@ -56,6 +57,26 @@ absl::Status StepError(uint64_t batch, const absl::Status& status, bool data_par
 
 }  // namespace
 
+// Gives the model this rank's share of the step's actual global batch (the epoch's last one may
+// be short) and passes its gradients on to the bucketed reducer.
+class TrainingLoop::ShareReducer : public GradientReducer {
+ public:
+  explicit ShareReducer(BucketedReducer& inner) : inner_(inner) {}
+  void SetStep(int64_t local_samples, int64_t global_samples) {
+    inner_.SetLocalSamples(local_samples);
+    share_ = global_samples > 0 ? static_cast<float>(double(local_samples) / global_samples) : 0;
+  }
+  float LocalShare() const override { return share_; }
+  void GradientReady(int index, float* gradient, int64_t count) override {
+    inner_.GradientReady(index, gradient, count);
+  }
+  absl::Status Finish() override { return inner_.Finish(); }
+
+ private:
+  BucketedReducer& inner_;
+  float share_ = 0;
+};
+
 std::pair<int64_t, int64_t> EvaluationShare(int64_t count, int rank, int replicas) {
   if (replicas <= 1) return {0, count};
   return {count * rank / replicas, count * (rank + 1) / replicas};
@@ -97,9 +118,26 @@ TrainingLoop::TrainingLoop(JobRegion& region, Model& model, SamplesView test,
       run_start_(absl::Now()),
       last_accuracy_(options_.test_accuracy),
       last_checkpoint_step_(options_.first_batch),
-      window_start_(run_start_) {}
+      window_start_(run_start_),
+      next_vote_step_(options_.first_batch + 1),
+      last_vote_step_(options_.first_batch),
+      last_vote_time_(run_start_) {}
+
+TrainingLoop::~TrainingLoop() = default;
 
 absl::Status TrainingLoop::Run() {
+  if (!options_.data_parallel) return RunSteps();
+  share_reducer_ = std::make_unique<ShareReducer>(*options_.data_parallel->reducer);
+  if (absl::Status s = model_.SetGradientReducer(share_reducer_.get()); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("this model cannot train data-parallel: ", s.message()));
+  }
+  const absl::Status status = RunSteps();
+  (void)model_.SetGradientReducer(nullptr);
+  return status;
+}
+
+absl::Status TrainingLoop::RunSteps() {
   for (uint64_t b = options_.first_batch; b < total_batches_; ++b) {
     const absl::Time wait_start = absl::Now();
     STOKER_ASSIGN_OR_RETURN(const ReadableBatch batch, WaitForBatch(b));
@@ -107,9 +145,8 @@ absl::Status TrainingLoop::Run() {
     if (b + 1 >= total_batches_) continue;
     if (options_.data_parallel) {
       // Every rank must stop at the same step, whichever rank's worker asked.
-      const uint64_t every = std::max<uint64_t>(1, options_.data_parallel->stop_vote_every_steps);
-      if ((b + 1) % every != 0) continue;
-      STOKER_ASSIGN_OR_RETURN(const bool stop, AnyRankAsksToStop());
+      if (b + 1 < next_vote_step_) continue;
+      STOKER_ASSIGN_OR_RETURN(const bool stop, AnyRankAsksToStop(b + 1));
       if (stop) return CheckpointAndStop(b + 1);
     } else if (region_.CheckpointAndStopRequested()) {
       return CheckpointAndStop(b + 1);
@@ -144,7 +181,17 @@ absl::Status TrainingLoop::Step(uint64_t batch, const ReadableBatch& readable,
   JobStats& stats = region_.stats();
   const double learning_rate = LearningRateAt(options_.optimizer, batch, total_batches_);
   if (options_.data_parallel) {
-    options_.data_parallel->reducer->SetLocalSamples(static_cast<int64_t>(readable.count));
+    const DataParallelContext& dp = *options_.data_parallel;
+    const int replicas = dp.collective->size();
+    const uint32_t batch_size = region_.geometry().batch_size;
+    int64_t global_samples = int64_t{batch_size} * replicas;
+    if (dp.train_samples > 0) {
+      const RankSlice slice = SliceOfRank(
+          dp.train_samples, batch_size, static_cast<uint32_t>(dp.collective->rank()),
+          static_cast<uint32_t>(replicas), static_cast<int64_t>(batch % batches_per_epoch_));
+      global_samples = slice.global_end - slice.global_first;
+    }
+    share_reducer_->SetStep(static_cast<int64_t>(readable.count), global_samples);
   }
   if (readable.count == 0 && options_.data_parallel) {
     // This rank's slice of the global batch is empty (the epoch's short last batch, or every
@@ -286,12 +333,28 @@ absl::Status TrainingLoop::CheckpointAndStop(uint64_t step) {
   return absl::CancelledError(message);
 }
 
-absl::StatusOr<bool> TrainingLoop::AnyRankAsksToStop() {
-  float flag = region_.CheckpointAndStopRequested() ? 1.0f : 0.0f;
-  if (absl::Status s = options_.data_parallel->collective->AllReduceSum(&flag, 1); !s.ok()) {
+absl::StatusOr<bool> TrainingLoop::AnyRankAsksToStop(uint64_t done) {
+  const DataParallelContext& dp = *options_.data_parallel;
+  const absl::Time now = absl::Now();
+  // The stop flag and this rank's seconds per step since the last vote.
+  float vote[2] = {region_.CheckpointAndStopRequested() ? 1.0f : 0.0f,
+                   static_cast<float>(absl::ToDoubleSeconds(now - last_vote_time_) /
+                                      double(std::max<uint64_t>(1, done - last_vote_step_)))};
+  if (absl::Status s = dp.collective->AllReduceSum(vote, 2); !s.ok()) {
     return absl::InternalError(absl::StrCat("all-reduce: stop vote: ", s.message()));
   }
-  return flag > 0;
+  last_vote_step_ = done;
+  last_vote_time_ = now;
+  // Every rank has the same sums, so every rank picks the same next step.
+  uint64_t interval = dp.stop_vote_every_steps;
+  if (interval == 0) {
+    const double step_seconds = double(vote[1]) / std::max(1, dp.collective->size());
+    const double steps =
+        step_seconds > 0 ? absl::ToDoubleSeconds(dp.stop_vote_interval) / step_seconds : 1.0;
+    interval = static_cast<uint64_t>(std::clamp(steps, 1.0, 100000.0));
+  }
+  next_vote_step_ = done + interval;
+  return vote[0] > 0;
 }
 
 void TrainingLoop::PublishReducerCounters() {

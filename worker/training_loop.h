@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <utility>
 
@@ -41,15 +42,26 @@ double LearningRateAt(const v1::OptimizerSpec& optimizer, uint64_t step, uint64_
 BatchView MakeBatchView(const uint8_t* samples, const uint8_t* labels, int count,
                         SampleType sample_type);
 
-// A data-parallel rank's means of meeting the other ranks. The model was given `reducer`
-// (Model::SetGradientReducer), which sums each step's gradients over `collective`; the loop itself
-// uses `collective` only between steps (the stop vote, evaluation), when the reducer is idle.
+// A data-parallel rank's means of meeting the other ranks. `reducer` sums each step's gradients
+// over `collective`: while Run() runs, the model trains through the loop's own GradientReducer,
+// which passes gradients to `reducer` and gives the model its share of each step's global batch
+// (Model::SetGradientReducer; Run() sets it back to null when it returns). The loop itself uses
+// `collective` only between steps (the stop vote, evaluation), when the reducer is idle.
 struct DataParallelContext {
   BucketedReducer* reducer = nullptr;
   Collective* collective = nullptr;
-  // Sum the ranks' stop flags (a checkpoint-and-stop request) after every N-th step; the ranks
-  // stop at the first such step after any rank's request. One tiny all-reduce per vote.
-  uint64_t stop_vote_every_steps = 1;
+  // The training set's samples: a rank's share of a step is its samples over the global batch's
+  // (RankSlice: the epoch's last global batch may be short). 0: every global batch is full
+  // (replicas x batch_size).
+  int64_t train_samples = 0;
+  // The ranks sum their stop flags (a checkpoint-and-stop request) at agreed steps and all stop at
+  // the first vote after any rank's request. A vote is one all-reduce of two floats, ~0.6 to
+  // 1.2 ms on loopback with two ranks on a loaded 2-core machine: as much as a small step, so the
+  // ranks vote after the first step, then about every stop_vote_interval (the next vote's step
+  // is computed from the ranks' summed step times, the same on every rank). N > 0 in
+  // stop_vote_every_steps votes every N steps instead (tests).
+  absl::Duration stop_vote_interval = absl::Milliseconds(500);
+  uint64_t stop_vote_every_steps = 0;
 };
 
 // The contiguous share [first, end) of `count` test samples that rank `rank` of `replicas`
@@ -87,6 +99,7 @@ class TrainingLoop {
   // time, loss, epoch, accuracy, heartbeats).
   TrainingLoop(JobRegion& region, Model& model, SamplesView test, TrainingLoopOptions options,
                EventSink events, CheckpointWriter checkpoint);
+  ~TrainingLoop();
 
   // Trains from options.first_batch to the ring's last batch. OK when every batch was trained on
   // (and the last epoch evaluated and checkpointed). CANCELLED when it stopped early: the region's
@@ -104,6 +117,7 @@ class TrainingLoop {
   absl::Status Run();
 
  private:
+  absl::Status RunSteps();
   // The named steps of Run.
   absl::StatusOr<ReadableBatch> WaitForBatch(uint64_t batch);
   absl::Status Step(uint64_t batch, const ReadableBatch& readable, absl::Time wait_start,
@@ -116,8 +130,9 @@ class TrainingLoop {
   absl::Status Checkpoint(uint64_t step, int epoch);
   // Never OK: CANCELLED once stopped, or the checkpoint's error.
   absl::Status CheckpointAndStop(uint64_t step);
-  // Data-parallel: whether any rank asked to checkpoint and stop (summed over the ranks).
-  absl::StatusOr<bool> AnyRankAsksToStop();
+  // Data-parallel: whether any rank asked to checkpoint and stop (summed over the ranks), voted
+  // after `done` steps; sets next_vote_step_.
+  absl::StatusOr<bool> AnyRankAsksToStop(uint64_t done);
   // Data-parallel: copies the reducer's counters into JobStats' allreduce_*.
   void PublishReducerCounters();
 
@@ -145,8 +160,13 @@ class TrainingLoop {
   double window_loss_ = 0;
   int64_t window_steps_ = 0, window_samples_ = 0;
   uint64_t window_stall_ns_ = 0;
-  // Data-parallel: a peer's request stopped this rank (the log line says so).
-  bool stopped_for_peer_ = false;
+  // Data-parallel: the reducer the model trains through (forwards to data_parallel->reducer).
+  class ShareReducer;
+  std::unique_ptr<ShareReducer> share_reducer_;
+  // Data-parallel: the step after which the ranks vote next, and when the last vote was.
+  uint64_t next_vote_step_;
+  uint64_t last_vote_step_;
+  absl::Time last_vote_time_;
 };
 
 }  // namespace stoker
