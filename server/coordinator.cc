@@ -146,6 +146,17 @@ void Coordinator::FillQueueInfo(v1::Job* job) {
   }
   job->set_queue_position(*position);
   job->set_waiting_reason(WaitingReason(*job, *position, alive));
+  // A gang ahead of it that waited too long keeps it from starting (see gang_backfill_limit).
+  const absl::Time now = absl::Now();
+  for (const auto& [gang_id, since] : gang_waiting_since_) {
+    if (gang_id == job->id() || now - since < options_.gang_backfill_limit) continue;
+    absl::StatusOr<int> gang_position = store_->QueuePosition(gang_id);
+    if (!gang_position.ok() || *gang_position >= *position) continue;
+    job->set_waiting_reason(absl::StrCat(
+        "data-parallel job ", gang_id, " ahead of it has waited ", Rounded(now - since),
+        " for room, so no job behind it starts until it does; ", job->waiting_reason()));
+    break;
+  }
 }
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {

@@ -273,7 +273,11 @@ TEST_F(CoordinatorGangTest, AGangThatWaitedTooLongStopsBackfill) {
   beat = Beat("w1", 3, {Rank(small, 1, 0)});
   ASSERT_TRUE(beat.ok());
   EXPECT_EQ(beat->assignments_size(), 0);
-  EXPECT_EQ(Get(behind).state(), v1::JOB_STATE_QUEUED);
+  const v1::Job held = Get(behind);
+  EXPECT_EQ(held.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_TRUE(absl::StartsWith(held.waiting_reason(),
+                               absl::StrCat("data-parallel job ", gang, " ahead of it has waited")))
+      << held.waiting_reason();
   // Once the small job ends, the gang runs first.
   v1::CompleteJobRequest done = End("w1", small, 0, v1::JOB_STATE_FAILED);
   done.set_permanent(true);
