@@ -74,6 +74,7 @@ class Server {
   }
   v1::Job Submit(const v1::JobSpec& spec) {
     grpc::ClientContext context;
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));
     v1::SubmitJobRequest request;
     *request.mutable_spec() = spec;
     v1::SubmitJobResponse response;
@@ -83,6 +84,7 @@ class Server {
   }
   v1::Job Get(const std::string& job_id) {
     grpc::ClientContext context;
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));
     v1::GetJobRequest request;
     request.set_job_id(job_id);
     v1::Job job;
@@ -201,6 +203,103 @@ TEST(AgentTest, RunsAnAssignmentToCompletion) {
   EXPECT_GT(job.progress().test_accuracy(), 0) << "the epoch's report reached the server";
   EXPECT_EQ(job.checkpoint_step(), 8) << "the agent uploaded the final weights";
   EXPECT_TRUE(agent.Stop());
+}
+
+// A small Fashion-MNIST job: 512 training samples, one epoch.
+v1::JobSpec SmallJob() {
+  v1::JobSpec spec = DefaultJobSpec();
+  spec.set_name("agent-test");
+  v1::DatasetSpec* data = spec.mutable_dataset();
+  data->set_train_images("fashion-mnist/train-images-idx3-ubyte.gz");
+  data->set_train_labels("fashion-mnist/train-labels-idx1-ubyte.gz");
+  data->set_test_images("fashion-mnist/t10k-images-idx3-ubyte.gz");
+  data->set_test_labels("fashion-mnist/t10k-labels-idx1-ubyte.gz");
+  data->set_train_limit(512);
+  data->set_test_limit(256);
+  spec.mutable_model()->add_hidden(32);
+  spec.mutable_train()->set_epochs(1);
+  spec.mutable_train()->set_batch_size(64);
+  spec.mutable_loader()->set_processes(1);
+  return spec;
+}
+
+std::string FileText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Issue 16: both ranks of a data-parallel job on one worker, keyed by (job, rank): each has its
+// own attempt directory, loaders and trainer; they meet through the server's rendezvous and Gloo
+// on loopback; rank 0 uploads the final weights.
+TEST(AgentTest, RunsBothRanksOfADataParallelJob) {
+  Server server;
+  v1::JobSpec spec = SmallJob();
+  spec.mutable_resources()->set_replicas(2);
+  spec.mutable_resources()->set_cpus(1);
+  const v1::Job submitted = server.Submit(spec);
+  ASSERT_FALSE(submitted.id().empty());
+
+  AgentOptions options = Options(server, "agent-dp");
+  options.cpus = 2;
+  const std::string work_dir = options.runner.work_dir;
+  RunningAgent agent(options);
+  v1::Job job;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        job = server.Get(submitted.id());
+        return job.state() != v1::JOB_STATE_QUEUED && job.state() != v1::JOB_STATE_RUNNING;
+      },
+      absl::Seconds(60)))
+      << "job still " << v1::JobState_Name(job.state());
+  const std::string dir0 = absl::StrCat(work_dir, "/", submitted.id(), "-a1");
+  const std::string dir1 = dir0 + "-r1";
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED)
+      << job.DebugString() << "\nrank 0:\n"
+      << FileText(dir0 + "/trainer.log") << "\nrank 1:\n"
+      << FileText(dir1 + "/trainer.log");
+  EXPECT_EQ(job.progress().step(), 4) << "512 samples in global batches of 2 x 64";
+  EXPECT_GT(job.progress().test_accuracy(), 0);
+  EXPECT_EQ(job.checkpoint_step(), 4) << "rank 0 uploaded the final weights";
+  ASSERT_EQ(job.rank_placements_size(), 2);
+  EXPECT_TRUE(std::filesystem::is_directory(dir0));
+  EXPECT_TRUE(std::filesystem::is_directory(dir1)) << "each rank has its own directory";
+  EXPECT_TRUE(std::filesystem::exists(dir1 + "/loader-0.log"));
+  EXPECT_FALSE(std::filesystem::exists(dir1 + "/checkpoint.safetensors")) << "rank 0's to write";
+  EXPECT_TRUE(agent.Stop());
+}
+
+// Issue 16: the ranks of a job on two workers of a server that requires a token; each trainer
+// reads the token from the agent's token file (never from its command line) for the rendezvous.
+TEST(AgentTest, RanksOnTwoWorkersMeetThroughTheRendezvousWithTheTokenFile) {
+  Server server(/*with_token=*/true);
+  v1::JobSpec spec = SmallJob();
+  spec.mutable_resources()->set_replicas(2);
+  spec.mutable_resources()->set_cpus(1);
+  const v1::Job submitted = server.Submit(spec);
+  ASSERT_FALSE(submitted.id().empty());
+  std::vector<std::unique_ptr<RunningAgent>> agents;
+  for (const char* id : {"agent-dp1", "agent-dp2"}) {
+    AgentOptions options = Options(server, id);
+    options.cpus = 1;
+    options.token = kToken;
+    options.runner.token_file = server.dir() + "/token";
+    agents.push_back(std::make_unique<RunningAgent>(options));
+  }
+  v1::Job job;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        job = server.Get(submitted.id());
+        return job.state() != v1::JOB_STATE_QUEUED && job.state() != v1::JOB_STATE_RUNNING;
+      },
+      absl::Seconds(60)))
+      << "job still " << v1::JobState_Name(job.state());
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.DebugString();
+  EXPECT_EQ(job.progress().step(), 4);
+  EXPECT_EQ(job.checkpoint_step(), 4);
+  ASSERT_EQ(job.rank_placements_size(), 2);
+  EXPECT_NE(job.rank_placements(0).worker_id(), job.rank_placements(1).worker_id())
+      << "one core each: a rank per worker";
+  for (auto& agent : agents) EXPECT_TRUE(agent->Stop());
 }
 
 TEST(AgentTest, RunEndsFalseWhenTheServerRefusesItsToken) {
