@@ -214,7 +214,12 @@ struct NamedTensor {
 //      still computes later ones,
 //   3. calls Finish(): afterwards every buffer holds the sum over the ranks; the model then checks
 //      finiteness (fp16), unscales, clips and updates as it would alone.
-// Buffers are fp32 master gradients. A reducer serves one model.
+// Buffers are fp32 master gradients (fp16: still multiplied by the loss scale, which every rank
+// keeps equal). From GradientReady until Finish returns the model neither reads nor writes a
+// buffer it handed over. A step that fails before its first GradientReady (a bad batch, a
+// LocalShare outside (0, 1]) leaves the reducer untouched; one that fails after it (a backend
+// error) returns without calling Finish, leaving the reducer mid-step: the caller gives up the
+// attempt, as after a collective's error. A reducer serves one model.
 class GradientReducer {
  public:
   virtual ~GradientReducer() = default;
