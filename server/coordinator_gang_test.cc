@@ -347,6 +347,38 @@ TEST_F(CoordinatorGangTest, RanksMeetThroughTheRendezvousOfTheirAttempt) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
 }
 
+TEST_F(CoordinatorGangTest, AGangKeepsItsRanksAcrossAServerRestart) {
+  const std::string job_id = RunningGang();
+  Start();  // the ledger comes back from the job's stored rank placements
+  for (auto [worker, rank] : {std::pair{"w1", 0}, std::pair{"w2", 1}}) {
+    v1::RegisterWorkerRequest again;
+    again.set_worker_id(worker);
+    again.set_instance(absl::StrCat(worker, "-i"));
+    again.add_devices()->set_kind("cpu");
+    again.set_cpus(1);
+    again.set_memory_bytes(kGiB);
+    *again.add_running() = Rank(job_id, 1, rank);
+    ASSERT_TRUE(coordinator_->RegisterWorker(again).ok());
+    absl::StatusOr<v1::HeartbeatResponse> beat = Beat(worker, 3, {Rank(job_id, 1, rank)});
+    ASSERT_TRUE(beat.ok()) << beat.status();
+    EXPECT_EQ(beat->stop_size(), 0);
+    EXPECT_EQ(CpusUsed(worker), 1);
+  }
+  EXPECT_EQ(Get(job_id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(coordinator_->ReportProgress(Report("w2", job_id, 1, 1)).ok());
+  // A worker that comes back without its rank has lost it: the gang's attempt ends.
+  v1::RegisterWorkerRequest restarted;
+  restarted.set_worker_id("w2");
+  restarted.set_instance("w2-new");
+  restarted.set_previous_instance("w2-i");
+  restarted.add_devices()->set_kind("cpu");
+  restarted.set_cpus(1);
+  ASSERT_TRUE(coordinator_->RegisterWorker(restarted).ok());
+  EXPECT_EQ(Get(job_id).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_TRUE(absl::StrContains(Get(job_id).error(), "w2 restarted without the job (rank 1)"))
+      << Get(job_id).error();
+}
+
 TEST_F(CoordinatorGangTest, AJobOfOneRankIsRankZero) {
   const std::string job_id = RunningJob();
   v1::ReportProgressRequest report = Report("w1", job_id, 1, 1);

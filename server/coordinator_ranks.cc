@@ -43,14 +43,14 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
         gang_waiting_since_.erase(job.id());
         continue;
       }
-      // Could it run on these workers idle? Then it waits for room, and after a while no job
-      // behind it takes any (the cluster drains for it).
-      std::vector<WorkerView> idle;
-      for (const auto& [id, other] : views) {
-        idle.push_back(other);
-        idle.back().free = other.capacity;
+      // Could it run on these workers idle (PlaceGang's FAILED_PRECONDITION says not)? Then it
+      // waits for room, and after a while no job behind it takes any (the cluster drains for it).
+      std::vector<WorkerView> live;
+      for (const auto& [id, other] : views) live.push_back(other);
+      if (absl::IsFailedPrecondition(
+              PlaceGang(job.spec().resources(), ReplicasOf(job.spec()), live).status())) {
+        continue;
       }
-      if (!PlaceGang(job.spec().resources(), ReplicasOf(job.spec()), idle).ok()) continue;
       const absl::Time since = gang_waiting_since_.try_emplace(job.id(), now).first->second;
       if (now - since >= options_.gang_backfill_limit) break;
       continue;
