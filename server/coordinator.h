@@ -206,11 +206,11 @@ class Coordinator {
   absl::StatusOr<std::vector<v1::Assignment>> Assign(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Places every rank of the queued gang `job` on `views` (the live workers, by id), or returns
-  // false with the job untouched. Ranks for `caller` are appended to `assignments`; the others
-  // wait in their workers' ledgers for delivery.
+  // false with the job untouched and PlaceGang's reason in `why_not`. Ranks for `caller` are
+  // appended to `assignments`; the others wait in their workers' ledgers for delivery.
   absl::StatusOr<bool> PlaceGangJob(v1::Job job, const std::string& caller,
                                     std::map<std::string, WorkerView>& views,
-                                    std::vector<v1::Assignment>& assignments)
+                                    std::vector<v1::Assignment>& assignments, absl::Status* why_not)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The ranks placed on `worker_id` that wait for delivery, as assignments, now delivered (those
   // whose attempt ended meanwhile are dropped).

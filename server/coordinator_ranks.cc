@@ -37,20 +37,16 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
   const absl::Time now = absl::Now();
   for (v1::Job& job : *queue) {
     if (IsGang(job.spec())) {
-      absl::StatusOr<bool> placed = PlaceGangJob(job, worker_id, views, assignments);
+      absl::Status why_not;
+      absl::StatusOr<bool> placed = PlaceGangJob(job, worker_id, views, assignments, &why_not);
       if (!placed.ok()) return placed.status();
       if (*placed) {
         gang_waiting_since_.erase(job.id());
         continue;
       }
-      // Could it run on these workers idle (PlaceGang's FAILED_PRECONDITION says not)? Then it
-      // waits for room, and after a while no job behind it takes any (the cluster drains for it).
-      std::vector<WorkerView> live;
-      for (const auto& [id, other] : views) live.push_back(other);
-      if (absl::IsFailedPrecondition(
-              PlaceGang(job.spec().resources(), ReplicasOf(job.spec()), live).status())) {
-        continue;
-      }
+      // Could it run on these workers idle (FAILED_PRECONDITION says not)? Then it waits for
+      // room, and after a while no job behind it takes any (the cluster drains for it).
+      if (absl::IsFailedPrecondition(why_not)) continue;
       const absl::Time since = gang_waiting_since_.try_emplace(job.id(), now).first->second;
       if (now - since >= options_.gang_backfill_limit) break;
       continue;
@@ -99,12 +95,16 @@ v1::Assignment Coordinator::AssignmentFor(const v1::Job& job, const v1::Placemen
 
 absl::StatusOr<bool> Coordinator::PlaceGangJob(v1::Job job, const std::string& caller,
                                                std::map<std::string, WorkerView>& views,
-                                               std::vector<v1::Assignment>& assignments) {
+                                               std::vector<v1::Assignment>& assignments,
+                                               absl::Status* why_not) {
   std::vector<WorkerView> live;
   for (const auto& [id, view] : views) live.push_back(view);
   absl::StatusOr<std::vector<v1::Placement>> gang =
       PlaceGang(job.spec().resources(), ReplicasOf(job.spec()), live);
-  if (!gang.ok()) return false;  // nothing is held: the gang waits whole
+  if (!gang.ok()) {
+    *why_not = gang.status();
+    return false;  // nothing is held: the gang waits whole
+  }
   if (observer_ != nullptr) {
     observer_->JobAssigned(
         std::max<int64_t>(0, absl::ToUnixMillis(absl::Now()) - job.submit_time_unix_ms()) / 1000.0);

@@ -59,12 +59,17 @@ constexpr Resource kResources[] = {Resource::kGpus, Resource::kCpus, Resource::k
 // The most ranks a job has (spec: resources.replicas <= 256).
 constexpr int kMaxRanks = 256;
 
-// The placements of as many ranks of `request` as fit `worker` now, at most `limit` and its
-// slots, one after the other on its free resources.
-std::vector<v1::Placement> RanksThatFit(const v1::ResourceSpec& request, WorkerView worker,
-                                        int limit) {
+// How many ranks of `request` (resolved against `capacity`) fit in `resources` at once, at most
+// `limit`: as many as PlaceOnWorker and Hold place one after the other, without placing them.
+int CountRanksThatFit(const v1::ResourceSpec& request, const WorkerResources& capacity,
+                      const WorkerResources& resources, int limit);
+
+// `count` ranks of `request` placed one after the other on `worker`'s free resources (the caller
+// knows they fit: CountRanksThatFit).
+std::vector<v1::Placement> PlaceRanks(const v1::ResourceSpec& request, WorkerView worker,
+                                      int count) {
   std::vector<v1::Placement> placed;
-  while (static_cast<int>(placed.size()) < std::min(limit, worker.slots)) {
+  for (int i = 0; i < count; ++i) {
     absl::StatusOr<v1::Placement> placement = PlaceOnWorker(request, worker);
     if (!placement.ok()) break;
     Hold(*placement, worker);
@@ -175,6 +180,21 @@ void Hold(const v1::Placement& placement, WorkerView& worker) {
   worker.free = FreeResources(worker.free, {&placement});
 }
 
+namespace {
+
+int CountRanksThatFit(const v1::ResourceSpec& request, const WorkerResources& capacity,
+                      const WorkerResources& resources, int limit) {
+  const ResolvedRequest need = ResolveRequest(request, capacity);
+  int64_t fit = std::max(0, limit);
+  for (Resource r : kResources) {
+    if (Of(need, r) > Of(capacity, r)) return 0;  // never on this worker
+    if (Of(need, r) > 0) fit = std::min(fit, Of(resources, r) / Of(need, r));
+  }
+  return static_cast<int>(fit);
+}
+
+}  // namespace
+
 int ReplicasOf(const v1::JobSpec& spec) { return std::max(1, spec.resources().replicas()); }
 
 absl::StatusOr<std::vector<v1::Placement>> PlaceGang(const v1::ResourceSpec& request, int replicas,
@@ -186,10 +206,7 @@ absl::StatusOr<std::vector<v1::Placement>> PlaceGang(const v1::ResourceSpec& req
   // Could the workers hold it at all, idle?
   int idle_room = 0;
   for (const WorkerView& worker : workers) {
-    WorkerView idle = worker;
-    idle.free = idle.capacity;
-    idle.slots = std::numeric_limits<int>::max();
-    idle_room += static_cast<int>(RanksThatFit(request, idle, replicas).size());
+    idle_room += CountRanksThatFit(request, worker.capacity, worker.capacity, replicas);
   }
   if (idle_room < replicas) {
     return absl::FailedPreconditionError(absl::StrCat(needs, "; the live workers could hold ",
@@ -197,15 +214,15 @@ absl::StatusOr<std::vector<v1::Placement>> PlaceGang(const v1::ResourceSpec& req
   }
   struct Room {
     const WorkerView* worker;
-    std::vector<v1::Placement> ranks;
+    int ranks;  // that fit now: counted beyond `replicas` so that best fit sees the real room
   };
   std::vector<Room> rooms;
   int room_now = 0;
   for (const WorkerView& worker : workers) {
-    // Counted beyond `replicas` (up to the most a job has) so that best fit sees real room.
-    std::vector<v1::Placement> ranks = RanksThatFit(request, worker, kMaxRanks);
-    room_now += static_cast<int>(ranks.size());
-    if (!ranks.empty()) rooms.push_back({&worker, std::move(ranks)});
+    const int ranks = CountRanksThatFit(request, worker.capacity, worker.free,
+                                        std::min(kMaxRanks, std::max(0, worker.slots)));
+    room_now += ranks;
+    if (ranks > 0) rooms.push_back({&worker, ranks});
   }
   if (room_now < replicas) {
     return absl::ResourceExhaustedError(
@@ -213,34 +230,33 @@ absl::StatusOr<std::vector<v1::Placement>> PlaceGang(const v1::ResourceSpec& req
   }
   // Most room first: the fewest workers that hold every rank are the first k of this order.
   std::sort(rooms.begin(), rooms.end(), [](const Room& a, const Room& b) {
-    if (a.ranks.size() != b.ranks.size()) return a.ranks.size() > b.ranks.size();
+    if (a.ranks != b.ranks) return a.ranks > b.ranks;
     return a.worker->worker_id < b.worker->worker_id;
   });
   size_t first_k = 0;  // workers filled whole
   int placed = 0;
-  while (placed + static_cast<int>(rooms[first_k].ranks.size()) < replicas) {
-    placed += static_cast<int>(rooms[first_k].ranks.size());
+  while (placed + rooms[first_k].ranks < replicas) {
+    placed += rooms[first_k].ranks;
     ++first_k;
   }
   // The rest goes to the worker with the least room that holds it all (best fit).
   const int rest = replicas - placed;
   size_t last = first_k;
   for (size_t i = first_k; i < rooms.size(); ++i) {
-    if (static_cast<int>(rooms[i].ranks.size()) >= rest &&
-        (rooms[i].ranks.size() < rooms[last].ranks.size() ||
-         (rooms[i].ranks.size() == rooms[last].ranks.size() &&
-          rooms[i].worker->worker_id < rooms[last].worker->worker_id))) {
+    if (rooms[i].ranks >= rest && (rooms[i].ranks < rooms[last].ranks ||
+                                   (rooms[i].ranks == rooms[last].ranks &&
+                                    rooms[i].worker->worker_id < rooms[last].worker->worker_id))) {
       last = i;
     }
   }
   std::vector<v1::Placement> gang;
-  auto take = [&](Room& room, int count) {
-    for (int i = 0; i < count; ++i) {
-      v1::Placement& placement = gang.emplace_back(std::move(room.ranks[i]));
-      placement.set_rank(static_cast<int>(gang.size()) - 1);
+  auto take = [&](const Room& room, int count) {
+    for (v1::Placement& placement : PlaceRanks(request, *room.worker, count)) {
+      placement.set_rank(static_cast<int>(gang.size()));
+      gang.push_back(std::move(placement));
     }
   };
-  for (size_t i = 0; i < first_k; ++i) take(rooms[i], static_cast<int>(rooms[i].ranks.size()));
+  for (size_t i = 0; i < first_k; ++i) take(rooms[i], rooms[i].ranks);
   take(rooms[last], rest);
   return gang;
 }
