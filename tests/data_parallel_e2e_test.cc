@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,11 @@ TEST(DataParallelE2eTest, TwoRanksOnTwoWorkersMatchOneRankWithTheGlobalBatch) {
       largest = std::max(largest, std::fabs(static_cast<double>(y.values[i])));
     }
   }
+  std::cout << "two ranks vs one: max |weight difference| " << worst << " (largest weight "
+            << largest << "), test accuracy " << two_done->progress().test_accuracy() << " vs "
+            << one_done->progress().test_accuracy() << ", " << two_done->progress().step()
+            << " steps\n";
+  EXPECT_GT(largest, 0.01);
   // fp32 sums of 32 + 32 rows against sums of 64 rows differ in the last bits; ~190 SGD steps
   // with momentum carry that to ~1e-5 at most.
   EXPECT_LT(worst, 1e-4) << "largest weight " << largest;
