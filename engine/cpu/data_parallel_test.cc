@@ -10,6 +10,7 @@
 // an uneven split (3 and 5 samples) matches one model on 8; a rank without samples alongside one
 // with the whole batch matches one model on that batch exactly; an fp16 overflow on one rank makes
 // both skip; a failing Finish() leaves the model untouched; a 1-rank reducer changes nothing.
+#include <algorithm>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -77,8 +78,11 @@ class SharedSum {
   std::barrier<> barrier_;
 };
 
-// One rank's reducer. It also checks the contract's promises: indices 0, 1, ... in order, and the
-// same pointers and counts every step (Finish() fails otherwise, so the step fails).
+// One rank's reducer. It also checks the contract's promises (Finish() fails otherwise, so the
+// step fails): indices 0, 1, ... in order; the same pointers and counts every step; a buffer left
+// as it was handed over until Finish. And it counts the steps whose first gradient came early:
+// while the last one handed over (from the step before on) still held another value, i.e. before
+// backward had finished.
 class SumReducer final : public GradientReducer {
  public:
   SumReducer(SharedSum& shared, int rank) : shared_(shared), rank_(rank) {}
@@ -91,13 +95,29 @@ class SumReducer final : public GradientReducer {
       contract_ = absl::StrCat("GradientReady index ", index, " after ", step_.size(), " tensors");
     }
     step_.push_back({gradient, count});
+    snapshots_.emplace_back(gradient, gradient + count);
+    if (index == 0 && !first_.empty()) {
+      last_at_first_.assign(first_.back().first, first_.back().first + first_.back().second);
+    }
   }
 
   absl::Status Finish() override {
     std::vector<std::pair<float*, int64_t>> step = std::move(step_);
+    std::vector<std::vector<float>> snapshots = std::move(snapshots_);
     step_.clear();
+    snapshots_.clear();
     if (first_.empty()) first_ = step;
     if (step != first_) contract_ = "the tensors handed over differ from the first step's";
+    for (size_t t = 0; t < step.size(); ++t) {
+      if (!std::equal(snapshots[t].begin(), snapshots[t].end(), step[t].first)) {
+        contract_ = absl::StrCat("gradient ", t, " changed after GradientReady");
+      }
+    }
+    if (!last_at_first_.empty() && step.size() > 1 &&
+        !std::equal(last_at_first_.begin(), last_at_first_.end(), step.back().first)) {
+      ++early_steps_;
+    }
+    last_at_first_.clear();
     ++finishes_;
     absl::Status status = shared_.AllReduce(rank_, step);
     if (!contract_.empty()) return absl::InternalError(contract_);
@@ -107,15 +127,19 @@ class SumReducer final : public GradientReducer {
   // The (pointer, count) list of the first step.
   const std::vector<std::pair<float*, int64_t>>& first_step() const { return first_; }
   int finishes() const { return finishes_; }
+  int early_steps() const { return early_steps_; }
 
  private:
   SharedSum& shared_;
   const int rank_;
   float share_ = 1;
   std::vector<std::pair<float*, int64_t>> step_;
+  std::vector<std::vector<float>> snapshots_;  // each gradient as it was handed over
   std::vector<std::pair<float*, int64_t>> first_;
+  std::vector<float> last_at_first_;  // the last tensor's values at GradientReady(0)
   std::string contract_;
   int finishes_ = 0;
+  int early_steps_ = 0;
 };
 
 // A reducer whose Finish() fails, as when a peer is gone.
@@ -514,6 +538,9 @@ TEST(DataParallelTest, OneRankReducerChangesNothing) {
     }
     ExpectSameState(*r.single, *r.ranks[0], c.name);
     EXPECT_EQ(r.reducers[0]->finishes(), 6);
+    // Every step after the first handed its first gradient over before backward had computed
+    // the last one.
+    EXPECT_EQ(r.reducers[0]->early_steps(), 5) << c.name;
     // The order: the trained tensors, last first.
     std::vector<int64_t> expected;
     for (const NamedTensor& t : r.single->Parameters()) {
