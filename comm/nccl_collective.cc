@@ -1,0 +1,263 @@
+// ConnectNccl (nccl_collective.h). The communicator is created non-blocking
+// (ncclConfig_t.blocking = 0) so that no call can wait past the timeout inside NCCL: each call
+// returns ncclInProgress at once, and Wait() polls ncclCommGetAsyncError and the stream until
+// they finish, fail, or the deadline passes (then ncclCommAbort unblocks everything).
+#include "comm/nccl_collective.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace stoker {
+namespace {
+
+absl::Status CudaError(cudaError_t error, const char* call, const char* file, int line) {
+  return absl::FailedPreconditionError(absl::StrCat(call, " failed at ", file, ":", line, ": ",
+                                                    cudaGetErrorName(error), " (",
+                                                    cudaGetErrorString(error), ")"));
+}
+
+#define STOKER_CUDA_RETURN_IF_ERROR(call)                              \
+  do {                                                                 \
+    const cudaError_t stoker_cuda_error_ = (call);                     \
+    if (stoker_cuda_error_ != cudaSuccess) {                           \
+      return CudaError(stoker_cuda_error_, #call, __FILE__, __LINE__); \
+    }                                                                  \
+  } while (0)
+
+// The status for an NCCL result other than ncclSuccess / ncclInProgress.
+absl::Status NcclError(ncclResult_t result, const std::string& what, ncclComm_t comm) {
+  std::string message = absl::StrCat(what, ": NCCL error ", static_cast<int>(result), " (",
+                                     ncclGetErrorString(result), ")");
+  if (comm != nullptr) {
+    const char* last = ncclGetLastError(comm);
+    if (last != nullptr && last[0] != '\0') absl::StrAppend(&message, ": ", last);
+  }
+  switch (result) {
+    case ncclInvalidArgument:
+    case ncclInvalidUsage:
+      return absl::InvalidArgumentError(message);
+    case ncclSystemError:
+    case ncclRemoteError:
+      return absl::UnavailableError(absl::StrCat(message, " (a peer or the network is gone)"));
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+// Polls `comm` until its pending call is done (ncclCommGetAsyncError leaves ncclInProgress) and
+// then, when `stream` is set, until the stream has run everything enqueued, or the deadline.
+absl::Status Wait(ncclComm_t comm, cudaStream_t stream, absl::Time deadline,
+                  const std::string& what) {
+  for (int polls = 0;; ++polls) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
+    if (result != ncclSuccess) return NcclError(result, what, comm);
+    if (state != ncclSuccess && state != ncclInProgress) return NcclError(state, what, comm);
+    if (state == ncclSuccess) {
+      if (stream == nullptr) return absl::OkStatus();
+      const cudaError_t query = cudaStreamQuery(stream);
+      if (query == cudaSuccess) return absl::OkStatus();
+      if (query != cudaErrorNotReady) {
+        return absl::UnavailableError(absl::StrCat(what,
+                                                   ": the stream failed: ", cudaGetErrorName(query),
+                                                   " (", cudaGetErrorString(query), ")"));
+      }
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what,
+                       ": not finished within the timeout (a rank did not arrive, "
+                       "stopped, or died)"));
+    }
+    // Spin briefly (a collective of a few KiB takes microseconds), then give the core away.
+    if (polls > 1000) absl::SleepFor(absl::Microseconds(50));
+  }
+}
+
+class NcclCollective : public Collective {
+ public:
+  NcclCollective(ncclComm_t comm, cudaStream_t stream, float* scratch, const NcclOptions& options)
+      : comm_(comm),
+        stream_(stream),
+        scratch_(scratch),
+        rank_(options.rank),
+        size_(options.size),
+        device_(options.device),
+        timeout_(options.timeout) {}
+
+  ~NcclCollective() override {
+    cudaSetDevice(device_);
+    {
+      absl::MutexLock lock(&mu_);
+      if (!comm_aborted_) {
+        // A clean end flushes what is pending; anything else aborts.
+        const bool finalized =
+            ncclCommFinalize(comm_) == ncclSuccess &&
+            Wait(comm_, nullptr, absl::Now() + timeout_, "finalizing the NCCL communicator").ok();
+        if (finalized) {
+          ncclCommDestroy(comm_);
+        } else {
+          ncclCommAbort(comm_);
+        }
+      }
+    }
+    cudaFree(scratch_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  absl::Status AllReduceSum(float* data, size_t count) override {
+    return Run(absl::StrCat("NCCL all-reduce of ", count, " floats"), count, data, [&] {
+      return ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_);
+    });
+  }
+  absl::Status AllReduceSum(double* data, size_t count) override {
+    return Run(absl::StrCat("NCCL all-reduce of ", count, " doubles"), count, data, [&] {
+      return ncclAllReduce(data, data, count, ncclFloat64, ncclSum, comm_, stream_);
+    });
+  }
+
+  absl::Status Broadcast(float* data, size_t count, int root) override {
+    if (root < 0 || root >= size_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("broadcast root ", root, " is not a rank of ", size_));
+    }
+    return Run(absl::StrCat("NCCL broadcast of ", count, " floats from rank ", root), count, data,
+               [&] { return ncclBroadcast(data, data, count, ncclFloat32, root, comm_, stream_); });
+  }
+
+  // NCCL has no barrier: an all-reduce of one float on a scratch buffer of our own.
+  absl::Status Barrier() override {
+    return Run("NCCL barrier", 1, scratch_, [&] {
+      return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_);
+    });
+  }
+
+ private:
+  absl::Status Run(const std::string& what, size_t count, const void* data,
+                   const std::function<ncclResult_t()>& enqueue) {
+    if (count == 0) return absl::OkStatus();
+    if (data == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": null buffer"));
+    absl::MutexLock lock(&mu_);
+    if (!failed_.ok()) {
+      return absl::Status(
+          failed_.code(),
+          absl::StrCat(what, ": an earlier collective failed: ", failed_.message()));
+    }
+    const absl::Time deadline = absl::Now() + timeout_;
+    const cudaError_t set = cudaSetDevice(device_);
+    if (set != cudaSuccess) return CudaError(set, "cudaSetDevice", __FILE__, __LINE__);
+    const ncclResult_t result = enqueue();
+    absl::Status status = (result == ncclSuccess || result == ncclInProgress)
+                              ? Wait(comm_, stream_, deadline, what)
+                              : NcclError(result, what, comm_);
+    if (!status.ok() && !absl::IsInvalidArgument(status)) {
+      failed_ = status;
+      ncclCommAbort(comm_);  // unblocks the stream; the communicator is gone
+      comm_aborted_ = true;
+    }
+    return status;
+  }
+
+  ncclComm_t comm_;
+  const cudaStream_t stream_;
+  float* const scratch_;
+  const int rank_;
+  const int size_;
+  const int device_;
+  const absl::Duration timeout_;
+  absl::Mutex mu_;  // one operation at a time, as the stream orders them anyway
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  bool comm_aborted_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Collective>> ConnectNccl(const NcclOptions& options,
+                                                        KeyValueStore& store) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, " is not a rank of a group of ", options.size));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("the collective timeout must be positive, not ",
+                                                   absl::FormatDuration(options.timeout)));
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+  const std::string what =
+      absl::StrCat("connecting NCCL rank ", options.rank, " of ", options.size);
+  int devices = 0;  // left untouched without a driver (docs/toolchain.md, pitfall 2)
+  const cudaError_t count_error = cudaGetDeviceCount(&devices);
+  if (count_error != cudaSuccess || devices <= options.device || options.device < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": no CUDA device ", options.device, " (", devices, " visible",
+        count_error != cudaSuccess ? absl::StrCat(", ", cudaGetErrorName(count_error)) : "", ")"));
+  }
+  STOKER_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+
+  // The unique id: made by rank 0, read by the others.
+  ncclUniqueId id;
+  const std::string key = options.store_prefix + "nccl-unique-id";
+  if (options.rank == 0) {
+    const ncclResult_t result = ncclGetUniqueId(&id);
+    if (result != ncclSuccess) return NcclError(result, what, nullptr);
+    absl::Status status = store.Set(key, std::string(id.internal, sizeof(id.internal)));
+    if (!status.ok()) return status;
+  } else {
+    absl::StatusOr<std::vector<std::string>> values =
+        store.Get({key}, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (!values.ok()) {
+      return absl::Status(values.status().code(),
+                          absl::StrCat(what, ": rank 0's id: ", values.status().message()));
+    }
+    if (values->size() != 1 || (*values)[0].size() != sizeof(id.internal)) {
+      return absl::InternalError(absl::StrCat(what, ": store key '", key, "' does not hold a ",
+                                              sizeof(id.internal), "-byte NCCL id"));
+    }
+    std::memcpy(id.internal, (*values)[0].data(), sizeof(id.internal));
+  }
+
+  cudaStream_t stream = nullptr;
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  float* scratch = nullptr;
+  cudaError_t malloc_error = cudaMalloc(&scratch, sizeof(float));
+  if (malloc_error != cudaSuccess) {
+    cudaStreamDestroy(stream);
+    return CudaError(malloc_error, "cudaMalloc", __FILE__, __LINE__);
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t result = ncclCommInitRankConfig(&comm, options.size, id, options.rank, &config);
+  absl::Status status = (result == ncclSuccess || result == ncclInProgress)
+                            ? Wait(comm, nullptr, deadline, what)
+                            : NcclError(result, what, comm);
+  if (!status.ok()) {
+    if (comm != nullptr) ncclCommAbort(comm);
+    cudaFree(scratch);
+    cudaStreamDestroy(stream);
+    return status;
+  }
+  return std::unique_ptr<Collective>(
+      std::make_unique<NcclCollective>(comm, stream, scratch, options));
+}
+
+}  // namespace stoker
