@@ -208,6 +208,12 @@ TEST(SchedulerTest, APartialFitHoldsNothingAndSaysWhy) {
   EXPECT_TRUE(absl::IsFailedPrecondition(gang.status())) << gang.status();
   EXPECT_EQ(gang.status().message(),
             "needs 5 ranks of 1 cpus; the live workers could hold 4 even with nothing running");
+  // Every resource bounds the room: memory (3 GiB for 1 GiB ranks), GPUs (3 for 2-GPU ranks).
+  EXPECT_EQ(PlaceGang(Request(0, 1, 1024), 4, {Worker("m", 8, 3 * kGiB, 0)}).status().message(),
+            "needs 4 ranks of 1 cpus, 1.0 GiB memory; the live workers could hold 3 even with "
+            "nothing running");
+  EXPECT_EQ(PlaceGang(Request(2), 2, {Worker("g", 8, 8 * kGiB, 3)}).status().message(),
+            "needs 2 ranks of 2 GPUs; the live workers could hold 1 even with nothing running");
   // A worker's slots bound the ranks it takes.
   workers[0].slots = 1;
   gang = PlaceGang(Request(0, 1), 2, workers);
