@@ -227,7 +227,13 @@ absl::StatusOr<std::unique_ptr<Collective>> ConnectGloo(const GlooOptions& optio
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.host;
-    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    std::shared_ptr<gloo::transport::Device> device;
+    try {
+      device = gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": cannot use host '", options.host,
+                                                     "' for the TCP device: ", e.what()));
+    }
     auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
     context->setTimeout(ToMilliseconds(options.timeout));
     if (options.size > 1) {

@@ -160,6 +160,15 @@ TEST(GlooCollectiveTest, RefusesBadOptions) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(GlooCollectiveTest, AHostThatIsNotThisMachinesIsRefused) {
+  std::unique_ptr<KeyValueStore> store = CreateInProcessStore();
+  GlooOptions options = Options(0, 2, "", absl::Seconds(2));
+  options.host = "192.0.2.1";  // TEST-NET-1: never an address of this machine
+  absl::Status status = ConnectGloo(options, *store).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("192.0.2.1"), std::string::npos) << status;
+}
+
 TEST(GlooCollectiveTest, OneRankIsItsOwnSum) {
   std::unique_ptr<KeyValueStore> store = CreateInProcessStore();
   absl::StatusOr<std::unique_ptr<Collective>> collective =
