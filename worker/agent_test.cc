@@ -302,6 +302,63 @@ TEST(AgentTest, RanksOnTwoWorkersMeetThroughTheRendezvousWithTheTokenFile) {
   for (auto& agent : agents) EXPECT_TRUE(agent->Stop());
 }
 
+// Issue 16: one rank's worker shuts down mid-training: both ranks stop at the same step, rank 0
+// writes and uploads the checkpoint there, the job goes back to the queue without counting the
+// attempt, and resumes from that step on the workers then free.
+TEST(AgentTest, ADrainedRankStopsTheGangAtACheckpointAndTheJobResumes) {
+  Server server;
+  v1::JobSpec spec = SmallJob();
+  spec.mutable_resources()->set_replicas(2);
+  spec.mutable_resources()->set_cpus(1);
+  spec.mutable_train()->set_epochs(5);       // 20 steps
+  spec.mutable_loader()->set_delay_ms(150);  // of about 150 ms each
+  const v1::Job submitted = server.Submit(spec);
+  ASSERT_FALSE(submitted.id().empty());
+  auto start = [&](const char* id) {
+    AgentOptions options = Options(server, id);
+    options.cpus = 1;
+    return std::make_unique<RunningAgent>(options);
+  };
+  std::unique_ptr<RunningAgent> first = start("agent-dr1"), second = start("agent-dr2");
+  v1::Job job;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        job = server.Get(submitted.id());
+        return job.state() == v1::JOB_STATE_RUNNING && job.progress().step() >= 2;
+      },
+      absl::Seconds(60)))
+      << job.DebugString();
+  EXPECT_TRUE(second->Stop()) << "drains its rank";
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        job = server.Get(submitted.id());
+        return job.released_attempts() >= 1 && job.checkpoint_step() > 0;
+      },
+      absl::Seconds(30)))
+      << job.DebugString();
+  EXPECT_LT(job.checkpoint_step(), 20) << "rank 0 kept the step reached, mid-training";
+  EXPECT_EQ(job.released_attempts(), 1) << "given back, not counted against max_retries";
+
+  std::unique_ptr<RunningAgent> third = start("agent-dr3");
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        job = server.Get(submitted.id());
+        return job.state() != v1::JOB_STATE_QUEUED && job.state() != v1::JOB_STATE_RUNNING;
+      },
+      absl::Seconds(60)))
+      << job.DebugString();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.DebugString();
+  // Known (server side, reported): the server requeues the job as soon as one rank gives it back
+  // and may place the next attempt's rank on the worker that is shutting down (it still counts
+  // its cores until its lease ends); that attempt then fails when its other rank's rendezvous
+  // times out, and a third one succeeds. So the attempt number is not asserted here.
+  EXPECT_GE(job.attempt(), 2);
+  EXPECT_EQ(job.released_attempts(), 1);
+  EXPECT_EQ(job.checkpoint_step(), 20);
+  EXPECT_TRUE(first->Stop());
+  EXPECT_TRUE(third->Stop());
+}
+
 TEST(AgentTest, RunEndsFalseWhenTheServerRefusesItsToken) {
   Server server(/*with_token=*/true);
   AgentOptions options = Options(server, "agent-c");

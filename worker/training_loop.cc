@@ -351,7 +351,10 @@ absl::StatusOr<bool> TrainingLoop::AnyRankAsksToStop(uint64_t done) {
     const double step_seconds = double(vote[1]) / std::max(1, dp.collective->size());
     const double steps =
         step_seconds > 0 ? absl::ToDoubleSeconds(dp.stop_vote_interval) / step_seconds : 1.0;
-    interval = static_cast<uint64_t>(std::clamp(steps, 1.0, 100000.0));
+    // At most twice the last interval: steps measured while the ring was full of prefetched
+    // batches are faster than the ones after them.
+    interval = static_cast<uint64_t>(std::clamp(steps, 1.0, 2.0 * double(vote_interval_)));
+    vote_interval_ = interval;
   }
   next_vote_step_ = done + interval;
   return vote[0] > 0;

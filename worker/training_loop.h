@@ -58,7 +58,8 @@ struct DataParallelContext {
   // the first vote after any rank's request. A vote is one all-reduce of two floats, ~0.6 to
   // 1.2 ms on loopback with two ranks on a loaded 2-core machine: as much as a small step, so the
   // ranks vote after the first step, then about every stop_vote_interval (the next vote's step
-  // is computed from the ranks' summed step times, the same on every rank). N > 0 in
+  // is computed from the ranks' summed step times, the same on every rank; the interval in
+  // steps at most doubles from one vote to the next). N > 0 in
   // stop_vote_every_steps votes every N steps instead (tests).
   absl::Duration stop_vote_interval = absl::Milliseconds(500);
   uint64_t stop_vote_every_steps = 0;
@@ -166,6 +167,7 @@ class TrainingLoop {
   // Data-parallel: the step after which the ranks vote next, and when the last vote was.
   uint64_t next_vote_step_;
   uint64_t last_vote_step_;
+  uint64_t vote_interval_ = 1;
   absl::Time last_vote_time_;
 };
 

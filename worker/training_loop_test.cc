@@ -335,8 +335,9 @@ LabeledSamples NoisyData(int count) {
 // One rank's region (its slices of the global batches, batch_size samples a slot) and loader.
 class RankPipeline {
  public:
-  RankPipeline(const LabeledSamples& data, uint32_t batch_size, uint32_t rank, uint32_t replicas)
-      : data_(data), rank_(rank), replicas_(replicas) {
+  RankPipeline(const LabeledSamples& data, uint32_t batch_size, uint32_t rank, uint32_t replicas,
+               int delay_ms = 0)
+      : data_(data), rank_(rank), replicas_(replicas), delay_ms_(delay_ms) {
     RingGeometry geometry;
     geometry.slot_count = 4;
     geometry.batch_size = batch_size;
@@ -348,7 +349,7 @@ class RankPipeline {
     region_ = std::move(*region);
     region_->SetConsumerPid(getpid());
     loader_ = std::thread([this] {
-      LoaderOptions options{.index = 0, .seed = 7, .delay_ms = 0, .augment = {}};
+      LoaderOptions options{.index = 0, .seed = 7, .delay_ms = delay_ms_, .augment = {}};
       options.rank = rank_;
       options.replicas = replicas_;
       const absl::Status status = RunLoader(*region_, data_, options);
@@ -364,6 +365,7 @@ class RankPipeline {
  private:
   const LabeledSamples& data_;
   const uint32_t rank_, replicas_;
+  const int delay_ms_;
   std::unique_ptr<JobRegion> region_;
   std::thread loader_;
 };
@@ -391,14 +393,15 @@ uint64_t EmptyBatches(const LabeledSamples& data, uint32_t batch_size, uint32_t 
 // Trains `kRanks` ranks on `data`, each on a thread; `before_run(rank, region)` runs before the
 // rank's loop starts.
 std::vector<RankRun> TrainRanks(const LabeledSamples& data, const LabeledSamples& test,
-                                const std::function<void(int, JobRegion&)>& before_run = nullptr) {
+                                const std::function<void(int, JobRegion&)>& before_run = nullptr,
+                                int delay_ms = 0) {
   std::vector<RankRun> runs(kRanks);
   std::unique_ptr<KeyValueStore> store = CreateInProcessStore();
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kRanks; ++rank) {
     threads.emplace_back([&, rank] {
       RankRun& run = runs[rank];
-      RankPipeline pipeline(data, kBatchSize, rank, kRanks);
+      RankPipeline pipeline(data, kBatchSize, rank, kRanks, delay_ms);
       std::unique_ptr<Model> model = TinyModel();
       ASSERT_NE(model, nullptr);
       absl::StatusOr<std::unique_ptr<Collective>> collective =
@@ -538,6 +541,29 @@ TEST(DataParallelTrainingLoopTest, AStopRequestOnOneRankStopsEveryRankAtTheSameS
   EXPECT_EQ(log0[0].message(),
             "stopped at step 1 with the other ranks: a worker of the job is shutting down");
   EXPECT_EQ(log1[0].message(), "stopped at step 1 for the worker's shutdown");
+}
+
+TEST(DataParallelTrainingLoopTest, AStopRequestMidRunStopsEveryRankAtTheSameStep) {
+  const LabeledSamples data = NoisyData(kRankSamples);
+  const LabeledSamples test = NoisyData(37);
+  std::thread requester;
+  std::vector<RankRun> runs = TrainRanks(
+      data, test,
+      [&](int rank, JobRegion& region) {
+        if (rank != 1) return;
+        requester = std::thread([&region] {
+          // After the first steps (each waits ~50 ms for its batch), rank 1's worker shuts down.
+          while (region.stats().steps_total.load() < 2) absl::SleepFor(absl::Milliseconds(1));
+          region.RequestCheckpointAndStop();
+        });
+      },
+      /*delay_ms=*/50);
+  requester.join();
+  for (const RankRun& run : runs) EXPECT_TRUE(absl::IsCancelled(run.status)) << run.status;
+  EXPECT_EQ(runs[0].steps, runs[1].steps);
+  EXPECT_LT(runs[0].steps, 6u);
+  ASSERT_FALSE(runs[0].recorder.checkpoints.empty());
+  EXPECT_EQ(runs[0].recorder.checkpoints.back().first, runs[0].steps);
 }
 
 TEST(LearningRateAtTest, WarmsUpLinearlyThenFollowsTheSchedule) {
