@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -357,6 +358,66 @@ TEST(AgentTest, ADrainedRankStopsTheGangAtACheckpointAndTheJobResumes) {
   EXPECT_EQ(job.checkpoint_step(), 20);
   EXPECT_TRUE(first->Stop());
   EXPECT_TRUE(third->Stop());
+}
+
+// The pid of the stoker-trainer whose command line names `needle` (a path of its attempt), or -1.
+pid_t FindTrainer(const std::string& needle) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = FileText(entry.path().string() + "/cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find("stoker-trainer") != std::string::npos &&
+        cmdline.find(needle) != std::string::npos) {
+      return static_cast<pid_t>(std::stol(name));
+    }
+  }
+  return -1;
+}
+
+// Issue 16: a rank killed -9 fails the attempt; its peer does not hang in a collective (Gloo sees
+// the connection close), and the job is retried from its last checkpoint.
+TEST(AgentTest, ARankKilledStopsItsPeerAndTheJobIsRetried) {
+  Server server;
+  v1::JobSpec spec = SmallJob();
+  spec.mutable_resources()->set_replicas(2);
+  spec.mutable_resources()->set_cpus(1);
+  spec.mutable_train()->set_epochs(5);
+  spec.mutable_loader()->set_delay_ms(150);
+  const v1::Job submitted = server.Submit(spec);
+  ASSERT_FALSE(submitted.id().empty());
+  AgentOptions options = Options(server, "agent-k");
+  options.cpus = 2;
+  const std::string attempt1 = absl::StrCat(options.runner.work_dir, "/", submitted.id(), "-a1");
+  RunningAgent agent(options);
+  v1::Job job;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        job = server.Get(submitted.id());
+        return job.state() == v1::JOB_STATE_RUNNING && job.progress().step() >= 2;
+      },
+      absl::Seconds(60)))
+      << job.DebugString();
+  const pid_t rank1 = FindTrainer(attempt1 + "-r1/");
+  const pid_t rank0 = FindTrainer(attempt1 + "/");
+  ASSERT_GT(rank1, 0);
+  ASSERT_GT(rank0, 0);
+  ASSERT_EQ(kill(rank1, SIGKILL), 0);
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(WaitUntil([&] { return kill(rank0, 0) != 0; }, absl::Seconds(10)))
+      << "rank 0 still runs 10 s after its peer was killed";
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(5)) << "the gang stops within seconds";
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        job = server.Get(submitted.id());
+        return job.state() != v1::JOB_STATE_QUEUED && job.state() != v1::JOB_STATE_RUNNING;
+      },
+      absl::Seconds(90)))
+      << job.DebugString();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.DebugString();
+  EXPECT_GE(job.attempt(), 2);
+  EXPECT_EQ(job.checkpoint_step(), 20);
+  EXPECT_TRUE(agent.Stop());
 }
 
 TEST(AgentTest, RunEndsFalseWhenTheServerRefusesItsToken) {
