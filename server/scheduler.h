@@ -2,12 +2,14 @@
 // GPUs, how many cores, how much memory). Pure functions over the queue and a worker's ledger, so
 // the policy is tested without a server.
 //
-// The rules: a job is placed whole on one worker; each GPU belongs to one job at a time; the cpus
-// and memory of a worker's jobs add up to at most what the worker advertised (nothing is
-// over-committed, whatever the defaults). A job's defaults are resolved against the worker that
-// takes it (ResolveRequest). Workers pull work with their heartbeats, so placement is first fit:
-// the first worker with room that asks gets the job (its lowest free GPU indices). A job that does
-// not fit does not block smaller jobs behind it (backfill).
+// The rules: a job (each rank of a data-parallel job) is placed whole on one worker; each GPU
+// belongs to one job at a time; the cpus and memory of a worker's jobs add up to at most what the
+// worker advertised (nothing is over-committed, whatever the defaults). A job's defaults are
+// resolved against the worker that takes it (ResolveRequest). Workers pull work with their
+// heartbeats, so placement is first fit: the first worker with room that asks gets the job (its
+// lowest free GPU indices). A job that does not fit does not block smaller jobs behind it
+// (backfill; the coordinator stops backfilling behind a gang that has waited too long, see
+// coordinator.h).
 //
 // A data-parallel job (resources.replicas > 1, a gang) needs one placement per rank, all at once
 // or none: PlaceGang places rank after rank on copies of the workers' free resources and returns
