@@ -183,6 +183,38 @@ TEST_F(CoordinatorGangTest, ARankThatFailsRequeuesTheJobAndStopsTheOtherRanks) {
   EXPECT_EQ(Get(job_id).attempt(), 2);
 }
 
+TEST_F(CoordinatorGangTest, ARankGivenBackRequeuesWithoutCountingAndAPermanentFailureIsFinal) {
+  const std::string job_id = RunningGang();
+  v1::CompleteJobRequest released = End("w2", job_id, 1, v1::JOB_STATE_FAILED);
+  released.set_released(true);
+  released.set_error("worker w2 shut down");
+  ASSERT_TRUE(coordinator_->CompleteJob(released).ok());
+  v1::Job job = Get(job_id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(job.released_attempts(), 1);
+  EXPECT_EQ(job.error(),
+            "rank 1 on worker w2: worker w2 shut down (not counted against max_retries)");
+  // Rank 0 stops; the gang runs again as attempt 2, and a permanent failure of any rank ends it.
+  ASSERT_TRUE(Beat("w1", 4).ok());
+  ASSERT_TRUE(Beat("w2", 4).ok());
+  job = Get(job_id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(job.attempt(), 2);
+  const std::string rank1_worker = job.rank_placements(1).worker_id();
+  v1::CompleteJobRequest bad = End(rank1_worker, job_id, 1, v1::JOB_STATE_FAILED, 2);
+  bad.set_permanent(true);
+  bad.set_error("train-labels: label 12 >= 10 classes");
+  ASSERT_TRUE(coordinator_->CompleteJob(bad).ok());
+  job = Get(job_id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job.error(), absl::StrCat("rank 1 on worker ", rank1_worker,
+                                      ": train-labels: label 12 >= 10 classes"));
+  absl::StatusOr<v1::HeartbeatResponse> beat =
+      Beat(job.rank_placements(0).worker_id(), 3, {Rank(job_id, 2, 0)});
+  ASSERT_TRUE(beat.ok());
+  EXPECT_EQ(beat->stop_size(), 1);
+}
+
 TEST_F(CoordinatorGangTest, ALostWorkerStopsTheWholeGang) {
   const std::string job_id = RunningGang();
   // w2 keeps its lease, w1 goes silent.
