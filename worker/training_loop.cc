@@ -303,6 +303,19 @@ void TrainingLoop::Report(uint64_t step, int epoch, absl::Time now) {
 
 absl::Status TrainingLoop::Checkpoint(uint64_t step, int epoch) {
   last_checkpoint_step_ = step;
+  STOKER_RETURN_IF_ERROR(WriteCheckpoint(step, epoch));
+  if (options_.data_parallel) {
+    // The other ranks wait here, beating, while rank 0 writes (not silently inside the next
+    // step's gradient sum, where the agent's stall watchdog would take them for hung).
+    const ScopedHeartbeat waiting(region_.stats().heartbeats_total);
+    if (absl::Status s = options_.data_parallel->collective->Barrier(); !s.ok()) {
+      return absl::InternalError(absl::StrCat("all-reduce: checkpoint barrier: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainingLoop::WriteCheckpoint(uint64_t step, int epoch) {
   if (!checkpoint_) return absl::OkStatus();
   absl::Status written;
   {

@@ -128,7 +128,9 @@ class TrainingLoop {
   absl::Status AfterStep(uint64_t done, int epoch, absl::Time step_done);
   absl::Status EndOfEpoch(uint64_t step, int epoch, absl::Time now);
   void Report(uint64_t step, int epoch, absl::Time now);
+  // Data-parallel: every rank takes part (rank 0 writes, all meet at a barrier).
   absl::Status Checkpoint(uint64_t step, int epoch);
+  absl::Status WriteCheckpoint(uint64_t step, int epoch);
   // Never OK: CANCELLED once stopped, or the checkpoint's error.
   absl::Status CheckpointAndStop(uint64_t step);
   // Data-parallel: whether any rank asked to checkpoint and stop (summed over the ranks), voted
