@@ -20,12 +20,11 @@ int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
 void Log(const std::string& message) { std::cerr << "stoker-server: " << message << std::endl; }
 
-// A duration for messages, to a tenth of a second ("9.7s").
+}  // namespace
+
 std::string Rounded(absl::Duration d) {
   return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(100)));
 }
-
-}  // namespace
 
 absl::Status RequireId(const std::string& value, const char* field) {
   if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": is required"));
@@ -739,6 +738,7 @@ void Coordinator::ExpireLeases() {
       (void)Requeue(*job, why, worker_id, -1);
     }
   }
+  RequeueUndelivered();
 }
 
 }  // namespace stoker

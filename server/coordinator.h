@@ -212,6 +212,10 @@ class Coordinator {
                                     std::map<std::string, WorkerView>& views,
                                     std::vector<v1::Assignment>& assignments, absl::Status* why_not)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the attempts of gangs with a rank that waited longer than a lease for its (live)
+  // worker's heartbeat, e.g. a worker that drains while its other jobs' reports keep its lease.
+  // The gang never ran whole, so the attempt is not counted against max_retries.
+  void RequeueUndelivered() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The ranks placed on `worker_id` that wait for delivery, as assignments, now delivered (those
   // whose attempt ended meanwhile are dropped).
   std::vector<v1::Assignment> DeliverPending(const std::string& worker_id)
@@ -249,6 +253,9 @@ class Coordinator {
 
 // INVALID_ARGUMENT naming `field` when an id is empty or longer than 256 characters.
 absl::Status RequireId(const std::string& value, const char* field);
+
+// A duration for messages, to a tenth of a second ("9.7s").
+std::string Rounded(absl::Duration d);
 
 // A job event stamped with the current time.
 v1::JobEvent MakeEvent(v1::EventType type, const std::string& message, int attempt = 0);

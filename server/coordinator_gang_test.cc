@@ -235,6 +235,32 @@ TEST_F(CoordinatorGangTest, ALostWorkerStopsTheWholeGang) {
   ASSERT_TRUE(coordinator_->Cancel(job_id).ok());
 }
 
+TEST_F(CoordinatorGangTest, ARankItsWorkerNeverTakesEndsTheAttemptWithoutCounting) {
+  const std::string job_id = Submit(0, 1, 0, 2);
+  AddWorker("w1", 1);
+  AddWorker("w2", 1);
+  ASSERT_TRUE(Beat("w1", 4).ok());
+  ASSERT_TRUE(Beat("w2", 4).ok());  // placed: rank 1 here, rank 0 waits for w1's heartbeat
+  ASSERT_EQ(Get(job_id).state(), v1::JOB_STATE_RUNNING);
+  // w1 stops heartbeating (it drains) while its other reports keep its lease.
+  const absl::Time until = absl::Now() + options_.lease + absl::Milliseconds(100);
+  while (absl::Now() < until) {
+    (void)coordinator_->ReportProgress(Report("w1", "j-other", 1, 0));
+    ASSERT_TRUE(Beat("w2", 3, {Rank(job_id, 1, 1)}).ok());
+    absl::SleepFor(absl::Milliseconds(40));
+  }
+  coordinator_->ExpireLeases();
+  const v1::Job job = Get(job_id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(job.released_attempts(), 1);
+  EXPECT_TRUE(absl::StrContains(job.error(), "worker w1 did not take rank 0 within"))
+      << job.error();
+  EXPECT_EQ(CpusUsed("w1"), 0);  // the undelivered rank held w1's core until now
+  absl::StatusOr<v1::HeartbeatResponse> beat = Beat("w2", 3, {Rank(job_id, 1, 1)});
+  ASSERT_TRUE(beat.ok());
+  EXPECT_EQ(beat->stop_size(), 1);
+}
+
 TEST_F(CoordinatorGangTest, RankZeroDecidesSuccessAndAloneUploadsCheckpoints) {
   const std::string job_id = RunningGang();
   // Rank 1 may not upload; it may download what rank 0 stored.

@@ -128,7 +128,7 @@ absl::StatusOr<bool> Coordinator::PlaceGangJob(v1::Job job, const std::string& c
     const bool here = placement.worker_id() == caller;
     WorkerEntry& worker = workers_[placement.worker_id()];
     worker.running[{job.id(), job.attempt(), placement.rank()}] = {
-        placement, here, here ? now : absl::InfinitePast()};
+        placement, here, here ? now : absl::InfinitePast(), now};
     WorkerView& view = views.at(placement.worker_id());
     Hold(placement, view);
     view.slots -= 1;
@@ -176,6 +176,33 @@ void Coordinator::EndAttempt(const v1::Job& job, const std::string& ended_worker
   }
   rendezvous_.erase({job.id(), job.attempt()});
   rendezvous_changed_.SignalAll();  // waiters of this attempt are refused from now on
+}
+
+void Coordinator::RequeueUndelivered() {
+  const absl::Time now = absl::Now();
+  std::vector<std::pair<std::string, RankKey>> late;
+  for (const auto& [worker_id, worker] : workers_) {
+    if (worker.lost) continue;  // its ranks went with it
+    for (const auto& [key, held] : worker.running) {
+      if (!held.delivered && now - held.placed_at > options_.lease)
+        late.emplace_back(worker_id, key);
+    }
+  }
+  for (const auto& [worker_id, key] : late) {
+    absl::StatusOr<v1::Job> job = store_->Get(key.job_id);
+    if (!job.ok() || job->state() != v1::JOB_STATE_RUNNING ||
+        !RunsRank(*job, worker_id, key.attempt, key.rank)) {
+      continue;  // dropped at the worker's next heartbeat
+    }
+    // The gang never ran whole: not the job's fault, so not counted.
+    job->set_released_attempts(job->released_attempts() + 1);
+    (void)Requeue(*job,
+                  absl::StrCat("worker ", worker_id, " did not take rank ", key.rank, " within ",
+                               Rounded(options_.lease),
+                               " (no heartbeat since it was placed there; draining?); not counted "
+                               "against max_retries"),
+                  worker_id, key.rank);
+  }
 }
 
 absl::Status Coordinator::RendezvousSet(const v1::RendezvousSetRequest& request) {

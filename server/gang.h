@@ -35,6 +35,8 @@ struct HeldRank {
   // When it was handed over; a worker that does not report the rank is given a grace after this
   // before the rank counts as lost.
   absl::Time delivered_at = absl::InfinitePast();
+  // When it was placed; a rank not delivered within a lease of this ends its attempt.
+  absl::Time placed_at = absl::InfinitePast();
 };
 
 // One worker's ranks and what each holds.
