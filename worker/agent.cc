@@ -413,7 +413,15 @@ void Agent::ReapFinishedJobs() {
 void Agent::StartJob(const v1::Assignment& assignment) {
   absl::MutexLock lock(&mu_);
   const RankKey key(assignment.job_id(), assignment.rank());
-  if (jobs_.contains(key)) return;
+  if (auto it = jobs_.find(key); it != jobs_.end()) {
+    // The same attempt delivered again is nothing new; a new one waits for the old one's end.
+    if (it->second->assignment.attempt() != assignment.attempt()) {
+      Log(absl::StrCat("not starting ", RankName(assignment), " attempt ", assignment.attempt(),
+                       " yet: attempt ", it->second->assignment.attempt(),
+                       " of it is still ending here"));
+    }
+    return;
+  }
   if (assignment.rank() < 0 ||
       (assignment.replicas() > 1 && assignment.rank() >= assignment.replicas())) {
     Log(absl::StrCat("refusing ", assignment.job_id(), " attempt ", assignment.attempt(), ": rank ",
