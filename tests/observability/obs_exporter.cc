@@ -56,6 +56,13 @@ int main(int argc, char** argv) {
   job.gpu_indices = {0};
   job.step_seconds.bucket_counts.assign(stoker::kStepSecondsBounds.size() + 1, 0);
   job.loss_scale = 65536;
+  // Rank 1 of a data-parallel job on the same worker, for the all-reduce panels.
+  stoker::JobCounters rank = job;
+  rank.job_id = "obs-ddp-job";
+  rank.device = "cpu";
+  rank.gpu_indices = {};
+  rank.data_parallel = true;
+  rank.rank = 1;
   const auto start = std::chrono::steady_clock::now();
   for (int tick = 0;; ++tick) {
     double elapsed =
@@ -78,7 +85,14 @@ int main(int argc, char** argv) {
     job.epoch = tick / 50;
     if (tick % 100 == 50) job.loader_restarts_total += 1;
     if (tick % 70 == 0) job.skipped_steps_total += 1;
-    (*worker)->Update({job});
+    rank.samples_total += 640;
+    rank.steps_total += 10;
+    rank.device_busy_seconds += 0.05;
+    rank.allreduce_seconds += 0.02;
+    rank.allreduce_exposed_seconds += 0.004;
+    rank.allreduce_bytes_total += 10 * 946344;
+    rank.allreduce_calls_total += 10;
+    (*worker)->Update({job, rank});
 
     (*server)->RecordRpc("/stoker.v1.WorkerService/Heartbeat", 0, 0.0004);
     (*server)->RecordRpc("/stoker.v1.JobService/GetJob", tick % 10 == 0 ? 5 : 0, 0.0008);
