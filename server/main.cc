@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   stoker::ServerOptions options;
   double lease_seconds = 10;
   double restart_grace_seconds = 30;
+  double gang_backfill_seconds = 120;
   app.add_option("--listen", options.listen,
                  "address:port to serve gRPC on (port 0 picks a free one)")
       ->capture_default_str();
@@ -30,6 +31,11 @@ int main(int argc, char** argv) {
                  "after a restart, workers that ran jobs have this long (at least one lease) to "
                  "register again before their jobs are requeued")
       ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  app.add_option("--gang-backfill-seconds", gang_backfill_seconds,
+                 "a data-parallel job that has waited this long for room stops smaller jobs "
+                 "from starting ahead of it, so that the cluster drains for it")
+      ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   app.add_option("--port-file", options.port_file,
                  "write the bound port to this file once serving");
@@ -56,6 +62,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   options.lease = absl::Seconds(lease_seconds);
   options.restart_grace = absl::Seconds(restart_grace_seconds);
+  options.gang_backfill_limit = absl::Seconds(gang_backfill_seconds);
 
   if (!token_file.empty()) {
     absl::StatusOr<std::string> read = stoker::ReadTokenFile(token_file);

@@ -85,6 +85,7 @@ absl::Status RunServer(const ServerOptions& options) {
   coordinator_options.data_root = options.data_root;
   coordinator_options.lease = options.lease;
   coordinator_options.restart_grace = options.restart_grace;
+  coordinator_options.gang_backfill_limit = options.gang_backfill_limit;
   coordinator_options.checkpoint_dir = options.state_dir + "/checkpoints";
   Coordinator coordinator(std::move(store), coordinator_options);
   if (absl::Status s = coordinator.Recover(); !s.ok()) {

@@ -25,6 +25,9 @@ struct ServerOptions {
   std::string port_file;
   absl::Duration lease = absl::Seconds(10);
   absl::Duration restart_grace = absl::Seconds(30);
+  // A data-parallel job that waited this long for room stops backfill behind it (see
+  // CoordinatorOptions::gang_backfill_limit).
+  absl::Duration gang_backfill_limit = absl::Minutes(2);
   // HOST:PORT for Prometheus /metrics; empty = no metrics.
   std::string metrics_listen;
   // Bearer token users and workers must send; empty = none.
