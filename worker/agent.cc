@@ -335,11 +335,16 @@ bool Agent::Run(const std::atomic<bool>& stop) {
   // uploaded and the jobs given back (requeued without counting the attempt). Waits for that:
   // each runner stops its trainer outright after RunnerOptions::drain_timeout.
   shutting_down_.store(true);
+  // First tell the server that this worker takes nothing more (free_slots 0): a job the drain
+  // gives back must not be placed here again (a data-parallel job's next attempt would wait for a
+  // rank this worker never starts). Heartbeats go on while the drain lasts.
+  DrainingHeartbeat();
   {
     absl::MutexLock lock(&mu_);
     if (!jobs_.empty()) Log(absl::StrCat("draining ", jobs_.size(), " job(s)"));
     for (auto& [id, job] : jobs_) job->runner->Drain();
   }
+  absl::Time last_heartbeat = absl::Now();
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -347,10 +352,38 @@ bool Agent::Run(const std::atomic<bool>& stop) {
       for (const auto& [id, job] : jobs_) all_done = all_done && job->done.load();
       if (all_done) break;
     }
+    if (absl::Now() - last_heartbeat >= heartbeat_interval_) {
+      DrainingHeartbeat();
+      last_heartbeat = absl::Now();
+    }
     absl::SleepFor(absl::Milliseconds(50));
   }
   ReapFinishedJobs();
   return true;
+}
+
+void Agent::DrainingHeartbeat() {
+  v1::HeartbeatRequest request;
+  request.set_worker_id(options_.worker_id);
+  request.set_instance(options_.instance);
+  request.set_free_slots(0);
+  {
+    absl::MutexLock lock(&mu_);
+    AddRunningAttempts(request.mutable_running());
+  }
+  v1::HeartbeatResponse response;
+  // Best effort: an unreachable server only learns of the drain from the completions.
+  if (!stub_->Heartbeat(Context(absl::Seconds(1)).get(), request, &response).ok()) return;
+  absl::MutexLock lock(&mu_);
+  for (const v1::RunningAttempt& stop_attempt : response.stop()) {
+    auto it = jobs_.find(RankKey(stop_attempt.job_id(), stop_attempt.rank()));
+    if (it != jobs_.end() && it->second->assignment.attempt() == stop_attempt.attempt() &&
+        !it->second->done.load()) {
+      it->second->runner->Cancel();
+    }
+  }
+  // Assignments are not started: this worker is going away, and the next heartbeat does not
+  // report them, so the server gives them to another worker.
 }
 
 void Agent::ExportMetrics() {

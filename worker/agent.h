@@ -99,6 +99,9 @@ class Agent {
   // cannot be reached. False when it refuses (a bad token, the worker id in use) or on `stop`.
   bool Register(const std::atomic<bool>& stop);
   void HeartbeatOnce();
+  // While draining: a heartbeat saying this worker takes no new job (free_slots 0) and listing
+  // what still runs; honours the server's stops, starts nothing.
+  void DrainingHeartbeat();
   void StartJob(const v1::Assignment& assignment);
   void RunJob(RunningJob* job);
   void ReapFinishedJobs();
