@@ -277,11 +277,10 @@ absl::Status TrainingLoop::EndOfEpoch(uint64_t step, int epoch, absl::Time now) 
     local->correct = static_cast<int64_t>(std::llround(sums[1]));
     local->count = static_cast<int64_t>(std::llround(sums[2]));
   }
-  const EvalSummary summary = Summarize(*local);
-  const EvalSummary* eval = &summary;
-  last_accuracy_ = eval->accuracy;
-  last_test_loss_ = eval->loss;
-  StoreDouble(region_.stats().eval_accuracy_bits, eval->accuracy);
+  const EvalSummary eval = Summarize(*local);
+  last_accuracy_ = eval.accuracy;
+  last_test_loss_ = eval.loss;
+  StoreDouble(region_.stats().eval_accuracy_bits, eval.accuracy);
   progress.set_test_accuracy(last_accuracy_);
   progress.set_test_loss(last_test_loss_);
   v1::JobEvent event;
@@ -395,7 +394,9 @@ v1::TrainingProgress TrainingLoop::WindowProgress(uint64_t step, int epoch, absl
     p.set_eta_seconds(elapsed / (step - options_.first_batch) * (total_batches_ - step));
   }
   const double window_seconds = std::max(absl::ToDoubleSeconds(now - window_start_), 1e-9);
-  p.set_loss(window_loss_ / window_steps_);
+  // (A window of only empty steps, a data-parallel rank's empty slice or a batch of bad images,
+  // has no loss to report.)
+  if (window_steps_ > 0) p.set_loss(window_loss_ / window_steps_);
   p.set_samples_per_second(window_samples_ / window_seconds);
   p.set_data_stall_ratio(std::min(1.0, window_stall_ns_ / 1e9 / window_seconds));
   return p;
