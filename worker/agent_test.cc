@@ -23,6 +23,7 @@
 #include "spec/job_spec.h"
 #include "stoker.grpc.pb.h"
 #include "worker/process.h"
+#include "worker/rendezvous_store.h"
 
 namespace stoker {
 namespace {
@@ -416,6 +417,93 @@ TEST(AgentTest, ARankKilledStopsItsPeerAndTheJobIsRetried) {
   EXPECT_GE(job.attempt(), 2);
   EXPECT_EQ(job.checkpoint_step(), 20);
   EXPECT_TRUE(agent.Stop());
+}
+
+// The trainer's KeyValueStore over the server's rendezvous RPCs, against a real server with a
+// data-parallel job placed on a worker registered by hand.
+TEST(RendezvousStoreTest, RanksMeetAsTheirWorkerAndMissingKeysTimeOutNamingThem) {
+  Server server;
+  auto workers = v1::WorkerService::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext context;
+    v1::RegisterWorkerRequest request;
+    request.set_worker_id("w-rdv");
+    request.set_instance("w-rdv-1");
+    request.set_cpus(2);
+    request.set_memory_bytes(int64_t{4} << 30);
+    *request.add_devices() = DescribeCpu();
+    v1::RegisterWorkerResponse response;
+    ASSERT_TRUE(workers->RegisterWorker(&context, request, &response).ok());
+  }
+  v1::JobSpec spec = SmallJob();
+  spec.mutable_resources()->set_replicas(2);
+  spec.mutable_resources()->set_cpus(1);
+  const v1::Job job = server.Submit(spec);
+  std::vector<v1::Assignment> assignments;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        grpc::ClientContext context;
+        v1::HeartbeatRequest request;
+        request.set_worker_id("w-rdv");
+        request.set_instance("w-rdv-1");
+        request.set_free_slots(4);
+        for (const v1::Assignment& a : assignments) {
+          v1::RunningAttempt* running = request.add_running();
+          running->set_job_id(a.job_id());
+          running->set_attempt(a.attempt());
+          running->set_rank(a.rank());
+        }
+        v1::HeartbeatResponse response;
+        if (!workers->Heartbeat(&context, request, &response).ok()) return false;
+        for (const v1::Assignment& a : response.assignments()) assignments.push_back(a);
+        return assignments.size() == 2;
+      },
+      absl::Seconds(10)));
+  auto store_of = [&](int rank, const std::string& worker_id) {
+    RendezvousStoreOptions options;
+    options.server_address = server.address();
+    options.worker_id = worker_id;
+    options.job_id = job.id();
+    options.attempt = assignments[0].attempt();
+    options.rank = rank;
+    options.unreachable_timeout = absl::Seconds(2);
+    absl::StatusOr<std::unique_ptr<KeyValueStore>> store = CreateRendezvousStore(options);
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? std::move(*store) : nullptr;
+  };
+  std::unique_ptr<KeyValueStore> rank0 = store_of(0, "w-rdv"), rank1 = store_of(1, "w-rdv");
+  ASSERT_NE(rank0, nullptr);
+  ASSERT_NE(rank1, nullptr);
+  ASSERT_TRUE(rank0->Set("k0", "v0").ok());
+  // A Get waits on the server for a key another rank sets meanwhile.
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_TRUE(rank1->Set("k1", std::string("v\0one", 5)).ok());
+  });
+  absl::StatusOr<std::vector<std::string>> both = rank0->Get({"k0", "k1"}, absl::Seconds(10));
+  late.join();
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ((*both)[0], "v0");
+  EXPECT_EQ((*both)[1], std::string("v\0one", 5)) << "values are bytes";
+  // A key nobody sets: DEADLINE_EXCEEDED after the timeout, naming it.
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<std::string>> missing =
+      rank1->Get({"k0", "never-set"}, absl::Milliseconds(400));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(missing.status())) << missing.status();
+  EXPECT_NE(missing.status().message().find("never-set"), std::string::npos) << missing.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // A worker that does not run the rank is refused (not retried as if unreachable).
+  std::unique_ptr<KeyValueStore> intruder = store_of(0, "w-other");
+  ASSERT_NE(intruder, nullptr);
+  const absl::Status refused = intruder->Set("k2", "x");
+  EXPECT_FALSE(refused.ok());
+  EXPECT_FALSE(absl::IsUnavailable(refused)) << refused;
+  // A token file that cannot be read is refused before any call.
+  RendezvousStoreOptions bad;
+  bad.server_address = server.address();
+  bad.token_file = server.dir() + "/no-such-token";
+  EXPECT_TRUE(absl::IsInvalidArgument(CreateRendezvousStore(bad).status()));
 }
 
 TEST(AgentTest, RunEndsFalseWhenTheServerRefusesItsToken) {
