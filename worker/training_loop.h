@@ -56,7 +56,7 @@ struct DataParallelContext {
   int64_t train_samples = 0;
   // The ranks sum their stop flags (a checkpoint-and-stop request) at agreed steps and all stop at
   // the first vote after any rank's request. A vote is one all-reduce of two floats, 0.2 to
-  // 1.9 ms on loopback with two ranks on a loaded 2-core machine (vote_bench, 2026-12-01): as much
+  // 1.9 ms on loopback with two ranks on a loaded 2-core machine (measured 2026-12-01): as much
   // as a small step, so the ranks vote after the first step, then about every stop_vote_interval
   // (the next vote's step is computed from the ranks' summed step times, the same on every rank;
   // the interval in steps at most doubles from one vote to the next). N > 0 in
