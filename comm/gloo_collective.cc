@@ -2,6 +2,10 @@
 // throwing; each call into it is wrapped, the exception becomes an absl::Status, and a failed
 // context is never used again (Gloo closes every pair of a context once one operation times out,
 // so a later call could only fail differently).
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+
 #include <chrono>
 #include <exception>
 #include <memory>
@@ -132,6 +136,46 @@ absl::Status StatusFromException(std::exception_ptr exception, const std::string
   }
 }
 
+// Blocks SIGPIPE in this thread for its lifetime and swallows one raised meanwhile. Gloo writes
+// with writev(2), which raises SIGPIPE when the peer has closed its end (its process died): by
+// default that would kill this process instead of returning the error (EPIPE) that becomes
+// UNAVAILABLE. Gloo writes from the calling thread and from its device's event-loop thread; that
+// thread is started while ConnectGloo holds this block, so it inherits the blocked mask for good
+// (a SIGPIPE pending on it is never delivered). The process's signal dispositions stay as they
+// are.
+class ScopedSigpipeBlock {
+ public:
+  ScopedSigpipeBlock() {
+    sigset_t sigpipe;
+    sigemptyset(&sigpipe);
+    sigaddset(&sigpipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &sigpipe, &previous_mask_);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+  }
+  ~ScopedSigpipeBlock() {
+    if (!was_pending_) {
+      sigset_t pending;
+      sigpending(&pending);
+      if (sigismember(&pending, SIGPIPE) == 1) {
+        sigset_t sigpipe;
+        sigemptyset(&sigpipe);
+        sigaddset(&sigpipe, SIGPIPE);
+        const timespec no_wait = {0, 0};
+        sigtimedwait(&sigpipe, nullptr, &no_wait);
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &previous_mask_, nullptr);
+  }
+  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
+  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
+
+ private:
+  sigset_t previous_mask_;
+  bool was_pending_ = false;
+};
+
 class GlooCollective : public Collective {
  public:
   GlooCollective(std::shared_ptr<gloo::Context> context, absl::Duration timeout)
@@ -194,6 +238,7 @@ class GlooCollective : public Collective {
           failed_.code(),
           absl::StrCat(what, ": an earlier collective failed: ", failed_.message()));
     }
+    ScopedSigpipeBlock no_sigpipe;
     try {
       operation();
       return absl::OkStatus();
@@ -224,6 +269,7 @@ absl::StatusOr<std::unique_ptr<Collective>> ConnectGloo(const GlooOptions& optio
   const std::string what = absl::StrCat("connecting rank ", options.rank, " of ", options.size,
                                         " (Gloo over TCP on ", options.host, ")");
   const absl::Time deadline = absl::Now() + options.timeout;
+  ScopedSigpipeBlock no_sigpipe;  // also for Gloo's event-loop thread, started here
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.host;

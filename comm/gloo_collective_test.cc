@@ -398,5 +398,46 @@ TEST(GlooForkedTest, AKilledRankFailsTheParentsAllReduceWithinSeconds) {
   std::filesystem::remove_all(directory);
 }
 
+// Both ranks keep all-reducing large buffers when the child is killed, so the parent is likely
+// writing to the dead peer's socket: that must be UNAVAILABLE (EPIPE), not a SIGPIPE that kills
+// this process.
+TEST(GlooForkedTest, AKilledRankWhileBothAreSendingIsAnErrorNotASignal) {
+  const std::string directory = MakeTempDirectory();
+  ASSERT_FALSE(directory.empty());
+  const size_t count = 4 << 20;
+  const pid_t child = ForkRank([&] {
+    DirectoryStore store(directory);
+    absl::StatusOr<std::unique_ptr<Collective>> collective =
+        ConnectGloo(Options(1, 2, "sending/", absl::Seconds(60)), store);
+    if (!collective.ok()) return 10;
+    std::vector<float> data(count, 1.0f);
+    while ((*collective)->AllReduceSum(data.data(), count).ok()) {
+    }
+    return 11;
+  });
+  DirectoryStore store(directory);
+  absl::StatusOr<std::unique_ptr<Collective>> collective =
+      ConnectGloo(Options(0, 2, "sending/", absl::Seconds(60)), store);
+  ASSERT_TRUE(collective.ok()) << collective.status();
+  std::vector<float> data(count, 1.0f);
+  ASSERT_TRUE((*collective)->AllReduceSum(data.data(), count).ok());
+  std::thread killer([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    kill(child, SIGKILL);
+  });
+  const absl::Time start = absl::Now();
+  absl::Status status;
+  while (status.ok() && absl::Now() - start < absl::Seconds(30)) {
+    status = (*collective)->AllReduceSum(data.data(), count);
+  }
+  const absl::Duration waited = absl::Now() - start;
+  killer.join();
+  RecordProperty("error", status.ToString());
+  EXPECT_EQ(WaitFor(child), -SIGKILL);
+  EXPECT_TRUE(absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) << status;
+  EXPECT_LT(waited, absl::Seconds(5)) << status;
+  std::filesystem::remove_all(directory);
+}
+
 }  // namespace
 }  // namespace stoker
