@@ -375,6 +375,10 @@ absl::Status ValidateBatch(const MlpConfig& config, const BatchView& batch);
 // INVALID_ARGUMENT unless the learning rate TrainStep got is finite and >= 0.
 absl::Status ValidateLearningRate(double learning_rate);
 
+// What TrainStep scales its batch-mean loss gradient by: 1 without a reducer, else the
+// reducer's LocalShare(), which must be in (0, 1] for a rank with samples (INVALID_ARGUMENT).
+absl::StatusOr<float> LocalGradientShare(const GradientReducer* reducer);
+
 // The initial fp32 parameters for `config`, identical on every backend and platform for a given
 // seed: "layers.<i>.weight" [out, in] then "layers.<i>.bias" [out] for each Linear i = 0, 1, ...,
 // each drawn U(-1/sqrt(in), 1/sqrt(in)) from one std::mt19937_64(config.seed) in that order.

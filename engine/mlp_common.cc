@@ -115,6 +115,18 @@ absl::Status ValidateLearningRate(double learning_rate) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<float> LocalGradientShare(const GradientReducer* reducer) {
+  if (reducer == nullptr) return 1.0f;
+  const float share = reducer->LocalShare();
+  if (!(share > 0 && share <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the gradient reducer's LocalShare() is ", share,
+                     "; a rank with samples needs a share in (0, 1] (with none it calls "
+                     "TrainStepWithoutSamples)"));
+  }
+  return share;
+}
+
 absl::Status ValidateBatch(const MlpConfig& config, const BatchView& batch) {
   if (batch.count < 1 || batch.count > config.max_batch) {
     return absl::InvalidArgumentError(absl::StrCat("batch count must be in [1, ", config.max_batch,

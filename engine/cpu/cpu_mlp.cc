@@ -284,16 +284,10 @@ void CpuMlp::LoadInput(const BatchView& batch) {
 absl::StatusOr<StepResult> CpuMlp::TrainStep(const BatchView& batch, double learning_rate) {
   if (absl::Status status = ValidateBatch(config_, batch); !status.ok()) return status;
   if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
-  float share = 1;  // this rank's part of the global batch's mean
-  if (reducer_ != nullptr) {
-    share = reducer_->LocalShare();
-    if (!(share > 0 && share <= 1)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the gradient reducer's LocalShare() is ", share,
-                       "; a rank with samples needs a share in (0, 1] (with none it calls "
-                       "TrainStepWithoutSamples)"));
-    }
-  }
+  // This rank's part of the global batch's mean.
+  absl::StatusOr<float> share_or = LocalGradientShare(reducer_);
+  if (!share_or.ok()) return share_or.status();
+  const float share = *share_or;
   absl::StatusOr<Plan*> plan_or = PlanFor(batch.count);
   if (!plan_or.ok()) return plan_or.status();
   Plan& plan = **plan_or;

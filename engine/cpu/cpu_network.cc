@@ -1168,16 +1168,9 @@ absl::StatusOr<StepResult> CpuNetwork::TrainStep(const BatchView& batch, double 
   if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
   // This rank's part of the global batch's mean: folded into the loss scale's multiply below
   // (one product, exact for fp32 and bf16 whose scale is 1).
-  float share = 1;
-  if (reducer_ != nullptr) {
-    share = reducer_->LocalShare();
-    if (!(share > 0 && share <= 1)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the gradient reducer's LocalShare() is ", share,
-                       "; a rank with samples needs a share in (0, 1] (with none it calls "
-                       "TrainStepWithoutSamples)"));
-    }
-  }
+  absl::StatusOr<float> share_or = LocalGradientShare(reducer_);
+  if (!share_or.ok()) return share_or.status();
+  const float share = *share_or;
   absl::StatusOr<Plan*> plan_or = PlanFor(batch.count);
   if (!plan_or.ok()) return plan_or.status();
   Plan& plan = **plan_or;
