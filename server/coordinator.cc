@@ -507,6 +507,14 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(
   return response;
 }
 
+bool Coordinator::RankZeroStillRuns(const v1::Job& job) {
+  if (job.rank_placements_size() == 0) return false;
+  auto worker = workers_.find(job.rank_placements(0).worker_id());
+  if (worker == workers_.end() || worker->second.lost) return false;
+  auto held = worker->second.running.find(RankKey{job.id(), job.attempt(), 0});
+  return held != worker->second.running.end() && held->second.delivered;
+}
+
 absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
   STOKER_RETURN_IF_ERROR(RequireId(request.job_id(), "job_id"));
   if (!IsFinal(request.state())) {
@@ -536,6 +544,17 @@ absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
   const std::string who =
       gang ? absl::StrCat("rank ", rank, " on worker ", request.worker_id(), ": ") : "";
   if (request.has_progress() && rank == 0) *job->mutable_progress() = request.progress();
+  if (request.state() == v1::JOB_STATE_FAILED && request.released() && gang && rank != 0 &&
+      RankZeroStillRuns(*job)) {
+    // A worker's shutdown stopped the gang at a vote; rank 0 writes the checkpoint the job
+    // resumes from and ends the attempt when it is stored. Requeueing now would refuse that
+    // upload as stale and resume from an older one.
+    workers_[request.worker_id()].running.erase(key);
+    return SaveAndNotify(
+        *job, {MakeEvent(v1::EVENT_TYPE_LOG,
+                         absl::StrCat(who, request.error(), "; rank 0 writes the checkpoint"),
+                         request.attempt())});
+  }
   if (request.state() == v1::JOB_STATE_FAILED && request.released()) {
     job->set_released_attempts(job->released_attempts() + 1);
     return Requeue(*job, absl::StrCat(who, request.error(), " (not counted against max_retries)"),

@@ -199,6 +199,8 @@ class Coordinator {
   absl::Status RequeueUnreported(const std::string& worker_id, const std::set<RankKey>& reported,
                                  absl::string_view why, bool grace_for_gangs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rank 0 of the job's current attempt holds its placement on a live worker (delivered).
+  bool RankZeroStillRuns(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SaveAndNotify(const v1::Job& job, std::vector<v1::JobEvent> events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Places queued jobs in scheduling order: single jobs on the calling worker while they fit its

@@ -189,11 +189,24 @@ TEST_F(CoordinatorGangTest, ARankGivenBackRequeuesWithoutCountingAndAPermanentFa
   released.set_released(true);
   released.set_error("worker w2 shut down");
   ASSERT_TRUE(coordinator_->CompleteJob(released).ok());
+  // Rank 0 still runs: it writes the checkpoint the job resumes from, so the attempt goes on
+  // until rank 0 gives the job back too (requeueing now would refuse that upload as stale).
   v1::Job job = Get(job_id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.released_attempts(), 0);
+  EXPECT_EQ(CpusUsed("w2"), 0);
+  EXPECT_EQ(coordinator_->ReportProgress(Report("w1", job_id, 1, 0)).status().code(),
+            absl::StatusCode::kOk);
+  v1::CompleteJobRequest rank0 = End("w1", job_id, 0, v1::JOB_STATE_FAILED);
+  rank0.set_released(true);
+  rank0.set_error("stopped at step 12 for worker w2's shutdown");
+  ASSERT_TRUE(coordinator_->CompleteJob(rank0).ok());
+  job = Get(job_id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
   EXPECT_EQ(job.released_attempts(), 1);
   EXPECT_EQ(job.error(),
-            "rank 1 on worker w2: worker w2 shut down (not counted against max_retries)");
+            "rank 0 on worker w1: stopped at step 12 for worker w2's shutdown (not counted "
+            "against max_retries)");
   // Rank 0 stops; the gang runs again as attempt 2, and a permanent failure of any rank ends it.
   ASSERT_TRUE(Beat("w1", 4).ok());
   ASSERT_TRUE(Beat("w2", 4).ok());
