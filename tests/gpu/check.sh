@@ -105,6 +105,7 @@ fi
 grep -E "stoker: cuDNN" "$LOGS/configure.log" | tail -1
 targets=(cuda_conformance_test gpu_bench engine_test)
 grep -q "stoker: cuDNN not found" "$LOGS/configure.log" || targets+=(cuda_network_test)
+grep -q "comm_nccl_test not built" "$LOGS/configure.log" || targets+=(comm_nccl_test)
 if ! timeout 210 cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" \
     >"$LOGS/build.log" 2>&1; then
   log "build failed"; grep -E "error|Error" "$LOGS/build.log" | head -40; exit 1
@@ -125,11 +126,12 @@ skipped() {
   from_log=${from_log:-0} from_xml=${from_xml:-0}
   echo $(( from_log > from_xml ? from_log : from_xml ))
 }
-# run_cuda_test NAME BINARY SECONDS: runs a cuda gtest binary; its rc is 1 also when a test was
+# run_cuda_test NAME BINARY SECONDS [ARGS...]: runs a cuda gtest binary; its rc is 1 also when a test was
 # skipped or none passed (a vacuous run).
 run_cuda_test() {
   local name=$1 binary=$2 seconds=$3 rc passed count
-  OMP_WAIT_POLICY=passive timeout "$seconds" "$binary" --gtest_output="xml:$LOGS/$name.xml" \
+  shift 3
+  OMP_WAIT_POLICY=passive timeout "$seconds" "$binary" "$@" --gtest_output="xml:$LOGS/$name.xml" \
     >"$LOGS/$name.log" 2>&1
   rc=$?
   grep -E "^\[  (FAILED|SKIPPED) |Failure|error" "$LOGS/$name.log" | head -40 >&2
@@ -156,6 +158,17 @@ if [[ -x "$BUILD/cuda/cuda_network_test" ]]; then
   network_rc=$?
 else
   echo "cuda_network_test not built (no cuDNN found)" | tee "$LOGS/network.log"
+fi
+log "comm_nccl_test (one rank on device 0: the NCCL path of data-parallel jobs)"
+nccl_rc=1
+if [[ -x "$BUILD/comm_nccl_test" ]]; then
+  NCCL_LIB_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null)
+  # The two-device test skips on one GPU and the no-device test skips with one: run the rest.
+  LD_LIBRARY_PATH="${NCCL_LIB_DIR:+$NCCL_LIB_DIR:}${LD_LIBRARY_PATH:-}" \
+    run_cuda_test nccl "$BUILD/comm_nccl_test" 60 --gtest_filter=-*TwoDevices*:*WithoutADevice*
+  nccl_rc=$?
+else
+  echo "comm_nccl_test not built (no NCCL found)" | tee "$LOGS/nccl.log"
 fi
 log "gpu_bench"
 stage=gpu_bench
@@ -187,6 +200,7 @@ value() {  # value LINE_PREFIX KEY
   echo "| engine_test (rc $engine_rc) | $(summary "$LOGS/engine_test.log") |"
   echo "| cuda_conformance_test (rc $conformance_rc; skips fail) | $(summary "$LOGS/conformance.log") |"
   echo "| cuda_network_test (rc $network_rc; skips fail) | $(summary "$LOGS/network.log") |"
+  echo "| comm_nccl_test, one rank (rc $nccl_rc; skips fail) | $(summary "$LOGS/nccl.log") |"
   echo "| safetensors library loads a Stoker checkpoint (rc $safetensors_rc) | $(head -1 "$LOGS/safetensors.log" | cut -c1-60) |"
   echo "| gpu_bench (rc $bench_rc) | $(head -2 "$LOGS/gpu_bench.log" | tr '\n' ' ') $(grep -oE "errors=[0-9]+" "$LOGS/gpu_bench.log" | head -1) |"
   echo
