@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -185,6 +186,44 @@ TEST(DataParallelE2eTest, AKilledRankStopsTheGangWhichResumesFromTheCheckpoint) 
   EXPECT_EQ(done->attempt(), 2);
   EXPECT_TRUE(HistoryMentions(cluster, job->id(), "resumed from the checkpoint at step"));
   EXPECT_GT(done->progress().test_accuracy(), 0.6);
+}
+
+TEST(DataParallelE2eTest, ALostWorkerStopsTheGangWhichResumesOnTheWorkersLeft) {
+  TestCluster cluster;
+  cluster.StartServer({"--lease-seconds", "2"});
+  cluster.StartWorker("w1", {"--cpus", "1"});
+  const pid_t w2 = cluster.StartWorker("w2", {"--cpus", "1"});
+  absl::StatusOr<v1::Job> job = cluster.Submit(SlowDataParallelJob());
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<v1::Job> checkpointed = cluster.WaitFor(
+      job->id(), [](const v1::Job& j) { return j.checkpoint_step() >= 20; }, absl::Seconds(90));
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.status();
+  ASSERT_EQ(checkpointed->state(), v1::JOB_STATE_RUNNING);
+
+  // The whole worker w2 goes (its trainer dies with it): w1's rank must not hang.
+  cluster.KillWorker(w2, SIGKILL);
+  EXPECT_TRUE(WaitUntilNoProcessMentions({"stoker-trainer", job->id(), "-a1"}, absl::Seconds(15)))
+      << "a trainer of attempt 1 still runs";
+  // One one-core worker cannot hold two ranks: the gang waits, holding nothing, until a worker
+  // joins; then it resumes from the checkpoint and finishes.
+  absl::StatusOr<v1::Job> waiting = cluster.WaitFor(
+      job->id(),
+      [](const v1::Job& j) {
+        return j.attempt() >= 1 && j.state() == v1::JOB_STATE_QUEUED && !j.waiting_reason().empty();
+      },
+      absl::Seconds(15));
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  cluster.StartWorker("w3", {"--cpus", "1"});
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(180));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->attempt(), 2);
+  EXPECT_TRUE(HistoryMentions(cluster, job->id(), "resumed from the checkpoint at step"));
+  std::set<std::string> workers;
+  for (const v1::Placement& placement : done->rank_placements()) {
+    workers.insert(placement.worker_id());
+  }
+  EXPECT_EQ(workers, (std::set<std::string>{"w1", "w3"}));
 }
 
 TEST(DataParallelE2eTest, CancelStopsEveryRank) {
