@@ -1,12 +1,14 @@
-// ConnectGloo (collective.h): a Gloo context over the TCP transport. Gloo reports every failure by
-// throwing; each call into it is wrapped, the exception becomes an absl::Status, and a failed
-// context is never used again (Gloo closes every pair of a context once one operation times out,
-// so a later call could only fail differently).
+// ConnectGloo (collective.h): a Gloo context over the TCP transport, its pairs in sync mode. Gloo
+// reports every failure by throwing; each call into it is wrapped, the exception becomes an
+// absl::Status, and a failed context is never used again (Gloo closes every pair of a context once
+// one operation times out, so a later call could only fail differently).
 #include <pthread.h>
 #include <signal.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
@@ -23,12 +25,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "comm/collective.h"
-#include "gloo/allreduce.h"
-#include "gloo/barrier.h"
-#include "gloo/broadcast.h"
+#include "gloo/allreduce_ring_chunked.h"
+#include "gloo/barrier_all_to_all.h"
+#include "gloo/broadcast_one_to_all.h"
 #include "gloo/common/error.h"
 #include "gloo/common/logging.h"
-#include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
 #include "gloo/transport/tcp/attr.h"
@@ -176,10 +177,52 @@ class ScopedSigpipeBlock {
   bool was_pending_ = false;
 };
 
+// The largest piece summed or broadcast by one algorithm run, in bytes. A longer buffer goes
+// piece by piece. In sync mode every write blocks until the kernel took it; ring steps have both
+// neighbours write before either reads, so a piece must fit what loopback TCP buffers (send and
+// receive buffers, several MiB here) or both would stall until the write timeout. 1 MiB in chunks
+// of a quarter of that (2 ranks) keeps far below it.
+constexpr size_t kPieceBytes = size_t{1} << 20;
+// Algorithm instances kept at once (each holds its staging buffer and Gloo's two inboxes, about
+// three times its bytes, so at most ~3 * kMaxCached MiB). All ranks call the same collectives in
+// the same order, so all of them evict at the same call.
+constexpr size_t kMaxCached = 16;
+
+// One Gloo algorithm bound, at construction, to a staging buffer of a fixed element count: its
+// transport buffers (and their slots) are registered once and reused by every later run.
+class CachedOperation {
+ public:
+  virtual ~CachedOperation() = default;
+  virtual void* staging() = 0;
+  virtual void Run() = 0;
+};
+
+template <typename T, typename Algorithm>
+class StagedOperation : public CachedOperation {
+ public:
+  template <typename Make>
+  StagedOperation(size_t count, Make make) : staging_(count) {
+    algorithm_ = make(std::vector<T*>{staging_.data()});
+  }
+  void* staging() override { return staging_.data(); }
+  void Run() override { algorithm_->run(); }
+
+ private:
+  std::vector<T> staging_;  // declared first: the algorithm's buffers point into it
+  std::unique_ptr<Algorithm> algorithm_;
+};
+
+// Every pair is in Gloo's sync mode: the calling thread does its own blocking reads and writes
+// (each bounded by the context timeout through SO_RCVTIMEO / SO_SNDTIMEO, so a silent peer ends
+// in "Read timeout", i.e. DEADLINE_EXCEEDED), and Gloo's event-loop thread has no descriptor
+// left to wake for. Only Gloo's bound-buffer algorithms work in sync mode; they are cached per
+// (operation, element type, count, root) over staging buffers, because creating them registers
+// fresh slots on every pair and creating them per call was slow (tens of ms) on alternating
+// sizes.
 class GlooCollective : public Collective {
  public:
   GlooCollective(std::shared_ptr<gloo::Context> context, absl::Duration timeout)
-      : context_(std::move(context)), timeout_(ToMilliseconds(timeout)) {}
+      : context_(std::move(context)), timeout_(timeout) {}
 
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
@@ -195,24 +238,32 @@ class GlooCollective : public Collective {
     if (size() == 1 || count == 0) return absl::OkStatus();
     if (data == nullptr) return absl::InvalidArgumentError("broadcast of a null buffer");
     return Run(absl::StrCat("broadcast of ", count, " floats from rank ", root), [&] {
-      gloo::BroadcastOptions options(context_);
-      options.setOutput(data, count);
-      options.setRoot(root);
-      options.setTimeout(timeout_);
-      gloo::broadcast(options);
+      Pieces<float>(data, count, [&](size_t n) -> CachedOperation& {
+        return Operation<float>(Kind::kBroadcast, n, root, [&](std::vector<float*> ptrs) {
+          return std::make_unique<gloo::BroadcastOneToAll<float>>(context_, ptrs, n, root);
+        });
+      });
     });
   }
 
   absl::Status Barrier() override {
     if (size() == 1) return absl::OkStatus();
     return Run("barrier", [&] {
-      gloo::BarrierOptions options(context_);
-      options.setTimeout(timeout_);
-      gloo::barrier(options);
+      if (barrier_ == nullptr) barrier_ = std::make_unique<gloo::BarrierAllToAll>(context_);
+      barrier_->run();
     });
   }
 
  private:
+  enum class Kind { kSum, kBroadcast };
+  struct Key {
+    Kind kind;
+    size_t element_bytes;
+    size_t count;
+    int root;
+    bool operator==(const Key&) const = default;
+  };
+
   template <typename T>
   absl::Status Sum(T* data, size_t count) {
     if (size() == 1 || count == 0) return absl::OkStatus();
@@ -220,13 +271,41 @@ class GlooCollective : public Collective {
     return Run(absl::StrCat("all-reduce of ", count, " ", sizeof(T) == 4 ? "floats" : "doubles",
                             " (rank ", rank(), " of ", size(), ")"),
                [&] {
-                 gloo::AllreduceOptions options(context_);
-                 options.setOutput(data, count);
-                 void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<T>;
-                 options.setReduceFunction(sum);
-                 options.setTimeout(timeout_);
-                 gloo::allreduce(options);
+                 Pieces<T>(data, count, [&](size_t n) -> CachedOperation& {
+                   return Operation<T>(Kind::kSum, n, -1, [&](std::vector<T*> ptrs) {
+                     return std::make_unique<gloo::AllreduceRingChunked<T>>(context_, ptrs,
+                                                                            static_cast<int>(n));
+                   });
+                 });
                });
+  }
+
+  // Runs `data` through the operation `operation_for(n)` piece by piece (n elements each, at
+  // most kPieceBytes): copy in, run, copy out.
+  template <typename T, typename OperationFor>
+  void Pieces(T* data, size_t count, OperationFor operation_for) {
+    const size_t piece = kPieceBytes / sizeof(T);
+    for (size_t offset = 0; offset < count; offset += piece) {
+      const size_t n = std::min(piece, count - offset);
+      CachedOperation& operation = operation_for(n);
+      T* staging = static_cast<T*>(operation.staging());
+      std::memcpy(staging, data + offset, n * sizeof(T));
+      operation.Run();
+      std::memcpy(data + offset, staging, n * sizeof(T));
+    }
+  }
+
+  // The cached operation for `key`, made with `make` on first use.
+  template <typename T, typename Make>
+  CachedOperation& Operation(Kind kind, size_t count, int root, Make make) {
+    const Key key{kind, sizeof(T), count, root};
+    for (auto& [cached_key, operation] : cache_) {
+      if (cached_key == key) return *operation;
+    }
+    if (cache_.size() >= kMaxCached) cache_.clear();
+    using Algorithm = typename decltype(make(std::vector<T*>{}))::element_type;
+    cache_.emplace_back(key, std::make_unique<StagedOperation<T, Algorithm>>(count, make));
+    return *cache_.back().second;
   }
 
   // Runs one Gloo operation; the first failure is kept and returned by every later call.
@@ -244,14 +323,21 @@ class GlooCollective : public Collective {
       return absl::OkStatus();
     } catch (...) {
       failed_ = StatusFromException(std::current_exception(), what);
+      if (absl::IsDeadlineExceeded(failed_)) {
+        failed_ = absl::DeadlineExceededError(absl::StrCat(failed_.message(), " (no answer within ",
+                                                           absl::FormatDuration(timeout_), ")"));
+      }
       return failed_;
     }
   }
 
   const std::shared_ptr<gloo::Context> context_;
-  const std::chrono::milliseconds timeout_;
-  absl::Mutex mu_;  // one operation at a time: they share Gloo's slot 0
+  const absl::Duration timeout_;
+  absl::Mutex mu_;  // one operation at a time: a sync-mode pair serves one thread
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  // Used only under mu_ (from the operations Run runs).
+  std::vector<std::pair<Key, std::unique_ptr<CachedOperation>>> cache_;
+  std::unique_ptr<gloo::BarrierAllToAll> barrier_;
 };
 
 }  // namespace
@@ -285,6 +371,10 @@ absl::StatusOr<std::unique_ptr<Collective>> ConnectGloo(const GlooOptions& optio
     if (options.size > 1) {
       StoreAdapter adapter(store, options.store_prefix, deadline, options.timeout);
       context->connectFullMesh(adapter, device);
+      // Sync mode (see GlooCollective): each pair leaves the device's event loop.
+      for (int peer = 0; peer < options.size; ++peer) {
+        if (peer != options.rank) context->getPair(peer)->setSync(true, false);
+      }
     }
     return std::unique_ptr<Collective>(
         std::make_unique<GlooCollective>(std::move(context), options.timeout));
