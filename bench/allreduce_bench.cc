@@ -1,6 +1,7 @@
 // Loopback all-reduce bandwidth of the Gloo collective (comm/collective.h) with N ranks as threads
 // of this process, pinned to one core each (--pin; see its help): (a) one buffer per size
-// through Collective::AllReduceSum (gloo::allreduce, ring), (b) a training step's gradients of the
+// through Collective::AllReduceSum (Gloo's chunked ring over sync-mode pairs), plus a row that
+// alternates 4 KiB, 256 KiB, 16 B and 1 MiB call by call, (b) a training step's gradients of the
 // example MLP (784-256-128-10, examples/fashion-mnist-mlp.yaml) through the BucketedReducer, as a
 // model hands them over (reverse parameter order), at several bucket caps.
 // Prints markdown tables: algorithm bandwidth (bytes summed per second) and bus bandwidth
@@ -115,8 +116,10 @@ int Main() {
     if (!status.ok()) Die(status);
   }
 
-  std::printf("(a) Collective::AllReduceSum (gloo::allreduce), %d ranks as threads, --pin=%s\n\n",
-              size, absl::GetFlag(FLAGS_pin).c_str());
+  std::printf(
+      "(a) Collective::AllReduceSum (Gloo ring, sync-mode pairs), %d ranks as threads, "
+      "--pin=%s\n\n",
+      size, absl::GetFlag(FLAGS_pin).c_str());
   std::printf("| size | iterations | time per all-reduce (us) | algbw (GB/s) | busbw (GB/s) |\n");
   std::printf("|---:|---:|---:|---:|---:|\n");
   for (int64_t bytes : sizes) {
@@ -145,6 +148,45 @@ int Main() {
     const double algbw = static_cast<double>(count * sizeof(float)) / per_call;
     std::printf("| %s | %d | %.1f | %.3f | %.3f |\n", Human(static_cast<double>(bytes)).c_str(),
                 iterations, per_call * 1e6, algbw / 1e9, algbw * bus_factor / 1e9);
+  }
+
+  {
+    // Alternating sizes, one buffer per size (as a reducer's buckets and a loop's small sums).
+    const std::vector<size_t> counts = {1024, 65536, 4, 262144};
+    size_t round_bytes = 0;
+    for (size_t count : counts) round_bytes += count * sizeof(float);
+    const int rounds = 500;
+    std::vector<double> seconds(size);
+    std::vector<double> slowest(size);
+    OnRanks(size, [&](int rank) {
+      Pin(rank, "rank");
+      std::vector<std::vector<float>> buffers;
+      for (size_t count : counts) buffers.emplace_back(count, 1.0f);
+      absl::Status status;
+      for (auto& buffer : buffers) {
+        if (status.ok()) status = collectives[rank]->AllReduceSum(buffer.data(), buffer.size());
+      }
+      if (status.ok()) status = collectives[rank]->Barrier();
+      const absl::Time start = absl::Now();
+      for (int i = 0; i < rounds && status.ok(); ++i) {
+        for (auto& buffer : buffers) {
+          if (i % 64 == 0) std::fill(buffer.begin(), buffer.end(), 1.0f);
+          const absl::Time call = absl::Now();
+          status = collectives[rank]->AllReduceSum(buffer.data(), buffer.size());
+          slowest[rank] = std::max(slowest[rank], absl::ToDoubleSeconds(absl::Now() - call));
+          if (!status.ok()) break;
+        }
+      }
+      seconds[rank] = absl::ToDoubleSeconds(absl::Now() - start);
+      if (!status.ok()) Die(status);
+    });
+    const int calls = rounds * static_cast<int>(counts.size());
+    const double per_call = *std::max_element(seconds.begin(), seconds.end()) / calls;
+    const double algbw = static_cast<double>(round_bytes) * rounds /
+                         *std::max_element(seconds.begin(), seconds.end());
+    std::printf("| 4K,256K,16B,1M alternating (slowest call %.1f ms) | %d | %.1f | %.3f | %.3f |\n",
+                *std::max_element(slowest.begin(), slowest.end()) * 1e3, calls, per_call * 1e6,
+                algbw / 1e9, algbw * bus_factor / 1e9);
   }
 
   int64_t mlp_floats = 0;

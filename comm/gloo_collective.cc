@@ -219,6 +219,19 @@ class StagedOperation : public CachedOperation {
 // (operation, element type, count, root) over staging buffers, because creating them registers
 // fresh slots on every pair and creating them per call was slow (tens of ms) on alternating
 // sizes.
+// Gloo sizes a pair's SO_SNDBUF to its first message and only grows it after: a first message of
+// a few bytes leaves the kernel's minimum (about 4.5 KiB). In sync mode a write of a few KiB then
+// blocks until the peer acknowledges, and the peer, blocked in its read with one segment in hand,
+// delays that acknowledgement (40 ms): 16 KiB all-reduces took 40 ms each. So before any real
+// operation every rank sends kPieceBytes to every other (one broadcast per root), which sizes
+// every pair's send buffer for any piece. Throws as Gloo does.
+void WidenSendBuffers(const std::shared_ptr<gloo::Context>& context) {
+  std::vector<float> buffer(kPieceBytes / sizeof(float));
+  for (int root = 0; root < context->size; ++root) {
+    gloo::BroadcastOneToAll<float>(context, {buffer.data()}, buffer.size(), root).run();
+  }
+}
+
 class GlooCollective : public Collective {
  public:
   GlooCollective(std::shared_ptr<gloo::Context> context, absl::Duration timeout)
@@ -375,6 +388,7 @@ absl::StatusOr<std::unique_ptr<Collective>> ConnectGloo(const GlooOptions& optio
       for (int peer = 0; peer < options.size; ++peer) {
         if (peer != options.rank) context->getPair(peer)->setSync(true, false);
       }
+      WidenSendBuffers(context);
     }
     return std::unique_ptr<Collective>(
         std::make_unique<GlooCollective>(std::move(context), options.timeout));
