@@ -171,8 +171,8 @@ TEST(AgentTest, RegistersItsDevicesAndKeepsItsLeaseWithHeartbeats) {
   EXPECT_TRUE(agent.Stop()) << "a stop is a clean end";
 }
 
-TEST(AgentTest, RunsAnAssignmentToCompletion) {
-  Server server;
+// A small Fashion-MNIST job: 512 training samples, one epoch.
+v1::JobSpec SmallJob() {
   v1::JobSpec spec = DefaultJobSpec();
   spec.set_name("agent-test");
   v1::DatasetSpec* data = spec.mutable_dataset();
@@ -186,7 +186,12 @@ TEST(AgentTest, RunsAnAssignmentToCompletion) {
   spec.mutable_train()->set_epochs(1);
   spec.mutable_train()->set_batch_size(64);
   spec.mutable_loader()->set_processes(1);
-  const v1::Job submitted = server.Submit(spec);
+  return spec;
+}
+
+TEST(AgentTest, RunsAnAssignmentToCompletion) {
+  Server server;
+  const v1::Job submitted = server.Submit(SmallJob());
   ASSERT_FALSE(submitted.id().empty());
 
   RunningAgent agent(Options(server, "agent-b"));
@@ -205,24 +210,6 @@ TEST(AgentTest, RunsAnAssignmentToCompletion) {
   EXPECT_GT(job.progress().test_accuracy(), 0) << "the epoch's report reached the server";
   EXPECT_EQ(job.checkpoint_step(), 8) << "the agent uploaded the final weights";
   EXPECT_TRUE(agent.Stop());
-}
-
-// A small Fashion-MNIST job: 512 training samples, one epoch.
-v1::JobSpec SmallJob() {
-  v1::JobSpec spec = DefaultJobSpec();
-  spec.set_name("agent-test");
-  v1::DatasetSpec* data = spec.mutable_dataset();
-  data->set_train_images("fashion-mnist/train-images-idx3-ubyte.gz");
-  data->set_train_labels("fashion-mnist/train-labels-idx1-ubyte.gz");
-  data->set_test_images("fashion-mnist/t10k-images-idx3-ubyte.gz");
-  data->set_test_labels("fashion-mnist/t10k-labels-idx1-ubyte.gz");
-  data->set_train_limit(512);
-  data->set_test_limit(256);
-  spec.mutable_model()->add_hidden(32);
-  spec.mutable_train()->set_epochs(1);
-  spec.mutable_train()->set_batch_size(64);
-  spec.mutable_loader()->set_processes(1);
-  return spec;
 }
 
 std::string FileText(const std::string& path) {
