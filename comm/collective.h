@@ -31,6 +31,12 @@ class KeyValueStore {
 // A thread-safe store in this process (tests, benchmarks with every rank in one process).
 std::unique_ptr<KeyValueStore> CreateInProcessStore();
 
+// A store in `directory` (which must exist), shared by processes on one machine (tests,
+// benchmarks with forked ranks): each key a file, written under a temporary name and linked into
+// place, so a reader sees a value whole or not at all; Get polls every millisecond. Setting a key
+// again to another value is ALREADY_EXISTS.
+std::unique_ptr<KeyValueStore> CreateDirectoryStore(const std::string& directory);
+
 class Collective {
  public:
   virtual ~Collective() = default;

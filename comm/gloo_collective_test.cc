@@ -31,55 +31,6 @@
 namespace stoker {
 namespace {
 
-// A KeyValueStore that forked processes share: one file per key in a directory, written under a
-// temporary name and renamed into place, so a reader sees a whole value or none.
-class DirectoryStore : public KeyValueStore {
- public:
-  explicit DirectoryStore(std::string directory) : directory_(std::move(directory)) {}
-
-  absl::Status Set(const std::string& key, const std::string& value) override {
-    const std::string path = PathOf(key);
-    const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
-    {
-      std::ofstream out(temporary, std::ios::binary);
-      out.write(value.data(), static_cast<std::streamsize>(value.size()));
-      if (!out) return absl::InternalError(absl::StrCat("cannot write ", temporary));
-    }
-    if (rename(temporary.c_str(), path.c_str()) != 0) {
-      return absl::InternalError(absl::StrCat("cannot rename ", temporary, ": ", strerror(errno)));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
-                                               absl::Duration timeout) override {
-    const absl::Time deadline = absl::Now() + timeout;
-    std::vector<std::string> values;
-    for (const std::string& key : keys) {
-      for (;;) {
-        std::ifstream in(PathOf(key), std::ios::binary);
-        if (in) {
-          std::ostringstream contents;
-          contents << in.rdbuf();
-          values.push_back(contents.str());
-          break;
-        }
-        if (absl::Now() >= deadline) {
-          return absl::DeadlineExceededError(absl::StrCat("store key '", key, "' was not set"));
-        }
-        absl::SleepFor(absl::Milliseconds(5));
-      }
-    }
-    return values;
-  }
-
- private:
-  std::string PathOf(const std::string& key) const {
-    return absl::StrCat(directory_, "/", absl::BytesToHexString(key));
-  }
-  std::string directory_;
-};
-
 std::string MakeTempDirectory() {
   std::string pattern =
       (std::filesystem::temp_directory_path() / "stoker-comm-test-XXXXXX").string();
@@ -447,9 +398,9 @@ TEST(GlooForkedTest, ThreeProcessesSumExactly) {
   const size_t count = 50000;
   // Each rank contributes rank + 1 to every element; the sum is 6, exactly.
   auto rank_body = [&](int rank) {
-    DirectoryStore store(directory);
+    std::unique_ptr<KeyValueStore> store = CreateDirectoryStore(directory);
     absl::StatusOr<std::unique_ptr<Collective>> collective =
-        ConnectGloo(Options(rank, 3, "forked/", absl::Seconds(20)), store);
+        ConnectGloo(Options(rank, 3, "forked/", absl::Seconds(20)), *store);
     if (!collective.ok()) return 10;
     std::vector<float> data(count, static_cast<float>(rank + 1));
     if (!(*collective)->AllReduceSum(data.data(), count).ok()) return 11;
@@ -473,18 +424,18 @@ TEST(GlooForkedTest, AKilledRankFailsTheParentsAllReduceWithinSeconds) {
   // The child joins one all-reduce, then stops taking part (as a rank stuck in backward would)
   // until it is killed.
   const pid_t child = ForkRank([&] {
-    DirectoryStore store(directory);
+    std::unique_ptr<KeyValueStore> store = CreateDirectoryStore(directory);
     absl::StatusOr<std::unique_ptr<Collective>> collective =
-        ConnectGloo(Options(1, 2, "killed/", absl::Seconds(60)), store);
+        ConnectGloo(Options(1, 2, "killed/", absl::Seconds(60)), *store);
     if (!collective.ok()) return 10;
     std::vector<float> data(count, 1.0f);
     if (!(*collective)->AllReduceSum(data.data(), count).ok()) return 11;
     for (;;) pause();
   });
-  DirectoryStore store(directory);
+  std::unique_ptr<KeyValueStore> store = CreateDirectoryStore(directory);
   // A long timeout: the failure must come from the peer's death, not from the clock.
   absl::StatusOr<std::unique_ptr<Collective>> collective =
-      ConnectGloo(Options(0, 2, "killed/", absl::Seconds(60)), store);
+      ConnectGloo(Options(0, 2, "killed/", absl::Seconds(60)), *store);
   ASSERT_TRUE(collective.ok()) << collective.status();
   std::vector<float> data(count, 2.0f);
   ASSERT_TRUE((*collective)->AllReduceSum(data.data(), count).ok());
@@ -512,18 +463,18 @@ TEST(GlooForkedTest, AKilledRankWhileBothAreSendingIsAnErrorNotASignal) {
   ASSERT_FALSE(directory.empty());
   const size_t count = 4 << 20;
   const pid_t child = ForkRank([&] {
-    DirectoryStore store(directory);
+    std::unique_ptr<KeyValueStore> store = CreateDirectoryStore(directory);
     absl::StatusOr<std::unique_ptr<Collective>> collective =
-        ConnectGloo(Options(1, 2, "sending/", absl::Seconds(60)), store);
+        ConnectGloo(Options(1, 2, "sending/", absl::Seconds(60)), *store);
     if (!collective.ok()) return 10;
     std::vector<float> data(count, 1.0f);
     while ((*collective)->AllReduceSum(data.data(), count).ok()) {
     }
     return 11;
   });
-  DirectoryStore store(directory);
+  std::unique_ptr<KeyValueStore> store = CreateDirectoryStore(directory);
   absl::StatusOr<std::unique_ptr<Collective>> collective =
-      ConnectGloo(Options(0, 2, "sending/", absl::Seconds(60)), store);
+      ConnectGloo(Options(0, 2, "sending/", absl::Seconds(60)), *store);
   ASSERT_TRUE(collective.ok()) << collective.status();
   std::vector<float> data(count, 1.0f);
   ASSERT_TRUE((*collective)->AllReduceSum(data.data(), count).ok());
