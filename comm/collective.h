@@ -37,6 +37,10 @@ std::unique_ptr<KeyValueStore> CreateInProcessStore();
 // again to another value is ALREADY_EXISTS.
 std::unique_ptr<KeyValueStore> CreateDirectoryStore(const std::string& directory);
 
+// INVALID_ARGUMENT unless 0 <= rank < size and the timeout is positive: the options every
+// Connect* function checks first.
+absl::Status CheckGroup(int rank, int size, absl::Duration timeout);
+
 class Collective {
  public:
   virtual ~Collective() = default;

@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "comm/collective.h"
+#include "common/status_macros.h"
 #include "gloo/allreduce_ring_chunked.h"
 #include "gloo/barrier_all_to_all.h"
 #include "gloo/broadcast_one_to_all.h"
@@ -357,14 +358,7 @@ class GlooCollective : public Collective {
 
 absl::StatusOr<std::unique_ptr<Collective>> ConnectGloo(const GlooOptions& options,
                                                         KeyValueStore& store) {
-  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", options.rank, " is not a rank of a group of ", options.size));
-  }
-  if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("the collective timeout must be positive, not ",
-                                                   absl::FormatDuration(options.timeout)));
-  }
+  STOKER_RETURN_IF_ERROR(CheckGroup(options.rank, options.size, options.timeout));
   const std::string what = absl::StrCat("connecting rank ", options.rank, " of ", options.size,
                                         " (Gloo over TCP on ", options.host, ")");
   const absl::Time deadline = absl::Now() + options.timeout;

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/status_macros.h"
 
 namespace stoker {
 namespace {
@@ -193,14 +194,7 @@ class NcclCollective : public Collective {
 
 absl::StatusOr<std::unique_ptr<Collective>> ConnectNccl(const NcclOptions& options,
                                                         KeyValueStore& store) {
-  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", options.rank, " is not a rank of a group of ", options.size));
-  }
-  if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("the collective timeout must be positive, not ",
-                                                   absl::FormatDuration(options.timeout)));
-  }
+  STOKER_RETURN_IF_ERROR(CheckGroup(options.rank, options.size, options.timeout));
   const absl::Time deadline = absl::Now() + options.timeout;
   const std::string what =
       absl::StrCat("connecting NCCL rank ", options.rank, " of ", options.size);
