@@ -40,6 +40,8 @@ v1::JobSpec DataParallelJob(int replicas, int batch_size, int epochs) {
   return spec;
 }
 
+// Processes are matched with the cluster's own directory among the needles: another test run on
+// the machine has jobs of the same ids.
 bool WaitUntilNoProcessMentions(const std::vector<std::string>& needles, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (!FindProcesses(needles).empty()) {
@@ -168,12 +170,13 @@ TEST(DataParallelE2eTest, AKilledRankStopsTheGangWhichResumesFromTheCheckpoint) 
   ASSERT_EQ(checkpointed->state(), v1::JOB_STATE_RUNNING);
 
   // SIGKILL rank 1's trainer: rank 0 must not hang in its all-reduce; the whole attempt ends.
-  const std::vector<std::string> rank1 = {"stoker-trainer", job->id(), "--rank 1"};
+  const std::vector<std::string> rank1 = {"stoker-trainer", cluster.dir(), job->id(), "--rank 1"};
   std::vector<pid_t> pids = FindProcesses(rank1);
   ASSERT_EQ(pids.size(), 1u);
   const absl::Time killed = absl::Now();
   kill(pids[0], SIGKILL);
-  EXPECT_TRUE(WaitUntilNoProcessMentions({"stoker-trainer", job->id(), "-a1"}, absl::Seconds(15)))
+  EXPECT_TRUE(WaitUntilNoProcessMentions({"stoker-trainer", cluster.dir(), job->id(), "-a1"},
+                                         absl::Seconds(15)))
       << "a trainer of attempt 1 still runs";
   absl::StatusOr<v1::Job> second = cluster.WaitFor(
       job->id(), [](const v1::Job& j) { return j.attempt() >= 2; }, absl::Seconds(15));
@@ -202,7 +205,8 @@ TEST(DataParallelE2eTest, ALostWorkerStopsTheGangWhichResumesOnTheWorkersLeft) {
 
   // The whole worker w2 goes (its trainer dies with it): w1's rank must not hang.
   cluster.KillWorker(w2, SIGKILL);
-  EXPECT_TRUE(WaitUntilNoProcessMentions({"stoker-trainer", job->id(), "-a1"}, absl::Seconds(15)))
+  EXPECT_TRUE(WaitUntilNoProcessMentions({"stoker-trainer", cluster.dir(), job->id(), "-a1"},
+                                         absl::Seconds(15)))
       << "a trainer of attempt 1 still runs";
   // One one-core worker cannot hold two ranks: the gang waits, holding nothing, until a worker
   // joins; then it resumes from the checkpoint and finishes.
@@ -234,10 +238,11 @@ TEST(DataParallelE2eTest, CancelStopsEveryRank) {
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_TRUE(cluster.WaitForStep(job->id(), 10).ok());
   // Both ranks on the one worker of two cores.
-  EXPECT_EQ(FindProcesses({"stoker-trainer", job->id()}).size(), 2u);
+  EXPECT_EQ(FindProcesses({"stoker-trainer", cluster.dir(), job->id()}).size(), 2u);
   CommandResult cancel = cluster.Cli("cancel " + job->id());
   ASSERT_EQ(cancel.exit_code, 0) << cancel.output;
-  EXPECT_TRUE(WaitUntilNoProcessMentions({"stoker-trainer", job->id()}, absl::Seconds(10)));
+  EXPECT_TRUE(
+      WaitUntilNoProcessMentions({"stoker-trainer", cluster.dir(), job->id()}, absl::Seconds(10)));
   absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(10));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::JOB_STATE_CANCELLED);

@@ -184,9 +184,11 @@ def main():
     try:
         cluster.up()
         # 1. Every dashboard and alert expression returns data while a job trains.
-        # fp16, so the loss-scale and skipped-step series exist too; only GPU series cannot.
+        # fp16, so the loss-scale and skipped-step series exist too, and two data-parallel ranks
+        # of one core each, so the all-reduce series do; only GPU series cannot.
         job = cluster.submit(JOB.format(name="obs", train_limit=12000, hidden="[256]", epochs=30,
-                                        batch=128, loaders=1, delay=5, precision="fp16"), "obs")
+                                        batch=128, loaders=1, delay=5, precision="fp16")
+                             + "resources: {cpus: 1, replicas: 2}\n", "obs")
         cluster.wait_running(job)
         check = subprocess.run(
             [os.path.join(args.source_dir, "tests/observability/live_check.sh"),
