@@ -30,6 +30,16 @@ namespace {
 
 constexpr char kToken[] = "agent-test-token-0123456789";
 
+template <typename Predicate>
+bool WaitUntil(Predicate predicate, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!predicate()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return true;
+}
+
 // A stoker-server on a free loopback port, stopped and removed with its directory at the end.
 class Server {
  public:
@@ -94,6 +104,15 @@ class Server {
     EXPECT_TRUE(status.ok()) << status.error_message();
     return job;
   }
+  // Polls the job into *job until it is no longer queued or running; false after `timeout`.
+  bool WaitForFinal(const std::string& job_id, absl::Duration timeout, v1::Job* job) {
+    return WaitUntil(
+        [&] {
+          *job = Get(job_id);
+          return job->state() != v1::JOB_STATE_QUEUED && job->state() != v1::JOB_STATE_RUNNING;
+        },
+        timeout);
+  }
 
  private:
   std::string dir_;
@@ -134,16 +153,6 @@ class RunningAgent {
   bool result_ = false;
   std::thread thread_;  // last: starts after the members it uses exist
 };
-
-template <typename Predicate>
-bool WaitUntil(Predicate predicate, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!predicate()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return true;
-}
 
 TEST(AgentTest, RegistersItsDevicesAndKeepsItsLeaseWithHeartbeats) {
   Server server;
@@ -196,12 +205,7 @@ TEST(AgentTest, RunsAnAssignmentToCompletion) {
 
   RunningAgent agent(Options(server, "agent-b"));
   v1::Job job;
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        job = server.Get(submitted.id());
-        return job.state() != v1::JOB_STATE_QUEUED && job.state() != v1::JOB_STATE_RUNNING;
-      },
-      absl::Seconds(25)))
+  ASSERT_TRUE(server.WaitForFinal(submitted.id(), absl::Seconds(25), &job))
       << "job still " << v1::JobState_Name(job.state());
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.DebugString();
   EXPECT_EQ(job.worker_id(), "agent-b");
@@ -233,12 +237,7 @@ TEST(AgentTest, RunsBothRanksOfADataParallelJob) {
   const std::string work_dir = options.runner.work_dir;
   RunningAgent agent(options);
   v1::Job job;
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        job = server.Get(submitted.id());
-        return job.state() != v1::JOB_STATE_QUEUED && job.state() != v1::JOB_STATE_RUNNING;
-      },
-      absl::Seconds(60)))
+  ASSERT_TRUE(server.WaitForFinal(submitted.id(), absl::Seconds(60), &job))
       << "job still " << v1::JobState_Name(job.state());
   const std::string dir0 = absl::StrCat(work_dir, "/", submitted.id(), "-a1");
   const std::string dir1 = dir0 + "-r1";
@@ -275,12 +274,7 @@ TEST(AgentTest, RanksOnTwoWorkersMeetThroughTheRendezvousWithTheTokenFile) {
     agents.push_back(std::make_unique<RunningAgent>(options));
   }
   v1::Job job;
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        job = server.Get(submitted.id());
-        return job.state() != v1::JOB_STATE_QUEUED && job.state() != v1::JOB_STATE_RUNNING;
-      },
-      absl::Seconds(60)))
+  ASSERT_TRUE(server.WaitForFinal(submitted.id(), absl::Seconds(60), &job))
       << "job still " << v1::JobState_Name(job.state());
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.DebugString();
   EXPECT_EQ(job.progress().step(), 4);
@@ -329,13 +323,7 @@ TEST(AgentTest, ADrainedRankStopsTheGangAtACheckpointAndTheJobResumes) {
   EXPECT_EQ(job.released_attempts(), 1) << "given back, not counted against max_retries";
 
   std::unique_ptr<RunningAgent> third = start("agent-dr3");
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        job = server.Get(submitted.id());
-        return job.state() != v1::JOB_STATE_QUEUED && job.state() != v1::JOB_STATE_RUNNING;
-      },
-      absl::Seconds(60)))
-      << job.DebugString();
+  ASSERT_TRUE(server.WaitForFinal(submitted.id(), absl::Seconds(60), &job)) << job.DebugString();
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.DebugString();
   // The draining worker said at once that it takes nothing more (free_slots 0), so the second
   // attempt was not placed on it.
@@ -393,13 +381,7 @@ TEST(AgentTest, ARankKilledStopsItsPeerAndTheJobIsRetried) {
   ASSERT_TRUE(WaitUntil([&] { return kill(rank0, 0) != 0; }, absl::Seconds(10)))
       << "rank 0 still runs 10 s after its peer was killed";
   EXPECT_LT(absl::Now() - killed, absl::Seconds(5)) << "the gang stops within seconds";
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        job = server.Get(submitted.id());
-        return job.state() != v1::JOB_STATE_QUEUED && job.state() != v1::JOB_STATE_RUNNING;
-      },
-      absl::Seconds(90)))
-      << job.DebugString();
+  ASSERT_TRUE(server.WaitForFinal(submitted.id(), absl::Seconds(90), &job)) << job.DebugString();
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.DebugString();
   EXPECT_GE(job.attempt(), 2);
   EXPECT_EQ(job.checkpoint_step(), 20);
