@@ -331,6 +331,29 @@ void SetTrainingFields(const v1::JobSpec& spec, int classes, Config* config) {
   config->optimizer = OptimizerFromSpec(spec.train());
 }
 
+// The job-file path and kind of the first BatchNorm in `layers` (on inputs of `shape`) that a
+// batch of one sample gives one value per channel: every BatchNorm1d, and a BatchNorm2d on a 1x1
+// plane. Empty when there is none.
+std::string FirstSingleValueBatchNorm(const std::vector<LayerConfig>& layers,
+                                      std::vector<int> shape, const std::string& path) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerConfig& layer = layers[i];
+    const std::string here = absl::StrCat(path, "[", i, "]");
+    if (IsBatchNorm(layer.kind) && Product(shape) == (shape.empty() ? 1 : shape[0])) {
+      return absl::StrCat(here, " (", LayerKindName(layer.kind), ")");
+    }
+    if (layer.kind == LayerConfig::Kind::kResidual) {
+      for (const auto& [branch, name] :
+           {std::pair{&layer.layers, ".layers"}, std::pair{&layer.shortcut, ".shortcut"}}) {
+        std::string found = FirstSingleValueBatchNorm(*branch, shape, here + name);
+        if (!found.empty()) return found;
+      }
+    }
+    shape = LayerOutput(layer, shape);
+  }
+  return "";
+}
+
 }  // namespace
 
 OptimizerConfig OptimizerFromSpec(const v1::TrainSpec& train) {
@@ -393,6 +416,20 @@ absl::Status ValidateModelForData(const v1::JobSpec& spec, const std::vector<int
   absl::StatusOr<NetworkConfig> config = NetworkConfigFromSpec(spec, sample_dims, classes);
   if (!config.ok()) return config.status();
   absl::Status status = ValidateNetworkConfig(*config);
+  if (status.ok() && spec.train().batch_size() == 1) {
+    // Every training batch then gives such a BatchNorm one value per channel, which training
+    // refuses (as PyTorch does): say so now rather than fail the job at its first step.
+    const std::string norm =
+        FirstSingleValueBatchNorm(config->layers, config->input_shape, "model.layers");
+    if (!norm.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "train.batch_size: 1 gives ", norm,
+          spec.model().type() == "resnet" ? " of the resnet preset" : "",
+          " one value per channel; BatchNorm trains on the batch's statistics and needs more "
+          "than 1 value per channel (PyTorch: \"Expected more than 1 value per channel when "
+          "training\"): use a batch_size of at least 2"));
+    }
+  }
   if (status.ok()) return status;
   // The engine names the layer ("layers[0] (conv2d): ..."); the job file calls it model.layers.
   // A resnet's layers are not in the job file: say what they came from and where to see them.

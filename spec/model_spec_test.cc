@@ -458,6 +458,45 @@ TEST(ModelSpecVisionTest, NestedErrorsNameTheLayersPath) {
   EXPECT_TRUE(absl::StrContains(status.message(), "--dry-run")) << status;
 }
 
+// batch_size 1 gives a BatchNorm1d, or a BatchNorm2d on a 1x1 plane, one value per channel in
+// every training batch: refused at submit naming the field and the layer; a BatchNorm2d on a
+// larger plane trains on batch 1 (H x W values per channel), and batch 2 is fine everywhere.
+TEST(ModelSpecVisionTest, BatchSizeOneWithASingleValueBatchNormIsRefused) {
+  v1::JobSpec spec = ParsedSpec(std::string(kDataset) + kResidualModel);
+  spec.mutable_train()->set_batch_size(1);
+  absl::Status status = ValidateModelForData(spec, {3, 8, 8}, 4);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(
+      absl::StartsWith(status.message(),
+                       "train.batch_size: 1 gives model.layers[8] (batchnorm1d) one value per "
+                       "channel"))
+      << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "Expected more than 1 value per channel"))
+      << status;
+  spec.mutable_train()->set_batch_size(2);
+  EXPECT_TRUE(ValidateModelForData(spec, {3, 8, 8}, 4).ok());
+
+  const std::string nested = std::string(kDataset) +
+                             "model:\n"
+                             "  type: cnn\n"
+                             "  layers:\n"
+                             "    - {type: batchnorm2d}\n"
+                             "    - {type: conv2d, out_channels: 4, kernel: 4}\n"
+                             "    - type: residual\n"
+                             "      layers: [{type: conv2d, out_channels: 4, kernel: 1}]\n"
+                             "      shortcut: [{type: batchnorm2d}]\n"
+                             "    - {type: flatten}\n"
+                             "    - {type: linear, units: 4}\n"
+                             "train: {batch_size: 1}\n";
+  status = ValidateModelForData(ParsedSpec(nested), {4, 4}, 4);
+  EXPECT_TRUE(absl::StartsWith(status.message(),
+                               "train.batch_size: 1 gives "
+                               "model.layers[2].shortcut[0] (batchnorm2d) one"))
+      << status;
+  // On 4x4 inputs the first BatchNorm2d sees 16 values per channel; the conv makes 1x1 planes.
+  EXPECT_TRUE(ValidateModelForData(ParsedSpec(nested), {8, 8}, 4).ok());
+}
+
 // ---- scripts/pytorch_eval.py scores a checkpoint with the model's normalisation ----
 
 std::string ScriptPath() {

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "engine/bf16.h"
 #include "engine/cpu/aligned_array.h"
@@ -223,6 +225,9 @@ class CpuNetwork final : public Model {
   void BuildWeightReorders();
   void RefreshComputeWeights();
   void LoadInput(const BatchView& batch);
+  // INVALID_ARGUMENT naming the first BatchNorm that would see one value per channel in a
+  // training batch of `batch` samples (PyTorch refuses it; the variance would be 0/0 unbiased).
+  absl::Status CheckBatchNormValues(int batch) const;
   // Forward through every node; dropout and batch statistics only when training. Returns the f32
   // logits.
   const float* Forward(Plan& plan, bool training);
@@ -1010,6 +1015,27 @@ void CpuNetwork::LoadInput(const BatchView& batch) {
   if (fp16()) cpu::RoundToFp16InPlace(reinterpret_cast<float*>(input), n);
 }
 
+absl::Status CpuNetwork::CheckBatchNormValues(int batch) const {
+  for (const Node& node : nodes_) {
+    if (node.type != Node::Type::kLayer || !IsBatchNorm(node.config.kind)) continue;
+    const std::vector<int>& shape = activations_[node.in].shape;
+    int64_t per_channel = batch;
+    for (size_t d = 1; d < shape.size(); ++d) per_channel *= shape[d];
+    if (per_channel > 1) continue;
+    // The module's name as PyTorch spells it: "layers.3.layers.1" for layers.3.layers.1.weight.
+    const absl::string_view name = absl::StripSuffix(params_[node.norm].name, ".weight");
+    return absl::InvalidArgumentError(absl::StrCat(
+        LayerKindName(node.config.kind), " ", name,
+        ": expected more than 1 value per channel when training, got input size [", batch, ", ",
+        absl::StrJoin(shape, ", "), "] (a training batch of ", batch,
+        batch == 1 ? " sample" : " samples",
+        "); BatchNorm needs at least 2 values per channel to normalise by the batch's statistics: "
+        "raise train.batch_size, or choose dataset.train_limit so that no batch holds one "
+        "sample"));
+  }
+  return absl::OkStatus();
+}
+
 void CpuNetwork::UpdateRunningStatistics(int batch) {
   for (const Node& node : nodes_) {
     if (node.type == Node::Type::kLayer && IsBatchNorm(node.config.kind)) {
@@ -1020,13 +1046,12 @@ void CpuNetwork::UpdateRunningStatistics(int batch) {
 
 void CpuNetwork::UpdateRunningStatistics(const Node& node, int batch) {
   // torch.nn.BatchNorm*d in training: running = (1 - momentum) * running + momentum * batch
-  // statistic, the variance unbiased (n / (n - 1)); with one value per channel (PyTorch refuses
-  // such a batch) the biased one is used.
+  // statistic, the variance unbiased (n / (n - 1)); n > 1 (CheckBatchNormValues).
   int64_t n = batch;
   for (size_t d = 1; d < activations_[node.in].shape.size(); ++d) {
     n *= activations_[node.in].shape[d];
   }
-  const double unbias = n > 1 ? static_cast<double>(n) / static_cast<double>(n - 1) : 1.0;
+  const double unbias = static_cast<double>(n) / static_cast<double>(n - 1);
   const float momentum = node.config.momentum;
   float* running_mean = params_[node.norm + 2].value.data();
   float* running_var = params_[node.norm + 3].value.data();
@@ -1166,6 +1191,7 @@ double CpuNetwork::Loss(const float* logits, const uint8_t* labels, int rows, fl
 absl::StatusOr<StepResult> CpuNetwork::TrainStep(const BatchView& batch, double learning_rate) {
   if (absl::Status status = ValidateBatch(config_, batch); !status.ok()) return status;
   if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
+  STOKER_RETURN_IF_ERROR(CheckBatchNormValues(batch.count));
   // This rank's part of the global batch's mean: folded into the loss scale's multiply below
   // (one product, exact for fp32 and bf16 whose scale is 1).
   absl::StatusOr<float> share_or = LocalGradientShare(reducer_);

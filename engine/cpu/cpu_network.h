@@ -19,6 +19,10 @@
 // add). BatchNorm2d/1d are oneDNN batch normalisation (scale and shift f32 in every precision,
 // statistics f32): TrainStep normalises by the batch's statistics and then updates the running
 // ones on the host as PyTorch does; Evaluate runs the inference primitive on the running ones.
+// A training batch that gives a BatchNorm one value per channel (batch 1 into a BatchNorm1d, or N
+// x H x W = 1 into a BatchNorm2d) is refused before anything runs, as PyTorch refuses it:
+// INVALID_ARGUMENT naming the layer ("batchnorm1d layers.4: expected more than 1 value per channel
+// when training, ..."); weights, statistics and counters stay as they were. Evaluate takes it.
 // AvgPool2d is pooling_avg_include_padding, global average pooling a pooling over the whole plane.
 // Weight decay applies to Conv2d and Linear weights only; BatchNorm's buffers travel with
 // Parameters() and are never updated by the optimizer.

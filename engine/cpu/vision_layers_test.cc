@@ -488,5 +488,65 @@ TEST(VisionLayersTest, PyTorchAgreesOnOneStepAndEvaluation) {
   EXPECT_NEAR(eval->loss_sum, expected_eval, 1e-5 * expected_eval);
 }
 
+// One value per channel in a training batch (batch 1 into a BatchNorm1d, N x H x W = 1 into a
+// BatchNorm2d) is refused as PyTorch refuses it, naming the layer; nothing changes (no NaN in
+// the weights or the running statistics, the step not counted), Evaluate still takes batch 1,
+// and two samples train.
+TEST(VisionLayersTest, BatchNormWithOneValuePerChannelIsRefusedNamingTheLayer) {
+  struct Case {
+    NetworkConfig config;
+    std::string message;
+  };
+  std::vector<Case> cases;
+  // BatchNorm1d after global average pooling and a Linear (batch 1: one value per feature); the
+  // BatchNorm2d layers before it see 36 values per channel and pass.
+  cases.push_back({PyTorchNet(),
+                   "batchnorm1d layers.9: expected more than 1 value per channel when training, "
+                   "got input size [1, 5] (a training batch of 1 sample)"});
+  // BatchNorm2d on a 1x1 plane, inside a residual block's main branch.
+  cases.push_back({TinyNet({2, 2, 2},
+                           {Residual({NoBias(Conv(4, 2, 1, 0)), Norm2d()},
+                                     {NoBias(Conv(4, 2, 1, 0)), Norm2d()}),
+                            Of(Kind::kFlatten), Linear(3)},
+                           27),
+                   "batchnorm2d layers.0.layers.1: expected more than 1 value per channel when "
+                   "training, got input size [1, 4, 1, 1]"});
+  for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    for (Case& c : cases) {
+      c.config.precision = precision;
+      c.config.optimizer.momentum = 0.9;
+      std::unique_ptr<Model> model = MakeNetwork(c.config);
+      ASSERT_NE(model, nullptr);
+      // A full step first, so the refused one has momentum and statistics it could spoil.
+      ASSERT_TRUE(model->TrainStep(RandomFeatures(4, Features(c.config), 3, 50).View(), 0.1).ok());
+      const std::vector<NamedTensor> before = model->Parameters();
+      const std::vector<NamedTensor> state_before = model->OptimizerState();
+      const FeatureBatch one = RandomFeatures(1, Features(c.config), 3, 51);
+      absl::StatusOr<StepResult> step = model->TrainStep(one.View(), 0.1);
+      ASSERT_FALSE(step.ok()) << c.message;
+      EXPECT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(std::string(step.status().message()).find(c.message), std::string::npos)
+          << step.status();
+      const std::vector<NamedTensor> after = model->Parameters();
+      ASSERT_EQ(after.size(), before.size());
+      for (size_t t = 0; t < after.size(); ++t) {
+        EXPECT_EQ(after[t].values, before[t].values) << after[t].name;
+        for (float v : after[t].values) ASSERT_TRUE(std::isfinite(v)) << after[t].name;
+      }
+      const std::vector<NamedTensor> state_after = model->OptimizerState();
+      for (size_t t = 0; t < state_after.size(); ++t) {
+        EXPECT_EQ(state_after[t].values, state_before[t].values) << state_after[t].name;
+      }
+      absl::StatusOr<EvalResult> eval = model->Evaluate(one.View());
+      ASSERT_TRUE(eval.ok()) << eval.status();
+      EXPECT_TRUE(std::isfinite(eval->loss_sum));
+      absl::StatusOr<StepResult> two =
+          model->TrainStep(RandomFeatures(2, Features(c.config), 3, 52).View(), 0.1);
+      ASSERT_TRUE(two.ok()) << two.status();
+      EXPECT_TRUE(std::isfinite(two->loss));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace stoker
