@@ -2,6 +2,9 @@
 // (ncclConfig_t.blocking = 0) so that no call can wait past the timeout inside NCCL: each call
 // returns ncclInProgress at once, and Wait() polls ncclCommGetAsyncError and the stream until
 // they finish, fail, or the deadline passes (then ncclCommAbort unblocks everything).
+// EnqueueAllReduceSum waits only for NCCL to accept the call (a non-blocking communicator may
+// answer ncclInProgress, and no other NCCL call may follow before it settles), never for the
+// stream.
 #include "comm/nccl_collective.h"
 
 #include <cuda_runtime.h>
@@ -91,9 +94,9 @@ absl::Status Wait(ncclComm_t comm, cudaStream_t stream, absl::Time deadline,
   }
 }
 
-class NcclCollective : public Collective {
+class NcclCommunicator : public NcclCollective {
  public:
-  NcclCollective(ncclComm_t comm, cudaStream_t stream, float* scratch, const NcclOptions& options)
+  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, float* scratch, const NcclOptions& options)
       : comm_(comm),
         stream_(stream),
         scratch_(scratch),
@@ -102,7 +105,7 @@ class NcclCollective : public Collective {
         device_(options.device),
         timeout_(options.timeout) {}
 
-  ~NcclCollective() override {
+  ~NcclCommunicator() override {
     cudaSetDevice(device_);
     {
       absl::MutexLock lock(&mu_);
@@ -124,6 +127,33 @@ class NcclCollective : public Collective {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  int device() const override { return device_; }
+  absl::Duration timeout() const override { return timeout_; }
+
+  absl::Status EnqueueAllReduceSum(float* data, size_t count, cudaStream_t stream,
+                                   const std::string& what) override {
+    if (count == 0) return absl::OkStatus();
+    if (data == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": null buffer"));
+    absl::MutexLock lock(&mu_);
+    STOKER_RETURN_IF_ERROR(CheckNotFailed(what));
+    const absl::Time deadline = absl::Now() + timeout_;
+    const cudaError_t set = cudaSetDevice(device_);
+    if (set != cudaSuccess) return CudaError(set, "cudaSetDevice", __FILE__, __LINE__);
+    const ncclResult_t result =
+        ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream);
+    // Accepted (not run): only the communicator's state is waited for, not the stream.
+    return Settle((result == ncclSuccess || result == ncclInProgress)
+                      ? Wait(comm_, nullptr, deadline, what)
+                      : NcclError(result, what, comm_));
+  }
+
+  absl::Status WaitForStream(cudaStream_t stream, const std::string& what) override {
+    absl::MutexLock lock(&mu_);
+    STOKER_RETURN_IF_ERROR(CheckNotFailed(what));
+    const cudaError_t set = cudaSetDevice(device_);
+    if (set != cudaSuccess) return CudaError(set, "cudaSetDevice", __FILE__, __LINE__);
+    return Settle(Wait(comm_, stream, absl::Now() + timeout_, what));
+  }
 
   absl::Status AllReduceSum(float* data, size_t count) override {
     return Run(absl::StrCat("NCCL all-reduce of ", count, " floats"), count, data, [&] {
@@ -158,21 +188,28 @@ class NcclCollective : public Collective {
     if (count == 0) return absl::OkStatus();
     if (data == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": null buffer"));
     absl::MutexLock lock(&mu_);
-    if (!failed_.ok()) {
-      return absl::Status(
-          failed_.code(),
-          absl::StrCat(what, ": an earlier collective failed: ", failed_.message()));
-    }
+    STOKER_RETURN_IF_ERROR(CheckNotFailed(what));
     const absl::Time deadline = absl::Now() + timeout_;
     const cudaError_t set = cudaSetDevice(device_);
     if (set != cudaSuccess) return CudaError(set, "cudaSetDevice", __FILE__, __LINE__);
     const ncclResult_t result = enqueue();
-    absl::Status status = (result == ncclSuccess || result == ncclInProgress)
-                              ? Wait(comm_, stream_, deadline, what)
-                              : NcclError(result, what, comm_);
+    return Settle((result == ncclSuccess || result == ncclInProgress)
+                      ? Wait(comm_, stream_, deadline, what)
+                      : NcclError(result, what, comm_));
+  }
+
+  absl::Status CheckNotFailed(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (failed_.ok()) return absl::OkStatus();
+    return absl::Status(failed_.code(),
+                        absl::StrCat(what, ": an earlier collective failed: ", failed_.message()));
+  }
+
+  // Any error but a refused argument ends the communicator: it is aborted (which unblocks its
+  // streams) and remembered for every later call.
+  absl::Status Settle(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!status.ok() && !absl::IsInvalidArgument(status)) {
       failed_ = status;
-      ncclCommAbort(comm_);  // unblocks the stream; the communicator is gone
+      ncclCommAbort(comm_);
       comm_aborted_ = true;
     }
     return status;
@@ -192,8 +229,8 @@ class NcclCollective : public Collective {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Collective>> ConnectNccl(const NcclOptions& options,
-                                                        KeyValueStore& store) {
+absl::StatusOr<std::unique_ptr<NcclCollective>> ConnectNccl(const NcclOptions& options,
+                                                            KeyValueStore& store) {
   STOKER_RETURN_IF_ERROR(CheckGroup(options.rank, options.size, options.timeout));
   const absl::Time deadline = absl::Now() + options.timeout;
   const std::string what =
@@ -250,8 +287,87 @@ absl::StatusOr<std::unique_ptr<Collective>> ConnectNccl(const NcclOptions& optio
     cudaStreamDestroy(stream);
     return status;
   }
-  return std::unique_ptr<Collective>(
-      std::make_unique<NcclCollective>(comm, stream, scratch, options));
+  return std::unique_ptr<NcclCollective>(
+      std::make_unique<NcclCommunicator>(comm, stream, scratch, options));
+}
+
+namespace {
+
+// CreateHostStagedCollective's Collective: host buffers through one growing device buffer.
+class HostStagedCollective : public Collective {
+ public:
+  HostStagedCollective(NcclCollective& device, cudaStream_t stream)
+      : device_(device), stream_(stream) {}
+  ~HostStagedCollective() override {
+    cudaSetDevice(device_.device());
+    cudaStreamSynchronize(stream_);
+    cudaFree(buffer_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return device_.rank(); }
+  int size() const override { return device_.size(); }
+
+  absl::Status AllReduceSum(float* data, size_t count) override {
+    return Staged(data, count,
+                  [&](float* on_device) { return device_.AllReduceSum(on_device, count); });
+  }
+  absl::Status AllReduceSum(double* data, size_t count) override {
+    return Staged(data, count,
+                  [&](double* on_device) { return device_.AllReduceSum(on_device, count); });
+  }
+  absl::Status Broadcast(float* data, size_t count, int root) override {
+    return Staged(data, count,
+                  [&](float* on_device) { return device_.Broadcast(on_device, count, root); });
+  }
+  absl::Status Barrier() override { return device_.Barrier(); }
+
+ private:
+  template <typename T, typename Op>
+  absl::Status Staged(T* data, size_t count, Op op) {
+    if (count == 0) return absl::OkStatus();
+    if (data == nullptr) return absl::InvalidArgumentError("host-staged collective: null buffer");
+    const size_t bytes = count * sizeof(T);
+    STOKER_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.device()));
+    if (bytes > capacity_) {
+      STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      cudaFree(buffer_);
+      buffer_ = nullptr;
+      capacity_ = 0;
+      const cudaError_t error = cudaMalloc(&buffer_, bytes);
+      if (error != cudaSuccess) {
+        buffer_ = nullptr;
+        return absl::ResourceExhaustedError(
+            absl::StrCat("host-staged collective: cannot allocate ", bytes, " bytes on device ",
+                         device_.device(), ": ", cudaGetErrorName(error)));
+      }
+      capacity_ = bytes;
+    }
+    T* on_device = static_cast<T*>(buffer_);
+    // The device collective runs on its own stream: the copy in must have landed first.
+    STOKER_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(on_device, data, bytes, cudaMemcpyHostToDevice, stream_));
+    STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    STOKER_RETURN_IF_ERROR(op(on_device));  // synchronous: its result is final on return
+    STOKER_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(data, on_device, bytes, cudaMemcpyDeviceToHost, stream_));
+    STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+  NcclCollective& device_;
+  const cudaStream_t stream_;
+  void* buffer_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Collective>> CreateHostStagedCollective(NcclCollective& device) {
+  STOKER_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.device()));
+  cudaStream_t stream = nullptr;
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return std::unique_ptr<Collective>(std::make_unique<HostStagedCollective>(device, stream));
 }
 
 }  // namespace stoker
