@@ -3,7 +3,7 @@
 // memory first. Prints key=value lines; bench/images/transform_pytorch.py measures the same with
 // PIL + torchvision.
 //
-//   build/data/image/image_transform_bench --dir=/tmp/bench_jpegs --rounds=3
+//   build/data/image/image_transform_bench --dir=/tmp/bench_jpegs --rounds=3 [--decode=fast]
 #include <time.h>
 
 #include <algorithm>
@@ -26,6 +26,7 @@ ABSL_FLAG(int, size, 224, "output side");
 ABSL_FLAG(int, rounds, 3, "timed passes over all files (each with different random bits)");
 ABSL_FLAG(bool, center_crop, false, "Resize(size * 8 / 7) + CenterCrop(size) instead");
 ABSL_FLAG(int, channels, 3, "1 or 3");
+ABSL_FLAG(std::string, decode, "exact", "JPEG decoding: exact or fast (image_transform.h)");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -62,6 +63,13 @@ int main(int argc, char** argv) {
     t.random_resized_crop = true;
     t.horizontal_flip = true;
   }
+  const std::string decode = absl::GetFlag(FLAGS_decode);
+  if (decode != "exact" && decode != "fast") {
+    std::fprintf(stderr, "image_transform_bench: --decode is exact or fast, not '%s'\n",
+                 decode.c_str());
+    return 64;
+  }
+  t.decode = decode == "fast" ? stoker::ImageDecodeMode::kFast : stoker::ImageDecodeMode::kExact;
   stoker::TransformScratch scratch;
   std::vector<uint8_t> out(stoker::TransformOutputBytes(t));
   uint64_t checksum = 0;
@@ -101,10 +109,10 @@ int main(int argc, char** argv) {
   }
   std::sort(rates.begin(), rates.end());
   std::sort(cpu_rates.begin(), cpu_rates.end());
-  std::printf("images=%zu mean_file_kib=%.1f mode=%s size=%d threads=1\n", files.size(),
+  std::printf("images=%zu mean_file_kib=%.1f mode=%s decode=%s size=%d threads=1\n", files.size(),
               bytes / 1024.0 / files.size(),
               absl::GetFlag(FLAGS_center_crop) ? "resize_center_crop" : "random_resized_crop_flip",
-              t.size);
+              decode.c_str(), t.size);
   std::printf(
       "best_images_per_s=%.1f median_images_per_s=%.1f best_images_per_cpu_s=%.1f failed=%d "
       "checksum=%llu\n",

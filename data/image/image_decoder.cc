@@ -491,9 +491,27 @@ absl::Status ImageDecoder::SetScale(int denom) {
   if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: scale 1/%d", name_, denom));
   }
+  return ApplyScale(1, static_cast<unsigned>(denom), /*fast=*/false);
+}
+
+absl::Status ImageDecoder::SetFastScale(int eighths) {
+  if (eighths < 1 || eighths > 8) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: scale %d/8", name_, eighths));
+  }
+  return ApplyScale(static_cast<unsigned>(eighths), 8, /*fast=*/true);
+}
+
+// jpeg_read_header has set PIL's defaults (JDCT_ISLOW, fancy upsampling) for this image; the fast
+// mode overrides them before the output dimensions are computed (the upsampler choice, merged or
+// not, is made from them).
+absl::Status ImageDecoder::ApplyScale(unsigned num, unsigned denom, bool fast) {
   if (open_ == ImageEncoding::kJpeg) {
-    jpeg_->cinfo.scale_num = 1;
+    jpeg_->cinfo.scale_num = num;
     jpeg_->cinfo.scale_denom = denom;
+    if (fast) {
+      jpeg_->cinfo.dct_method = JDCT_IFAST;
+      jpeg_->cinfo.do_fancy_upsampling = FALSE;
+    }
     if (!GuardedJpegCalcDimensions(jpeg_.get())) {
       return absl::InvalidArgumentError(
           absl::StrCat(name_, ": corrupt JPEG: ", jpeg_->err.message));
@@ -503,7 +521,9 @@ absl::Status ImageDecoder::SetScale(int denom) {
     return absl::OkStatus();
   }
   if (open_ == ImageEncoding::kPng) {
-    if (denom != 1) return absl::InvalidArgumentError(name_ + ": PNG decodes only at full size");
+    if (num != denom) {
+      return absl::InvalidArgumentError(name_ + ": PNG decodes only at full size");
+    }
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError("ImageDecoder::SetScale before Open");

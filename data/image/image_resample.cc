@@ -335,8 +335,11 @@ void ComputeAxisTaps(const AxisSpec& spec, bool reverse, AxisTaps* taps) {
       taps->src_hi = std::max(taps->src_hi, abs_min + last);
     }
   }
-  // The fixed-length taps (see AxisTaps).
-  const int k = std::max(0, std::min(ksize, taps->src_hi - taps->src_lo));
+  // The fixed-length taps (see AxisTaps): as many as the longest output has (PIL's ksize is up
+  // to two more, whose weights would all be zero).
+  const int longest =
+      taps->count.empty() ? 0 : *std::max_element(taps->count.begin(), taps->count.end());
+  const int k = std::max(0, std::min(longest, taps->src_hi - taps->src_lo));
   taps->fixed_k = k;
   taps->fixed_coeffs.assign(static_cast<size_t>(spec.out_count) * k + kFixedCoeffSlack, 0);
   taps->fixed_start.assign(spec.out_count, taps->src_lo);

@@ -56,7 +56,8 @@ struct AxisSpec {
 // branch per output): output o reads [fixed_start[o], fixed_start[o] + fixed_k) inside
 // [src_lo, src_hi) with weights fixed_coeffs[o * fixed_k ...], the taps above shifted into place
 // and zeros around them (a zero weight adds exactly 0, so the sums are PIL's).
-// fixed_k = min(ksize, src_hi - src_lo); fixed_coeffs has kFixedCoeffSlack zeros after its end.
+// fixed_k = the largest count (at most ksize and src_hi - src_lo); fixed_coeffs has
+// kFixedCoeffSlack zeros after its end.
 struct AxisTaps {
   int ksize = 0;
   int src_lo = 0;

@@ -76,57 +76,79 @@ AxisPlan CropAxis(int lo, int extent, int out_size) {
   return AxisPlan{lo, lo + extent, 0.0, static_cast<double>(extent), out_size, 0, out_size};
 }
 
-// The axis at 1/denom of the full size: the window widened to whole scaled pixels, the box
-// scaled and made relative to the new window.
-image_internal::AxisSpec ScaleAxis(const AxisPlan& p, int denom, int scaled_size) {
+// The axis at num/denom of the full size: the window widened to whole scaled pixels, the box
+// scaled and made relative to the new window. (Exact mode's num is 1: the arithmetic is the
+// division by denom it always was.)
+image_internal::AxisSpec ScaleAxis(const AxisPlan& p, int num, int denom, int scaled_size) {
   image_internal::AxisSpec s;
   s.out_full = p.out_full;
   s.out_begin = p.out_begin;
   s.out_count = p.out_count;
   s.image_size = scaled_size;
-  if (denom == 1) {
+  if (num == denom) {
     s.window_lo = p.window_lo;
     s.window_hi = p.window_hi;
     s.in0 = p.in0;
     s.in1 = p.in1;
     return s;
   }
-  s.window_lo = static_cast<int>(std::floor(static_cast<double>(p.window_lo) / denom));
-  s.window_hi = static_cast<int>(std::ceil(static_cast<double>(p.window_hi) / denom));
-  s.in0 = (p.window_lo + p.in0) / denom - s.window_lo;
-  s.in1 = (p.window_lo + p.in1) / denom - s.window_lo;
+  s.window_lo = static_cast<int>(std::floor(static_cast<double>(p.window_lo) * num / denom));
+  s.window_hi = std::min(
+      scaled_size, static_cast<int>(std::ceil(static_cast<double>(p.window_hi) * num / denom)));
+  s.in0 = (p.window_lo + p.in0) * num / denom - s.window_lo;
+  s.in1 = (p.window_lo + p.in1) * num / denom - s.window_lo;
   return s;
 }
 
-// Largest DCT scaling (1/8, 1/4, 1/2) under which both axes still shrink (the box, scaled, is
-// at least as large as the whole resize's output).
-int ChooseScaleDenom(const AxisPlan& rows, const AxisPlan& columns) {
+// Exact mode: the largest DCT scaling (1/8, 1/4, 1/2) under which both axes still shrink (the
+// box, scaled, is at least as large as the whole resize's output). As eighths: 1, 2, 4 or 8.
+int ExactScaleEighths(double rows_extent, double columns_extent, int rows_out, int columns_out) {
   for (int denom : {8, 4, 2}) {
-    if ((rows.in1 - rows.in0) >= static_cast<double>(rows.out_full) * denom &&
-        (columns.in1 - columns.in0) >= static_cast<double>(columns.out_full) * denom) {
-      return denom;
+    if (rows_extent >= static_cast<double>(rows_out) * denom &&
+        columns_extent >= static_cast<double>(columns_out) * denom) {
+      return 8 / denom;
     }
   }
-  return 1;
+  return 8;
+}
+
+// Fast mode: the smallest M/8 under which the scaled box still covers the output.
+int FastScaleEighths(double rows_extent, double columns_extent, int rows_out, int columns_out) {
+  for (int eighths = 1; eighths < 8; ++eighths) {
+    if (rows_extent * eighths >= static_cast<double>(rows_out) * 8 &&
+        columns_extent * eighths >= static_cast<double>(columns_out) * 8) {
+      return eighths;
+    }
+  }
+  return 8;
 }
 
 // Decodes what the plans need from the opened decoder and writes the CHW sample.
 absl::Status ResizeOpened(int channels, const AxisPlan& rows, const AxisPlan& columns, bool flip,
-                          bool dct_scaling, uint8_t* out, TransformScratch::State* s) {
-  int denom = 1;
+                          bool dct_scaling, ImageDecodeMode decode, uint8_t* out,
+                          TransformScratch::State* s) {
+  int eighths = 8;
   const ImageHeader& header = s->decoder.header();
   // Not for a box reaching beyond the image: the zero padding's edge would fall inside a scaled
   // pixel.
   const bool inside = rows.window_lo >= 0 && rows.window_hi <= header.height &&
                       columns.window_lo >= 0 && columns.window_hi <= header.width;
   if (dct_scaling && inside && header.encoding == ImageEncoding::kJpeg) {
-    denom = ChooseScaleDenom(rows, columns);
+    eighths = JpegScaleEighths(decode, rows.in1 - rows.in0, columns.in1 - columns.in0,
+                               rows.out_full, columns.out_full);
   }
-  if (absl::Status st = s->decoder.SetScale(denom); !st.ok()) return st;
+  // Exact mode as num/denom = 1/(8/eighths); the fast mode as eighths/8.
+  const bool fast = decode == ImageDecodeMode::kFast;
+  const int num = fast ? eighths : 1;
+  const int denom = fast ? 8 : 8 / eighths;
+  if (absl::Status st = fast ? s->decoder.SetFastScale(eighths) : s->decoder.SetScale(denom);
+      !st.ok()) {
+    return st;
+  }
   const int width = s->decoder.scaled_width();
   const int height = s->decoder.scaled_height();
-  image_internal::ComputeAxisTaps(ScaleAxis(columns, denom, width), flip, &s->columns);
-  image_internal::ComputeAxisTaps(ScaleAxis(rows, denom, height), false, &s->rows);
+  image_internal::ComputeAxisTaps(ScaleAxis(columns, num, denom, width), flip, &s->columns);
+  image_internal::ComputeAxisTaps(ScaleAxis(rows, num, denom, height), false, &s->rows);
   const int out_w = columns.out_count;
   const int out_h = rows.out_count;
   const size_t row_bytes = static_cast<size_t>(out_w) * channels;
@@ -316,12 +338,20 @@ absl::Status DecodeTransformed(absl::string_view name, const uint8_t* data, size
     columns =
         AxisPlan{0, width, 0.0, static_cast<double>(width), plan.resized_width, plan.left, t.size};
   }
-  return ResizeOpened(t.channels, rows, columns, flip, /*dct_scaling=*/true, out, s);
+  return ResizeOpened(t.channels, rows, columns, flip, /*dct_scaling=*/true, t.decode, out, s);
+}
+
+int JpegScaleEighths(ImageDecodeMode decode, double box_height, double box_width, int out_height,
+                     int out_width) {
+  return decode == ImageDecodeMode::kFast
+             ? FastScaleEighths(box_height, box_width, out_height, out_width)
+             : ExactScaleEighths(box_height, box_width, out_height, out_width);
 }
 
 absl::Status DecodeCropResize(absl::string_view name, const uint8_t* data, size_t size,
                               int channels, const CropBox& box, int out_size, bool flip,
-                              uint8_t* out, TransformScratch* scratch, bool dct_scaling) {
+                              uint8_t* out, TransformScratch* scratch, bool dct_scaling,
+                              ImageDecodeMode decode) {
   if (channels != 1 && channels != 3) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: %d channels asked for (1 or 3)", name, channels));
@@ -336,7 +366,7 @@ absl::Status DecodeCropResize(absl::string_view name, const uint8_t* data, size_
   TransformScratch::State* s = scratch->state.get();
   if (absl::Status st = s->decoder.Open(name, data, size); !st.ok()) return st;
   return ResizeOpened(channels, CropAxis(box.top, box.height, out_size),
-                      CropAxis(box.left, box.width, out_size), flip, dct_scaling, out, s);
+                      CropAxis(box.left, box.width, out_size), flip, dct_scaling, decode, out, s);
 }
 
 }  // namespace stoker

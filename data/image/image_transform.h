@@ -28,6 +28,15 @@
 //   IDCT) and the bilinear resize starts from there (the box scaled by the same factor, the resize
 //   still a downscale). PIL resizes the full-size decode instead, so pixels differ (a slightly
 //   different low-pass); image_test reports the mean and max difference and bounds them.
+// - JPEG in the fast decode mode (ImageDecodeMode::kFast, opt-in: the job's
+//   dataset.image.decode: fast): the same crop box and flip, but libjpeg-turbo decodes at the
+//   smallest scale M/8 (M = 1..8) under which the box, scaled, is still at least the resize's
+//   output in both dimensions (its scaled IDCTs; 8/8 for boxes smaller than the output or
+//   reaching beyond the image), with the fast integer IDCT (JDCT_IFAST) and without fancy
+//   upsampling (chroma replicated instead of interpolated, merged with the colour conversion).
+//   The bilinear resize then starts from the scaled box as above. Pixels differ from exact mode
+//   and from torchvision by a few levels on average (image_test measures and bounds it on
+//   photo-like q90 JPEGs like the image benchmark's); PNG decodes exactly in both modes.
 #ifndef STOKER_DATA_IMAGE_IMAGE_TRANSFORM_H_
 #define STOKER_DATA_IMAGE_IMAGE_TRANSFORM_H_
 
@@ -48,6 +57,12 @@ struct CropBox {
   int width = 0;
 };
 
+// How JPEG pixels are decoded (see the header comment). Values are not stored anywhere.
+enum class ImageDecodeMode {
+  kExact,  // PIL's settings: torchvision's pixels (DCT scaling only at >= 2x, see above)
+  kFast,   // DCT scaling to M/8, JDCT_IFAST, no fancy upsampling
+};
+
 struct ImageTransform {
   int channels = 3;  // 1 or 3
   // Output side. 0 = no resize or crop: the image must be exactly expect_height x expect_width
@@ -66,6 +81,9 @@ struct ImageTransform {
   float ratio_max = 4.0f / 3;
   // Training: mirror left to right with p = 1/2 (after the resize), in every mode.
   bool horizontal_flip = false;
+  // JPEG decoding: exact (torchvision's pixels) or fast. The crop box and flip do not depend on
+  // it.
+  ImageDecodeMode decode = ImageDecodeMode::kExact;
 };
 
 // INVALID_ARGUMENT naming the field when `t` is not usable: channels 1 or 3, size in 0..4096,
@@ -120,10 +138,20 @@ absl::Status DecodeTransformed(absl::string_view name, const uint8_t* data, size
 
 // torchvision's resized_crop(img, top, left, height, width, [out_size, out_size]) (+ hflip) as
 // DecodeTransformed runs it, with a given box and flip: out gets channels * out_size * out_size
-// bytes. `dct_scaling` false decodes JPEG at full size always (for measuring what it changes).
+// bytes. `dct_scaling` false decodes JPEG at full size always (for measuring what it changes;
+// in the fast mode: at 8/8, still with the fast IDCT and upsampling).
 absl::Status DecodeCropResize(absl::string_view name, const uint8_t* data, size_t size,
                               int channels, const CropBox& box, int out_size, bool flip,
-                              uint8_t* out, TransformScratch* scratch, bool dct_scaling = true);
+                              uint8_t* out, TransformScratch* scratch, bool dct_scaling = true,
+                              ImageDecodeMode decode = ImageDecodeMode::kExact);
+
+// The JPEG DCT scale a crop would decode at, as the M of M/8 (8 = full size), for a box of
+// box_height x box_width to out_height x out_width: exact mode 1, 2 or 4 (1/8, 1/4, 1/2) only
+// when the box is at least 8, 4 or 2 times the output, else 8; fast mode the smallest M with
+// box * M / 8 >= out in both dimensions, 8 when there is none. (For benchmarks and tests; the
+// transform also decodes at 8/8 when the box reaches beyond the image.)
+int JpegScaleEighths(ImageDecodeMode decode, double box_height, double box_width, int out_height,
+                     int out_width);
 
 }  // namespace stoker
 
