@@ -322,11 +322,12 @@ TEST(JobFileTest, ImageSettingsParseAndAnEmptyRandomResizedCropTurnsItOn) {
       "dataset:\n  format: image_folder\n  train_images: imgs/train\n  test_images: imgs/test\n"
       "  image:\n    channels: 3\n    size: 224\n    resize: 256\n    random_resized_crop: {}\n"
       "    horizontal_flip: true\n    mean: [0.485, 0.456, 0.406]\n    std: [0.229, 0.224, "
-      "0.225]\n",
+      "0.225]\n    decode: fast\n",
       "img.yaml");
   ASSERT_TRUE(file.ok()) << file.status();
   const v1::ImageSpec& image = file->spec.dataset().image();
   EXPECT_TRUE(image.has_random_resized_crop());
+  EXPECT_EQ(image.decode(), "fast");
   EXPECT_TRUE(image.random_resized_crop().scale().empty());
   EXPECT_EQ(image.size(), 224);
   EXPECT_EQ(image.mean_size(), 3);

@@ -60,6 +60,7 @@ ImageTransform BaseImageTransform(const v1::JobSpec& spec, const ImageHeader& fi
     t.expect_width = first.width;
   }
   t.resize = image.resize();
+  t.decode = image.decode() == "fast" ? ImageDecodeMode::kFast : ImageDecodeMode::kExact;
   return t;
 }
 

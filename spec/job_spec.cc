@@ -193,6 +193,9 @@ absl::Status CheckImageSpec(const v1::JobSpec& spec) {
         "dataset.image.channels",
         absl::StrCat("must be 1, 3 or 0 for the first image's (got ", image.channels(), ")"));
   }
+  STOKER_RETURN_IF_ERROR(CheckOneOf("dataset.image.decode",
+                                    image.decode().empty() ? "exact" : image.decode(),
+                                    {"exact", "fast"}));
   STOKER_RETURN_IF_ERROR(CheckRange("dataset.image.size", image.size(), 0, 4096));
   STOKER_RETURN_IF_ERROR(CheckRange("dataset.image.resize", image.resize(), 0, 8192));
   if (image.size() == 0) {

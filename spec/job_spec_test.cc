@@ -346,6 +346,11 @@ TEST(JobSpecTest, ImageDatasetsValidate) {
   for (const std::string format : {"image_folder", "shards"}) {
     EXPECT_TRUE(ValidateJobSpec(ImageSpecJob(format)).ok())
         << ValidateJobSpec(ImageSpecJob(format));
+    for (const std::string decode : {"exact", "fast"}) {
+      v1::JobSpec spec = ImageSpecJob(format);
+      spec.mutable_dataset()->mutable_image()->set_decode(decode);
+      EXPECT_TRUE(ValidateJobSpec(spec).ok()) << decode << ": " << ValidateJobSpec(spec);
+    }
   }
   struct Case {
     std::function<void(v1::JobSpec*)> mutate;
@@ -360,6 +365,8 @@ TEST(JobSpecTest, ImageDatasetsValidate) {
        "directory"},
       {[](v1::JobSpec* s) { s->mutable_dataset()->mutable_image()->set_channels(2); },
        "dataset.image.channels: must be 1, 3 or 0 for the first image's (got 2)"},
+      {[](v1::JobSpec* s) { s->mutable_dataset()->mutable_image()->set_decode("quick"); },
+       "dataset.image.decode: unsupported value 'quick' (supported: exact, fast)"},
       {[](v1::JobSpec* s) {
          s->mutable_dataset()->mutable_image()->set_size(0);
          s->mutable_dataset()->mutable_image()->mutable_random_resized_crop();
