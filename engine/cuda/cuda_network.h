@@ -19,14 +19,35 @@
 //              or network_kernels' own when cuDNN refuses the data type.
 //   Linear     cuBLASLt (LtGemm), with the bias / bias-gradient epilogues where available.
 //   ReLU, GELU (exact erf), Dropout (the cpu's hash: identical masks), Flatten (an alias).
-// Softmax cross-entropy, the fp16 finite check and GradScaler update come from mlp_kernels.h;
-// clipping and the SGD / AdamW steps are multi-tensor kernels (network_kernels.h).
+//   BatchNorm2d/1d  own kernels (network_kernels.h): batch statistics (biased variance, fp32)
+//              in TrainStep, the running ones in Evaluate; affine parameters and statistics fp32
+//              in every precision. The running statistics (unbiased variance, momentum) and
+//              num_batches_tracked are updated once the step can no longer fail, after a
+//              reducer's Finish; they travel in Parameters() with PyTorch's names.
+//   AvgPool2d (count_include_pad, floor), global average pooling: own kernels.
+//   Conv2d and Linear with `bias: false` have no bias tensor, add and differentiate none.
+// The layers run as a flattened graph, the cpu network's own (cuda_network_internal.h, Graph): a
+// residual block opens up into a fork, its main branch, its shortcut and a sum with the block's
+// activation; backward writes the sum's gradient to both branches and adds the shortcut's input
+// gradient into the main branch's. Weight decay applies to Conv2d and Linear weights only.
+// Softmax cross-entropy (with label smoothing), the fp16 finite check and GradScaler update,
+// clipping and the SGD / AdamW steps are kernels (network_kernels.h, mlp_kernels.h).
 //
 // One TrainStep, as CudaMlp: the copy stream moves the batch into one of two staging buffers
 // (events order it against the compute stream), the compute stream normalises, runs forward,
 // the loss, backward, [fp16: finite check], [clipping: norm and coefficient], the optimizer,
 // [fp16: loss-scale update], then copies the step state to pinned memory; the one host wait is
 // on that copy. Not thread-safe: one caller at a time per model.
+//
+// Data-parallel training (SetGradientReducer, GradientReducer in backend.h): the loss gradient is
+// multiplied by loss scale x LocalShare(); backward hands each node's trained gradients (fp32
+// device pointers on this model's device) to GradientReady as soon as they are written, in the
+// cpu network's order (nodes last to first, bias before weight, BatchNorm beta before gamma: the
+// reverse of Parameters()' trained tensors), after waiting on an event for the compute stream's
+// work so far (a host wait per parameterised node, only with a reducer), so the reducer may read
+// them on any stream; Finish() must return with the sums in place. A failed Finish() leaves
+// weights, optimizer state, running statistics and counters as they were.
+// TrainStepWithoutSamples hands zeroed gradients over in the same order.
 #ifndef STOKER_ENGINE_CUDA_CUDA_NETWORK_H_
 #define STOKER_ENGINE_CUDA_CUDA_NETWORK_H_
 
@@ -38,11 +59,11 @@
 
 namespace stoker {
 
-// Parameters and optimizer state named by `naming` (ParameterNaming::kMlp for an MLP that
-// Backend::CreateMlp routes here). INVALID_ARGUMENT for a bad config (ValidateNetworkConfig) or one
-// too large for 32-bit tensor sizes; RESOURCE_EXHAUSTED if device memory runs out; INTERNAL naming
-// the failing call for other CUDA/cuDNN/cuBLASLt failures (e.g. no cuDNN algorithm for a
-// convolution).
+// Every layer kind of NetworkConfig. Parameters and optimizer state named by `naming`
+// (ParameterNaming::kMlp for an MLP that Backend::CreateMlp routes here). INVALID_ARGUMENT for a
+// bad config (ValidateNetworkConfig) or one too large for 32-bit tensor sizes; RESOURCE_EXHAUSTED
+// if device memory runs out; INTERNAL naming the failing call for other CUDA/cuDNN/cuBLASLt
+// failures (e.g. no cuDNN algorithm for a convolution).
 absl::StatusOr<std::unique_ptr<Model>> CreateCudaNetwork(
     const NetworkConfig& config, int device, const CudaBackendOptions& options,
     ParameterNaming naming = ParameterNaming::kByLayer);

@@ -1,7 +1,8 @@
-// Private to the cuda network (cuda_network.h): the model class and the per-layer and
-// per-batch-size structures that its three source files share.
+// Private to the cuda network (cuda_network.h): the model class, its flattened graph and the
+// per-node and per-batch-size structures that its three source files share.
 //   cuda_network.cc        creation, the step (staging, forward, backward, optimizer), Evaluate
-//   cuda_network_plan.cc   layers, buffers, and each batch size's descriptors, algorithms, GEMMs
+//   cuda_network_plan.cc   the graph, parameters, buffers, and each batch size's descriptors,
+//                          algorithms and GEMMs
 //   cuda_network_state.cc  parameters and optimizer state to and from the host
 // Only built with cuDNN (STOKER_HAVE_CUDNN).
 #ifndef STOKER_ENGINE_CUDA_CUDA_NETWORK_INTERNAL_H_
@@ -51,57 +52,92 @@ struct DropoutLayout {
   int64_t spatial = 1;
 };
 
-// The order in which the cpu network hashes the mask of Dropout layers[layer_index]
-// (cpu_network.cc, CpuNetwork::ActivationMd): an image activation is NHWC there, and so is a flat
-// one that Flatten made from an image (through any ReLU, GELU and Dropout layers after the
-// Flatten); the network's input stays NCHW. NHWC gives {C, H * W}; otherwise the identity,
-// {values per sample, 1}. `shapes` as NetworkShapes returns them.
-DropoutLayout DropoutHashLayout(const NetworkConfig& config,
-                                const std::vector<std::vector<int>>& shapes, size_t layer_index);
+// One activation of the flattened graph (index 0 = the network input), per sample.
+struct Activation {
+  std::vector<int> shape;
+  DType type = DType::kF32;  // the value's; gradients are always in the compute type
+  // The activation whose memory order this one has on the cpu (CpuNetwork's Activation::origin:
+  // ReLU, GELU, Dropout, Flatten and BatchNorm keep their input's, a residual sum its main
+  // branch's): the order a Dropout hashes its mask in.
+  int origin = 0;
+  int value = -1;           // index in the network's buffers
+  int grad = -1;            // index in the network's buffers; -1: nothing ever needs it (the input)
+  bool needs_grad = false;  // depends on a trained parameter
+  int64_t per_sample() const { return Product(shape); }
+};
+
+// A step of the flattened network, as the cpu network's Node: a residual block opens up into a
+// kFork (its backward adds the shortcut's input gradient into the block input's), the main
+// branch's nodes, the shortcut's, and a kAdd (out = activation(main + shortcut)). A network
+// without residual blocks has one kLayer node per layer, in order, so the node index is the
+// layer index (Dropout masks hash it, as on the cpu).
+struct Node {
+  enum class Type { kLayer, kFork, kAdd };
+  Type type = Type::kLayer;
+  LayerConfig config;  // kLayer: the layer; kAdd: the block (its activation); branches cleared
+  int in = 0;          // kLayer: input; kAdd: the main branch's output; kFork: the block input
+  int in2 = -1;        // kAdd: the shortcut's output (the block input for an identity shortcut)
+  int out = -1;        // kLayer, kAdd
+  int diff_src = -1;   // buffer backward writes the input gradient to (kFork: adds into)
+  int diff_src2 = -1;  // kAdd: the projection shortcut output's gradient buffer
+  int extra = -1;      // kFork: the buffer added into diff_src (the shortcut's input gradient)
+  int pre = -1;        // kAdd with GELU: the sum before the activation (a buffer)
+  bool needs_input_grad = false;
+  bool needs_input2_grad = false;  // kAdd
+  int stride = 1;
+  int weight = -1;               // index in params_: Conv2d and Linear
+  int bias = -1;                 // -1 also for bias: false
+  int norm = -1;                 // BatchNorm: its weight; bias, running_mean, running_var and
+                                 // num_batches_tracked follow
+  DropoutLayout dropout_layout;  // Dropout: the cpu's mask order
+};
+
+// The flattened graph of a config (host only: no device memory), built as the cpu network
+// builds its own so that node indices, parameter indices and layouts agree.
+struct Graph {
+  std::vector<Node> nodes;
+  std::vector<Activation> activations;
+  std::vector<size_t> buffer_bytes;  // per buffer, at max_batch
+  int output = 0;                    // the logits' activation
+};
+
+// The graph of a config ValidateNetworkConfig accepts, with `type` the compute type (the logits
+// straight from a final Linear are fp32 unless fp16, as on the cpu).
+Graph BuildGraph(const NetworkConfig& config, DType type);
+
+// The order in which the cpu network hashes the mask of a Dropout node reading activation `in`
+// (cpu_network.cc, CpuNetwork::ActivationMd): an image another layer made is NHWC there, and so
+// is what keeps its layout (a Flatten, elementwise layers, BatchNorm); the network's input stays
+// NCHW. NHWC gives {C, H * W}; otherwise the identity, {values per sample, 1}.
+DropoutLayout DropoutHashLayout(const Graph& graph, int in);
 
 struct Param {
   std::string name;
   std::vector<int64_t> shape;
   int64_t size = 0;
-  bool is_weight = false;  // weight decay applies to weights only
-  DeviceBuffer value;      // fp32 master
-  DeviceBuffer grad;       // fp32
-  DeviceBuffer state1;     // SGD momentum or AdamW exp_avg
-  DeviceBuffer state2;     // AdamW exp_avg_sq
-  // bf16/fp16: the compute-type copy the layers read (weights), or the bias a fused Linear
-  // epilogue adds to a compute-type output (biases; lt_gemm.h). Written with the master.
+  bool trained = true;   // false: a BatchNorm buffer (value only)
+  bool decayed = false;  // weight decay applies to Conv2d and Linear weights only
+  DeviceBuffer value;    // fp32 master
+  DeviceBuffer grad;     // fp32
+  DeviceBuffer state1;   // SGD momentum or AdamW exp_avg
+  DeviceBuffer state2;   // AdamW exp_avg_sq
+  // bf16/fp16: the compute-type copy the layers read (Conv2d/Linear weights), or the bias a fused
+  // Linear epilogue adds to a compute-type output (their biases; lt_gemm.h). Written with the
+  // master.
   DeviceBuffer low;
 };
 
-// One activation and its gradient ([max_batch, per-sample shape]); Flatten's output is its
-// input's storage.
-struct Storage {
-  DType type = DType::kF32;  // the value's; gradients are always in the compute type
-  int64_t per_sample = 0;
-  DeviceBuffer value;
-  DeviceBuffer grad;
-};
-
-struct Layer {
-  LayerConfig config;
-  std::vector<int> in_shape;
-  std::vector<int> out_shape;
-  int in_storage = 0;
-  int out_storage = 0;
-  int stride = 1;
-  int weight = -1;  // index in params_, Conv2d and Linear only
-  int bias = -1;
-  // A parameterised layer comes before this one: its input gradient is needed.
-  bool needs_input_grad = false;
+// What one node owns on the device besides its activations.
+struct NodeResources {
   DeviceBuffer keep;             // Dropout mask, uint8 per element
-  DropoutLayout dropout_layout;  // Dropout: the cpu's mask order (DropoutHashLayout)
   DeviceBuffer weight_grad_low;  // Conv2d in bf16/fp16: cuDNN's weight gradient
+  DeviceBuffer mean, variance;   // BatchNorm: the last training batch's statistics (fp32)
   cuda::FilterDescriptor filter;
   cuda::PoolingDescriptor pooling;
-  bool own_pooling = false;  // cuDNN refused this pooling: network_kernels' kernels run it
+  bool own_pooling = false;  // cuDNN refused this max pooling: network_kernels' kernels run it
 };
 
-// What one layer runs at one batch size.
+// What one node runs at one batch size.
 struct LayerPlan {
   std::optional<cuda::ConvolutionPlan> conv;
   cuda::TensorDescriptor pool_x;
@@ -115,20 +151,20 @@ struct LayerPlan {
 
 struct Plan {
   int batch = 0;
-  std::vector<LayerPlan> layers;
+  std::vector<LayerPlan> layers;  // per node
 };
 
 // The Model of cuda_network.h (see there for the layout and the step).
 class CudaNetwork final : public CountingModel {
  public:
-  CudaNetwork(const NetworkConfig& config, std::vector<std::vector<int>> shapes,
-              ParameterNaming naming, const CudaBackendOptions& options)
+  CudaNetwork(const NetworkConfig& config, ParameterNaming naming,
+              const CudaBackendOptions& options)
       : config_(config),
-        shapes_(std::move(shapes)),
         naming_(naming),
         options_(options),
         type_(ComputeType(config.precision)),
-        loss_scaling_(config.precision == Precision::kFp16) {}
+        loss_scaling_(config.precision == Precision::kFp16),
+        graph_(BuildGraph(config, type_)) {}
   ~CudaNetwork() override;
 
   absl::Status Init(int device);
@@ -143,14 +179,19 @@ class CudaNetwork final : public CountingModel {
     injected_gradient_ = value;
     return absl::OkStatus();
   }
+  absl::Status SetGradientReducer(GradientReducer* reducer) override;
+  absl::StatusOr<StepResult> TrainStepWithoutSamples(double learning_rate) override;
 
  private:
+  using Kind = LayerConfig::Kind;
   bool adamw() const { return config_.optimizer.type == OptimizerType::kAdamW; }
   bool clipping() const { return config_.optimizer.clip_grad_norm > 0; }
 
-  absl::Status BuildLayers();
+  absl::Status BuildParameters();
+  absl::Status BuildNodes();
   absl::Status AllocateStepBuffers();
   absl::StatusOr<std::unique_ptr<Plan>> BuildPlan(int batch);
+  absl::Status PlanLinear(const Node& node, int batch, LayerPlan& lp);
   absl::StatusOr<Plan*> PlanFor(int batch);
   absl::Status ProbePooling();
 
@@ -160,23 +201,33 @@ class CudaNetwork final : public CountingModel {
   // Enqueues the batch copy and the input conversion; returns the staging slot.
   absl::StatusOr<int> StageBatch(const BatchView& batch);
   absl::Status Forward(const Plan& plan, int rows, bool training);
+  absl::Status ForwardLayer(size_t index, const LayerPlan& lp, int rows, bool training);
   // The fp32 logits of the last Forward.
   absl::StatusOr<const float*> Logits(int rows);
   absl::Status Backward(const Plan& plan, int rows);
+  absl::Status BackwardLayer(size_t index, const LayerPlan& lp, int rows);
+  // With a reducer: waits for the compute stream's work so far (an event), then hands the node's
+  // trained gradients over in reverse Parameters() order (bias before weight, BatchNorm beta
+  // before gamma); the test hook's value goes into params_[0]'s gradient before it is handed over.
+  absl::Status HandOverGradients(const Node& node);
+  absl::Status ApplyInjectedGradient();
+  // BatchNorm's running statistics from the batch statistics Forward(training) kept: once the
+  // step can no longer fail.
+  absl::Status UpdateRunningStatistics(int rows);
   absl::Status ApplyOptimizer(float learning_rate);
-  // Copies the step state to the host and waits for it: the step's one host synchronisation.
-  absl::Status FinishStep();
+  // After the gradients are final (and summed over the ranks): the optimizer, the step state's
+  // read-back (the step's one host synchronisation) and the counters.
+  absl::StatusOr<StepResult> FinishStep(double learning_rate, int rows);
 
-  // The storage of the logits (the input's when there are no layers).
-  int LastStorage() const { return layers_.empty() ? 0 : layers_.back().out_storage; }
-  void* Value(int storage) const { return storage_[storage].value.get(); }
-  void* Grad(int storage) const { return storage_[storage].grad.get(); }
+  void* Buffer(int index) const { return index < 0 ? nullptr : buffers_[index].get(); }
+  void* Value(int activation) const { return Buffer(graph_.activations[activation].value); }
+  void* Grad(int activation) const { return Buffer(graph_.activations[activation].grad); }
   // The weight as the layers read it (compute type).
-  const void* ComputeWeight(const Layer& layer) const {
-    const Param& w = params_[layer.weight];
+  const void* ComputeWeight(const Node& node) const {
+    const Param& w = params_[node.weight];
     return type_ == DType::kF32 ? w.value.get() : w.low.get();
   }
-  cuda::PoolGeometry PoolGeometryOf(const Layer& layer, int rows) const;
+  cuda::PoolGeometry PoolGeometryOf(const Node& node, int rows) const;
   absl::Status RefreshLowWeights();
 
   std::vector<DeviceTensorRef> ParameterRefs() const;
@@ -185,17 +236,17 @@ class CudaNetwork final : public CountingModel {
   std::vector<std::pair<std::string, std::vector<float>>> ScalarState() const;
 
   const NetworkConfig config_;
-  const std::vector<std::vector<int>> shapes_;  // per activation, without the batch
   const ParameterNaming naming_;
   const CudaBackendOptions options_;
   const DType type_;
   const bool loss_scaling_;
+  const Graph graph_;
   // Declared first so that it is destroyed last, after every buffer, handle and event below.
   std::unique_ptr<DeviceContext> context_;
   cuda::CudnnHandle cudnn_;  // only when a Conv2d or MaxPool2d needs it
   std::vector<Param> params_;
-  std::vector<Storage> storage_;
-  std::vector<Layer> layers_;
+  std::vector<DeviceBuffer> buffers_;     // graph_.buffer_bytes
+  std::vector<NodeResources> resources_;  // per node
   DeviceBuffer logits_;  // [max_batch, classes] fp32 when the last activation is not fp32
   DeviceBuffer conv_workspace_;
   BatchStaging staging_;
@@ -208,6 +259,9 @@ class CudaNetwork final : public CountingModel {
   int64_t optimizer_steps_ = 0;  // applied updates (AdamW's bias-correction step)
   int64_t train_steps_ = 0;      // TrainStep calls that ran (dropout's mask stream)
   std::optional<float> injected_gradient_;
+  GradientReducer* reducer_ = nullptr;    // data-parallel training: not owned; null when alone
+  cudaEvent_t gradients_done_ = nullptr;  // with a reducer: recorded before each hand-over
+  int next_gradient_index_ = 0;           // GradientReady's index within the step
 };
 
 }  // namespace stoker::cuda::network_internal

@@ -1,5 +1,6 @@
-// The cuda network's layers and buffers (once, at creation) and the plan of each batch size:
-// cuDNN descriptors and algorithms for Conv2d and MaxPool2d, cuBLASLt GEMMs for Linear.
+// The cuda network's graph, parameters and buffers (once, at creation) and the plan of each
+// batch size: cuDNN descriptors and algorithms for Conv2d and MaxPool2d, cuBLASLt GEMMs for
+// Linear.
 #include <cudnn.h>
 
 #include <algorithm>
@@ -22,127 +23,275 @@ using Kind = LayerConfig::Kind;
 // The most workspace one convolution algorithm may ask for.
 constexpr size_t kMaxConvWorkspaceBytes = size_t{256} << 20;
 
-}  // namespace
+bool IsBatchNorm(Kind kind) { return kind == Kind::kBatchNorm2d || kind == Kind::kBatchNorm1d; }
 
-DropoutLayout DropoutHashLayout(const NetworkConfig& config,
-                                const std::vector<std::vector<int>>& shapes, size_t layer_index) {
-  // The cpu hashes the mask over its memory order, which is that of the Dropout input's
-  // LayoutOrigin (CpuNetwork::ActivationMd).
-  const size_t source = LayoutOrigin(config, layer_index);
-  const std::vector<int>& shape = shapes[source];
-  // The input arrives as C, H, W per sample and stays so on the cpu (NHWC only when C = 1, the
-  // same memory): the identity.
-  if (source > 0 && shape.size() == 3) {
-    return {.channels = shape[0], .spatial = static_cast<int64_t>(shape[1]) * shape[2]};
-  }
-  return {.channels = static_cast<int>(Product(shapes[layer_index])), .spatial = 1};
+// Layers whose output keeps their input's memory layout on the cpu.
+bool KeepsLayout(Kind kind) {
+  return kind == Kind::kFlatten || kind == Kind::kRelu || kind == Kind::kGelu ||
+         kind == Kind::kDropout || IsBatchNorm(kind);
 }
 
-absl::Status CudaNetwork::BuildLayers() {
+// Builds a Graph as CpuNetwork's constructor builds its nodes (AddBranch, AddLayer): the same
+// node order, activations, gradient buffers and parameter indices.
+class GraphBuilder {
+ public:
+  GraphBuilder(const NetworkConfig& config, DType type) : config_(config), type_(type) {}
+
+  Graph Build() && {
+    const int input = NewActivation(config_.input_shape, 0);
+    graph_.activations[input].grad = -1;  // nothing before the input wants its gradient
+    graph_.output = AddBranch(config_.layers, input, -1);
+    const bool f32_logits =
+        !graph_.nodes.empty() && graph_.nodes.back().type == Node::Type::kLayer &&
+        graph_.nodes.back().config.kind == Kind::kLinear && type_ != DType::kF16;
+    if (f32_logits) graph_.activations[graph_.output].type = DType::kF32;
+    SizeBuffers();
+    return std::move(graph_);
+  }
+
+ private:
+  int NewBuffer() {
+    graph_.buffer_bytes.push_back(0);
+    return static_cast<int>(graph_.buffer_bytes.size()) - 1;
+  }
+
+  // origin < 0: the activation is its own layout origin.
+  int NewActivation(std::vector<int> shape, int origin) {
+    Activation activation;
+    activation.shape = std::move(shape);
+    activation.type = type_;
+    activation.origin = origin < 0 ? static_cast<int>(graph_.activations.size()) : origin;
+    activation.value = NewBuffer();
+    activation.grad = NewBuffer();
+    graph_.activations.push_back(std::move(activation));
+    return static_cast<int>(graph_.activations.size()) - 1;
+  }
+
+  int AddBranch(const std::vector<LayerConfig>& layers, int in, int first_diff_src) {
+    for (size_t j = 0; j < layers.size(); ++j) {
+      in = AddLayer(layers[j], in, j == 0 ? first_diff_src : graph_.activations[in].grad);
+    }
+    return in;
+  }
+
+  int AddLayer(const LayerConfig& config, int in, int diff_src) {
+    std::vector<Activation>& acts = graph_.activations;
+    const bool in_needs_grad = acts[in].needs_grad;
+    if (config.kind == Kind::kResidual) {
+      Node fork;
+      fork.type = Node::Type::kFork;
+      fork.in = in;
+      fork.diff_src = diff_src;
+      fork.needs_input_grad = in_needs_grad;
+      const size_t fork_index = graph_.nodes.size();
+      graph_.nodes.push_back(std::move(fork));
+      const int main = AddBranch(config.layers, in, diff_src);
+      int shortcut = in;
+      int extra = acts[main].grad;  // identity: the sum's gradient itself
+      if (!config.shortcut.empty()) {
+        extra = NewBuffer();
+        shortcut = AddBranch(config.shortcut, in, extra);
+      }
+      graph_.nodes[fork_index].extra = extra;
+      Node add;
+      add.type = Node::Type::kAdd;
+      add.config = config;
+      add.config.layers.clear();
+      add.config.shortcut.clear();
+      add.in = main;
+      add.in2 = shortcut;
+      add.diff_src = acts[main].grad;
+      add.needs_input_grad = acts[main].needs_grad || acts[shortcut].needs_grad;
+      if (!config.shortcut.empty()) {
+        add.diff_src2 = acts[shortcut].grad;
+        add.needs_input2_grad = acts[shortcut].needs_grad;
+      }
+      if (config.activation == LayerConfig::Activation::kGelu) add.pre = NewBuffer();
+      add.out = NewActivation(acts[main].shape, acts[main].origin);
+      acts[add.out].needs_grad = add.needs_input_grad;
+      const int out = add.out;
+      graph_.nodes.push_back(std::move(add));
+      return out;
+    }
+    Node node;
+    node.config = config;
+    node.in = in;
+    node.diff_src = diff_src;
+    node.needs_input_grad = in_needs_grad;
+    node.stride = EffectiveStride(config);
+    bool has_parameters = false;
+    if (config.kind == Kind::kConv2d || config.kind == Kind::kLinear) {
+      node.weight = next_param_++;
+      if (config.bias) node.bias = next_param_++;
+      has_parameters = true;
+    } else if (IsBatchNorm(config.kind)) {
+      node.norm = next_param_;
+      next_param_ += 5;
+      has_parameters = true;
+    }
+    std::vector<int> shape = *LayerOutputShape(config, acts[in].shape);
+    if (config.kind == Kind::kFlatten) {
+      Activation alias;
+      alias.shape = std::move(shape);
+      alias.type = acts[in].type;
+      alias.origin = acts[in].origin;
+      alias.value = acts[in].value;
+      alias.grad = diff_src;
+      acts.push_back(std::move(alias));
+      node.out = static_cast<int>(acts.size()) - 1;
+    } else {
+      node.out = NewActivation(std::move(shape), KeepsLayout(config.kind) ? acts[in].origin : -1);
+    }
+    acts[node.out].needs_grad = in_needs_grad || has_parameters;
+    if (config.kind == Kind::kDropout) node.dropout_layout = DropoutHashLayout(graph_, in);
+    const int out = node.out;
+    graph_.nodes.push_back(std::move(node));
+    return out;
+  }
+
+  // Every buffer as large as the largest use (aliases share), at max_batch.
+  void SizeBuffers() {
+    const size_t batch = static_cast<size_t>(std::max(config_.max_batch, 0));
+    const size_t compute_bytes = cuda::DTypeBytes(type_);
+    auto need = [&](int buffer, int64_t per_sample, size_t element_bytes) {
+      if (buffer < 0) return;
+      size_t& bytes = graph_.buffer_bytes[buffer];
+      bytes = std::max(bytes, batch * static_cast<size_t>(per_sample) * element_bytes);
+    };
+    for (const Activation& a : graph_.activations) {
+      need(a.value, a.per_sample(), cuda::DTypeBytes(a.type));
+      need(a.grad, a.per_sample(), compute_bytes);
+    }
+    for (const Node& node : graph_.nodes) {
+      const int64_t in = graph_.activations[node.in].per_sample();
+      if (node.type == Node::Type::kFork) {
+        need(node.extra, in, compute_bytes);
+      } else if (node.type == Node::Type::kAdd) {
+        need(node.pre, graph_.activations[node.out].per_sample(), compute_bytes);
+      } else {
+        need(node.diff_src, in, compute_bytes);
+      }
+    }
+  }
+
+  const NetworkConfig& config_;
+  const DType type_;
+  Graph graph_;
+  int next_param_ = 0;
+};
+
+}  // namespace
+
+Graph BuildGraph(const NetworkConfig& config, DType type) {
+  return GraphBuilder(config, type).Build();
+}
+
+DropoutLayout DropoutHashLayout(const Graph& graph, int in) {
+  const Activation& activation = graph.activations[in];
+  const Activation& origin = graph.activations[activation.origin];
+  // The input arrives as C, H, W per sample and stays so on the cpu (NHWC only when C = 1, the
+  // same memory): the identity.
+  if (activation.origin > 0 && origin.shape.size() == 3) {
+    return {.channels = origin.shape[0],
+            .spatial = static_cast<int64_t>(origin.shape[1]) * origin.shape[2]};
+  }
+  return {.channels = static_cast<int>(activation.per_sample()), .spatial = 1};
+}
+
+absl::Status CudaNetwork::BuildParameters() {
+  const size_t compute_bytes = cuda::DTypeBytes(type_);
+  const cudaStream_t stream = context_->compute_stream();
+  // Named and ordered as NetworkTensorSpecs lists them under naming_ (the cpu's order).
+  const std::vector<NetworkTensorSpec> specs = NetworkTensorSpecs(config_, naming_);
+  for (const NetworkTensorSpec& spec : specs) {
+    Param param;
+    param.name = spec.name;
+    param.shape = spec.shape;
+    param.size = 1;
+    for (int64_t d : spec.shape) param.size *= d;
+    param.trained = IsTrainedTensor(spec.kind);
+    param.decayed = IsDecayedTensor(spec.kind);
+    const size_t bytes = param.size * sizeof(float);
+    STOKER_ASSIGN_BUFFER(param.value, bytes);
+    if (param.trained) {
+      STOKER_ASSIGN_BUFFER(param.grad, bytes);
+      STOKER_ASSIGN_BUFFER(param.state1, bytes);
+      // Optimizer state starts at zero, as in PyTorch.
+      STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(param.state1.get(), 0, bytes, stream));
+      if (adamw()) {
+        STOKER_ASSIGN_BUFFER(param.state2, bytes);
+        STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(param.state2.get(), 0, bytes, stream));
+      }
+    }
+    // Conv2d/Linear weights, and their biases: a Linear's fused epilogue adds the bias in its
+    // output's type (lt_gemm.h).
+    const bool low =
+        spec.kind == NetworkTensorKind::kWeight || spec.kind == NetworkTensorKind::kBias;
+    if (type_ != DType::kF32 && low) STOKER_ASSIGN_BUFFER(param.low, param.size * compute_bytes);
+    params_.push_back(std::move(param));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaNetwork::BuildNodes() {
   const size_t max_batch = config_.max_batch;
   const size_t compute_bytes = cuda::DTypeBytes(type_);
   const cudaStream_t stream = context_->compute_stream();
-  // Parameters, named as InitialNetworkParameters names them under naming_.
-  const std::vector<NamedTensor> initial = InitialNetworkParameters(config_, naming_);
-  for (size_t p = 0; p < initial.size(); ++p) {
-    Param param;
-    param.name = initial[p].name;
-    param.shape = initial[p].shape;
-    param.size = static_cast<int64_t>(initial[p].values.size());
-    param.is_weight = p % 2 == 0;
-    const size_t bytes = param.size * sizeof(float);
-    STOKER_ASSIGN_BUFFER(param.value, bytes);
-    STOKER_ASSIGN_BUFFER(param.grad, bytes);
-    STOKER_ASSIGN_BUFFER(param.state1, bytes);
-    // Optimizer state starts at zero, as in PyTorch.
-    STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(param.state1.get(), 0, bytes, stream));
-    if (adamw()) {
-      STOKER_ASSIGN_BUFFER(param.state2, bytes);
-      STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(param.state2.get(), 0, bytes, stream));
-    }
-    // Biases too: a Linear's fused epilogue adds the bias in its output's type (lt_gemm.h).
-    if (type_ != DType::kF32) STOKER_ASSIGN_BUFFER(param.low, param.size * compute_bytes);
-    params_.push_back(std::move(param));
-  }
-
-  // Activations. Every value is in the compute type except the logits straight out of a final
-  // Linear, which are fp32 (the cpu's f32 logits), unless fp16 stores them in fp16 (as the cpu's
-  // emulation rounds them).
-  auto add_storage = [&](DType type, int64_t per_sample, bool with_grad) -> absl::Status {
-    if (per_sample * static_cast<int64_t>(max_batch) > INT_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat("an activation of ", per_sample,
+  for (const Activation& activation : graph_.activations) {
+    if (activation.per_sample() * static_cast<int64_t>(max_batch) > INT_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat("an activation of ", activation.per_sample(),
                                                      " values per sample times max_batch ",
                                                      max_batch, " exceeds 2^31 values"));
     }
-    Storage storage;
-    storage.type = type;
-    storage.per_sample = per_sample;
-    STOKER_ASSIGN_BUFFER(storage.value, max_batch * per_sample * cuda::DTypeBytes(type));
-    STOKER_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(storage.value.get(), 0, storage.value.bytes(), stream));
-    if (with_grad) {
-      STOKER_ASSIGN_BUFFER(storage.grad, max_batch * per_sample * compute_bytes);
-      STOKER_CUDA_RETURN_IF_ERROR(
-          cudaMemsetAsync(storage.grad.get(), 0, storage.grad.bytes(), stream));
-    }
-    storage_.push_back(std::move(storage));
-    return absl::OkStatus();
-  };
-  STOKER_RETURN_IF_ERROR(add_storage(type_, Product(shapes_[0]), /*with_grad=*/false));
-  bool seen_parameters = false;
-  int next_param = 0;
-  int current_storage = 0;
-  const size_t count = config_.layers.size();
-  for (size_t i = 0; i < count; ++i) {
-    Layer layer;
-    layer.config = config_.layers[i];
-    layer.in_shape = shapes_[i];
-    layer.out_shape = shapes_[i + 1];
-    layer.in_storage = current_storage;
-    layer.needs_input_grad = seen_parameters;
-    const Kind kind = layer.config.kind;
-    layer.stride = EffectiveStride(layer.config);
-    if (LayerHasParameters(kind)) {
-      layer.weight = next_param++;
-      layer.bias = next_param++;
-      seen_parameters = true;
-    }
-    if (kind == Kind::kFlatten) {
-      layer.out_storage = layer.in_storage;
-    } else {
-      const bool f32_logits = i + 1 == count && kind == Kind::kLinear && type_ != DType::kF16;
-      layer.out_storage = static_cast<int>(storage_.size());
-      STOKER_RETURN_IF_ERROR(add_storage(f32_logits ? DType::kF32 : type_, Product(layer.out_shape),
-                                         /*with_grad=*/true));
-    }
-    current_storage = layer.out_storage;
-    if (kind == Kind::kDropout) {
-      STOKER_ASSIGN_BUFFER(layer.keep, max_batch * Product(layer.in_shape));
-      layer.dropout_layout = DropoutHashLayout(config_, shapes_, i);
-    }
-    if (kind == Kind::kConv2d) {
-      const LayerConfig& c = layer.config;
-      STOKER_RETURN_IF_ERROR(layer.filter.Create());
-      // PyTorch's [out_channels, in_channels, k, k] is cuDNN's NCHW filter layout (KCRS).
-      STOKER_CUDNN_RETURN_IF_ERROR(
-          cudnnSetFilter4dDescriptor(layer.filter.get(), cuda::CudnnType(type_), CUDNN_TENSOR_NCHW,
-                                     c.out_channels, layer.in_shape[0], c.kernel, c.kernel));
-      if (type_ != DType::kF32) {
-        STOKER_ASSIGN_BUFFER(layer.weight_grad_low, params_[layer.weight].size * compute_bytes);
-      }
-    }
-    if (kind == Kind::kMaxPool2d) {
-      const LayerConfig& c = layer.config;
-      STOKER_RETURN_IF_ERROR(layer.pooling.Create());
-      // Padded positions never win a max in cuDNN (as in PyTorch); NaN propagates so that an
-      // fp16 overflow still reaches the finite check.
-      STOKER_CUDNN_RETURN_IF_ERROR(cudnnSetPooling2dDescriptor(
-          layer.pooling.get(), CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_PROPAGATE_NAN, c.kernel,
-          c.kernel, c.padding, c.padding, layer.stride, layer.stride));
-    }
-    layers_.push_back(std::move(layer));
   }
-  if (storage_[LastStorage()].type != DType::kF32) {
+  buffers_.resize(graph_.buffer_bytes.size());
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    if (graph_.buffer_bytes[b] == 0) continue;
+    STOKER_ASSIGN_BUFFER(buffers_[b], graph_.buffer_bytes[b]);
+    STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buffers_[b].get(), 0, buffers_[b].bytes(), stream));
+  }
+  resources_.resize(graph_.nodes.size());
+  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
+    const Node& node = graph_.nodes[i];
+    NodeResources& r = resources_[i];
+    if (node.type != Node::Type::kLayer) continue;
+    const LayerConfig& c = node.config;
+    const std::vector<int>& in = graph_.activations[node.in].shape;
+    switch (c.kind) {
+      case Kind::kDropout:
+        STOKER_ASSIGN_BUFFER(r.keep, max_batch * Product(in));
+        break;
+      case Kind::kConv2d:
+        STOKER_RETURN_IF_ERROR(r.filter.Create());
+        // PyTorch's [out_channels, in_channels, k, k] is cuDNN's NCHW filter layout (KCRS).
+        STOKER_CUDNN_RETURN_IF_ERROR(
+            cudnnSetFilter4dDescriptor(r.filter.get(), cuda::CudnnType(type_), CUDNN_TENSOR_NCHW,
+                                       c.out_channels, in[0], c.kernel, c.kernel));
+        if (type_ != DType::kF32) {
+          STOKER_ASSIGN_BUFFER(r.weight_grad_low, params_[node.weight].size * compute_bytes);
+        }
+        break;
+      case Kind::kMaxPool2d:
+        STOKER_RETURN_IF_ERROR(r.pooling.Create());
+        // Padded positions never win a max in cuDNN (as in PyTorch); NaN propagates so that an
+        // fp16 overflow still reaches the finite check.
+        STOKER_CUDNN_RETURN_IF_ERROR(cudnnSetPooling2dDescriptor(
+            r.pooling.get(), CUDNN_POOLING_MAX_DETERMINISTIC, CUDNN_PROPAGATE_NAN, c.kernel,
+            c.kernel, c.padding, c.padding, node.stride, node.stride));
+        break;
+      case Kind::kBatchNorm2d:
+      case Kind::kBatchNorm1d:
+        STOKER_ASSIGN_BUFFER(r.mean, in[0] * sizeof(float));
+        STOKER_ASSIGN_BUFFER(r.variance, in[0] * sizeof(float));
+        STOKER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(r.mean.get(), 0, r.mean.bytes(), stream));
+        STOKER_CUDA_RETURN_IF_ERROR(
+            cudaMemsetAsync(r.variance.get(), 0, r.variance.bytes(), stream));
+        break;
+      default:
+        break;
+    }
+  }
+  if (graph_.activations[graph_.output].type != DType::kF32) {
     STOKER_ASSIGN_BUFFER(logits_, max_batch * config_.classes * sizeof(float));
   }
   return absl::OkStatus();
@@ -157,8 +306,10 @@ absl::Status CudaNetwork::AllocateStepBuffers() {
   const cudaStream_t stream = context_->compute_stream();
   STOKER_RETURN_IF_ERROR(state_.Init(loss_scaling_, config_.loss_scale, stream));
   for (Param& param : params_) {
+    if (!param.trained) continue;  // BatchNorm's buffers
+    // Conv2d and Linear weights only: never biases or BatchNorm's parameters.
     const float weight_decay =
-        param.is_weight ? static_cast<float>(config_.optimizer.weight_decay) : 0.0f;
+        param.decayed ? static_cast<float>(config_.optimizer.weight_decay) : 0.0f;
     optimizer_tensors_.push_back({param.value.as<float>(), param.grad.as<float>(),
                                   param.state1.as<float>(), param.state2.as<float>(),
                                   param.low.get(), param.size, weight_decay});
@@ -168,17 +319,53 @@ absl::Status CudaNetwork::AllocateStepBuffers() {
   return absl::OkStatus();
 }
 
+absl::Status CudaNetwork::PlanLinear(const Node& node, int batch, LayerPlan& lp) {
+  const int in_features = static_cast<int>(graph_.activations[node.in].per_sample());
+  const int units = node.config.units;
+  const DType out_type = graph_.activations[node.out].type;
+  // The layout of the three GEMMs: cuda::LinearShapes (lt_gemm.h).
+  const cuda::LinearGemmShapes shapes =
+      cuda::LinearShapes(in_features, units, batch, type_, out_type);
+  GemmEpilogueArgs forward_epilogue;
+  GemmEpilogueArgs weight_grad_epilogue;
+  if (node.bias >= 0) {
+    const Param& bias = params_[node.bias];
+    // The bias in the output's type (lt_gemm.h): the master, or its compute-type copy.
+    forward_epilogue = {.kind = GemmEpilogue::kBias,
+                        .bias = out_type == DType::kF32 ? bias.value.get() : bias.low.get()};
+    // BGRADB: the bias gradient is the column sums of dY over the batch, fp32 as dW is.
+    weight_grad_epilogue = {.kind = GemmEpilogue::kBGradB, .bias = bias.grad.get()};
+  }
+  absl::StatusOr<std::unique_ptr<LtGemm>> gemm = MakeGemmPreferFused(
+      *context_, options_.fused_epilogues, shapes.forward, forward_epilogue, &lp.forward_fused);
+  if (!gemm.ok()) return gemm.status();
+  lp.forward = *std::move(gemm);
+  gemm = MakeGemmPreferFused(*context_, options_.fused_epilogues, shapes.weight_grad,
+                             weight_grad_epilogue, &lp.bias_grad_fused);
+  if (!gemm.ok()) return gemm.status();
+  lp.weight_grad = *std::move(gemm);
+  if (node.needs_input_grad) {
+    bool unused = false;
+    gemm = MakeGemmPreferFused(*context_, options_.fused_epilogues, shapes.input_grad,
+                               GemmEpilogueArgs{}, &unused);
+    if (!gemm.ok()) return gemm.status();
+    lp.input_grad = *std::move(gemm);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Plan>> CudaNetwork::BuildPlan(int batch) {
   auto plan = std::make_unique<Plan>();
   plan->batch = batch;
-  plan->layers.resize(layers_.size());
+  plan->layers.resize(graph_.nodes.size());
   size_t conv_workspace_bytes = 0;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    Layer& layer = layers_[i];
+  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
+    const Node& node = graph_.nodes[i];
+    if (node.type != Node::Type::kLayer) continue;  // kernels whatever the batch
     LayerPlan& lp = plan->layers[i];
-    const LayerConfig& c = layer.config;
-    const std::vector<int>& in = layer.in_shape;
-    const std::vector<int>& out = layer.out_shape;
+    const LayerConfig& c = node.config;
+    const std::vector<int>& in = graph_.activations[node.in].shape;
+    const std::vector<int>& out = graph_.activations[node.out].shape;
     switch (c.kind) {
       case Kind::kConv2d: {
         const cuda::ConvolutionShape shape{.batch = batch,
@@ -189,15 +376,15 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaNetwork::BuildPlan(int batch) {
                                            .out_height = out[1],
                                            .out_width = out[2],
                                            .kernel = c.kernel,
-                                           .stride = layer.stride,
+                                           .stride = node.stride,
                                            .padding = c.padding,
                                            .type = type_,
-                                           .needs_backward_data = layer.needs_input_grad};
-        absl::StatusOr<cuda::ConvolutionPlan> conv =
-            cuda::PlanConvolution(cudnn_.get(), layer.filter.get(), shape, kMaxConvWorkspaceBytes);
+                                           .needs_backward_data = node.needs_input_grad};
+        absl::StatusOr<cuda::ConvolutionPlan> conv = cuda::PlanConvolution(
+            cudnn_.get(), resources_[i].filter.get(), shape, kMaxConvWorkspaceBytes);
         if (!conv.ok()) {
           return absl::Status(conv.status().code(),
-                              absl::StrCat("layers[", i, "] (", LayerKindName(c.kind),
+                              absl::StrCat("step ", i, " (", LayerKindName(c.kind),
                                            "): ", conv.status().message()));
         }
         conv_workspace_bytes = std::max(conv_workspace_bytes, conv->workspace_bytes);
@@ -215,52 +402,19 @@ absl::StatusOr<std::unique_ptr<Plan>> CudaNetwork::BuildPlan(int batch) {
         lp.pool_y = *std::move(y);
         int n = 0, ch = 0, h = 0, w = 0;
         STOKER_CUDNN_RETURN_IF_ERROR(cudnnGetPooling2dForwardOutputDim(
-            layer.pooling.get(), lp.pool_x.get(), &n, &ch, &h, &w));
+            resources_[i].pooling.get(), lp.pool_x.get(), &n, &ch, &h, &w));
         if (n != batch || ch != out[0] || h != out[1] || w != out[2]) {
-          return absl::InternalError(absl::StrCat("layers[", i, "] (", LayerKindName(c.kind),
+          return absl::InternalError(absl::StrCat("step ", i, " (", LayerKindName(c.kind),
                                                   "): cuDNN pools to ", h, "x", w, "; expected ",
                                                   out[1], "x", out[2]));
         }
         break;
       }
-      case Kind::kLinear: {
-        const Param& bias = params_[layer.bias];
-        const int in_features = static_cast<int>(Product(in));
-        const int units = c.units;
-        const DType out_type = storage_[layer.out_storage].type;
-        // The layout of the three GEMMs: cuda::LinearShapes (lt_gemm.h).
-        const cuda::LinearGemmShapes shapes =
-            cuda::LinearShapes(in_features, units, batch, type_, out_type);
-        // The bias in the output's type (lt_gemm.h): the master, or its compute-type copy.
-        absl::StatusOr<std::unique_ptr<LtGemm>> gemm = MakeGemmPreferFused(
-            *context_, options_.fused_epilogues, shapes.forward,
-            {.kind = GemmEpilogue::kBias,
-             .bias = out_type == DType::kF32 ? bias.value.get() : bias.low.get()},
-            &lp.forward_fused);
-        if (!gemm.ok()) return gemm.status();
-        lp.forward = *std::move(gemm);
-        // BGRADB: the bias gradient is the column sums of dY over the batch, fp32 as dW is.
-        gemm = MakeGemmPreferFused(*context_, options_.fused_epilogues, shapes.weight_grad,
-                                   {.kind = GemmEpilogue::kBGradB, .bias = bias.grad.get()},
-                                   &lp.bias_grad_fused);
-        if (!gemm.ok()) return gemm.status();
-        lp.weight_grad = *std::move(gemm);
-        if (layer.needs_input_grad) {
-          bool unused = false;
-          gemm = MakeGemmPreferFused(*context_, options_.fused_epilogues, shapes.input_grad,
-                                     GemmEpilogueArgs{}, &unused);
-          if (!gemm.ok()) return gemm.status();
-          lp.input_grad = *std::move(gemm);
-        }
+      case Kind::kLinear:
+        STOKER_RETURN_IF_ERROR(PlanLinear(node, batch, lp));
         break;
-      }
-      case Kind::kRelu:
-      case Kind::kGelu:
-      case Kind::kDropout:
-      case Kind::kFlatten:
-        break;  // kernels (or nothing) whatever the batch
       default:
-        break;  // refused by CheckCudaSupports before any plan is built
+        break;  // kernels (or nothing) whatever the batch
     }
   }
   if (conv_workspace_bytes > conv_workspace_.bytes()) {
@@ -276,27 +430,28 @@ absl::StatusOr<Plan*> CudaNetwork::PlanFor(int batch) {
   return partial_plans_.Get(full_plan_.get(), batch, [this](int size) { return BuildPlan(size); });
 }
 
-// cuDNN's pooling may refuse a data type (bf16 on some versions): try each pooling layer once at
-// the full batch (the buffers hold zeros) and use the own kernels where it answers NOT_SUPPORTED
-// or BAD_PARAM (they compute the same thing).
+// cuDNN's pooling may refuse a data type (bf16 on some versions): try each max-pooling node once
+// at the full batch (the buffers hold zeros) and use the own kernels where it answers
+// NOT_SUPPORTED or BAD_PARAM (they compute the same thing).
 absl::Status CudaNetwork::ProbePooling() {
   const float alpha = 1.0f, beta = 0.0f;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    Layer& layer = layers_[i];
-    if (layer.config.kind != Kind::kMaxPool2d) continue;
+  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
+    const Node& node = graph_.nodes[i];
+    if (node.type != Node::Type::kLayer || node.config.kind != Kind::kMaxPool2d) continue;
+    NodeResources& r = resources_[i];
     const LayerPlan& lp = full_plan_->layers[i];
-    cudnnStatus_t status = cudnnPoolingForward(cudnn_.get(), layer.pooling.get(), &alpha,
-                                               lp.pool_x.get(), Value(layer.in_storage), &beta,
-                                               lp.pool_y.get(), Value(layer.out_storage));
-    if (status == CUDNN_STATUS_SUCCESS && layer.needs_input_grad) {
-      status = cudnnPoolingBackward(
-          cudnn_.get(), layer.pooling.get(), &alpha, lp.pool_y.get(), Value(layer.out_storage),
-          lp.pool_y.get(), Grad(layer.out_storage), lp.pool_x.get(), Value(layer.in_storage), &beta,
-          lp.pool_x.get(), Grad(layer.in_storage));
+    cudnnStatus_t status =
+        cudnnPoolingForward(cudnn_.get(), r.pooling.get(), &alpha, lp.pool_x.get(), Value(node.in),
+                            &beta, lp.pool_y.get(), Value(node.out));
+    if (status == CUDNN_STATUS_SUCCESS && node.needs_input_grad) {
+      status =
+          cudnnPoolingBackward(cudnn_.get(), r.pooling.get(), &alpha, lp.pool_y.get(),
+                               Value(node.out), lp.pool_y.get(), Grad(node.out), lp.pool_x.get(),
+                               Value(node.in), &beta, lp.pool_x.get(), Buffer(node.diff_src));
     }
     const int category = CUDNN_STATUS_CATEGORY(status);
     if (category == CUDNN_STATUS_NOT_SUPPORTED || category == CUDNN_STATUS_BAD_PARAM) {
-      layer.own_pooling = true;
+      r.own_pooling = true;
     } else if (status != CUDNN_STATUS_SUCCESS) {
       return cuda::CudnnError(status, "cudnnPoolingForward/Backward (probe)", __FILE__, __LINE__);
     }

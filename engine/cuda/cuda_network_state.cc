@@ -1,5 +1,6 @@
-// The cuda network's parameters and optimizer state to and from the host, named and ordered as
-// the cpu network's (checkpoints move between the two backends).
+// The cuda network's parameters (BatchNorm's running statistics included) and optimizer state to
+// and from the host, named and ordered as the cpu network's (checkpoints move between the two
+// backends).
 #include <cmath>
 #include <cstddef>
 #include <string>
@@ -39,6 +40,7 @@ std::vector<std::pair<std::string, std::vector<float>>> CudaNetwork::ScalarState
 std::vector<DeviceTensorRef> CudaNetwork::StateRefs() const {
   std::vector<DeviceTensorRef> refs;
   for (const Param& param : params_) {
+    if (!param.trained) continue;  // BatchNorm's buffers have no optimizer state
     const size_t size = static_cast<size_t>(param.size);
     if (adamw()) {
       refs.push_back({param.name + ".exp_avg", param.shape, param.state1.as<float>(), size});

@@ -196,19 +196,17 @@ TEST(DropoutHashTest, MatchesCpuMask) {
 
 #ifdef STOKER_HAVE_CUDNN
 // Which order each Dropout hashes its mask in, as the cpu lays the activation out: NHWC for an
-// image, also after a Flatten (through elementwise layers); the input and flat features as
-// they are.
+// image, also after a Flatten (through elementwise layers and BatchNorm); the input and flat
+// features as they are. The graph is the host half of the network: no device needed.
 TEST(DropoutHashTest, LayoutFollowsCpuActivationLayout) {
-  using cuda::network_internal::DropoutHashLayout;
+  using cuda::network_internal::Node;
   auto layouts = [](const NetworkConfig& config) {
-    absl::StatusOr<std::vector<std::vector<int>>> shapes = NetworkShapes(config);
-    EXPECT_TRUE(shapes.ok()) << shapes.status();
+    const cuda::network_internal::Graph graph =
+        cuda::network_internal::BuildGraph(config, cuda::DType::kF32);
     std::vector<std::pair<int, int64_t>> result;
-    if (!shapes.ok()) return result;
-    for (size_t i = 0; i < config.layers.size(); ++i) {
-      if (config.layers[i].kind != Kind::kDropout) continue;
-      const cuda::network_internal::DropoutLayout layout = DropoutHashLayout(config, *shapes, i);
-      result.push_back({layout.channels, layout.spatial});
+    for (const Node& node : graph.nodes) {
+      if (node.type != Node::Type::kLayer || node.config.kind != Kind::kDropout) continue;
+      result.push_back({node.dropout_layout.channels, node.dropout_layout.spatial});
     }
     return result;
   };
@@ -227,9 +225,61 @@ TEST(DropoutHashTest, LayoutFollowsCpuActivationLayout) {
   config.input_shape = {3, 4, 4};
   config.layers = {Dropout(0.5f), Of(Kind::kFlatten), Dropout(0.5f), Linear(3)};
   EXPECT_EQ(layouts(config), (Layouts{{48, 1}, {48, 1}}));
-  // Behind an elementwise layer on the input: still the input's order.
+  // Behind an elementwise layer or a BatchNorm on the input: still the input's order.
   config.layers = {Of(Kind::kRelu), Dropout(0.5f), Linear(3)};
   EXPECT_EQ(layouts(config), (Layouts{{48, 1}}));
+  config.layers = {Of(Kind::kBatchNorm2d), Dropout(0.5f), Linear(3)};
+  EXPECT_EQ(layouts(config), (Layouts{{48, 1}}));
+  // Inside a residual block after a conv, and after the block's sum (its main branch's layout).
+  LayerConfig block = Of(Kind::kResidual);
+  block.layers = {Conv(3, 3, 1, 1), Dropout(0.5f)};
+  config.layers = {block, Dropout(0.5f), Linear(3)};
+  EXPECT_EQ(layouts(config), (Layouts{{3, 16}, {3, 16}}));
+}
+
+// The flattened graph follows the cpu network's: a block opens into fork, main branch, shortcut,
+// add (so Dropout's node index, which seeds its mask, is the cpu's), and parameter indices follow
+// NetworkTensorSpecs (bias-free layers take one, BatchNorm five).
+TEST(CudaNetworkGraphTest, ResidualBlocksOpenUpAsOnTheCpu) {
+  using cuda::network_internal::Node;
+  NetworkConfig config;
+  config.input_shape = {2, 6, 6};
+  LayerConfig no_bias = Conv(4, 3, 2, 1);
+  no_bias.bias = false;
+  LayerConfig projection = Conv(4, 1, 2, 0);
+  projection.bias = false;
+  LayerConfig block = Of(Kind::kResidual);
+  block.layers = {no_bias, Of(Kind::kBatchNorm2d)};
+  block.shortcut = {projection, Of(Kind::kBatchNorm2d)};
+  block.activation = LayerConfig::Activation::kGelu;
+  config.layers = {Conv(3, 3, 1, 1), block, Of(Kind::kGlobalAvgPool), Of(Kind::kFlatten),
+                   Linear(5)};
+  config.classes = 5;
+  const cuda::network_internal::Graph graph =
+      cuda::network_internal::BuildGraph(config, cuda::DType::kBf16);
+  ASSERT_EQ(graph.nodes.size(), 10u);
+  const std::vector<Node::Type> types = {Node::Type::kLayer, Node::Type::kFork,  Node::Type::kLayer,
+                                         Node::Type::kLayer, Node::Type::kLayer, Node::Type::kLayer,
+                                         Node::Type::kAdd,   Node::Type::kLayer, Node::Type::kLayer,
+                                         Node::Type::kLayer};
+  for (size_t i = 0; i < types.size(); ++i) EXPECT_EQ(graph.nodes[i].type, types[i]) << i;
+  EXPECT_EQ(graph.nodes[0].weight, 0);
+  EXPECT_EQ(graph.nodes[0].bias, 1);
+  EXPECT_EQ(graph.nodes[2].weight, 2);
+  EXPECT_EQ(graph.nodes[2].bias, -1);
+  EXPECT_EQ(graph.nodes[3].norm, 3);
+  EXPECT_EQ(graph.nodes[4].weight, 8);
+  EXPECT_EQ(graph.nodes[5].norm, 9);
+  EXPECT_EQ(graph.nodes[9].weight, 14);
+  EXPECT_EQ(graph.nodes[9].bias, 15);
+  EXPECT_EQ(NetworkTensorSpecs(config).size(), 16u);
+  // The shortcut's first layer writes into the fork's extra buffer; GELU keeps its sum.
+  EXPECT_EQ(graph.nodes[4].diff_src, graph.nodes[1].extra);
+  EXPECT_NE(graph.nodes[6].pre, -1);
+  EXPECT_TRUE(graph.nodes[6].needs_input2_grad);
+  // fp32 logits straight from the final Linear in bf16; the rest in the compute type.
+  EXPECT_EQ(graph.activations[graph.output].type, cuda::DType::kF32);
+  EXPECT_EQ(graph.activations[graph.nodes[6].out].type, cuda::DType::kBf16);
 }
 #endif
 
