@@ -215,8 +215,11 @@ struct NamedTensor {
 //   3. calls Finish(): afterwards every buffer holds the sum over the ranks; the model then checks
 //      finiteness (fp16), unscales, clips and updates as it would alone.
 // Buffers are fp32 master gradients (fp16: still multiplied by the loss scale, which every rank
-// keeps equal). From GradientReady until Finish returns the model neither reads nor writes a
-// buffer it handed over. A step that fails before its first GradientReady (a bad batch, a
+// keeps equal); a cuda model's are device pointers on its device, final when GradientReady is
+// called (the model has waited for its compute stream's work so far), and the reducer's sums must
+// be complete in them when Finish returns (the compute stream reads them next, unsynchronised).
+// From GradientReady until Finish returns the model neither reads nor writes a buffer it handed
+// over. A step that fails before its first GradientReady (a bad batch, a
 // LocalShare outside (0, 1]) leaves the reducer untouched; one that fails after it (a backend
 // error) returns without calling Finish, leaving the reducer mid-step: the caller gives up the
 // attempt, as after a collective's error. A reducer serves one model.

@@ -331,6 +331,7 @@ __global__ void BatchNormParamGradKernel(const T* x, const T* dy, int batch, int
     sum_dy_xhat += g * (ToFloat(x[index]) - m) * inverse_std;
   }
   const float total_dy = BlockSum(sum_dy);
+  __syncthreads();  // every thread has read the first sum before the second reuses the array
   const float total_dy_xhat = BlockSum(sum_dy_xhat);
   if (threadIdx.x == 0) {
     beta_grad[c] = total_dy;
