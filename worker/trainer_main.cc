@@ -4,9 +4,14 @@
 //
 // Data-parallel jobs (--replicas N > 1): the trainer is rank --rank of N. It meets the other
 // ranks through the server's rendezvous (worker/rendezvous_store.h, as the worker that runs it:
-// --server, --worker-id, --token-file, --tls-ca), connects Gloo over TCP at --collective-host,
-// starts from rank 0's parameters, and sums every step's gradients with the other ranks (a
-// bucketed reducer, comm/collective.h). Only rank 0 writes checkpoints (--checkpoint).
+// --server, --worker-id, --token-file, --tls-ca), connects Gloo over TCP at --collective-host
+// (cpu backend) or NCCL on its GPU (cuda backend: device 0, the one CUDA_VISIBLE_DEVICES leaves
+// it), starts from rank 0's parameters, and sums every step's gradients with the other ranks (a
+// bucketed reducer: comm/collective.h on the host, comm/nccl_reducer.h on the device). Only rank
+// 0 writes checkpoints (--checkpoint).
+// On GPUs the few host-side collectives (the parameter broadcast at the start, evaluation sums,
+// stop votes, barriers) go through host copies (CreateHostStagedCollective): they run between
+// steps, and a broadcast of host copies needs no knowledge of the model's device buffers.
 //
 // Exit codes (common/exit_codes.h): 0 done, 1 failed (may succeed on retry), 2 bad data or spec,
 // 3 stopped, 64 bad arguments, other = crash.
@@ -42,6 +47,11 @@
 #include "stoker.pb.h"
 #ifdef STOKER_HAVE_CUDA
 #include "engine/cuda/cuda_backend.h"
+#endif
+#if defined(STOKER_HAVE_CUDA) && defined(STOKER_HAVE_NCCL)
+#include "comm/nccl_collective.h"
+#include "comm/nccl_reducer.h"
+#include "engine/cuda/cuda_mlp.h"
 #endif
 #include "spec/model_spec.h"
 #include "worker/rendezvous_store.h"
@@ -263,38 +273,98 @@ struct RankChoice {
   int64_t train_samples = 0;           // the training set's count (each step's global batch)
 };
 
-// What a data-parallel rank trains with; declared before the loop so it outlives it.
+// What a data-parallel rank trains with; declared before the loop so it outlives it. Destroyed
+// bottom up: the reducer, then the collective the loop uses, then the device collective under it.
 struct DataParallelSetup {
   std::unique_ptr<KeyValueStore> store;
-  std::unique_ptr<Collective> collective;
+  std::unique_ptr<Collective> device_collective;  // GPUs: the NCCL communicator
+  std::unique_ptr<Collective> collective;         // host buffers: Gloo, or NCCL through copies
   std::unique_ptr<BucketedReducer> reducer;
+  std::string description;  // for the log: "gloo over HOST", "nccl ..."
 };
+
+// A cuda rank's NCCL communicator (device 0), its host-staged face, and the device reducer
+// ordered after the model's compute stream. FAILED_PRECONDITION in a trainer built without NCCL.
+absl::Status ConnectGpuRank(const RankChoice& choice, const std::string& store_prefix,
+                            const BucketOptions& buckets, Model& model, DataParallelSetup& dp) {
+#if defined(STOKER_HAVE_CUDA) && defined(STOKER_HAVE_NCCL)
+  // The stream the model's gradients are final on. Only the MLP fast path exposes it so far.
+  absl::StatusOr<cudaStream_t> stream = CudaMlpComputeStream(model);
+  if (!stream.ok()) {
+    return absl::InvalidArgumentError(
+        "resources.replicas > 1 with gpus: data-parallel GPU training runs the MLP fast path "
+        "(model.type mlp in fp32 or bf16 with SGD) for now; train this model on one GPU "
+        "(resources.replicas: 1) or on the cpu backend (resources.gpus: 0)");
+  }
+  NcclOptions nccl;
+  nccl.rank = choice.rank;
+  nccl.size = choice.replicas;
+  nccl.device = 0;  // CUDA_VISIBLE_DEVICES holds this rank's GPU only
+  nccl.store_prefix = store_prefix;
+  nccl.timeout = absl::Seconds(choice.timeout_seconds);
+  absl::StatusOr<std::unique_ptr<NcclCollective>> connected = ConnectNccl(nccl, *dp.store);
+  if (!connected.ok()) {
+    return absl::Status(
+        absl::IsInvalidArgument(connected.status()) ? absl::StatusCode::kInternal
+                                                    : connected.status().code(),
+        absl::StrCat("connecting the ranks (nccl on device 0): ", connected.status().message()));
+  }
+  NcclCollective& device = **connected;
+  dp.device_collective = std::move(*connected);
+  absl::StatusOr<std::unique_ptr<Collective>> host = CreateHostStagedCollective(device);
+  if (!host.ok()) return absl::InternalError(host.status().message());
+  dp.collective = std::move(*host);
+  NcclReducerOptions options;
+  options.buckets = buckets;
+  options.compute_stream = *stream;
+  absl::StatusOr<std::unique_ptr<BucketedReducer>> reducer = CreateNcclReducer(device, options);
+  if (!reducer.ok()) return absl::InternalError(reducer.status().message());
+  dp.reducer = std::move(*reducer);
+  dp.description = "nccl on device 0";
+  return absl::OkStatus();
+#else
+  (void)choice, (void)store_prefix, (void)buckets, (void)model, (void)dp;
+  return absl::FailedPreconditionError(
+      "resources.replicas > 1 with gpus: this trainer was built without NCCL (rebuild with the "
+      "CUDA toolkit and NCCL, or set NCCL_ROOT)");
+#endif
+}
 
 // Connects the ranks, copies rank 0's parameters (initialised or resumed) to every rank, and hands
 // the model a bucketed reducer. INVALID_ARGUMENT when the job cannot train data-parallel here (the
 // model, the rendezvous flags); other errors (a rank that never came, the server unreachable) may
 // pass on another attempt.
-absl::Status SetUpDataParallel(const RankChoice& choice, const v1::JobSpec& spec, Model& model,
-                               DataParallelSetup& dp) {
+absl::Status SetUpDataParallel(const RankChoice& choice, const v1::JobSpec& spec,
+                               const std::string& backend, Model& model, DataParallelSetup& dp) {
   // A token file or CA this worker cannot read is the worker's trouble, not the job's.
   absl::StatusOr<std::unique_ptr<KeyValueStore>> store = CreateRendezvousStore(choice.rendezvous);
   if (!store.ok()) return absl::FailedPreconditionError(store.status().message());
   dp.store = std::move(*store);
-  const absl::Duration timeout = absl::Seconds(choice.timeout_seconds);
-  GlooOptions gloo;
-  gloo.rank = choice.rank;
-  gloo.size = choice.replicas;
-  gloo.host = choice.host;
-  gloo.store_prefix = absl::StrCat(choice.rendezvous.job_id, "/a", choice.rendezvous.attempt, "/");
-  gloo.timeout = timeout;
-  absl::StatusOr<std::unique_ptr<Collective>> collective = ConnectGloo(gloo, *dp.store);
-  if (!collective.ok()) {
-    return absl::Status(absl::IsInvalidArgument(collective.status()) ? absl::StatusCode::kInternal
-                                                                     : collective.status().code(),
-                        absl::StrCat("connecting the ranks (gloo at ", choice.host,
-                                     "): ", collective.status().message()));
+  // The attempt's keys: Gloo's and NCCL's (different keys under the same prefix).
+  const std::string store_prefix =
+      absl::StrCat(choice.rendezvous.job_id, "/a", choice.rendezvous.attempt, "/");
+  BucketOptions buckets;
+  buckets.global_batch = int64_t{choice.replicas} * spec.train().batch_size();
+  if (backend == "cuda") {
+    STOKER_RETURN_IF_ERROR(ConnectGpuRank(choice, store_prefix, buckets, model, dp));
+  } else {
+    GlooOptions gloo;
+    gloo.rank = choice.rank;
+    gloo.size = choice.replicas;
+    gloo.host = choice.host;
+    gloo.store_prefix = store_prefix;
+    gloo.timeout = absl::Seconds(choice.timeout_seconds);
+    absl::StatusOr<std::unique_ptr<Collective>> collective = ConnectGloo(gloo, *dp.store);
+    if (!collective.ok()) {
+      return absl::Status(absl::IsInvalidArgument(collective.status()) ? absl::StatusCode::kInternal
+                                                                       : collective.status().code(),
+                          absl::StrCat("connecting the ranks (gloo at ", choice.host,
+                                       "): ", collective.status().message()));
+    }
+    dp.collective = std::move(*collective);
+    dp.reducer = CreateBucketedReducer(*dp.collective, buckets);
+    dp.description = absl::StrCat("gloo over ", choice.host);
   }
-  dp.collective = std::move(*collective);
   // Every rank starts from rank 0's weights (and BatchNorm buffers), whatever its own
   // initialisation or checkpoint read gave it.
   std::vector<NamedTensor> parameters = model.Parameters();
@@ -308,9 +378,6 @@ absl::Status SetUpDataParallel(const RankChoice& choice, const v1::JobSpec& spec
   if (absl::Status s = model.SetParameters(parameters); !s.ok()) {
     return absl::InternalError(absl::StrCat("rank 0's parameters: ", s.message()));
   }
-  BucketOptions buckets;
-  buckets.global_batch = int64_t{choice.replicas} * spec.train().batch_size();
-  dp.reducer = CreateBucketedReducer(*dp.collective, buckets);
   if (absl::Status s = model.SetGradientReducer(dp.reducer.get()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "resources.replicas: ", choice.replicas, ": this model cannot train data-parallel on ",
@@ -380,7 +447,8 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
   }
   DataParallelSetup dp;
   if (rank_choice.replicas > 1) {
-    if (absl::Status s = SetUpDataParallel(rank_choice, spec, model, dp); !s.ok()) {
+    if (absl::Status s = SetUpDataParallel(rank_choice, spec, setup.backend->Name(), model, dp);
+        !s.ok()) {
       std::cerr << "stoker-trainer: data-parallel: " << s.message() << "\n";
       return absl::IsInvalidArgument(s) ? kExitBadInput : kExitFailure;
     }
@@ -390,7 +458,7 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
                             .train_samples = rank_choice.train_samples,
                             .stop_vote_every_steps = rank_choice.stop_vote_every_steps};
     events.Log(absl::StrCat("data-parallel: rank ", rank_choice.rank, " of ", rank_choice.replicas,
-                            ", gloo over ", rank_choice.host));
+                            ", ", dp.description));
   }
   TrainingLoop::CheckpointWriter write_checkpoint;
   // Only rank 0 writes checkpoints (the agent gives no other rank --checkpoint).

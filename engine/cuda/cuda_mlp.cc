@@ -113,6 +113,12 @@ class CudaMlp final : public cuda::CountingModel {
     injected_gradient_ = value;
     return absl::OkStatus();
   }
+  absl::Status SetGradientReducer(GradientReducer* reducer) override {
+    reducer_ = reducer;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<StepResult> TrainStepWithoutSamples(double learning_rate) override;
+  cudaStream_t compute_stream() const { return context_->compute_stream(); }
 
  private:
   std::vector<DeviceTensorRef> Tensors(bool optimizer_state) const;
@@ -132,10 +138,33 @@ class CudaMlp final : public cuda::CountingModel {
   // Everything TrainStep does on the compute stream after BatchStaging::Stage: reset the step
   // state, load the learning rate (from host_rate_), normalise, forward, loss, backward, [fp16:
   // finite check], SGD, [fp16: loss-scale update], and the copy of the step state to the host.
-  // Enqueues only, so it can be captured in a CUDA graph.
-  absl::Status EnqueueTrainStep(const Plan& plan, int rows, int slot, bool features);
+  // Enqueues only, so it can be captured in a CUDA graph (never with a reducer).
+  absl::Status EnqueueTrainStep(const Plan& plan, int rows, int slot, bool features) {
+    STOKER_RETURN_IF_ERROR(EnqueueForwardBackward(plan, rows, slot, features, 1.0f));
+    // Never captured with a pending injection: TrainStep runs such a step eagerly.
+    STOKER_RETURN_IF_ERROR(EnqueueInjectedGradient());
+    return EnqueueUpdate();
+  }
+  // Its two halves, split where a data-parallel step calls the reducer's Finish(). `share`
+  // multiplies the loss gradient (GradientReducer::LocalShare; 1 alone).
+  absl::Status EnqueueForwardBackward(const Plan& plan, int rows, int slot, bool features,
+                                      float share);
+  absl::Status EnqueueUpdate();
+  // InjectGradientForTest's value added to the first weight gradient, if one is pending.
+  absl::Status EnqueueInjectedGradient();
+  // TrainStep with a reducer: forward and backward handing each gradient over, Finish(), then
+  // the update; eager (the reducer's calls sit between the kernels, and its error must stop the
+  // update on the host). An error from Finish() returns before anything is updated.
+  absl::Status EnqueueDataParallelStep(const Plan& plan, int rows, int slot, bool features,
+                                       float share);
   absl::Status Forward(const Plan& plan, int rows);
+  // Hands each gradient to reducer_ (when set) as soon as the work finalising it is enqueued.
   absl::Status Backward(const Plan& plan, int rows);
+  // reducer_->GradientReady(next_index++, ...) for `gradient`.
+  void HandOver(const DeviceBuffer& gradient, int& next_index) {
+    reducer_->GradientReady(next_index++, gradient.as<float>(),
+                            static_cast<int64_t>(gradient.bytes() / sizeof(float)));
+  }
   // Copies the step state to the host and waits for it: the step's one host synchronisation.
   absl::Status FinishStep();
 
@@ -156,6 +185,11 @@ class CudaMlp final : public cuda::CountingModel {
   cuda::BatchStaging staging_;
   cuda::StepStateBuffer state_;
   float* host_rate_ = nullptr;  // pinned: the next step's learning rate
+  // Pinned, data-parallel steps whose share is not 1: {loss scale x share, loss scale}, copied
+  // into StepState::loss_scale around the softmax cross-entropy (which multiplies the loss
+  // gradient by it) and back, so the gradient carries the share and the update the plain scale.
+  float* host_share_scales_ = nullptr;
+  GradientReducer* reducer_ = nullptr;  // data-parallel training: not owned; null when alone
   std::vector<cuda::SgdTensor> sgd_tensors_;
   std::unique_ptr<Plan> full_plan_;
   PartialPlanCache<Plan> partial_plans_{kMaxPartialPlans};
@@ -171,6 +205,7 @@ CudaMlp::~CudaMlp() {
   cudaStreamSynchronize(context_->copy_stream());
   cudaStreamSynchronize(context_->compute_stream());
   if (host_rate_ != nullptr) cudaFreeHost(host_rate_);
+  if (host_share_scales_ != nullptr) cudaFreeHost(host_share_scales_);
 }
 
 absl::Status CudaMlp::Init(int device) {
@@ -233,6 +268,9 @@ absl::Status CudaMlp::Init(int device) {
 
   STOKER_CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&host_rate_), sizeof(float)));
   *host_rate_ = 0.0f;
+  STOKER_CUDA_RETURN_IF_ERROR(
+      cudaMallocHost(reinterpret_cast<void**>(&host_share_scales_), 2 * sizeof(float)));
+  host_share_scales_[0] = host_share_scales_[1] = 1.0f;
   const cudaStream_t stream = context_->compute_stream();
   STOKER_RETURN_IF_ERROR(state_.Init(loss_scaling_, config_.loss_scale, stream));
   // Momentum starts at zero, as in PyTorch.
@@ -339,6 +377,7 @@ absl::Status CudaMlp::Forward(const Plan& plan, int rows) {
 absl::Status CudaMlp::Backward(const Plan& plan, int rows) {
   const cudaStream_t stream = context_->compute_stream();
   const size_t last = layers_.size() - 1;
+  int next_index = 0;  // GradientReady's
   for (size_t l = layers_.size(); l-- > 0;) {
     Layer& layer = layers_[l];
     const LayerGemms& gemms = plan.layers[l];
@@ -350,6 +389,13 @@ absl::Status CudaMlp::Backward(const Plan& plan, int rows) {
     }
     STOKER_RETURN_IF_ERROR(
         RunGemm(*gemms.weight_grad, input, layer.output_grad.get(), layer.weight_grad.get()));
+    // The cpu MLP's order: layers last to first, each layer's bias then its weight. The last
+    // layer's bias may come from the weight GEMM's epilogue (BGRADB), so both go after it; a
+    // lower layer's bias was finished by the input-gradient step of the layer above.
+    if (reducer_ != nullptr) {
+      if (l == last) HandOver(layer.bias_grad, next_index);
+      HandOver(layer.weight_grad, next_index);
+    }
     if (l == 0) continue;
     Layer& below = layers_[l - 1];
     STOKER_RETURN_IF_ERROR(RunGemm(*gemms.input_grad, GemmWeight(layer), layer.output_grad.get(),
@@ -363,13 +409,15 @@ absl::Status CudaMlp::Backward(const Plan& plan, int rows) {
       STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchConvertToF32(
           below.bias_grad_low.get(), type_, below.out, below.bias_grad.as<float>(), stream));
     }
+    if (reducer_ != nullptr) HandOver(below.bias_grad, next_index);
   }
   return absl::OkStatus();
 }
 
 absl::Status CudaMlp::FinishStep() { return state_.ReadBack(context_->compute_stream()); }
 
-absl::Status CudaMlp::EnqueueTrainStep(const Plan& plan, int rows, int slot, bool features) {
+absl::Status CudaMlp::EnqueueForwardBackward(const Plan& plan, int rows, int slot, bool features,
+                                             float share) {
   const cudaStream_t stream = context_->compute_stream();
   cuda::StepState* state = state_.device();
   STOKER_RETURN_IF_ERROR(state_.EnqueueReset(stream));
@@ -378,14 +426,36 @@ absl::Status CudaMlp::EnqueueTrainStep(const Plan& plan, int rows, int slot, boo
   STOKER_RETURN_IF_ERROR(NormalizeStaged(slot, rows, features));
   STOKER_RETURN_IF_ERROR(Forward(plan, rows));
   Layer& last = layers_.back();
+  // This rank's part of the global batch's mean: the cross-entropy multiplies its gradient by
+  // StepState::loss_scale, so the share rides on it for that one kernel (the fast path has no
+  // kernel of its own to scale the logits' gradient). Never in a captured graph: a step with a
+  // reducer runs eagerly, and the host copies are current (every step ends synchronised).
+  if (share != 1.0f) {
+    host_share_scales_[1] = state_.host().loss_scale;
+    host_share_scales_[0] = host_share_scales_[1] * share;
+    STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&state->loss_scale, &host_share_scales_[0],
+                                                sizeof(float), cudaMemcpyHostToDevice, stream));
+  }
   STOKER_CUDA_RETURN_IF_ERROR(
       cuda::LaunchSoftmaxCrossEntropy(last.output.as<float>(), staging_.labels(slot), rows,
                                       last.out, type_, last.output_grad.get(), state, stream));
-  STOKER_RETURN_IF_ERROR(Backward(plan, rows));
-  if (injected_gradient_.has_value()) {  // never captured: TrainStep runs such a step eagerly
-    STOKER_CUDA_RETURN_IF_ERROR(
-        cuda::LaunchAddToFirst(layers_[0].weight_grad.as<float>(), *injected_gradient_, stream));
+  if (share != 1.0f) {
+    STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&state->loss_scale, &host_share_scales_[1],
+                                                sizeof(float), cudaMemcpyHostToDevice, stream));
   }
+  return Backward(plan, rows);
+}
+
+absl::Status CudaMlp::EnqueueInjectedGradient() {
+  if (!injected_gradient_.has_value()) return absl::OkStatus();
+  STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchAddToFirst(
+      layers_[0].weight_grad.as<float>(), *injected_gradient_, context_->compute_stream()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaMlp::EnqueueUpdate() {
+  const cudaStream_t stream = context_->compute_stream();
+  cuda::StepState* state = state_.device();
   const int tensor_count = static_cast<int>(sgd_tensors_.size());
   if (loss_scaling_) {
     STOKER_CUDA_RETURN_IF_ERROR(
@@ -401,6 +471,9 @@ absl::Status CudaMlp::EnqueueTrainStep(const Plan& plan, int rows, int slot, boo
 absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double learning_rate) {
   if (absl::Status status = ValidateBatch(config_, batch); !status.ok()) return status;
   if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
+  // This rank's part of the global batch's mean (1 alone).
+  absl::StatusOr<float> share = LocalGradientShare(reducer_);
+  if (!share.ok()) return share.status();
   STOKER_RETURN_IF_ERROR(context_->Activate());
   absl::StatusOr<Plan*> plan = PlanFor(batch.count);
   if (!plan.ok()) return plan.status();
@@ -413,8 +486,13 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
   if (!slot.ok()) return slot.status();
   // The previous step has finished (its end synchronised), so nothing reads host_rate_ now.
   *host_rate_ = static_cast<float>(learning_rate);
-  const bool graph =
-      options_.cuda_graphs && !(*plan)->graph_failed && !injected_gradient_.has_value();
+  if (reducer_ != nullptr && options_.cuda_graphs) {
+    NoteFallback(
+        "data-parallel training steps run kernel by kernel, not as a CUDA graph: the gradient "
+        "reducer's calls sit between backward's kernels, and its result decides the update");
+  }
+  const bool graph = options_.cuda_graphs && !(*plan)->graph_failed &&
+                     !injected_gradient_.has_value() && reducer_ == nullptr;
   const int kind = features ? 1 : 0;
   bool enqueued = false;
   if (graph) {
@@ -448,7 +526,16 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
   }
   if (!enqueued) {
     pending_gemms_ = {};
-    STOKER_RETURN_IF_ERROR(EnqueueTrainStep(**plan, rows, *slot, features));
+    const absl::Status step = reducer_ != nullptr
+                                  ? EnqueueDataParallelStep(**plan, rows, *slot, features, *share)
+                                  : EnqueueTrainStep(**plan, rows, *slot, features);
+    if (!step.ok()) {
+      // The staging slot goes back to the copy stream whatever happened; nothing was updated.
+      (void)staging_.Release(*slot, stream);
+      pending_gemms_ = {};
+      injected_gradient_.reset();
+      return step;
+    }
     CountGemms(pending_gemms_);
     pending_gemms_ = {};
     ++counters_.eager_steps;
@@ -461,6 +548,50 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
 
   // found_inf is only ever set by the fp16 finite check.
   return state_.TrainResult(rows, loss_scaling_);
+}
+
+absl::Status CudaMlp::EnqueueDataParallelStep(const Plan& plan, int rows, int slot, bool features,
+                                              float share) {
+  STOKER_RETURN_IF_ERROR(EnqueueForwardBackward(plan, rows, slot, features, share));
+  STOKER_RETURN_IF_ERROR(reducer_->Finish());
+  // Into the summed gradient, as an overflow of the sum would be.
+  STOKER_RETURN_IF_ERROR(EnqueueInjectedGradient());
+  return EnqueueUpdate();
+}
+
+absl::StatusOr<StepResult> CudaMlp::TrainStepWithoutSamples(double learning_rate) {
+  if (reducer_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "TrainStepWithoutSamples needs a gradient reducer (SetGradientReducer): a model training "
+        "alone has no step without samples");
+  }
+  if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
+  STOKER_RETURN_IF_ERROR(context_->Activate());
+  const cudaStream_t stream = context_->compute_stream();
+  *host_rate_ = static_cast<float>(learning_rate);
+  STOKER_RETURN_IF_ERROR(state_.EnqueueReset(stream));
+  STOKER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&state_.device()->learning_rate, host_rate_,
+                                              sizeof(float), cudaMemcpyHostToDevice, stream));
+  // Zero gradients in TrainStep's order (layers last to first, bias then weight), so the sums
+  // over the ranks are the other ranks' gradients.
+  int next_index = 0;
+  for (size_t l = layers_.size(); l-- > 0;) {
+    const Layer& layer = layers_[l];
+    STOKER_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(layer.bias_grad.get(), 0, layer.bias_grad.bytes(), stream));
+    HandOver(layer.bias_grad, next_index);
+    STOKER_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(layer.weight_grad.get(), 0, layer.weight_grad.bytes(), stream));
+    HandOver(layer.weight_grad, next_index);
+  }
+  STOKER_RETURN_IF_ERROR(reducer_->Finish());
+  STOKER_RETURN_IF_ERROR(EnqueueUpdate());
+  STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  ++counters_.eager_steps;
+  // No samples: loss 0; the fp16 overflow flag and scale as the step left them.
+  StepResult result = state_.TrainResult(1, loss_scaling_);
+  result.loss = 0;
+  return result;
 }
 
 absl::StatusOr<EvalResult> CudaMlp::Evaluate(const BatchView& batch) {
@@ -561,6 +692,14 @@ absl::Status CudaMlp::RefreshLowWeights() {
 }
 
 }  // namespace
+
+absl::StatusOr<cudaStream_t> CudaMlpComputeStream(const Model& model) {
+  const auto* mlp = dynamic_cast<const CudaMlp*>(&model);
+  if (mlp == nullptr) {
+    return absl::InvalidArgumentError("not a model of the cuda MLP fast path (CreateCudaMlp)");
+  }
+  return mlp->compute_stream();
+}
 
 absl::StatusOr<std::unique_ptr<Model>> CreateCudaMlp(const MlpConfig& config, int device,
                                                      const CudaBackendOptions& options) {
