@@ -246,7 +246,7 @@ absl::StatusOr<uint32_t> ImageBatchSource::Make(uint64_t batch, uint8_t* samples
   const int64_t end = slice.end;
   // Ask the kernel for every member of the batch at once: a shard is then read ahead in large
   // requests while the first images decode.
-  for (int64_t i = first; i < end && index_.sharded(); ++i) {
+  for (int64_t i = first; i < end && index_.sharded() && options_.decoded_cache == nullptr; ++i) {
     const IndexedSample& s = index_.sample(order_[static_cast<size_t>(i)]);
     absl::StatusOr<int> fd = files_.Get(s.source, index_.source_path(s.source));
     if (fd.ok()) {
@@ -261,6 +261,13 @@ absl::StatusOr<uint32_t> ImageBatchSource::Make(uint64_t batch, uint8_t* samples
     // The place in the global batch: the ranks' random crops and flips are one rank's.
     const uint32_t position = static_cast<uint32_t>(i - slice.global_first);
     const int64_t sample = order_[static_cast<size_t>(i)];
+    if (options_.decoded_cache != nullptr) {
+      if (const uint8_t* pixels = options_.decoded_cache->Sample(sample); pixels != nullptr) {
+        std::memcpy(samples + made * sample_bytes_, pixels, sample_bytes_);
+        labels[made++] = index_.sample(sample).label;
+        continue;
+      }
+    }
     absl::Status status = ReadSampleBytes(index_, sample, files_, bytes_);
     if (status.ok()) {
       status =

@@ -31,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "data/dataset.h"
+#include "data/decoded_cache.h"
 #include "data/image/image_codec.h"
 #include "data/image/image_transform.h"
 #include "data/index/sample_index.h"
@@ -96,6 +97,9 @@ struct ImageSourceOptions {
   std::atomic<uint64_t>* bad_samples_total = nullptr;
   // Receives "bad sample NAME: why" lines.
   std::function<void(const std::string&)> log;
+  // The training split decoded once (decoded_cache.h), for a deterministic transform: a present
+  // sample's pixels are copied from it instead of being read and decoded. May be null.
+  std::shared_ptr<const DecodedCache> decoded_cache;
 };
 
 class ImageBatchSource : public BatchSource {

@@ -164,6 +164,15 @@ absl::StatusOr<std::unique_ptr<stoker::BatchSource>> OpenImageSource(
   options.log = [prefix](const std::string& line) {
     std::fprintf(stderr, "%s: %s\n", prefix.c_str(), line.c_str());
   };
+  // The agent decoded the training split once when the transform allows it (decoded_cache.h).
+  absl::StatusOr<std::unique_ptr<stoker::DecodedCache>> cache =
+      stoker::DecodedCache::Open(stoker::DecodedCachePath(args.data_path), *index,
+                                 stoker::TransformOutputBytes(options.transform));
+  if (cache.ok()) {
+    options.decoded_cache = std::move(*cache);
+  } else if (!absl::IsNotFound(cache.status())) {
+    return cache.status();
+  }
   absl::StatusOr<std::unique_ptr<stoker::ImageBatchSource>> source =
       stoker::ImageBatchSource::Create(std::move(*index), region.geometry().batch_size,
                                        std::move(options));

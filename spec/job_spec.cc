@@ -179,7 +179,15 @@ absl::Status CheckImageSpec(const v1::JobSpec& spec) {
   STOKER_RETURN_IF_ERROR(CheckRange("dataset.max_bad_samples", data.max_bad_samples(), 0,
                                     std::numeric_limits<int32_t>::max()));
   STOKER_RETURN_IF_ERROR(CheckRange("dataset.shuffle_buffer", data.shuffle_buffer(), 1, 10000000));
+  STOKER_RETURN_IF_ERROR(CheckOneOf("dataset.decoded_cache",
+                                    data.decoded_cache().empty() ? "auto" : data.decoded_cache(),
+                                    {"auto", "off"}));
   if (!IsImageFormat(data.format())) {
+    if (!data.decoded_cache().empty() && data.decoded_cache() != "auto") {
+      return FieldError("dataset.decoded_cache",
+                        absl::StrCat("only for format image_folder or shards (the format is ",
+                                     data.format(), ")"));
+    }
     if (data.has_image()) {
       return FieldError("dataset.image", absl::StrCat("only for format image_folder or shards (the "
                                                       "format is ",

@@ -389,6 +389,8 @@ TEST(JobSpecTest, ImageDatasetsValidate) {
        "dataset.max_bad_samples: must be between 0 and 2147483647 (got -1)"},
       {[](v1::JobSpec* s) { s->mutable_dataset()->set_shuffle_buffer(0); },
        "dataset.shuffle_buffer: must be between 1 and 10000000 (got 0)"},
+      {[](v1::JobSpec* s) { s->mutable_dataset()->set_decoded_cache("yes"); },
+       "dataset.decoded_cache: unsupported value 'yes' (supported: auto, off)"},
       {[](v1::JobSpec* s) { s->mutable_loader()->mutable_augment()->set_horizontal_flip(true); },
        "loader.augment: is for decoded datasets (idx, npy, csv); images take dataset.image "
        "(random_resized_crop, horizontal_flip)"},
@@ -402,6 +404,15 @@ TEST(JobSpecTest, ImageDatasetsValidate) {
   idx.mutable_dataset()->mutable_image()->set_size(8);
   EXPECT_EQ(ValidateJobSpec(idx).message(),
             "dataset.image: only for format image_folder or shards (the format is idx)");
+  v1::JobSpec idx_cache = ValidSpec();
+  idx_cache.mutable_dataset()->set_decoded_cache("off");
+  EXPECT_EQ(ValidateJobSpec(idx_cache).message(),
+            "dataset.decoded_cache: only for format image_folder or shards (the format is idx)");
+  idx_cache.mutable_dataset()->set_decoded_cache("auto");
+  EXPECT_TRUE(ValidateJobSpec(idx_cache).ok());
+  v1::JobSpec off = ImageSpecJob("shards");
+  off.mutable_dataset()->set_decoded_cache("off");
+  EXPECT_TRUE(ValidateJobSpec(off).ok()) << ValidateJobSpec(off);
 }
 
 TEST(JobSpecTest, ShardPatternsResolveTheirDirectoryOnly) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "common/status_macros.h"
 #include "common/system_memory.h"
 #include "data/dataset.h"
+#include "data/decoded_cache.h"
 #include "data/image_dataset.h"
 #include "data/prepared_dataset.h"
 #include "google/protobuf/io/zero_copy_stream_impl.h"
@@ -341,7 +343,9 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
       std::filesystem::remove(training_set, ignored);
       for (std::filesystem::directory_iterator it(dir, ignored), end; !ignored && it != end;
            it.increment(ignored)) {
-        if (it->path().filename().string().rfind("test.samples", 0) == 0) {
+        const std::string name = it->path().filename().string();
+        // Also the decoded cache (train.samples.decoded) and its temporary files.
+        if (name.rfind("test.samples", 0) == 0 || name.rfind("train.samples", 0) == 0) {
           std::error_code also_ignored;
           std::filesystem::remove(it->path(), also_ignored);
         }
@@ -525,6 +529,7 @@ absl::StatusOr<PreparedInfo> JobRunner::IndexTrainingImagesLogged(const v1::JobS
   }
   info.storage = SamplesStorage::kSource;
   info.file_bytes = index->index_bytes();
+  CacheDecodedImages(spec, *index, transform);
   on_event_(LogEvent(absl::StrFormat(
       "indexed %d training images in %.1f s (%d classes, %.1f MiB index%s); samples are %s uint8",
       index->count(), absl::ToDoubleSeconds(absl::Now() - start), summary.classes,
@@ -534,6 +539,44 @@ absl::StatusOr<PreparedInfo> JobRunner::IndexTrainingImagesLogged(const v1::JobS
           : "",
       absl::StrJoin(summary.sample_dims, "x"))));
   return info;
+}
+
+void JobRunner::CacheDecodedImages(const v1::JobSpec& spec, const SampleIndex& index,
+                                   const ImageTransform& transform) {
+  const uint64_t file_bytes = DecodedCacheFileBytes(index.count(), TransformOutputBytes(transform));
+  const absl::StatusOr<int64_t> memory = AvailableSystemMemoryBytes();
+  struct statvfs disk = {};
+  const int64_t free_disk =
+      statvfs(dir_.c_str(), &disk) == 0 ? static_cast<int64_t>(disk.f_bavail * disk.f_frsize) : -1;
+  const std::string refusal = DecodedCacheRefusal(
+      spec.dataset().decoded_cache(), transform, file_bytes, memory.ok() ? *memory : -1, free_disk);
+  if (!refusal.empty()) {
+    on_event_(LogEvent(absl::StrCat("decoded cache: none (", refusal,
+                                    "); the loaders decode every sample in every epoch")));
+    return;
+  }
+  const absl::Time start = absl::Now();
+  const int threads = std::max(1, options_.cpu_count);
+  absl::StatusOr<DecodedCacheInfo> cache =
+      WithProgressTicker("decoding the training images once (decoded cache)", [&] {
+        return WriteDecodedCache(index, transform, spec.dataset().train_limit(), threads,
+                                 DecodedCachePath(training_set_path()),
+                                 [this] { return cancel_requested_.load(); });
+      });
+  if (!cache.ok()) {
+    // Only a speed-up: the loaders decode instead.
+    on_event_(LogEvent(absl::StrCat("decoded cache: none (", cache.status().message(),
+                                    "); the loaders decode every sample in every epoch")));
+    return;
+  }
+  on_event_(LogEvent(absl::StrFormat(
+      "decoded cache: %d training images decoded once in %.1f s on %d threads (%.1f MiB, "
+      "mapped by the loaders; the transform has no random step)%s",
+      cache->decoded, absl::ToDoubleSeconds(absl::Now() - start), threads,
+      cache->file_bytes / (1024.0 * 1024.0),
+      cache->absent > 0
+          ? absl::StrCat("; ", cache->absent, " did not decode and are left to the loaders")
+          : "")));
 }
 
 void JobRunner::ForwardBadSamples(JobRegion& region, bool final) {

@@ -21,6 +21,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "data/dataset.h"
+#include "data/image/image_transform.h"
+#include "data/index/sample_index.h"
 #include "data/job_region.h"
 #include "data/prepared_dataset.h"
 #include "stoker.pb.h"
@@ -193,6 +195,11 @@ class JobRunner {
   // Forwards the loaders' "bad sample" lines (from their logs) to the job's log, paths as the job
   // wrote them; at most kForwardedBadSamples per attempt, then one line saying how many more.
   void ForwardBadSamples(JobRegion& region, bool final);
+  // dataset.decoded_cache: decodes the training split once into DecodedCachePath of the training
+  // set when DecodedCacheRefusal allows it, logging what it did or why not. A failure only logs:
+  // the loaders then decode as without it.
+  void CacheDecodedImages(const v1::JobSpec& spec, const SampleIndex& index,
+                          const ImageTransform& transform);
 
   const RunnerOptions options_;
   const v1::Assignment assignment_;
