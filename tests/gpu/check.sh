@@ -3,10 +3,13 @@
 # 16 cores, CUDA 13 with nvcc, CMake, ninja and g++, no network). It
 #   1. configures the standalone build tests/gpu/CMakeLists.txt (Release, sm_90; cuDNN from the
 #      toolkit, CUDNN_ROOT, or the pip package nvidia-cudnn-cu13) and builds only
-#      cuda_conformance_test, cuda_network_test, gpu_bench and engine_test with -j16;
+#      cuda_conformance_test, cuda_network_test, cuda_vision_layers_test, gpu_bench and
+#      engine_test with -j16;
 #   2. runs engine_test (the cpu reference's own tests), the cuda conformance tests (the MLP fast
 #      path and its CUDA graphs, cuda vs cpu), the network tests (cuDNN conv/pool, GELU, dropout,
-#      AdamW, clipping, fp16, cuda vs cpu), a safetensors-library check of a Stoker checkpoint
+#      AdamW, clipping, fp16, cuda vs cpu), the vision layers (BatchNorm, average pooling,
+#      residual blocks, bias-free layers, label smoothing, data-parallel hand-over; cuda vs cpu),
+#      a safetensors-library check of a Stoker checkpoint
 #      (in the background from the start: a cold `import torch` takes a while), and gpu_bench
 #      (step time fp32/bf16/fp16, TFLOP/s, plain cuBLASLt GEMM of the same shape, CUDA graph vs
 #      kernel by kernel);
@@ -22,7 +25,7 @@
 # tests/gpu/bundle_deps.sh makes on the Debian development machine (carry the folder
 # build-gpu-deps with the call); as a last resort it tries apt-get, which needs a network.
 # Installs nothing else. Budget: about 2 minutes of build and 2 of runs; hard limits below keep
-# the whole script under 9 minutes.
+# the whole script under 9 minutes 40 s (the device tool's 10-minute call).
 #
 #   bash tests/gpu/check.sh [build-dir]      (default: build-gpu-check)
 set -uo pipefail
@@ -104,7 +107,8 @@ if [[ -n "$CUDNN_LIB_DIR" && -d "$CUDNN_LIB_DIR" ]]; then
 fi
 grep -E "stoker: cuDNN" "$LOGS/configure.log" | tail -1
 targets=(cuda_conformance_test gpu_bench engine_test)
-grep -q "stoker: cuDNN not found" "$LOGS/configure.log" || targets+=(cuda_network_test)
+grep -q "stoker: cuDNN not found" "$LOGS/configure.log" ||
+  targets+=(cuda_network_test cuda_vision_layers_test)
 grep -q "comm_nccl_test not built" "$LOGS/configure.log" || targets+=(comm_nccl_test)
 if ! timeout 210 cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" \
     >"$LOGS/build.log" 2>&1; then
@@ -159,6 +163,14 @@ if [[ -x "$BUILD/cuda/cuda_network_test" ]]; then
 else
   echo "cuda_network_test not built (no cuDNN found)" | tee "$LOGS/network.log"
 fi
+log "cuda_vision_layers_test"
+vision_rc=1
+if [[ -x "$BUILD/cuda/cuda_vision_layers_test" ]]; then
+  run_cuda_test vision "$BUILD/cuda/cuda_vision_layers_test" 40
+  vision_rc=$?
+else
+  echo "cuda_vision_layers_test not built (no cuDNN found)" | tee "$LOGS/vision.log"
+fi
 log "comm_nccl_test (one rank on device 0: the NCCL path of data-parallel jobs)"
 nccl_rc=1
 if [[ -x "$BUILD/comm_nccl_test" ]]; then
@@ -200,6 +212,7 @@ value() {  # value LINE_PREFIX KEY
   echo "| engine_test (rc $engine_rc) | $(summary "$LOGS/engine_test.log") |"
   echo "| cuda_conformance_test (rc $conformance_rc; skips fail) | $(summary "$LOGS/conformance.log") |"
   echo "| cuda_network_test (rc $network_rc; skips fail) | $(summary "$LOGS/network.log") |"
+  echo "| cuda_vision_layers_test (rc $vision_rc; skips fail) | $(summary "$LOGS/vision.log") |"
   echo "| comm_nccl_test, one rank (rc $nccl_rc; skips fail) | $(summary "$LOGS/nccl.log") |"
   echo "| safetensors library loads a Stoker checkpoint (rc $safetensors_rc) | $(head -1 "$LOGS/safetensors.log" | cut -c1-60) |"
   echo "| gpu_bench (rc $bench_rc) | $(head -2 "$LOGS/gpu_bench.log" | tr '\n' ' ') $(grep -oE "errors=[0-9]+" "$LOGS/gpu_bench.log" | head -1) |"
@@ -223,5 +236,6 @@ value() {  # value LINE_PREFIX KEY
   echo
   echo "bf16 vs fp32 speedup: $(value speedup bf16_vs_fp32)x; bf16 step / GEMM TFLOP/s: $(value ratio bf16_step_vs_gemm); total $(( $(date +%s) - start )) s"
 } | tee "$LOGS/summary.md"
-[[ $engine_rc -eq 0 && $conformance_rc -eq 0 && $network_rc -eq 0 && $safetensors_rc -eq 0 &&
+[[ $engine_rc -eq 0 && $conformance_rc -eq 0 && $network_rc -eq 0 && $vision_rc -eq 0 &&
+  $safetensors_rc -eq 0 &&
   $bench_rc -eq 0 ]]
