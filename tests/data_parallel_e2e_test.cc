@@ -5,6 +5,7 @@
 // - Two ranks of batch b reach the weights of one rank of batch 2b (the same stream of global
 //   batches, sliced by rank), within fp32 summation-order noise.
 // - Gang scheduling: a gang starts whole or waits holding nothing, saying why.
+// - GPU ranks (resources.gpus: 1 each) are accepted and each gets its own GPU (fake GPUs here).
 // - Faults: a rank's trainer killed with SIGKILL stops the whole gang within seconds; the job is
 //   requeued and resumes from rank 0's last checkpoint. Cancel stops every rank.
 #include <signal.h>
@@ -228,6 +229,41 @@ TEST(DataParallelE2eTest, ALostWorkerStopsTheGangWhichResumesOnTheWorkersLeft) {
     workers.insert(placement.worker_id());
   }
   EXPECT_EQ(workers, (std::set<std::string>{"w1", "w3"}));
+}
+
+// A gang of two one-GPU ranks on a worker with two (fake) GPUs: accepted, each rank given its
+// own GPU through CUDA_VISIBLE_DEVICES, and trained to the end. Fake GPUs train on the cpu
+// backend, so the ranks still sum with Gloo (real GPUs: NCCL, tests/gpu/check.sh's one-rank
+// tests; two real GPUs were not available).
+TEST(DataParallelE2eTest, OneGpuPerRankRunsWithADistinctDeviceForEachRank) {
+  TestCluster cluster;
+  cluster.StartServer();
+  cluster.StartWorker("w1", {"--fake-gpus-for-tests", "2", "--cpus", "2"});
+  v1::JobSpec spec = DataParallelJob(2, 32, 1);
+  spec.mutable_resources()->set_gpus(1);
+  absl::StatusOr<v1::Job> job = cluster.Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(120));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  ASSERT_EQ(done->rank_placements_size(), 2);
+  std::set<int> gpus;
+  for (const v1::Placement& placement : done->rank_placements()) {
+    EXPECT_EQ(placement.worker_id(), "w1");
+    ASSERT_EQ(placement.gpu_indices_size(), 1);
+    gpus.insert(placement.gpu_indices(0));
+  }
+  EXPECT_EQ(gpus, (std::set<int>{0, 1}));
+  // Each rank's trainer was told its own GPU, and summed over Gloo (the cpu backend trains).
+  for (int gpu : {0, 1}) {
+    EXPECT_TRUE(HistoryMentions(
+        cluster, job->id(),
+        absl::StrCat("devices: CUDA_VISIBLE_DEVICES=", gpu, " (fake GPUs for tests")))
+        << "no rank was given GPU " << gpu;
+  }
+  EXPECT_TRUE(HistoryMentions(cluster, job->id(), "rank 1 of 2, gloo over"));
+  EXPECT_TRUE(HistoryMentions(cluster, job->id(), "training on cpu"));
+  EXPECT_GT(done->progress().test_accuracy(), 0.6);
 }
 
 TEST(DataParallelE2eTest, CancelStopsEveryRank) {
