@@ -247,12 +247,14 @@ absl::Status CheckImageSpec(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
-// Data-parallel ranks train on the cpu backend (Gloo) for now: the NCCL path is not wired.
+// Data-parallel GPU ranks train on one GPU each (NCCL between them, device 0 of what
+// CUDA_VISIBLE_DEVICES gives the rank): a rank cannot use more.
 absl::Status CheckReplicas(const v1::ResourceSpec& resources) {
-  if (resources.replicas() > 1 && resources.gpus() > 0) {
-    return absl::InvalidArgumentError(
-        "resources.replicas > 1 with gpus: data-parallel training runs on the cpu backend for now "
-        "(NCCL path not wired); set resources.gpus: 0");
+  if (resources.replicas() > 1 && resources.gpus() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resources.gpus: ", resources.gpus(), " with replicas ", resources.replicas(),
+        ": each data-parallel rank trains on one GPU; ask for gpus: 1 and replicas: ",
+        resources.replicas() * resources.gpus(), " instead"));
   }
   return absl::OkStatus();
 }

@@ -80,7 +80,7 @@ TEST(JobSpecTest, EachBadFieldIsNamed) {
   }
 }
 
-TEST(JobSpecTest, ReplicasRunOnTheCpuBackendForNow) {
+TEST(JobSpecTest, ReplicasTakeOneGpuEachAtMost) {
   v1::JobSpec spec = ValidSpec();
   for (int replicas : {0, 1, 2, 256}) {
     spec.mutable_resources()->set_replicas(replicas);
@@ -89,16 +89,20 @@ TEST(JobSpecTest, ReplicasRunOnTheCpuBackendForNow) {
   spec.mutable_resources()->set_replicas(257);
   EXPECT_EQ(ValidateJobSpec(spec).message(),
             "resources.replicas: must be between 0 and 256 (got 257)");
-  // One rank may have GPUs; several may not (yet).
+  // Ranks of one GPU each; a rank of several GPUs is refused, saying what to ask for.
   spec.mutable_resources()->set_gpus(1);
   spec.mutable_resources()->set_replicas(1);
   EXPECT_TRUE(ValidateJobSpec(spec).ok());
   spec.mutable_resources()->set_replicas(2);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+  spec.mutable_resources()->set_gpus(2);
   const absl::Status gpus = ValidateJobSpec(spec);
   EXPECT_EQ(gpus.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(gpus.message(),
-            "resources.replicas > 1 with gpus: data-parallel training runs on the cpu backend for "
-            "now (NCCL path not wired); set resources.gpus: 0");
+            "resources.gpus: 2 with replicas 2: each data-parallel rank trains on one GPU; ask "
+            "for gpus: 1 and replicas: 4 instead");
+  spec.mutable_resources()->set_replicas(1);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
 }
 
 // A cnn whose layer 1 is a residual block; `mutate` changes it before validation.
