@@ -251,10 +251,10 @@ absl::Status CheckImageSpec(const v1::JobSpec& spec) {
 // CUDA_VISIBLE_DEVICES gives the rank): a rank cannot use more.
 absl::Status CheckReplicas(const v1::ResourceSpec& resources) {
   if (resources.replicas() > 1 && resources.gpus() > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "resources.gpus: ", resources.gpus(), " with replicas ", resources.replicas(),
-        ": each data-parallel rank trains on one GPU; ask for gpus: 1 and replicas: ",
-        resources.replicas() * resources.gpus(), " instead"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("resources.gpus: ", resources.gpus(), " with replicas ", resources.replicas(),
+                     ": each data-parallel rank trains on one GPU; ask for gpus: 1 and replicas: ",
+                     resources.replicas() * resources.gpus(), " instead"));
   }
   return absl::OkStatus();
 }
