@@ -102,6 +102,10 @@ struct Node {
   AlignedArray<std::byte> workspace;    // MaxPool2d
   AlignedArray<uint8_t> keep;           // Dropout mask
   AlignedArray<float> mean, variance;   // BatchNorm: the last training batch's statistics
+  // bf16 BatchNorm that oneDNN has no jit kernel for (channels not a multiple of 16): it runs in
+  // f32 on copies (PlanBatchNorm). `norm_src` keeps the forward input for backward; `norm_dst`
+  // holds the forward output, then the output gradient; `norm_diff_src` the input gradient.
+  AlignedArray<float> norm_src, norm_dst, norm_diff_src;
 };
 
 struct NodeOps {
@@ -799,28 +803,78 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
       dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, data, c.eps,
                                               flags),
       attr, engine_);
+  // oneDNN 2.6's bf16 batch normalisation has jit kernels only for channels in multiples of 16;
+  // otherwise it picks a generic loop (nspc_bnorm:any) that converts every value on its own, ~50x
+  // slower than the f32 jit kernel (docs/profile-vision.md). Such a layer converts to f32, runs
+  // the f32 kernel and converts back: the same f32 arithmetic, rounded to bf16 where the bf16
+  // primitive rounds.
+  const bool via_f32 = data.data_type() == DataType::bf16 &&
+                       std::string(fwd.impl_info_str()).find("jit") == std::string::npos;
+  void* src_ptr = io.src_ptr;
+  void* dst_ptr = io.dst_ptr;
+  void* diff_dst_ptr = io.diff_dst_ptr;
+  void* diff_src_ptr = io.diff_src_ptr;
+  const memory::desc bf16_data = data;
+  const memory::desc bf16_diff = diff;
+  if (via_f32) {
+    data = memory::desc(data.dims(), DataType::f32, Tag::nhwc);
+    diff = data;
+    if (io.full) {
+      const size_t values = static_cast<size_t>(Elements(data));
+      layer.norm_src = AlignedArray<float>(values);
+      layer.norm_dst = AlignedArray<float>(values);
+      layer.norm_diff_src = AlignedArray<float>(values);
+    }
+    src_ptr = layer.norm_src.data();
+    dst_ptr = layer.norm_dst.data();
+    diff_dst_ptr = layer.norm_dst.data();
+    diff_src_ptr = layer.norm_diff_src.data();
+    fwd = dnnl::batch_normalization_forward::primitive_desc(
+        dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, data, c.eps,
+                                                flags),
+        attr, engine_);
+  }
+  // A conversion between the bf16 activation and its f32 copy, added to `slot`.
+  auto convert = [&](const memory::desc& from, void* from_ptr, const memory::desc& to, void* to_ptr,
+                     std::vector<Op>* slot) {
+    dnnl::reorder::primitive_desc copy(engine_, from, engine_, to, attr);
+    pending.push_back({dnnl::reorder(copy),
+                       copy.scratchpad_desc(),
+                       {{DNNL_ARG_FROM, {from, from_ptr}}, {DNNL_ARG_TO, {to, to_ptr}}},
+                       slot});
+  };
+  NodeOps& ops = plan.ops[io.index];
+  if (via_f32) {
+    convert(bf16_data, io.src_ptr, data, src_ptr, &ops.forward);
+    convert(bf16_data, io.src_ptr, data, src_ptr, &ops.eval);
+  }
   pending.push_back({dnnl::batch_normalization_forward(fwd),
                      fwd.scratchpad_desc(),
-                     {{DNNL_ARG_SRC, {data, io.src_ptr}},
-                      {DNNL_ARG_DST, {data, io.dst_ptr}},
+                     {{DNNL_ARG_SRC, {data, src_ptr}},
+                      {DNNL_ARG_DST, {data, dst_ptr}},
                       {DNNL_ARG_SCALE, param(0)},
                       {DNNL_ARG_SHIFT, param(1)},
                       {DNNL_ARG_MEAN, batch_mean},
                       {DNNL_ARG_VARIANCE, batch_variance}},
-                     &plan.ops[io.index].forward});
+                     &ops.forward});
+  if (via_f32) convert(data, dst_ptr, bf16_data, io.dst_ptr, &ops.forward);
   dnnl::batch_normalization_forward::primitive_desc eval(
       dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_inference, data, c.eps,
                                               flags | dnnl::normalization_flags::use_global_stats),
       attr, engine_);
   pending.push_back({dnnl::batch_normalization_forward(eval),
                      eval.scratchpad_desc(),
-                     {{DNNL_ARG_SRC, {data, io.src_ptr}},
-                      {DNNL_ARG_DST, {data, io.dst_ptr}},
+                     {{DNNL_ARG_SRC, {data, src_ptr}},
+                      {DNNL_ARG_DST, {data, dst_ptr}},
                       {DNNL_ARG_SCALE, param(0)},
                       {DNNL_ARG_SHIFT, param(1)},
                       {DNNL_ARG_MEAN, param(2)},
                       {DNNL_ARG_VARIANCE, param(3)}},
-                     &plan.ops[io.index].eval});
+                     &ops.eval});
+  if (via_f32) {
+    convert(data, dst_ptr, bf16_data, io.dst_ptr, &ops.eval);
+    convert(bf16_diff, io.diff_dst_ptr, diff, diff_dst_ptr, &ops.backward_weights);
+  }
   // Backward always gives the input gradient; with no use for it, it lands in the input's
   // gradient buffer unread.
   dnnl::batch_normalization_backward::primitive_desc bwd(
@@ -828,16 +882,17 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
       attr, engine_, fwd);
   pending.push_back({dnnl::batch_normalization_backward(bwd),
                      bwd.scratchpad_desc(),
-                     {{DNNL_ARG_SRC, {data, io.src_ptr}},
+                     {{DNNL_ARG_SRC, {data, src_ptr}},
                       {DNNL_ARG_MEAN, batch_mean},
                       {DNNL_ARG_VARIANCE, batch_variance},
                       {DNNL_ARG_SCALE, param(0)},
                       {DNNL_ARG_SHIFT, param(1)},
-                      {DNNL_ARG_DIFF_DST, {diff, io.diff_dst_ptr}},
-                      {DNNL_ARG_DIFF_SRC, {diff, io.diff_src_ptr}},
+                      {DNNL_ARG_DIFF_DST, {diff, diff_dst_ptr}},
+                      {DNNL_ARG_DIFF_SRC, {diff, diff_src_ptr}},
                       {DNNL_ARG_DIFF_SCALE, param_grad(0)},
                       {DNNL_ARG_DIFF_SHIFT, param_grad(1)}},
-                     &plan.ops[io.index].backward_weights});
+                     &ops.backward_weights});
+  if (via_f32) convert(diff, diff_src_ptr, bf16_diff, io.diff_src_ptr, &ops.backward_weights);
 }
 
 void CpuNetwork::PlanAdd(const Node& node, int batch, const dnnl::primitive_attr& attr, Plan& plan,
