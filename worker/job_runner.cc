@@ -641,7 +641,11 @@ absl::StatusOr<pid_t> JobRunner::StartTrainer(JobRegion& region, int events_fd,
   const std::vector<std::string> argv =
       TrainerArguments(options_, assignment_, dir_, region.fd(), events_fd, job_file,
                        resume_checkpoint, classes, train_samples);
-  return Spawn({argv, {region.fd(), events_fd}, log_path});
+  // Passive OpenMP waits: the trainer's threads share their cores with the job's loaders (and
+  // other jobs), and libgomp's default spinning then starves whoever holds the data or the lock
+  // (measured: an MLP job on a busy 2-core worker 77-80 s spinning, 10-11 s passive; see
+  // docs/decisions.md). OMP_WAIT_POLICY in the worker's environment overrides it.
+  return Spawn({argv, {region.fd(), events_fd}, log_path, {"OMP_WAIT_POLICY=passive"}});
 }
 
 AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_file,

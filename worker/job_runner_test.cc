@@ -1,8 +1,12 @@
 #include "worker/job_runner.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +16,7 @@
 #include "data/test_util.h"
 #include "gtest/gtest.h"
 #include "spec/job_spec.h"
+#include "worker/process.h"
 
 namespace stoker {
 namespace {
@@ -20,6 +25,33 @@ namespace {
 // stopped in tens of seconds (evaluations and checkpoints beat, so they do not trip it).
 TEST(RunnerOptionsTest, ASilentPipelineIsStoppedWithinTensOfSeconds) {
   EXPECT_EQ(RunnerOptions().trainer_stall_timeout, absl::Seconds(30));
+}
+
+// The trainer is spawned with OMP_WAIT_POLICY=passive unless the worker's environment says
+// otherwise: Spawn's default_env adds only names the parent does not set.
+TEST(SpawnTest, DefaultEnvironmentEntriesGiveWayToTheParentsOwn) {
+  testing::TempDir dir;
+  auto child_sees = [&](const std::string& name) {
+    const std::string log = dir.File(name + ".log");
+    absl::StatusOr<pid_t> pid = Spawn({{"/bin/sh", "-c", "echo \"[$" + name + "]\""},
+                                       {},
+                                       log,
+                                       {name + "=passive", "=ignored", "NOEQUALS"}});
+    EXPECT_TRUE(pid.ok()) << pid.status();
+    if (!pid.ok()) return std::string();
+    std::optional<ExitInfo> done;
+    for (int i = 0; i < 500 && !(done = TryReap(*pid)); ++i) usleep(10000);
+    EXPECT_TRUE(done.has_value() && !done->signaled && done->code == 0);
+    std::ifstream in(log);
+    std::string line;
+    std::getline(in, line);
+    return line;
+  };
+  unsetenv("STOKER_SPAWN_TEST_A");
+  EXPECT_EQ(child_sees("STOKER_SPAWN_TEST_A"), "[passive]");
+  setenv("STOKER_SPAWN_TEST_B", "active", 1);
+  EXPECT_EQ(child_sees("STOKER_SPAWN_TEST_B"), "[active]");
+  unsetenv("STOKER_SPAWN_TEST_B");
 }
 
 TEST(AutoLoaderLimitTest, TwoPerCoreBetweenTwoAndSixteen) {

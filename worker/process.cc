@@ -20,6 +20,16 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
   std::vector<char*> argv;
   for (const std::string& arg : options.argv) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  for (const std::string& entry : options.default_env) {
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    if (getenv(entry.substr(0, eq).c_str()) == nullptr) {
+      envp.push_back(const_cast<char*>(entry.c_str()));
+    }
+  }
+  envp.push_back(nullptr);
   int log_fd = -1;
   if (!options.log_path.empty()) {
     log_fd = open(options.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -49,7 +59,7 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
       const int flags = fcntl(fd, F_GETFD);
       if (flags >= 0) fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC);
     }
-    execv(argv[0], argv.data());
+    execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   if (log_fd >= 0) close(log_fd);

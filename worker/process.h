@@ -19,6 +19,9 @@ struct SpawnOptions {
   std::vector<std::string> argv;  // argv[0] is the executable path
   std::vector<int> inherit_fds;   // kept open (close-on-exec cleared) in the child
   std::string log_path;           // stdout and stderr appended here ("" = inherit)
+  // "NAME=VALUE" entries added to the inherited environment for names it does not set (so the
+  // worker's own environment overrides them).
+  std::vector<std::string> default_env;
 };
 
 // Starts the process; INTERNAL if fork fails. An exec failure shows up as exit code 127.
