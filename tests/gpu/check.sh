@@ -171,13 +171,13 @@ if [[ -x "$BUILD/cuda/cuda_vision_layers_test" ]]; then
 else
   echo "cuda_vision_layers_test not built (no cuDNN found)" | tee "$LOGS/vision.log"
 fi
-log "comm_nccl_test (one rank on device 0: the NCCL path of data-parallel jobs)"
+log "comm_nccl_test (one rank on device 0: NCCL collective, gradient reducer, cuda MLP through it)"
 nccl_rc=1
 if [[ -x "$BUILD/comm_nccl_test" ]]; then
   NCCL_LIB_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null)
   # The two-device test skips on one GPU and the no-device test skips with one: run the rest.
   LD_LIBRARY_PATH="${NCCL_LIB_DIR:+$NCCL_LIB_DIR:}${LD_LIBRARY_PATH:-}" \
-    run_cuda_test nccl "$BUILD/comm_nccl_test" 60 --gtest_filter=-*TwoDevices*:*WithoutADevice*
+    run_cuda_test nccl "$BUILD/comm_nccl_test" 90 --gtest_filter=-*TwoDevices*:*WithoutADevice*
   nccl_rc=$?
 else
   echo "comm_nccl_test not built (no NCCL found)" | tee "$LOGS/nccl.log"
@@ -213,7 +213,7 @@ value() {  # value LINE_PREFIX KEY
   echo "| cuda_conformance_test (rc $conformance_rc; skips fail) | $(summary "$LOGS/conformance.log") |"
   echo "| cuda_network_test (rc $network_rc; skips fail) | $(summary "$LOGS/network.log") |"
   echo "| cuda_vision_layers_test (rc $vision_rc; skips fail) | $(summary "$LOGS/vision.log") |"
-  echo "| comm_nccl_test, one rank (rc $nccl_rc; skips fail) | $(summary "$LOGS/nccl.log") |"
+  echo "| comm_nccl_test: collective, reducer, MLP data-parallel, one rank (rc $nccl_rc; skips fail) | $(summary "$LOGS/nccl.log") |"
   echo "| safetensors library loads a Stoker checkpoint (rc $safetensors_rc) | $(head -1 "$LOGS/safetensors.log" | cut -c1-60) |"
   echo "| gpu_bench (rc $bench_rc) | $(head -2 "$LOGS/gpu_bench.log" | tr '\n' ' ') $(grep -oE "errors=[0-9]+" "$LOGS/gpu_bench.log" | head -1) |"
   echo
@@ -238,4 +238,4 @@ value() {  # value LINE_PREFIX KEY
 } | tee "$LOGS/summary.md"
 [[ $engine_rc -eq 0 && $conformance_rc -eq 0 && $network_rc -eq 0 && $vision_rc -eq 0 &&
   $safetensors_rc -eq 0 &&
-  $bench_rc -eq 0 ]]
+  $bench_rc -eq 0 && $nccl_rc -eq 0 ]]
