@@ -6,6 +6,10 @@
 # bar: within 0.3 points, input stall < 5 %).
 #
 # Usage: bench/run_images_e2e.sh [MODELS]   MODELS: "mlp cnn" (default) or one of them.
+#   SEEDS="1 2 3 4" (default "1") trains each job once per train.seed and reports the mean per
+#   format too: the three formats hold the same pixels but an image folder lists them class by
+#   class and the shards in pack order, so one seed's epochs see other batches than IDX's, and
+#   single runs differ by that alone.
 #   Builds nothing (scripts/setup.sh builds). Work files go to $WORK (default /tmp/stoker-images-e2e).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,8 +72,10 @@ PY
 
 results=()
 for model in $models; do
+  for seed in ${SEEDS:-1}; do
   for format in idx image_folder shards; do
     file=$(job_file "$model" "$format")
+    sed -i "s/^\(  seed: \).*/\1$seed/" "$file"
     t0=$(date +%s)
     id=$("$bin/client/stoker" --server "$server" submit "$file" | grep -oE 'j-[A-Za-z0-9_-]+' | head -1)
     [ -n "$id" ] || { echo "submit of $file failed"; exit 1; }
@@ -84,18 +90,30 @@ for model in $models; do
     stall=$("$bin/client/stoker" --server "$server" logs "$id" |
       sed -n 's/.*input stall \([0-9]*\)%.*/\1/p' | awk '{s+=$1; n++} END {if (n) printf "%.1f", s/n; else print "nan"}')
     secs=$(($(date +%s) - t0))
-    echo "RESULT model=$model format=$format state=$state accuracy=$acc stall_pct=$stall seconds=$secs job=$id"
-    results+=("$model $format $acc $stall $secs")
+    echo "RESULT model=$model format=$format seed=$seed state=$state accuracy=$acc stall_pct=$stall seconds=$secs job=$id"
+    results+=("$model $format $acc $stall $secs $seed")
+  done
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%s\n' "${results[@]}" | /usr/bin/python3 -c '
-import sys
+import statistics, sys
 rows = [l.split() for l in sys.stdin if l.strip()]
-idx = {r[0]: float(r[2]) for r in rows if r[1] == "idx"}
-print("| model | format | test accuracy | vs idx (points) | mean input stall | wall s |")
-print("|---|---|---|---|---|---|")
-for m, f, a, s, t in rows:
-    d = (float(a) - idx[m]) * 100 if m in idx else float("nan")
-    print(f"| {m} | {f} | {float(a):.4f} | {d:+.2f} | {s} % | {t} |")
+idx = {(r[0], r[5]): float(r[2]) for r in rows if r[1] == "idx"}
+print("| model | format | seed | test accuracy | vs idx (points) | mean input stall | wall s |")
+print("|---|---|---|---|---|---|---|")
+for m, f, a, s, t, seed in rows:
+    d = (float(a) - idx[(m, seed)]) * 100 if (m, seed) in idx else float("nan")
+    print(f"| {m} | {f} | {seed} | {float(a):.4f} | {d:+.2f} | {s} % | {t} |")
+means = {}
+for m, f, a, s, t, seed in rows:
+    means.setdefault((m, f), []).append((float(a), float(s), float(t)))
+print()
+print("| model | format | seeds | mean accuracy | vs idx mean (points) | mean stall | mean wall s |")
+print("|---|---|---|---|---|---|---|")
+for (m, f), v in means.items():
+    acc = statistics.mean(x[0] for x in v)
+    ref = statistics.mean(x[0] for x in means[(m, "idx")]) if (m, "idx") in means else float("nan")
+    print(f"| {m} | {f} | {len(v)} | {acc:.4f} | {(acc - ref) * 100:+.2f} | "
+          f"{statistics.mean(x[1] for x in v):.1f} % | {statistics.mean(x[2] for x in v):.0f} |")
 '

@@ -72,10 +72,13 @@ class ImagesEndToEndTest : public ::testing::Test {
   std::string root_;
 };
 
+// The folder job goes through the decoded cache (its transform has no random step), the shards
+// job has it turned off: both paths train.
 TEST_F(ImagesEndToEndTest, TrainsFromAPngFolderAndFromShards) {
   cluster_.StartWorker("w1", {"--data-root", root_});
-  for (const v1::JobSpec& spec : {ImageJob("image_folder", "png/train"),
-                                  ImageJob("shards", "shards/train-{000000..000002}.tar")}) {
+  v1::JobSpec uncached = ImageJob("shards", "shards/train-{000000..000002}.tar");
+  uncached.mutable_dataset()->set_decoded_cache("off");
+  for (const v1::JobSpec& spec : {ImageJob("image_folder", "png/train"), uncached}) {
     absl::StatusOr<v1::Job> submitted = cluster_.Submit(spec);
     ASSERT_TRUE(submitted.ok()) << spec.name() << ": " << submitted.status();
     absl::StatusOr<v1::Job> done = cluster_.WaitForFinal(submitted->id(), absl::Minutes(3));
@@ -85,6 +88,10 @@ TEST_F(ImagesEndToEndTest, TrainsFromAPngFolderAndFromShards) {
     EXPECT_GT(done->progress().test_accuracy(), 0.70) << spec.name();
     const std::string log = Log(done->id());
     EXPECT_TRUE(absl::StrContains(log, "3000 training samples")) << log;
+    EXPECT_TRUE(absl::StrContains(log, spec.dataset().decoded_cache() == "off"
+                                           ? "decoded cache: none (dataset.decoded_cache is off)"
+                                           : "decoded cache: 3000 training images decoded once"))
+        << log;
   }
 }
 
@@ -110,6 +117,8 @@ TEST_F(ImagesEndToEndTest, BadImagesAreSkippedAndCountedUntilThereAreTooMany) {
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
   const std::string log = Log(done->id());
+  // Decoded once by the agent, where they fail; the loaders then name and count them.
+  EXPECT_TRUE(absl::StrContains(log, "3 did not decode and are left to the loaders")) << log;
   for (const std::string& victim : victims) {
     const std::string relative = victim.substr(root_.size() + 1);
     EXPECT_TRUE(absl::StrContains(log, relative)) << relative << " not named in:\n" << log;
