@@ -215,9 +215,10 @@ struct NamedTensor {
 //   3. calls Finish(): afterwards every buffer holds the sum over the ranks; the model then checks
 //      finiteness (fp16), unscales, clips and updates as it would alone.
 // Buffers are fp32 master gradients (fp16: still multiplied by the loss scale, which every rank
-// keeps equal); a cuda model's are device pointers on its device, final when GradientReady is
-// called (the model has waited for its compute stream's work so far), and the reducer's sums must
-// be complete in them when Finish returns (the compute stream reads them next, unsynchronised).
+// keeps equal); a cuda model's are device pointers on its device whose final values the work it
+// enqueued on its compute stream before the call writes: the reducer orders its reads after that
+// stream, and when Finish returns its sums must be in place or ordered before that stream's later
+// work (cuda_mlp.h and cuda_network.h expose the stream).
 // From GradientReady until Finish returns the model neither reads nor writes a buffer it handed
 // over. A step that fails before its first GradientReady (a bad batch, a
 // LocalShare outside (0, 1]) leaves the reducer untouched; one that fails after it (a backend

@@ -53,7 +53,6 @@ CudaNetwork::~CudaNetwork() {
   cudaSetDevice(context_->device());
   cudaStreamSynchronize(context_->copy_stream());
   cudaStreamSynchronize(context_->compute_stream());
-  if (gradients_done_ != nullptr) cudaEventDestroy(gradients_done_);
 }
 
 absl::Status CudaNetwork::Init(int device) {
@@ -81,10 +80,6 @@ absl::Status CudaNetwork::Init(int device) {
 }
 
 absl::Status CudaNetwork::SetGradientReducer(GradientReducer* reducer) {
-  if (reducer != nullptr && gradients_done_ == nullptr) {
-    STOKER_RETURN_IF_ERROR(context_->Activate());
-    STOKER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&gradients_done_, cudaEventDisableTiming));
-  }
   reducer_ = reducer;
   return absl::OkStatus();
 }
@@ -417,11 +412,8 @@ absl::Status CudaNetwork::HandOverGradients(const Node& node) {
   const int order[] = {node.norm >= 0 ? node.norm + 1 : node.bias,
                        node.norm >= 0 ? node.norm : node.weight};
   if (order[1] == 0) STOKER_RETURN_IF_ERROR(ApplyInjectedGradient());
-  // The gradients are final once the compute stream has run this far: the reducer may read them
-  // on any stream once GradientReady is called (backend.h).
-  const cudaStream_t stream = context_->compute_stream();
-  STOKER_CUDA_RETURN_IF_ERROR(cudaEventRecord(gradients_done_, stream));
-  STOKER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(gradients_done_));
+  // The work that finalises them is enqueued on the compute stream: the reducer orders its reads
+  // after it (backend.h; CudaNetworkComputeStream).
   for (const int p : order) {
     if (p < 0) continue;
     Param& param = params_[p];
@@ -591,6 +583,14 @@ absl::StatusOr<EvalResult> CudaNetwork::Evaluate(const BatchView& batch) {
 }
 
 }  // namespace cuda::network_internal
+
+absl::StatusOr<cudaStream_t> CudaNetworkComputeStream(const Model& model) {
+  const auto* network = dynamic_cast<const cuda::network_internal::CudaNetwork*>(&model);
+  if (network == nullptr) {
+    return absl::InvalidArgumentError("not a model CreateCudaNetwork made");
+  }
+  return network->compute_stream();
+}
 
 absl::StatusOr<std::unique_ptr<Model>> CreateCudaNetwork(const NetworkConfig& config, int device,
                                                          const CudaBackendOptions& options,

@@ -41,15 +41,18 @@
 //
 // Data-parallel training (SetGradientReducer, GradientReducer in backend.h): the loss gradient is
 // multiplied by loss scale x LocalShare(); backward hands each node's trained gradients (fp32
-// device pointers on this model's device) to GradientReady as soon as they are written, in the
-// cpu network's order (nodes last to first, bias before weight, BatchNorm beta before gamma: the
-// reverse of Parameters()' trained tensors), after waiting on an event for the compute stream's
-// work so far (a host wait per parameterised node, only with a reducer), so the reducer may read
-// them on any stream; Finish() must return with the sums in place. A failed Finish() leaves
-// weights, optimizer state, running statistics and counters as they were.
-// TrainStepWithoutSamples hands zeroed gradients over in the same order.
+// device pointers on this model's device) to GradientReady right after it has enqueued, on the
+// compute stream (CudaNetworkComputeStream), the work that finalises them, in the cpu network's
+// order (nodes last to first, bias before weight, BatchNorm beta before gamma: the reverse of
+// Parameters()' trained tensors). The reducer orders its reads after that stream, and its sums
+// must be complete, or ordered before the compute stream's later work, when Finish() returns
+// (comm/nccl_reducer.h does both with events). A failed Finish() leaves weights, optimizer state,
+// running statistics and counters as they were. TrainStepWithoutSamples hands zeroed gradients
+// over in the same order.
 #ifndef STOKER_ENGINE_CUDA_CUDA_NETWORK_H_
 #define STOKER_ENGINE_CUDA_CUDA_NETWORK_H_
+
+#include <cuda_runtime_api.h>
 
 #include <memory>
 
@@ -67,6 +70,10 @@ namespace stoker {
 absl::StatusOr<std::unique_ptr<Model>> CreateCudaNetwork(
     const NetworkConfig& config, int device, const CudaBackendOptions& options,
     ParameterNaming naming = ParameterNaming::kByLayer);
+
+// The compute stream of a model CreateCudaNetwork made: the stream its gradients are final on (a
+// data-parallel reducer orders its communication after it). INVALID_ARGUMENT for any other model.
+absl::StatusOr<cudaStream_t> CudaNetworkComputeStream(const Model& model);
 
 }  // namespace stoker
 

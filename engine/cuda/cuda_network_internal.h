@@ -181,6 +181,7 @@ class CudaNetwork final : public CountingModel {
   }
   absl::Status SetGradientReducer(GradientReducer* reducer) override;
   absl::StatusOr<StepResult> TrainStepWithoutSamples(double learning_rate) override;
+  cudaStream_t compute_stream() const { return context_->compute_stream(); }
 
  private:
   using Kind = LayerConfig::Kind;
@@ -206,9 +207,9 @@ class CudaNetwork final : public CountingModel {
   absl::StatusOr<const float*> Logits(int rows);
   absl::Status Backward(const Plan& plan, int rows);
   absl::Status BackwardLayer(size_t index, const LayerPlan& lp, int rows);
-  // With a reducer: waits for the compute stream's work so far (an event), then hands the node's
-  // trained gradients over in reverse Parameters() order (bias before weight, BatchNorm beta
-  // before gamma); the test hook's value goes into params_[0]'s gradient before it is handed over.
+  // With a reducer: hands the node's trained gradients over (their work enqueued) in reverse
+  // Parameters() order (bias before weight, BatchNorm beta before gamma); the test hook's value
+  // goes into params_[0]'s gradient before it is handed over.
   absl::Status HandOverGradients(const Node& node);
   absl::Status ApplyInjectedGradient();
   // BatchNorm's running statistics from the batch statistics Forward(training) kept: once the
@@ -259,9 +260,8 @@ class CudaNetwork final : public CountingModel {
   int64_t optimizer_steps_ = 0;  // applied updates (AdamW's bias-correction step)
   int64_t train_steps_ = 0;      // TrainStep calls that ran (dropout's mask stream)
   std::optional<float> injected_gradient_;
-  GradientReducer* reducer_ = nullptr;    // data-parallel training: not owned; null when alone
-  cudaEvent_t gradients_done_ = nullptr;  // with a reducer: recorded before each hand-over
-  int next_gradient_index_ = 0;           // GradientReady's index within the step
+  GradientReducer* reducer_ = nullptr;  // data-parallel training: not owned; null when alone
+  int next_gradient_index_ = 0;         // GradientReady's index within the step
 };
 
 }  // namespace stoker::cuda::network_internal

@@ -24,6 +24,9 @@
 #include "absl/status/status.h"
 #include "engine/backend.h"
 #include "engine/cuda/cuda_backend.h"
+#ifdef STOKER_HAVE_CUDNN
+#include "engine/cuda/cuda_network.h"
+#endif
 #include "engine/cuda/cuda_test_util.h"
 #include "engine/test_layers.h"
 #include "gtest/gtest.h"
@@ -471,12 +474,19 @@ TEST(CudaVisionDataParallelTest, FailedFinishChangesNothing) {
   EXPECT_TRUE(gpu->TrainStep(RandomBatch(config, config.max_batch, 43).View(), 0.05).ok());
 }
 
+#ifdef STOKER_HAVE_CUDNN  // CudaNetworkComputeStream
 // Two ranks' reducers sum through host copies of the device gradients: a genuine sum in rank
-// order, every rank getting the same bits.
+// order, every rank getting the same bits. Each rank first waits for its model's compute stream
+// (the gradients' work is only enqueued at GradientReady), and the device is idle again before
+// Finish returns (a pageable cudaMemcpy to the device may return before its DMA ends).
 class HostSum {
  public:
   explicit HostSum(int ranks) : slots_(ranks), barrier_(ranks) {}
-  absl::Status AllReduce(int rank, const std::vector<std::pair<float*, int64_t>>& gradients) {
+  absl::Status AllReduce(int rank, cudaStream_t compute,
+                         const std::vector<std::pair<float*, int64_t>>& gradients) {
+    if (cudaStreamSynchronize(compute) != cudaSuccess) {
+      return absl::InternalError("the compute stream failed");
+    }
     std::vector<std::vector<float>>& slot = slots_[rank];
     slot.clear();
     for (const auto& [data, count] : gradients) {
@@ -497,6 +507,7 @@ class HostSum {
         return absl::InternalError("cudaMemcpy to the device failed");
       }
     }
+    if (cudaDeviceSynchronize() != cudaSuccess) return absl::InternalError("device failed");
     barrier_.arrive_and_wait();
     return absl::OkStatus();
   }
@@ -508,13 +519,14 @@ class HostSum {
 
 class HostSumReducer : public GradientReducer {
  public:
-  HostSumReducer(HostSum& sum, int rank, float share) : sum_(sum), rank_(rank), share_(share) {}
+  HostSumReducer(HostSum& sum, int rank, float share, cudaStream_t compute)
+      : sum_(sum), rank_(rank), share_(share), compute_(compute) {}
   float LocalShare() const override { return share_; }
   void GradientReady(int, float* gradient, int64_t count) override {
     gradients_.push_back({gradient, count});
   }
   absl::Status Finish() override {
-    absl::Status status = sum_.AllReduce(rank_, gradients_);
+    absl::Status status = sum_.AllReduce(rank_, compute_, gradients_);
     gradients_.clear();
     return status;
   }
@@ -523,6 +535,7 @@ class HostSumReducer : public GradientReducer {
   HostSum& sum_;
   int rank_;
   float share_;
+  cudaStream_t compute_;
   std::vector<std::pair<float*, int64_t>> gradients_;
 };
 
@@ -543,8 +556,12 @@ TEST(CudaVisionDataParallelTest, TwoRanksMatchOneModel) {
     ASSERT_TRUE(whole && rank0 && rank1);
     HostSum sum(2);
     const int total = config.max_batch;
-    HostSumReducer reducer0(sum, 0, static_cast<float>(total - first) / total);
-    HostSumReducer reducer1(sum, 1, static_cast<float>(first) / total);
+    absl::StatusOr<cudaStream_t> stream0 = CudaNetworkComputeStream(*rank0);
+    absl::StatusOr<cudaStream_t> stream1 = CudaNetworkComputeStream(*rank1);
+    ASSERT_TRUE(stream0.ok() && stream1.ok()) << stream0.status();
+    EXPECT_FALSE(CudaNetworkComputeStream(*CpuNetwork(config)).ok());
+    HostSumReducer reducer0(sum, 0, static_cast<float>(total - first) / total, *stream0);
+    HostSumReducer reducer1(sum, 1, static_cast<float>(first) / total, *stream1);
     ASSERT_TRUE(rank0->SetGradientReducer(&reducer0).ok());
     ASSERT_TRUE(rank1->SetGradientReducer(&reducer1).ok());
     for (int step = 0; step < 3; ++step) {
@@ -577,6 +594,8 @@ TEST(CudaVisionDataParallelTest, TwoRanksMatchOneModel) {
                       "the ranks' optimizer state");
   }
 }
+
+#endif  // STOKER_HAVE_CUDNN
 
 }  // namespace
 }  // namespace stoker
