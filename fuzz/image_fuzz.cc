@@ -59,6 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   eval.resize = 5;
   stoker::ImageTransform train_wide = train;  // wider outputs: the vector passes' loops and tails
   train_wide.size = 37;
+  train_wide.decode = stoker::ImageDecodeMode::kFast;  // JDCT_IFAST, plain upsampling
   stoker::ImageTransform copy_as_is;
   copy_as_is.expect_height = header->height;
   copy_as_is.expect_width = header->width;

@@ -8,7 +8,8 @@ OUT_DIR/class_9, each about 500 x 375 (sides varied by up to +-15 %, some portra
 90 (4:2:0, PIL's default), deterministic from the seed. The content is what a photo's encoder
 sees: smooth colour gradients, shapes with hard edges, a fine texture and sensor-like noise, so
 that the files compress like photos (~100-150 KB at quality 90) rather than like flat art.
-Prints the count and the mean file size.
+Prints the count and the mean file size. data/image/torchvision_reference.py imports image() to
+test the fast decode mode on the first of these images.
 """
 import argparse
 import io
@@ -44,6 +45,16 @@ def photo(rng, height, width):
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
+def image(seed, i):
+    """Image i of the set made with `seed`: (class label, HxWx3 uint8 array)."""
+    rng = np.random.default_rng([seed, i])
+    width = int(500 * rng.uniform(0.85, 1.15))
+    height = int(375 * rng.uniform(0.85, 1.15))
+    if rng.random() < 0.2:  # portrait
+        width, height = height, width
+    return i % 10, photo(rng, height, width)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir")
@@ -53,16 +64,11 @@ def main():
     args = parser.parse_args()
     total = 0
     for i in range(args.count):
-        rng = np.random.default_rng([args.seed, i])
-        width = int(500 * rng.uniform(0.85, 1.15))
-        height = int(375 * rng.uniform(0.85, 1.15))
-        if rng.random() < 0.2:  # portrait
-            width, height = height, width
-        label = i % 10
+        label, pixels = image(args.seed, i)
         directory = os.path.join(args.out_dir, f"class_{label}")
         os.makedirs(directory, exist_ok=True)
         buffer = io.BytesIO()
-        Image.fromarray(photo(rng, height, width)).save(buffer, "JPEG", quality=args.quality)
+        Image.fromarray(pixels).save(buffer, "JPEG", quality=args.quality)
         with open(os.path.join(directory, f"img_{i:05d}.jpg"), "wb") as f:
             f.write(buffer.getvalue())
         total += buffer.tell()

@@ -495,7 +495,7 @@ absl::Status ImageDecoder::SetScale(int denom) {
 }
 
 absl::Status ImageDecoder::SetFastScale(int eighths) {
-  if (eighths < 1 || eighths > 8) {
+  if (eighths != 1 && eighths != 2 && eighths != 4 && eighths != 8) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: scale %d/8", name_, eighths));
   }
   return ApplyScale(static_cast<unsigned>(eighths), 8, /*fast=*/true);

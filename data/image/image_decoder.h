@@ -1,6 +1,6 @@
 // The streaming decoder under image_codec.h and image_transform.h: opens a JPEG or PNG, optionally
-// asks libjpeg for a DCT-scaled image (1/2, 1/4, 1/8; in the fast mode any M/8 with the fast IDCT
-// and plain upsampling), and hands out a rectangle of rows converted
+// asks libjpeg for a DCT-scaled image (1/2, 1/4, 1/8), in the fast mode with the fast IDCT and
+// plain upsampling, and hands out a rectangle of rows converted
 // to 1 or 3 channels (PIL's conversions, see image_codec.h), one row at a time, decoding no row
 // below the rectangle and, for JPEG, skipping the rows above it (jpeg_skip_scanlines) and the
 // columns beside it (jpeg_crop_scanline).
@@ -64,9 +64,9 @@ class ImageDecoder {
   // Call after Open and before ReadRegion.
   absl::Status SetScale(int denom);
   // The fast mode (image_transform.h, ImageDecodeMode::kFast): JPEG decodes at eighths/8 of the
-  // full size (1..8; the scaled image is ceil(width * eighths / 8) x ceil(height * eighths / 8)),
-  // with libjpeg's fast integer IDCT (JDCT_IFAST) and without fancy upsampling. PNG supports only
-  // 8 (and decodes as in exact mode). Call after Open and before ReadRegion, instead of SetScale.
+  // full size (1, 2, 4 or 8; the same sizes as SetScale), with libjpeg's fast integer IDCT
+  // (JDCT_IFAST) and without fancy upsampling. PNG supports only 8 (and decodes as in exact
+  // mode). Call after Open and before ReadRegion, instead of SetScale.
   absl::Status SetFastScale(int eighths);
   int scaled_width() const { return scaled_width_; }
   int scaled_height() const { return scaled_height_; }

@@ -100,29 +100,6 @@ image_internal::AxisSpec ScaleAxis(const AxisPlan& p, int num, int denom, int sc
   return s;
 }
 
-// Exact mode: the largest DCT scaling (1/8, 1/4, 1/2) under which both axes still shrink (the
-// box, scaled, is at least as large as the whole resize's output). As eighths: 1, 2, 4 or 8.
-int ExactScaleEighths(double rows_extent, double columns_extent, int rows_out, int columns_out) {
-  for (int denom : {8, 4, 2}) {
-    if (rows_extent >= static_cast<double>(rows_out) * denom &&
-        columns_extent >= static_cast<double>(columns_out) * denom) {
-      return 8 / denom;
-    }
-  }
-  return 8;
-}
-
-// Fast mode: the smallest M/8 under which the scaled box still covers the output.
-int FastScaleEighths(double rows_extent, double columns_extent, int rows_out, int columns_out) {
-  for (int eighths = 1; eighths < 8; ++eighths) {
-    if (rows_extent * eighths >= static_cast<double>(rows_out) * 8 &&
-        columns_extent * eighths >= static_cast<double>(columns_out) * 8) {
-      return eighths;
-    }
-  }
-  return 8;
-}
-
 // Decodes what the plans need from the opened decoder and writes the CHW sample.
 absl::Status ResizeOpened(int channels, const AxisPlan& rows, const AxisPlan& columns, bool flip,
                           bool dct_scaling, ImageDecodeMode decode, uint8_t* out,
@@ -134,8 +111,8 @@ absl::Status ResizeOpened(int channels, const AxisPlan& rows, const AxisPlan& co
   const bool inside = rows.window_lo >= 0 && rows.window_hi <= header.height &&
                       columns.window_lo >= 0 && columns.window_hi <= header.width;
   if (dct_scaling && inside && header.encoding == ImageEncoding::kJpeg) {
-    eighths = JpegScaleEighths(decode, rows.in1 - rows.in0, columns.in1 - columns.in0,
-                               rows.out_full, columns.out_full);
+    eighths = JpegScaleEighths(rows.in1 - rows.in0, columns.in1 - columns.in0, rows.out_full,
+                               columns.out_full);
   }
   // Exact mode as num/denom = 1/(8/eighths); the fast mode as eighths/8.
   const bool fast = decode == ImageDecodeMode::kFast;
@@ -341,11 +318,16 @@ absl::Status DecodeTransformed(absl::string_view name, const uint8_t* data, size
   return ResizeOpened(t.channels, rows, columns, flip, /*dct_scaling=*/true, t.decode, out, s);
 }
 
-int JpegScaleEighths(ImageDecodeMode decode, double box_height, double box_width, int out_height,
-                     int out_width) {
-  return decode == ImageDecodeMode::kFast
-             ? FastScaleEighths(box_height, box_width, out_height, out_width)
-             : ExactScaleEighths(box_height, box_width, out_height, out_width);
+// The largest DCT scaling (1/8, 1/4, 1/2) under which both axes still shrink (the box, scaled,
+// is at least as large as the whole resize's output).
+int JpegScaleEighths(double box_height, double box_width, int out_height, int out_width) {
+  for (int denom : {8, 4, 2}) {
+    if (box_height >= static_cast<double>(out_height) * denom &&
+        box_width >= static_cast<double>(out_width) * denom) {
+      return 8 / denom;
+    }
+  }
+  return 8;
 }
 
 absl::Status DecodeCropResize(absl::string_view name, const uint8_t* data, size_t size,

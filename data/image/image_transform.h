@@ -29,14 +29,16 @@
 //   still a downscale). PIL resizes the full-size decode instead, so pixels differ (a slightly
 //   different low-pass); image_test reports the mean and max difference and bounds them.
 // - JPEG in the fast decode mode (ImageDecodeMode::kFast, opt-in: the job's
-//   dataset.image.decode: fast): the same crop box and flip, but libjpeg-turbo decodes at the
-//   smallest scale M/8 (M = 1..8) under which the box, scaled, is still at least the resize's
-//   output in both dimensions (its scaled IDCTs; 8/8 for boxes smaller than the output or
-//   reaching beyond the image), with the fast integer IDCT (JDCT_IFAST) and without fancy
-//   upsampling (chroma replicated instead of interpolated, merged with the colour conversion).
-//   The bilinear resize then starts from the scaled box as above. Pixels differ from exact mode
-//   and from torchvision by a few levels on average (image_test measures and bounds it on
-//   photo-like q90 JPEGs like the image benchmark's); PNG decodes exactly in both modes.
+//   dataset.image.decode: fast): the same crop box, flip and DCT scale as above, but libjpeg-turbo
+//   decodes with its fast integer IDCT (JDCT_IFAST) and without fancy upsampling (chroma
+//   replicated instead of interpolated, merged with the colour conversion). Pixels differ from
+//   exact mode and from torchvision by about a level on average (image_test measures and bounds
+//   it on photo-like q90 JPEGs like the image benchmark's); PNG decodes exactly in both modes, and
+//   so do size-0 (no resize) datasets. libjpeg-turbo can also scale by 3/8, 5/8, 6/8 and 7/8 (the
+//   smallest M/8 still covering the output would be used), but its IDCTs for those sizes (and
+//   the 6x6 .. 14x14 chroma blocks they bring with 4:2:0) are scalar C: measured on the image
+//   benchmark's JPEGs, allowing them made the transform ~8% slower than decoding at 8/8, and
+//   slower than 1/2 on images twice that size, so the fast mode keeps the powers of two.
 #ifndef STOKER_DATA_IMAGE_IMAGE_TRANSFORM_H_
 #define STOKER_DATA_IMAGE_IMAGE_TRANSFORM_H_
 
@@ -145,13 +147,12 @@ absl::Status DecodeCropResize(absl::string_view name, const uint8_t* data, size_
                               uint8_t* out, TransformScratch* scratch, bool dct_scaling = true,
                               ImageDecodeMode decode = ImageDecodeMode::kExact);
 
-// The JPEG DCT scale a crop would decode at, as the M of M/8 (8 = full size), for a box of
-// box_height x box_width to out_height x out_width: exact mode 1, 2 or 4 (1/8, 1/4, 1/2) only
-// when the box is at least 8, 4 or 2 times the output, else 8; fast mode the smallest M with
-// box * M / 8 >= out in both dimensions, 8 when there is none. (For benchmarks and tests; the
-// transform also decodes at 8/8 when the box reaches beyond the image.)
-int JpegScaleEighths(ImageDecodeMode decode, double box_height, double box_width, int out_height,
-                     int out_width);
+// The JPEG DCT scale a crop decodes at, as the M of M/8 (8 = full size), for a box of
+// box_height x box_width to out_height x out_width: 1, 2 or 4 (1/8, 1/4, 1/2) when the box is at
+// least 8, 4 or 2 times the output in both dimensions, else 8; the same in both decode modes.
+// (For benchmarks and tests; the transform also decodes at 8/8 when the box reaches beyond the
+// image.)
+int JpegScaleEighths(double box_height, double box_width, int out_height, int out_width);
 
 }  // namespace stoker
 

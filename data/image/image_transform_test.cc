@@ -25,17 +25,24 @@ using image_testing::ReadBytes;
 
 struct DiffStats {
   double sum = 0;
+  double sum_squares = 0;
   int max = 0;
   size_t count = 0;
   void Add(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
     for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
       const int d = std::abs(a[i] - b[i]);
       sum += d;
+      sum_squares += static_cast<double>(d) * d;
       max = std::max(max, d);
     }
     count += a.size();
   }
   double mean() const { return count ? sum / count : 0; }
+  // 10 log10(255^2 / mean squared difference); infinite for equal bytes.
+  double psnr() const {
+    const double mse = count ? sum_squares / count : 0;
+    return mse > 0 ? 10 * std::log10(255.0 * 255.0 / mse) : INFINITY;
+  }
 };
 
 bool IsJpeg(const std::string& name) {
@@ -147,6 +154,93 @@ TEST(ImageTransformTest, ResizeCenterCropMatchesTorchvision) {
       png.mean(), png.max, jpeg.mean(), jpeg.max);
   EXPECT_LT(png.mean(), 0.01);
   EXPECT_LT(jpeg.mean(), 1.0);
+}
+
+// The fast decode mode on the image benchmark's own JPEGs (bench/images/make_jpegs.py, ~500x375
+// q90 4:2:0): RandomResizedCrop(224) boxes and flips drawn by torchvision, and Resize(256) +
+// CenterCrop(224). Exact mode stays torchvision's pixels; the fast mode's difference from exact
+// mode and from torchvision is printed and bounded: a broken fast mode (a shifted box, swapped
+// channels, a wrong scale) moves the mean by tens of levels, far beyond the bound.
+TEST(ImageTransformTest, FastDecodeOnBenchmarkJpegs) {
+  STOKER_IMAGE_REFERENCE_OR_RETURN(ref);
+  TransformScratch scratch;
+  DiffStats exact_vs_tv, fast_vs_tv, fast_vs_exact, center_fast_vs_tv, center_exact_vs_tv;
+  int cases = 0, differing = 0;
+  for (const auto& c : ref.Cases("bench")) {
+    ASSERT_EQ(c.size(), 10u);
+    const std::string& name = c[1];
+    const CropBox box{std::stoi(c[3]), std::stoi(c[4]), std::stoi(c[5]), std::stoi(c[6])};
+    const int size = std::stoi(c[7]);
+    const bool flip = c[8] == "1";
+    SCOPED_TRACE(absl::StrFormat("%s box t%d l%d h%d w%d flip %d", name, box.top, box.left,
+                                 box.height, box.width, flip));
+    const std::vector<uint8_t> data = ReadBytes(ref.Path(name));
+    const std::vector<uint8_t> expected = ReadBytes(ref.Path(c[9]));
+    ASSERT_EQ(expected.size(), 3u * size * size);
+    std::vector<uint8_t> exact(expected.size()), fast(expected.size()), again(expected.size());
+    ASSERT_TRUE(DecodeCropResize(name, data.data(), data.size(), 3, box, size, flip, exact.data(),
+                                 &scratch, true, ImageDecodeMode::kExact)
+                    .ok());
+    ASSERT_TRUE(DecodeCropResize(name, data.data(), data.size(), 3, box, size, flip, fast.data(),
+                                 &scratch, true, ImageDecodeMode::kFast)
+                    .ok());
+    TransformScratch fresh;  // deterministic: the same bytes from a fresh decoder
+    ASSERT_TRUE(DecodeCropResize(name, data.data(), data.size(), 3, box, size, flip, again.data(),
+                                 &fresh, true, ImageDecodeMode::kFast)
+                    .ok());
+    ASSERT_EQ(fast, again);
+    DiffStats one;
+    one.Add(exact, expected);
+    EXPECT_LE(one.max, 1);
+    DiffStats fast_one;
+    fast_one.Add(fast, expected);
+    EXPECT_LT(fast_one.mean(), 8.0);
+    exact_vs_tv.Add(exact, expected);
+    fast_vs_tv.Add(fast, expected);
+    fast_vs_exact.Add(fast, exact);
+    differing += fast != exact;
+    ++cases;
+  }
+  for (const auto& c : ref.Cases("benchcenter")) {
+    ASSERT_EQ(c.size(), 6u);
+    ImageTransform t;
+    t.resize = std::stoi(c[3]);
+    t.size = std::stoi(c[4]);
+    const std::vector<uint8_t> data = ReadBytes(ref.Path(c[1]));
+    const std::vector<uint8_t> expected = ReadBytes(ref.Path(c[5]));
+    ASSERT_EQ(expected.size(), TransformOutputBytes(t));
+    std::vector<uint8_t> out(expected.size());
+    ASSERT_TRUE(DecodeTransformed(c[1], data.data(), data.size(), t, 0, out.data(), &scratch).ok());
+    center_exact_vs_tv.Add(out, expected);
+    t.decode = ImageDecodeMode::kFast;
+    ASSERT_TRUE(DecodeTransformed(c[1], data.data(), data.size(), t, 0, out.data(), &scratch).ok());
+    center_fast_vs_tv.Add(out, expected);
+  }
+  std::printf(
+      "benchmark JPEGs, %d RandomResizedCrop(224) crops: exact vs torchvision mean |diff| %.4f "
+      "max %d; fast vs torchvision mean %.4f max %d PSNR %.2f dB; fast vs exact mean %.4f max %d "
+      "PSNR %.2f dB (%d of %d crops differ)\n",
+      cases, exact_vs_tv.mean(), exact_vs_tv.max, fast_vs_tv.mean(), fast_vs_tv.max,
+      fast_vs_tv.psnr(), fast_vs_exact.mean(), fast_vs_exact.max, fast_vs_exact.psnr(), differing,
+      cases);
+  std::printf(
+      "benchmark JPEGs, Resize(256) + CenterCrop(224): exact vs torchvision mean %.4f max %d; "
+      "fast vs torchvision mean %.4f max %d PSNR %.2f dB\n",
+      center_exact_vs_tv.mean(), center_exact_vs_tv.max, center_fast_vs_tv.mean(),
+      center_fast_vs_tv.max, center_fast_vs_tv.psnr());
+  ASSERT_GE(cases, 40);
+  // Exact mode unchanged: torchvision's pixels.
+  EXPECT_LT(exact_vs_tv.mean(), 0.01);
+  EXPECT_LT(center_exact_vs_tv.mean(), 0.01);
+  // The fast path ran (every crop differs somewhere) and stays close.
+  EXPECT_EQ(differing, cases);
+  EXPECT_GT(fast_vs_exact.mean(), 0.0);
+  // Measured on these images: mean 4.13, PSNR 31.4 dB (crops); mean 3.30 (center crops). Almost
+  // all of it is the plain chroma upsampling on their noisy, saturated colours (with fancy
+  // upsampling, JDCT_IFAST alone: mean 0.97, max 5).
+  EXPECT_LT(fast_vs_tv.mean(), 5.0);
+  EXPECT_GT(fast_vs_tv.psnr(), 29.0);
+  EXPECT_LT(center_fast_vs_tv.mean(), 5.0);
 }
 
 TEST(ImageTransformTest, PlansResizeCenterCropAsTorchvision) {
@@ -429,19 +523,44 @@ TEST(ImageTransformTest, DecodeTransformedIsTheDrawnCropAndFlip) {
   t.horizontal_flip = true;
   TransformScratch scratch, other;
   std::vector<uint8_t> out(TransformOutputBytes(t)), expected(out.size()), again(out.size());
-  for (uint64_t bits = 0; bits < 40; ++bits) {
+  int modes_differ = 0;  // JPEG crops whose exact and fast bytes differ (a 64-pixel output of
+                         // this smooth image averages the small differences away in some)
+  for (uint64_t bits = 0; bits < 80; ++bits) {
     const std::vector<uint8_t>& data = bits % 2 ? jpeg : png;  // scratch reused across formats
+    // Both decode modes, alternating on the same scratch: the fast mode's settings must not leak
+    // into the next exact decode, and its own bytes depend only on the image and the bits.
+    t.decode = bits % 4 < 2 ? ImageDecodeMode::kExact : ImageDecodeMode::kFast;
     ASSERT_TRUE(
         DecodeTransformed("r", data.data(), data.size(), t, bits, out.data(), &scratch).ok());
     const CropBox box = DrawRandomResizedCrop(t, 375, 500, bits);
     ASSERT_TRUE(DecodeCropResize("r", data.data(), data.size(), 3, box, 64,
-                                 DrawHorizontalFlip(bits), expected.data(), &other)
+                                 DrawHorizontalFlip(bits), expected.data(), &other, true, t.decode)
                     .ok());
     ASSERT_EQ(out, expected) << bits;
     ASSERT_TRUE(
         DecodeTransformed("r", data.data(), data.size(), t, bits, again.data(), &other).ok());
     ASSERT_EQ(out, again) << bits;
+    if (&data == &jpeg) {  // the modes differ on JPEG only
+      ImageTransform other_mode = t;
+      other_mode.decode =
+          t.decode == ImageDecodeMode::kFast ? ImageDecodeMode::kExact : ImageDecodeMode::kFast;
+      ASSERT_TRUE(
+          DecodeTransformed("r", data.data(), data.size(), other_mode, bits, again.data(), &other)
+              .ok());
+      DiffStats modes;
+      modes.Add(out, again);
+      EXPECT_LT(modes.mean(), 3.0) << bits;
+      modes_differ += out != again;
+    } else {
+      ImageTransform fast_png = t;
+      fast_png.decode = ImageDecodeMode::kFast;
+      ASSERT_TRUE(
+          DecodeTransformed("r", data.data(), data.size(), fast_png, bits, again.data(), &other)
+              .ok());
+      EXPECT_EQ(out, again) << bits;
+    }
   }
+  EXPECT_GT(modes_differ, 10);
 }
 
 TEST(ImageTransformTest, RefusesBadImagesAndTransforms) {
@@ -498,10 +617,11 @@ TEST(ImageTransformTest, ReusedDecoderRecoversAfterErrors) {
   TransformScratch reused;
   std::vector<uint8_t> out(TransformOutputBytes(t)), fresh_out(out.size());
   int failed = 0;
-  for (uint64_t bits = 0; bits < 30; ++bits) {
+  for (uint64_t bits = 0; bits < 60; ++bits) {
     const std::vector<uint8_t>* data[] = {&rgb, &corrupt, &gray, &rgb, &png};
     const std::vector<uint8_t>& d = *data[bits % 5];
     const size_t size = bits % 7 == 3 ? d.size() / 2 : d.size();
+    t.decode = bits % 3 == 1 ? ImageDecodeMode::kFast : ImageDecodeMode::kExact;
     const absl::Status status =
         DecodeTransformed("r", d.data(), size, t, bits, out.data(), &reused);
     TransformScratch fresh;

@@ -12,11 +12,14 @@ statistics of RandomResizedCrop.get_params. OUT_DIR/manifest.txt lists the cases
   codec FILE STORED_CHANNELS WIDTH HEIGHT            (expected FILE.rgb, FILE.l: HWC bytes)
   crop FILE CHANNELS TOP LEFT HEIGHT WIDTH SIZE FLIP EXPECTED   (CHW bytes)
   center FILE CHANNELS RESIZE SIZE EXPECTED                      (CHW bytes)
+  bench FILE CHANNELS TOP LEFT HEIGHT WIDTH SIZE FLIP EXPECTED   (the image benchmark's JPEGs)
+  benchcenter FILE CHANNELS RESIZE SIZE EXPECTED
   rrc HEIGHT WIDTH SCALE_MIN SCALE_MAX RATIO_MIN RATIO_MAX DRAWS MEAN_AREA_FRACTION
       SD_AREA_FRACTION MEAN_LOG_ASPECT SD_LOG_ASPECT FALLBACK_RATE   (one line)
 
 Exits 3 when PIL or torchvision is missing (the test then skips with that message).
 """
+import importlib.util
 import math
 import os
 import struct
@@ -223,6 +226,40 @@ def geometry_cases(out, lines):
         lines.append(f"center {name} {channels} {resize} {size} {exp}")
 
 
+def bench_cases(out, lines):
+    """The image benchmark's first JPEGs (bench/images/make_jpegs.py, seed 1, quality 90, as
+    bench/run_image_pipeline.sh makes them), RandomResizedCrop(224) boxes and flips drawn by
+    torchvision, and Resize(256) + CenterCrop(224): the fast decode mode's difference is measured
+    on them (image_transform_test, FastDecodeOnBenchmarkJpegs)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "make_jpegs", os.path.join(here, "..", "..", "bench", "images", "make_jpegs.py"))
+    make_jpegs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_jpegs)
+    torch.manual_seed(14)
+    crop = T.RandomResizedCrop(224)
+    n = 0
+    for i in range(16):
+        name = f"bench_{i:05d}.jpg"
+        Image.fromarray(make_jpegs.image(1, i)[1]).save(os.path.join(out, name), quality=90)
+        img = Image.open(os.path.join(out, name)).convert("RGB")
+        for j in range(3):
+            top, left, h, w = crop.get_params(img, crop.scale, crop.ratio)
+            flip = (i + j) % 2
+            res = F.resized_crop(img, top, left, h, w, [224, 224])
+            if flip:
+                res = F.hflip(res)
+            exp = f"bench_crop_{n}.bin"
+            n += 1
+            chw(res).tofile(os.path.join(out, exp))
+            lines.append(f"bench {name} 3 {top} {left} {h} {w} 224 {flip} {exp}")
+        if i % 4 == 0:
+            res = T.Compose([T.Resize(256), T.CenterCrop(224)])(img)
+            exp = f"bench_center_{i}.bin"
+            chw(res).tofile(os.path.join(out, exp))
+            lines.append(f"benchcenter {name} 3 256 224 {exp}")
+
+
 def rrc_stats(lines):
     torch.manual_seed(0)
     draws = 4000
@@ -260,6 +297,7 @@ def main():
     lines = []
     codec_cases(out, lines)
     geometry_cases(out, lines)
+    bench_cases(out, lines)
     rrc_stats(lines)
     with open(os.path.join(out, "manifest.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
