@@ -52,6 +52,9 @@
 #include "comm/nccl_collective.h"
 #include "comm/nccl_reducer.h"
 #include "engine/cuda/cuda_mlp.h"
+#ifdef STOKER_HAVE_CUDNN
+#include "engine/cuda/cuda_network.h"
+#endif
 #endif
 #include "spec/model_spec.h"
 #include "worker/rendezvous_store.h"
@@ -288,13 +291,16 @@ struct DataParallelSetup {
 absl::Status ConnectGpuRank(const RankChoice& choice, const std::string& store_prefix,
                             const BucketOptions& buckets, Model& model, DataParallelSetup& dp) {
 #if defined(STOKER_HAVE_CUDA) && defined(STOKER_HAVE_NCCL)
-  // The stream the model's gradients are final on. Only the MLP fast path exposes it so far.
+  // The stream the model's gradients are final on: the MLP fast path's, or the network's.
   absl::StatusOr<cudaStream_t> stream = CudaMlpComputeStream(model);
+#ifdef STOKER_HAVE_CUDNN
+  if (!stream.ok()) stream = CudaNetworkComputeStream(model);
+#endif
   if (!stream.ok()) {
-    return absl::InvalidArgumentError(
-        "resources.replicas > 1 with gpus: data-parallel GPU training runs the MLP fast path "
-        "(model.type mlp in fp32 or bf16 with SGD) for now; train this model on one GPU "
-        "(resources.replicas: 1) or on the cpu backend (resources.gpus: 0)");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resources.replicas > 1 with gpus: this model exposes no compute stream for the NCCL "
+        "reducer (",
+        stream.status().message(), "); use resources.replicas: 1"));
   }
   NcclOptions nccl;
   nccl.rank = choice.rank;
