@@ -2,7 +2,8 @@
 # Image input-pipeline benchmark, one run: Stoker's loader processes (image folder and WebDataset
 # shards) -> ring -> a consumer releasing batches at once, against PyTorch's DataLoader with
 # torchvision's transforms on the same JPEGs: RandomResizedCrop(224) + horizontal flip, uint8,
-# batches of 256, 1 and 2 worker processes, each side RUNS times, interleaved. Also: the index
+# batches of 256, 1 and 2 worker processes, each side RUNS times, interleaved; Stoker in both
+# JPEG decode modes (dataset.image.decode: exact, torchvision's pixels; and fast). Also: the index
 # build, the shards read the way the loaders read them against dd (cold and warm page cache), a
 # per-stage profile of both sides in one process, and (when perf is installed) where a loader's
 # CPU time goes. Prints the raw lines, then tables with best, median and ratios.
@@ -105,29 +106,51 @@ for _ in $(seq "$([[ "${READS:-1}" != 0 ]] && echo "$runs" || echo 0)"); do
 done
 
 # Where the time goes, one process each, warm cache.
-run "$bench" "${folder[@]}" --parts=profile --profile_images=1024
+run "$bench" "${folder[@]}" --parts=profile --profile_images=1024 --decode=exact
+run "$bench" "${folder[@]}" --parts=profile --profile_images=1024 --decode=fast
 run "$bench" "${shards[@]}" --parts=profile --profile_images=1024
 run /usr/bin/python3 "$here/image_pipeline_pytorch.py" --root "$jpegs" --profile 1024
 
 # Throughput, the sides interleaved so that the neighbours' load falls on all of them.
 for _ in $(seq "$runs"); do
-  run "$bench" "${folder[@]}" --parts=throughput --epochs="$epochs"
-  run "$bench" "${shards[@]}" --parts=throughput --epochs="$epochs"
+  for decode in exact fast; do
+    run "$bench" "${folder[@]}" --parts=throughput --epochs="$epochs" --decode="$decode"
+    run "$bench" "${shards[@]}" --parts=throughput --epochs="$epochs" --decode="$decode"
+  done
   run /usr/bin/python3 "$here/image_pipeline_pytorch.py" --root "$jpegs" --epochs "$epochs"
 done
 say "$(loadavg after)"
 
-# One loader (K = 1, one epoch) under perf: its CPU time by library and by function.
+# One loader (K = 1, one epoch) under perf, in each decode mode: its CPU time by library and by
+# function. Debian's libjpeg.so.62 is stripped of its static functions, so the Huffman decoder
+# (jdhuff.c: decode_mcu_fast and friends) shows as addresses: those from jpeg_make_d_derived_tbl
+# to the first exported function after jinit_huff_decoder are jdhuff.c, summed as "Huffman".
 if [[ "${PERF:-1}" != 0 ]] && command -v perf >/dev/null; then
-  perf record -q -F 999 -o "$work/perf.data" -- "$bench" "${folder[@]}" --parts=throughput \
-    --loaders=1 --epochs=1 >/dev/null 2>&1 || true
-  if [[ -s "$work/perf.data" ]]; then
-    echo "perf: the loader's share of all samples by library, then its top functions"
-    { perf report -i "$work/perf.data" --sort comm,dso --stdio 2>/dev/null |
+  for decode in exact fast; do
+    perf record -q -F 999 -o "$work/perf-$decode.data" -- "$bench" "${folder[@]}" \
+      --parts=throughput --loaders=1 --epochs=1 --decode="$decode" >/dev/null 2>&1 || true
+    [[ -s "$work/perf-$decode.data" ]] || continue
+    echo "perf ($decode): the loader's share of all samples by library, then its top functions"
+    { perf report -i "$work/perf-$decode.data" --sort comm,dso --stdio 2>/dev/null |
       grep ' stoker-loader ' | head -8; } || true
-    { perf report -i "$work/perf.data" --sort comm,dso,sym --stdio 2>/dev/null |
+    { perf report -i "$work/perf-$decode.data" --sort comm,dso,sym --stdio 2>/dev/null |
       grep ' stoker-loader ' | head -12; } || true
-  fi
+    lib=$(ldd "$(dirname "$bench")/../data/stoker-loader" | awk '/libjpeg/ {print $3}')
+    if [[ -n "$lib" ]]; then
+      read -r lo hi < <(nm -D "$lib" | awk '$2 == "T" {print $1, $3}' | sort | awk '
+        $2 ~ /^jpeg_make_d_derived_tbl/ {lo = $1} $2 ~ /^jinit_huff_decoder/ {after = 1; next}
+        after && !hi {hi = $1} END {print lo, hi}')
+      perf report -i "$work/perf-$decode.data" --sort comm,dso,sym --stdio 2>/dev/null |
+        awk -v lo="$lo" -v hi="$hi" -v d="$decode" '$2 == "stoker-loader" && $3 ~ /libjpeg/ {
+          a = $5; p = $1; sub("%", "", p)
+          if (a ~ /^(jpeg_make_d_derived_tbl|jpeg_fill_bit_buffer|jpeg_huff_decode)$/) { s += p; next }
+          if (a !~ /^0x/) next
+          a = substr(a, 3); while (length(a) < 16) a = "0" a
+          if (a >= lo && a < hi) s += p }
+          END { printf "perf (%s): libjpeg Huffman decoding (jdhuff.c) %.1f%% of all samples\n", d, s }' |
+        tee -a "$log"
+    fi
+  done
 fi
 echo
 
@@ -148,7 +171,8 @@ def num(f, key):
 tp = {}
 for kind, f in rows:
     if kind == "throughput":
-        tp.setdefault((f["system"], f["format"], f["workers"]), []).append(f)
+        decode = f.get("decode", "exact") if f["system"] == "stoker" else "-"
+        tp.setdefault((f["system"], f["format"], f["workers"], decode), []).append(f)
 
 
 def stats(key, field):
@@ -165,42 +189,46 @@ print()
 print("Images/s from the first batch to the last (best / median of runs); per worker = / K; "
       "per CPU-s = images per CPU-second of the worker processes over the same window")
 print()
-print("| K | Stoker folder img/s | per worker | per CPU-s | PyTorch img/s | per worker "
+print("| K | decode | Stoker folder img/s | per worker | per CPU-s | PyTorch img/s | per worker "
       "| per CPU-s | Stoker/PyTorch | per CPU-s ratio (median) | goal per worker >= 300 "
-      "| goal ratio >= 3x |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+      "| goal ratio >= 3x (per CPU-s) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for k in ("1", "2"):
-    s, p = stats(("stoker", "image_folder", k), "images_per_s"), \
-        stats(("pytorch", "image_folder", k), "images_per_s")
-    sc, pc = stats(("stoker", "image_folder", k), "images_per_cpu_s"), \
-        stats(("pytorch", "image_folder", k), "images_per_cpu_s")
-    if not (s and p):
-        continue
-    kk = int(k)
-    print(f"| {k} | {s[0]:.0f} / {s[1]:.0f} | {s[0] / kk:.0f} / {s[1] / kk:.0f} "
-          f"| {sc[0]:.0f} / {sc[1]:.0f} | {p[0]:.0f} / {p[1]:.0f} | {p[0] / kk:.0f} / {p[1] / kk:.0f} "
-          f"| {pc[0]:.0f} / {pc[1]:.0f} | {s[0] / p[0]:.2f}x / {s[1] / p[1]:.2f}x "
-          f"| {sc[1] / pc[1]:.2f}x "
-          f"| {'met' if s[1] / kk >= 300 else 'NOT met'} "
-          f"| {'met' if s[1] / p[1] >= 3 else 'NOT met'} |")
+    for decode in ("exact", "fast"):
+        s, p = stats(("stoker", "image_folder", k, decode), "images_per_s"), \
+            stats(("pytorch", "image_folder", k, "-"), "images_per_s")
+        sc, pc = stats(("stoker", "image_folder", k, decode), "images_per_cpu_s"), \
+            stats(("pytorch", "image_folder", k, "-"), "images_per_cpu_s")
+        if not (s and p):
+            continue
+        kk = int(k)
+        print(f"| {k} | {decode} | {s[0]:.0f} / {s[1]:.0f} | {s[0] / kk:.0f} / {s[1] / kk:.0f} "
+              f"| {sc[0]:.0f} / {sc[1]:.0f} | {p[0]:.0f} / {p[1]:.0f} "
+              f"| {p[0] / kk:.0f} / {p[1] / kk:.0f} | {pc[0]:.0f} / {pc[1]:.0f} "
+              f"| {s[0] / p[0]:.2f}x / {s[1] / p[1]:.2f}x | {sc[1] / pc[1]:.2f}x "
+              f"| {'met' if s[1] / kk >= 300 else 'NOT met'} "
+              f"| {'met' if sc[1] / pc[1] >= 3 else 'NOT met'} |")
 print()
-print("| K | Stoker shards img/s | Stoker folder img/s | shards / folder (median) "
-      "| shards per CPU-s | folder per CPU-s |")
-print("|---|---|---|---|---|---|")
+print("| K | decode | Stoker shards img/s | Stoker folder img/s | shards / folder (median) "
+      "| shards per CPU-s | folder per CPU-s | shards per CPU-s / PyTorch's |")
+print("|---|---|---|---|---|---|---|---|")
 for k in ("1", "2"):
-    sh, fo = stats(("stoker", "shards", k), "images_per_s"), \
-        stats(("stoker", "image_folder", k), "images_per_s")
-    shc, foc = stats(("stoker", "shards", k), "images_per_cpu_s"), \
-        stats(("stoker", "image_folder", k), "images_per_cpu_s")
-    if sh and fo:
-        print(f"| {k} | {sh[0]:.0f} / {sh[1]:.0f} | {fo[0]:.0f} / {fo[1]:.0f} "
-              f"| {sh[1] / fo[1]:.2f} | {shc[1]:.0f} | {foc[1]:.0f} |")
+    for decode in ("exact", "fast"):
+        sh, fo = stats(("stoker", "shards", k, decode), "images_per_s"), \
+            stats(("stoker", "image_folder", k, decode), "images_per_s")
+        shc, foc = stats(("stoker", "shards", k, decode), "images_per_cpu_s"), \
+            stats(("stoker", "image_folder", k, decode), "images_per_cpu_s")
+        pc = stats(("pytorch", "image_folder", k, "-"), "images_per_cpu_s")
+        if sh and fo:
+            ratio = f"{shc[1] / pc[1]:.2f}x" if pc else "-"
+            print(f"| {k} | {decode} | {sh[0]:.0f} / {sh[1]:.0f} | {fo[0]:.0f} / {fo[1]:.0f} "
+                  f"| {sh[1] / fo[1]:.2f} | {shc[1]:.0f} | {foc[1]:.0f} | {ratio} |")
 print()
 starts = {}
 for key, fs in tp.items():
     starts[key] = statistics.median(num(f, "startup_s") for f in fs)
 print("start-up (spawn to first batch, median s): " +
-      ", ".join(f"{s} {fmt} K={k}: {v:.2f}" for (s, fmt, k), v in sorted(starts.items())))
+      ", ".join(f"{s} {fmt} {d} K={k}: {v:.2f}" for (s, fmt, k, d), v in sorted(starts.items())))
 print()
 
 reads = {}
@@ -228,7 +256,7 @@ for kind, f in rows:
               f"PILToTensor {f['to_tensor_us']}; total {f['total_us']} "
               f"({1e6 / num(f, 'total_us'):.0f} images per CPU-s)")
     elif kind == "profile":
-        print(f"Stoker {f['format']}, one process, us per image: read {f['read_us']}, decode of "
+        print(f"Stoker {f['format']} ({f.get('decode', 'exact')}), one process, us per image: read {f['read_us']}, decode of "
               f"the crop box {f['decode_box_us']} (box = {100 * num(f, 'box_fraction'):.0f}% of the "
               f"pixels; DCT-scaled: {int(f['denom2']) + int(f['denom4']) + int(f['denom8'])} of "
               f"{f['images']}), resize + flip + CHW {f['resize_us']}; transform "
@@ -237,7 +265,7 @@ for kind, f in rows:
               f"to the box's bottom: {100 * num(f, 'rows_needed_fraction'):.0f}% of them on "
               f"average, ~{num(f, 'entropy_us') * num(f, 'rows_needed_fraction'):.0f} us)")
     elif kind == "profile_make":
-        print(f"Stoker {f['format']}, ImageBatchSource::Make in one process (a loader without "
+        print(f"Stoker {f['format']} ({f.get('decode', 'exact')}), ImageBatchSource::Make in one process (a loader without "
               f"the ring): {num(f, 'images_per_s'):.0f} images/s, "
               f"{num(f, 'images_per_cpu_s'):.0f} per CPU-s")
 PY

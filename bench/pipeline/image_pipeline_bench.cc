@@ -1,6 +1,7 @@
 // Image input-pipeline benchmark: real stoker-loader processes decoding and augmenting JPEGs of an
 // image folder or WebDataset shards into the job's ring, a consumer releasing batches as fast as
-// it can. bench/run_image_pipeline.sh runs it beside PyTorch's DataLoader
+// it can, with the job's dataset.image.decode set by --decode (exact or fast).
+// bench/run_image_pipeline.sh runs it beside PyTorch's DataLoader
 // (bench/image_pipeline_pytorch.py) and turns the key=value lines it prints into tables.
 //
 //   index       builds the training index as the agent does (BuildImageIndex, FirstImageHeader)
@@ -86,6 +87,8 @@ ABSL_FLAG(int, slots, 8, "ring slots (the job default, loader.ring_slots)");
 ABSL_FLAG(int, size, 224, "output side");
 ABSL_FLAG(int64_t, seed, 1, "train.seed");
 ABSL_FLAG(int, profile_images, 0, "profile: images (0 = one epoch)");
+ABSL_FLAG(std::string, decode, "exact",
+          "dataset.image.decode: exact (torchvision's pixels) or fast (image_transform.h)");
 
 namespace {
 
@@ -123,6 +126,7 @@ stoker::v1::JobSpec BenchJobSpec() {
   image->mutable_random_resized_crop();  // present = on, torchvision's default scale and ratio
   image->set_horizontal_flip(true);
   image->set_channels(3);
+  image->set_decode(absl::GetFlag(FLAGS_decode));
   spec.mutable_train()->set_seed(absl::GetFlag(FLAGS_seed));
   spec.mutable_train()->set_batch_size(absl::GetFlag(FLAGS_batch));
   spec.mutable_loader()->set_ring_slots(absl::GetFlag(FLAGS_slots));
@@ -347,10 +351,10 @@ void Throughput(const stoker::SampleIndex& index) {
       const double seconds = Seconds(end - first);
       const double per_s = images_after_first / seconds;
       std::printf(
-          "throughput system=stoker format=%s workers=%s run=%d batch=%d epochs=%d images=%llu "
-          "seconds=%.3f images_per_s=%.1f per_worker=%.1f cpu_s=%.3f images_per_cpu_s=%.1f "
-          "startup_s=%.3f checksum=%llu\n",
-          format.c_str(), k.c_str(), run, batch_size, epochs,
+          "throughput system=stoker format=%s decode=%s workers=%s run=%d batch=%d epochs=%d "
+          "images=%llu seconds=%.3f images_per_s=%.1f per_worker=%.1f cpu_s=%.3f "
+          "images_per_cpu_s=%.1f startup_s=%.3f checksum=%llu\n",
+          format.c_str(), absl::GetFlag(FLAGS_decode).c_str(), k.c_str(), run, batch_size, epochs,
           static_cast<unsigned long long>(images_after_first), seconds, per_s, per_s / std::stoi(k),
           cpu_s, cpu_s > 0 ? images_after_first / cpu_s : 0.0, Seconds(first - spawned),
           static_cast<unsigned long long>(checksum));
@@ -436,13 +440,10 @@ bool EntropyDecode(const uint8_t* data, size_t size) {
   return true;
 }
 
-// The DCT scale DecodeTransformed picks for a crop box inside the image (image_transform.h): the
-// largest of 8, 4, 2 with the box at least that many times the output in both dimensions.
+// The DCT scale DecodeTransformed picks for a crop box inside the image (image_transform.h), as
+// the denominator of 1/1, 1/2, 1/4, 1/8.
 int ScaleDenom(const stoker::CropBox& box, int size) {
-  for (int denom : {8, 4, 2}) {
-    if (box.height >= size * denom && box.width >= size * denom) return denom;
-  }
-  return 1;
+  return 8 / stoker::JpegScaleEighths(box.height, box.width, size, size);
 }
 
 void Profile(stoker::SampleIndex index) {
@@ -488,7 +489,13 @@ void Profile(stoker::SampleIndex index) {
     const int denom =
         decoder.header().encoding == stoker::ImageEncoding::kJpeg ? ScaleDenom(box, t.size) : 1;
     ++denoms[static_cast<size_t>(denom)];
-    if (absl::Status s = decoder.SetScale(denom); !s.ok()) Die(s.ToString());
+    // The decode mode's settings: exact (SetScale) or fast (SetFastScale, the same scale).
+    if (absl::Status s = t.decode == stoker::ImageDecodeMode::kFast
+                             ? decoder.SetFastScale(8 / denom)
+                             : decoder.SetScale(denom);
+        !s.ok()) {
+      Die(s.ToString());
+    }
     const int x0 = box.left / denom, y0 = box.top / denom;
     const int x1 = std::min(decoder.scaled_width(), (box.left + box.width + denom - 1) / denom);
     const int y1 = std::min(decoder.scaled_height(), (box.top + box.height + denom - 1) / denom);
@@ -526,16 +533,17 @@ void Profile(stoker::SampleIndex index) {
   const double wall_s = Seconds(Clock::now() - start);
   const double n = static_cast<double>(count);
   std::printf(
-      "profile format=%s images=%lld read_us=%.1f decode_box_us=%.1f resize_us=%.1f "
+      "profile format=%s decode=%s images=%lld read_us=%.1f decode_box_us=%.1f resize_us=%.1f "
       "transform_us=%.1f full_decode_us=%.1f entropy_us=%.1f jpegs=%lld box_fraction=%.3f "
       "rows_needed_fraction=%.3f "
       "denom1=%lld denom2=%lld "
       "denom4=%lld denom8=%lld wall_s=%.3f checksum=%llu\n",
-      absl::GetFlag(FLAGS_format).c_str(), static_cast<long long>(count), 1e6 * read_s / n,
-      1e6 * decode_box_s / n, 1e6 * (transform_s - decode_box_s) / n, 1e6 * transform_s / n,
-      1e6 * full_decode_s / n, jpegs > 0 ? 1e6 * entropy_s / jpegs : 0.0,
-      static_cast<long long>(jpegs), static_cast<double>(box_pixels) / image_pixels,
-      rows_needed / n, static_cast<long long>(denoms[1]), static_cast<long long>(denoms[2]),
+      absl::GetFlag(FLAGS_format).c_str(), absl::GetFlag(FLAGS_decode).c_str(),
+      static_cast<long long>(count), 1e6 * read_s / n, 1e6 * decode_box_s / n,
+      1e6 * (transform_s - decode_box_s) / n, 1e6 * transform_s / n, 1e6 * full_decode_s / n,
+      jpegs > 0 ? 1e6 * entropy_s / jpegs : 0.0, static_cast<long long>(jpegs),
+      static_cast<double>(box_pixels) / image_pixels, rows_needed / n,
+      static_cast<long long>(denoms[1]), static_cast<long long>(denoms[2]),
       static_cast<long long>(denoms[4]), static_cast<long long>(denoms[8]), wall_s,
       static_cast<unsigned long long>(checksum));
   std::fflush(stdout);
@@ -555,10 +563,11 @@ void Profile(stoker::SampleIndex index) {
   const double make_wall = Seconds(Clock::now() - make_start);
   const double make_cpu = ThreadCpuSeconds() - cpu0;
   std::printf(
-      "profile_make format=%s images=%llu seconds=%.3f images_per_s=%.1f cpu_s=%.3f "
+      "profile_make format=%s decode=%s images=%llu seconds=%.3f images_per_s=%.1f cpu_s=%.3f "
       "images_per_cpu_s=%.1f\n",
-      absl::GetFlag(FLAGS_format).c_str(), static_cast<unsigned long long>(made), make_wall,
-      made / make_wall, make_cpu, made / make_cpu);
+      absl::GetFlag(FLAGS_format).c_str(), absl::GetFlag(FLAGS_decode).c_str(),
+      static_cast<unsigned long long>(made), make_wall, made / make_wall, make_cpu,
+      made / make_cpu);
   std::fflush(stdout);
 }
 
