@@ -1,10 +1,13 @@
 #include "engine/cpu/cpu_network.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <new>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -35,9 +38,39 @@ using Dims = memory::dims;
 // Plans kept besides the full-batch one; a new batch size beyond this evicts the oldest.
 constexpr size_t kMaxPartialPlans = 3;
 
+// Weight tensors up to this many values change layout by a Gather (its index: 4 bytes a value);
+// larger ones by oneDNN's parallel reorder, whose cost their size then repays.
+constexpr int64_t kMaxGatherValues = int64_t{1} << 20;
+
 // Values in a plain (non-padded) descriptor of f32 or bf16.
 int64_t Elements(const memory::desc& md) {
   return static_cast<int64_t>(md.get_size()) / (md.data_type() == DataType::bf16 ? 2 : 4);
+}
+
+// A change of a weight tensor's layout (and type) as a gather: to[j] = from[index[j]], 0 where
+// index[j] < 0 (a blocked layout's zero padding). oneDNN's reorders did this before; each was a
+// parallel region of its own for a few thousand values, ~60 of them a step for ResNet-20, and a
+// parallel region costs milliseconds when the machine's other work delays a thread
+// (docs/profile-vision.md). The gathers run in one region (weights) or on the calling thread.
+struct Gather {
+  const float* from = nullptr;
+  void* to = nullptr;
+  bool to_bf16 = false;
+  std::vector<int32_t> index;
+};
+
+// Runs gather `g` over [begin, end) of its destination.
+void RunGather(const Gather& g, int64_t begin, int64_t end) {
+  const int32_t* index = g.index.data();
+  if (g.to_bf16) {
+    bf16_t* to = static_cast<bf16_t*>(g.to);
+    for (int64_t j = begin; j < end; ++j) {
+      to[j] = index[j] < 0 ? bf16_t{0} : FloatToBf16(g.from[index[j]]);
+    }
+  } else {
+    float* to = static_cast<float*>(g.to);
+    for (int64_t j = begin; j < end; ++j) to[j] = index[j] < 0 ? 0.0f : g.from[index[j]];
+  }
 }
 
 // A primitive with its arguments bound once.
@@ -95,7 +128,10 @@ struct Node {
   memory::desc weight_fwd_md;    // compute type
   memory::desc weight_bwd_md;    // compute type, for backward data
   memory::desc diff_weight_md;   // f32
-  int grad_reorder = -1;         // index in grad_reorders_, -1 when backward writes the plain one
+  // Where backward's blocked weight gradient becomes the plain one (grad_gathers_ or, for a large
+  // tensor, grad_reorders_); both -1 when backward writes the plain one.
+  int grad_gather = -1;
+  int grad_reorder = -1;
   AlignedArray<std::byte> weight_fwd;
   AlignedArray<std::byte> weight_bwd;
   AlignedArray<std::byte> diff_weight;  // empty when backward writes the plain gradient directly
@@ -227,6 +263,9 @@ class CpuNetwork final : public Model {
   void BindPlan(Plan& plan, std::vector<PendingOp>& pending);
   absl::StatusOr<Plan*> PlanFor(int batch);
   void BuildWeightReorders();
+  // For each value of the `blocked` layout (in memory order), the index in the `plain` layout
+  // (same dimensions) of the value it holds; -1 for padding.
+  std::vector<int32_t> BlockedIndex(const memory::desc& plain, const memory::desc& blocked);
   void RefreshComputeWeights();
   void LoadInput(const BatchView& batch);
   // INVALID_ARGUMENT naming the first BatchNorm that would see one value per channel in a
@@ -283,11 +322,15 @@ class CpuNetwork final : public Model {
   int output_ = 0;  // the logits' activation
   std::vector<AlignedArray<std::byte>> buffers_;
   std::vector<Param> params_;
-  size_t next_param_ = 0;            // construction: the next NetworkTensorSpecs entry
-  AlignedArray<float> logits_;       // [max_batch, classes] when the last activation is not f32
-  AlignedArray<float> loss_grad_;    // [max_batch, classes]
-  std::vector<Op> weight_reorders_;  // master -> compute copies, after every update
-  std::vector<Op> grad_reorders_;    // oneDNN's diff weights -> plain gradients, after backward
+  size_t next_param_ = 0;          // construction: the next NetworkTensorSpecs entry
+  AlignedArray<float> logits_;     // [max_batch, classes] when the last activation is not f32
+  AlignedArray<float> loss_grad_;  // [max_batch, classes]
+  // Master -> compute copies, after every update; oneDNN's diff weights -> plain gradients, in
+  // backward. Gathers for tensors of at most kMaxGatherValues, reorders for larger ones.
+  std::vector<Gather> weight_gathers_;
+  std::vector<Op> weight_reorders_;
+  std::vector<Gather> grad_gathers_;
+  std::vector<Op> grad_reorders_;
   std::unique_ptr<Plan> full_plan_;
   PartialPlanCache<Plan> partial_plans_{kMaxPartialPlans};
 
@@ -1004,15 +1047,43 @@ void CpuNetwork::BindPlan(Plan& plan, std::vector<PendingOp>& pending) {
   }
 }
 
+std::vector<int32_t> CpuNetwork::BlockedIndex(const memory::desc& plain,
+                                              const memory::desc& blocked) {
+  // The indices themselves, 1-based, through an s32 reorder between the same layouts: padding
+  // stays 0, i.e. -1 after the shift.
+  dnnl_memory_desc_t plain_s32 = plain.data;
+  plain_s32.data_type = dnnl_s32;
+  dnnl_memory_desc_t blocked_s32 = blocked.data;
+  blocked_s32.data_type = dnnl_s32;
+  const memory::desc from_md(plain_s32), to_md(blocked_s32);
+  std::vector<int32_t> from(from_md.get_size() / sizeof(int32_t));
+  std::iota(from.begin(), from.end(), 1);
+  std::vector<int32_t> to(to_md.get_size() / sizeof(int32_t), 0);
+  memory from_memory(from_md, engine_, from.data());
+  memory to_memory(to_md, engine_, to.data());
+  dnnl::reorder(from_memory, to_memory).execute(stream_, from_memory, to_memory);
+  stream_.wait();
+  for (int32_t& v : to) v -= 1;
+  return to;
+}
+
 void CpuNetwork::BuildWeightReorders() {
   for (Node& layer : nodes_) {
     if (layer.weight < 0) continue;
     Param& weight = params_[layer.weight];
+    const bool gather = static_cast<int64_t>(weight.value.size()) <= kMaxGatherValues;
     memory master(layer.weight_plain_md, engine_, weight.value.data());
     // A copy is needed unless the primitive reads the f32 master as it is (fp16 rounds its copy).
     auto add_copy = [&](const memory::desc& md, AlignedArray<std::byte>& buffer) {
       if (md == layer.weight_plain_md && !fp16()) return;
       buffer = AlignedArray<std::byte>(md.get_size());
+      if (gather) {
+        weight_gathers_.push_back({.from = weight.value.data(),
+                                   .to = buffer.data(),
+                                   .to_bf16 = md.data_type() == DataType::bf16,
+                                   .index = BlockedIndex(layer.weight_plain_md, md)});
+        return;
+      }
       memory copy(md, engine_, buffer.data());
       weight_reorders_.push_back(
           {dnnl::reorder(master, copy), {{DNNL_ARG_FROM, master}, {DNNL_ARG_TO, copy}}});
@@ -1023,6 +1094,21 @@ void CpuNetwork::BuildWeightReorders() {
     }
     if (!(layer.diff_weight_md == layer.weight_plain_md)) {
       layer.diff_weight = AlignedArray<std::byte>(layer.diff_weight_md.get_size());
+      if (gather) {
+        // The inverse map: plain value i comes from blocked position j.
+        const std::vector<int32_t> blocked =
+            BlockedIndex(layer.weight_plain_md, layer.diff_weight_md);
+        Gather g{.from = reinterpret_cast<const float*>(layer.diff_weight.data()),
+                 .to = weight.grad.data(),
+                 .to_bf16 = false,
+                 .index = std::vector<int32_t>(weight.grad.size(), -1)};
+        for (size_t j = 0; j < blocked.size(); ++j) {
+          if (blocked[j] >= 0) g.index[blocked[j]] = static_cast<int32_t>(j);
+        }
+        layer.grad_gather = static_cast<int>(grad_gathers_.size());
+        grad_gathers_.push_back(std::move(g));
+        continue;
+      }
       memory diff(layer.diff_weight_md, engine_, layer.diff_weight.data());
       memory plain(layer.weight_plain_md, engine_, weight.grad.data());
       layer.grad_reorder = static_cast<int>(grad_reorders_.size());
@@ -1033,15 +1119,30 @@ void CpuNetwork::BuildWeightReorders() {
 }
 
 void CpuNetwork::RefreshComputeWeights() {
-  for (const Op& op : weight_reorders_) {
-    Execute(op);
-    if (fp16()) {
+  // Every small tensor in one parallel region, split evenly between the threads without a
+  // barrier between tensors.
+  const std::vector<Gather>& gathers = weight_gathers_;
+#pragma omp parallel
+  {
+    const int threads = omp_get_num_threads();
+    const int thread = omp_get_thread_num();
+    for (const Gather& g : gathers) {
+      const int64_t size = static_cast<int64_t>(g.index.size());
+      RunGather(g, size * thread / threads, size * (thread + 1) / threads);
+    }
+  }
+  for (const Op& op : weight_reorders_) Execute(op);
+  stream_.wait();
+  if (fp16()) {
+    for (const Gather& g : weight_gathers_) {
+      cpu::RoundToFp16InPlace(static_cast<float*>(g.to), g.index.size());
+    }
+    for (const Op& op : weight_reorders_) {
       const memory& copy = op.args.at(DNNL_ARG_TO);
       cpu::RoundToFp16InPlace(static_cast<float*>(copy.get_data_handle()),
                               copy.get_desc().get_size() / sizeof(float));
     }
   }
-  stream_.wait();
 }
 
 absl::StatusOr<Plan*> CpuNetwork::PlanFor(int batch) {
@@ -1183,6 +1284,10 @@ void CpuNetwork::Backward(Plan& plan) {
     ExecuteAll(ops.backward_weights);
     // The plain gradient right away (not after the whole backward): final here, so a reducer can
     // start summing it while the layers below still compute theirs.
+    if (node.grad_gather >= 0) {
+      const Gather& gather = grad_gathers_[node.grad_gather];
+      RunGather(gather, 0, static_cast<int64_t>(gather.index.size()));
+    }
     if (node.grad_reorder >= 0) Execute(grad_reorders_[node.grad_reorder]);
     if (reducer_ != nullptr && (node.weight >= 0 || node.norm >= 0)) {
       HandOverGradients(node, next_index);
