@@ -3,8 +3,11 @@
 // Activations are NHWC (or [N, features]; the input NCHW unless C = 1) in the compute type: f32
 // for fp32 and fp16, bf16 for bf16; the logits are f32. oneDNN picks the weights' layouts
 // (format_tag::any) for convolution and inner product; the optimizer updates the fp32 master
-// weights in PyTorch's layout and a reorder then writes the copies the primitives read (converting
-// to bf16 on the way).
+// weights in PyTorch's layout and then writes the copies the primitives read (converting to bf16
+// on the way): tensors of up to 1M values by precomputed index gathers, all in one parallel region
+// (and the blocked weight gradients back to PyTorch's layout by gathers on the calling thread),
+// larger ones by oneDNN reorders. A bf16 BatchNorm whose channels oneDNN has no bf16 jit kernel
+// for (not a multiple of 16) runs the f32 kernel on f32 copies of its activations.
 //
 // fp16: this CPU's oneDNN has no f16 convolution or matmul, so fp16 is emulated as fp16 storage
 // with fp32 compute: weights, activations and activation gradients are rounded to fp16 values
