@@ -55,7 +55,7 @@ class Server {
       std::ofstream(dir_ + "/token") << kToken << "\n";
       argv.insert(argv.end(), {"--token-file", dir_ + "/token"});
     }
-    absl::StatusOr<pid_t> pid = Spawn({argv, {}, dir_ + "/server.log"});
+    absl::StatusOr<pid_t> pid = Spawn({argv, {}, dir_ + "/server.log", {}});
     EXPECT_TRUE(pid.ok()) << pid.status();
     if (pid.ok()) pid_ = *pid;
     for (int i = 0; i < 1000 && !std::filesystem::exists(port_file); ++i) {

@@ -35,7 +35,7 @@ absl::Status LoaderPool::Start(int k) {
     argv.insert(argv.end(), {"--rank", absl::StrCat(options_.rank), "--replicas",
                              absl::StrCat(options_.replicas)});
   }
-  absl::StatusOr<pid_t> pid = Spawn({argv, {region_.fd()}, LogPath(k)});
+  absl::StatusOr<pid_t> pid = Spawn({argv, {region_.fd()}, LogPath(k), {}});
   if (!pid.ok()) return absl::InternalError(pid.status().message());
   loaders_[k] = *pid;
   return absl::OkStatus();
