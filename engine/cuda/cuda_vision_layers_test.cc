@@ -330,6 +330,33 @@ TEST_P(CudaVisionLayersTest, CheckpointsMoveBetweenBackends) {
                     "after a step from the loaded checkpoint");
 }
 
+// Parameters() (running statistics included) and OptimizerState() into a fresh cuda model continue
+// the run: the same losses, parameters and state for the next steps (full and partial batches).
+TEST_P(CudaVisionLayersTest, ResumeContinuesWithRunningStatistics) {
+  SKIP_WITHOUT_DEVICE();
+  SKIP_WITHOUT_CUDNN();
+  const NetworkConfig config = ProjectionNet(GetParam());
+  std::unique_ptr<Model> first = CudaNetwork(config);
+  std::unique_ptr<Model> second = CudaNetwork(config);
+  ASSERT_TRUE(first && second);
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(
+        first->TrainStep(RandomBatch(config, config.max_batch, 400 + step).View(), 0.05).ok());
+  }
+  ASSERT_TRUE(second->SetParameters(first->Parameters()).ok());
+  ASSERT_TRUE(second->SetOptimizerState(first->OptimizerState()).ok());
+  for (int step = 0; step < 2; ++step) {
+    const Batch batch = RandomBatch(config, config.max_batch - 5 * step, 410 + step);
+    absl::StatusOr<StepResult> a = first->TrainStep(batch.View(), 0.05);
+    absl::StatusOr<StepResult> b = second->TrainStep(batch.View(), 0.05);
+    ASSERT_TRUE(a.ok() && b.ok()) << b.status();
+    // Same kernels on the same data; only the loss's atomic sum reorders.
+    EXPECT_NEAR(a->loss, b->loss, 1e-6 * a->loss) << "step " << step;
+  }
+  ExpectTensorsNear(second->Parameters(), first->Parameters(), 1e-6, "resumed parameters");
+  ExpectTensorsNear(second->OptimizerState(), first->OptimizerState(), 1e-6, "resumed state");
+}
+
 INSTANTIATE_TEST_SUITE_P(Precisions, CudaVisionLayersTest,
                          ::testing::Values(Precision::kFp32, Precision::kBf16, Precision::kFp16),
                          [](const ::testing::TestParamInfo<Precision>& info) {
