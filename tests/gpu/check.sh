@@ -24,8 +24,8 @@
 # and oneDNN with its OpenCL loader. When those three are missing it unpacks the archive that
 # tests/gpu/bundle_deps.sh makes on the Debian development machine (carry the folder
 # build-gpu-deps with the call); as a last resort it tries apt-get, which needs a network.
-# Installs nothing else. Budget: about 2 minutes of build and 2 of runs; hard limits below keep
-# the whole script under 9 minutes 40 s (the device tool's 10-minute call).
+# Installs nothing else. Budget: about 2 minutes of build and 2 of runs; the hard limits below
+# add up to about 10 minutes (build 210 s, runs 400 s), the device tool's limit for one call.
 #
 #   bash tests/gpu/check.sh [build-dir]      (default: build-gpu-check)
 set -uo pipefail
