@@ -92,8 +92,7 @@ class NcclReducer : public BucketedReducer {
   }
 
   absl::Status Finish() override {
-    absl::Status status = step_error_;
-    if (status.ok()) status = FinishStep();
+    absl::Status status = step_error_.ok() ? FinishStep() : Drain(step_error_);
     // A first step that failed teaches nothing: the next one learns again (its buckets were
     // never summed, or their sums are lost with the aborted communicator).
     if (!status.ok() && step_ == 0) {
@@ -252,6 +251,20 @@ class NcclReducer : public BucketedReducer {
     }
     ++launched_;
     return absl::OkStatus();
+  }
+
+  // A failed step: the buckets already enqueued must still be done before the model touches its
+  // buffers again (the step's own error is the one reported).
+  absl::Status Drain(absl::Status error) {
+    if (launched_ > 0 && cudaSetDevice(collective_.device()) == cudaSuccess &&
+        cudaEventRecord(comm_done_, comm_) == cudaSuccess &&
+        collective_
+            .WaitForStream(comm_, absl::StrCat("step ", step_, ": draining ", launched_,
+                                               " gradient all-reduces of a failed step"))
+            .ok()) {
+      cudaStreamWaitEvent(compute_, comm_done_, 0);
+    }
+    return error;
   }
 
   absl::Status FinishStep() {
