@@ -18,12 +18,14 @@ namespace {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
-void Log(const std::string& message) { std::cerr << "stoker-server: " << message << std::endl; }
-
 }  // namespace
 
 std::string Rounded(absl::Duration d) {
   return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(100)));
+}
+
+void ServerLog(const std::string& message) {
+  std::cerr << "stoker-server: " << message << std::endl;
 }
 
 absl::Status RequireId(const std::string& value, const char* field) {
@@ -263,175 +265,6 @@ void Coordinator::Shutdown() {
   rendezvous_changed_.SignalAll();
 }
 
-absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
-    const v1::RegisterWorkerRequest& request) {
-  STOKER_RETURN_IF_ERROR(RequireId(request.worker_id(), "worker_id"));
-  if (request.devices_size() == 0 || request.devices_size() > 64) {
-    return absl::InvalidArgumentError("devices: a worker registers 1 to 64 devices");
-  }
-  // A worker that advertises no cores or memory (one older than this server) counts as one core
-  // and no memory: it takes one job at a time, and no job that asks for memory.
-  if (request.cpus() < 0 || request.cpus() > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cpus: a worker advertises 0 to 4096 cores, not ", request.cpus()));
-  }
-  if (request.memory_bytes() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("memory_bytes: must not be negative, not ", request.memory_bytes()));
-  }
-  {
-    std::set<int> gpu_indices;
-    for (const v1::Device& device : request.devices()) {
-      if (device.kind() == "cuda" && !gpu_indices.insert(device.index()).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("devices: GPU index ", device.index(), " appears twice"));
-      }
-    }
-  }
-  absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
-  if (auto it = workers_.find(request.worker_id()); it != workers_.end() && !it->second.lost &&
-                                                    !it->second.restored &&
-                                                    it->second.instance != request.instance()) {
-    const WorkerEntry& holder = it->second;
-    const absl::Duration left = options_.lease - (now - holder.last_heartbeat);
-    if (!request.previous_instance().empty() && request.previous_instance() == holder.instance) {
-      // Its successor on the same work directory: the old process is gone (it held the lock).
-      Log(absl::StrCat("worker ", request.worker_id(), " restarted (instance ", request.instance(),
-                       " replaces ", holder.instance, ")"));
-    } else if (left > absl::ZeroDuration()) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "worker id ", request.worker_id(), " is in use by a live worker",
-          holder.info.hostname().empty() ? "" : absl::StrCat(" on ", holder.info.hostname()),
-          " (last heartbeat ", Rounded(now - holder.last_heartbeat), " ago; its lease expires in ",
-          Rounded(left),
-          " unless it sends another); stop that worker or choose another "
-          "--worker-id"));
-    }
-  }
-  WorkerEntry& worker = workers_[request.worker_id()];
-  worker.info = request;
-  worker.capacity = CapacityOf(request);
-  worker.instance = request.instance();
-  worker.last_heartbeat = now;
-  worker.lost = false;
-  worker.restored = false;
-  worker.free_slots = 0;  // until its first heartbeat says
-  // Jobs the server believes run there but the worker does not have are lost: requeue them.
-  std::set<RankKey> reported;
-  for (const v1::RunningAttempt& attempt : request.running()) {
-    reported.insert({attempt.job_id(), attempt.attempt(), attempt.rank()});
-  }
-  STOKER_RETURN_IF_ERROR(
-      RequeueUnreported(request.worker_id(), reported, "restarted without the job", false));
-  v1::RegisterWorkerResponse response;
-  response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
-  response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
-  return response;
-}
-
-absl::Status Coordinator::Requeue(v1::Job job, const std::string& reason,
-                                  const std::string& ended_worker, int ended_rank) {
-  const int attempts_allowed = 1 + job.spec().max_retries() + job.released_attempts();
-  std::vector<v1::JobEvent> events;
-  job.clear_waiting_reason();
-  if (job.attempt() >= attempts_allowed) {
-    job.set_state(v1::JOB_STATE_FAILED);
-    job.set_end_time_unix_ms(NowMs());
-    job.set_error(absl::StrCat(reason, " (attempt ", job.attempt(), " of ", attempts_allowed, ")"));
-    events.push_back(
-        MakeEvent(v1::EVENT_TYPE_FINISHED, absl::StrCat("failed: ", job.error()), job.attempt()));
-  } else {
-    job.set_state(v1::JOB_STATE_QUEUED);
-    job.set_error(reason);
-    if (observer_ != nullptr) observer_->JobRequeued();
-    events.push_back(MakeEvent(
-        v1::EVENT_TYPE_LOG,
-        absl::StrCat("attempt ", job.attempt(), " ended: ", reason, "; requeued"), job.attempt()));
-  }
-  EndAttempt(job, ended_worker, ended_rank);
-  return SaveAndNotify(job, std::move(events));
-}
-
-absl::Status Coordinator::RequeueUnreported(const std::string& worker_id,
-                                            const std::set<RankKey>& reported,
-                                            absl::string_view why, bool grace_for_gangs) {
-  WorkerEntry& worker = workers_[worker_id];
-  std::vector<RankKey> placed;
-  for (const auto& [key, held] : worker.running) {
-    if (held.delivered && !reported.contains(key)) placed.push_back(key);
-  }
-  const absl::Time now = absl::Now();
-  for (const RankKey& key : placed) {
-    auto entry = worker.running.find(key);
-    if (entry == worker.running.end()) continue;  // dropped with an attempt ended before
-    absl::StatusOr<v1::Job> job = store_->Get(key.job_id);
-    if (job.ok() && job->state() == v1::JOB_STATE_RUNNING &&
-        RunsRank(*job, worker_id, key.attempt, key.rank)) {
-      const bool gang = IsGang(job->spec());
-      // A rank handed over moments ago may not be in this report yet.
-      if (gang && grace_for_gangs && now - entry->second.delivered_at < options_.lease) continue;
-      // Requeue also drops it from worker.running.
-      STOKER_RETURN_IF_ERROR(
-          Requeue(*job,
-                  absl::StrCat("worker ", worker_id, " ", why,
-                               gang ? absl::StrCat(" (rank ", key.rank, ")") : ""),
-                  worker_id, key.rank));
-    } else {
-      worker.running.erase(entry);
-    }
-  }
-  return absl::OkStatus();
-}
-
-WorkerView Coordinator::ViewOf(const std::string& worker_id, const WorkerEntry& worker) {
-  std::vector<const v1::Placement*> held;
-  for (const auto& [key, rank] : worker.running) held.push_back(&rank.placement);
-  return WorkerView{worker_id, worker.capacity, FreeResources(worker.capacity, held),
-                    std::max(0, worker.free_slots)};
-}
-
-absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
-  STOKER_RETURN_IF_ERROR(RequireId(request.worker_id(), "worker_id"));
-  if (request.free_slots() < 0) {
-    return absl::InvalidArgumentError("free_slots: must not be negative");
-  }
-  absl::MutexLock lock(&mu_);
-  auto it = workers_.find(request.worker_id());
-  if (it == workers_.end() || it->second.lost || it->second.restored) {
-    return absl::NotFoundError(absl::StrCat("worker ", request.worker_id(),
-                                            " is not registered (server restarted or lease "
-                                            "expired); register again"));
-  }
-  if (it->second.instance != request.instance()) {
-    return absl::NotFoundError(absl::StrCat("worker ", request.worker_id(),
-                                            " is registered by another process (instance ",
-                                            it->second.instance, "); register again"));
-  }
-  WorkerEntry& worker = it->second;
-  worker.last_heartbeat = absl::Now();
-  v1::HeartbeatResponse response;
-  std::set<RankKey> reported;
-  for (const v1::RunningAttempt& attempt : request.running()) {
-    reported.insert({attempt.job_id(), attempt.attempt(), attempt.rank()});
-    absl::StatusOr<v1::Job> job =
-        FencedJob(request.worker_id(), attempt.job_id(), attempt.attempt(), attempt.rank());
-    if (!job.ok()) *response.add_stop() = attempt;
-  }
-  // A job placed on this worker that it no longer reports was lost there (e.g. it restarted).
-  STOKER_RETURN_IF_ERROR(
-      RequeueUnreported(request.worker_id(), reported, "no longer runs the job", true));
-  // Ranks of gangs placed here while other workers heartbeated.
-  std::vector<v1::Assignment> delivered = DeliverPending(request.worker_id());
-  worker.free_slots = std::max(0, request.free_slots() - static_cast<int>(delivered.size()));
-  STOKER_ASSIGN_OR_RETURN(std::vector<v1::Assignment> assignments, Assign(request.worker_id()));
-  for (v1::Assignment& assignment : delivered) *response.add_assignments() = std::move(assignment);
-  for (v1::Assignment& assignment : assignments) {
-    *response.add_assignments() = std::move(assignment);
-  }
-  return response;
-}
-
 absl::StatusOr<v1::Job> Coordinator::FencedJob(const std::string& worker_id,
                                                const std::string& job_id, int attempt, int rank) {
   absl::StatusOr<v1::Job> job = store_->Get(job_id);
@@ -598,111 +431,6 @@ absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
   return SaveAndNotify(*job, {MakeEvent(v1::EVENT_TYPE_FINISHED, message, request.attempt())});
 }
 
-absl::StatusOr<std::string> Coordinator::StartCheckpointUpload(const std::string& worker_id,
-                                                               const std::string& job_id,
-                                                               int attempt, int rank) {
-  STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));
-  absl::MutexLock lock(&mu_);
-  STOKER_RETURN_IF_ERROR(FencedJob(worker_id, job_id, attempt, rank).status());
-  if (rank != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " attempt ", attempt, ": rank ", rank,
-        " uploaded a checkpoint; only rank 0 writes a data-parallel job's checkpoints"));
-  }
-  return checkpoints_.NewUploadPath(job_id, attempt);
-}
-
-absl::Status Coordinator::CommitCheckpoint(const v1::CheckpointChunk& first_chunk,
-                                           const std::string& upload_path, int64_t bytes) {
-  // Validate outside the lock: the header must parse and name the step the worker claims.
-  STOKER_RETURN_IF_ERROR(checkpoints_.CheckUpload(upload_path, first_chunk.step()));
-  if (const int error_number = checkpoints_.SyncUpload(upload_path); error_number != 0) {
-    // A file system that allocates late (NFS, ext4 delalloc) reports a full disk only here.
-    return CheckpointWriteFailed(first_chunk, upload_path, error_number);
-  }
-
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<v1::Job> job = FencedJob(first_chunk.worker_id(), first_chunk.job_id(),
-                                          first_chunk.attempt(), first_chunk.rank());
-  if (job.ok() && first_chunk.rank() != 0) {
-    job = absl::FailedPreconditionError("only rank 0 writes a data-parallel job's checkpoints");
-  }
-  if (!job.ok()) {
-    checkpoints_.Discard(upload_path);
-    return job.status();
-  }
-  STOKER_RETURN_IF_ERROR(checkpoints_.Store(job->id(), upload_path));
-  job->set_checkpoint_step(first_chunk.step());
-  job->set_checkpoint_epoch(first_chunk.epoch());
-  job->set_checkpoint_bytes(bytes);
-  job->clear_waiting_reason();  // set while uploads failed
-  write_failure_event_time_.erase(job->id());
-  return SaveAndNotify(
-      *job, {MakeEvent(v1::EVENT_TYPE_LOG,
-                       absl::StrCat("checkpoint stored: step ", first_chunk.step(), ", epoch ",
-                                    first_chunk.epoch(), ", ", bytes, " bytes"),
-                       first_chunk.attempt())});
-}
-
-absl::Status Coordinator::CheckpointWriteFailed(const v1::CheckpointChunk& first_chunk,
-                                                const std::string& upload_path, int error_number) {
-  checkpoints_.Discard(upload_path);
-  const bool full = error_number == ENOSPC || error_number == EDQUOT;
-  const int64_t free_bytes = checkpoints_.FreeBytes();
-  const std::string cause =
-      absl::StrCat("the server cannot write checkpoints to ", checkpoints_.dir(), ": ",
-                   error_number != 0 ? std::strerror(error_number) : "write failed",
-                   free_bytes >= 0 ? absl::StrCat(" (", free_bytes, " bytes free)") : "");
-  Log(absl::StrCat("checkpoint of job ", first_chunk.job_id(), " at step ", first_chunk.step(),
-                   " not stored: ", cause));
-  absl::MutexLock lock(&mu_);
-  if (observer_ != nullptr) observer_->CheckpointWriteFailed();
-  absl::StatusOr<v1::Job> job = FencedJob(first_chunk.worker_id(), first_chunk.job_id(),
-                                          first_chunk.attempt(), first_chunk.rank());
-  if (job.ok()) {
-    // The job says why it does not finish; its history says so once a minute at most.
-    const bool final_step =
-        job->progress().total_steps() > 0 && first_chunk.step() >= job->progress().total_steps();
-    const std::string what = final_step
-                                 ? absl::StrCat("final weights (step ", first_chunk.step(), ")")
-                                 : absl::StrCat("checkpoint at step ", first_chunk.step());
-    job->set_waiting_reason(
-        absl::StrCat(what, " not stored: ", cause, "; the worker keeps the file and retries"));
-    std::vector<v1::JobEvent> events;
-    absl::Time& last_event = write_failure_event_time_[job->id()];
-    if (absl::Now() - last_event >= absl::Minutes(1)) {
-      last_event = absl::Now();
-      events.push_back(MakeEvent(v1::EVENT_TYPE_LOG, job->waiting_reason(), first_chunk.attempt()));
-    }
-    STOKER_RETURN_IF_ERROR(SaveAndNotify(*job, std::move(events)));
-  }
-  const std::string message = absl::StrCat("checkpoint not stored: ", cause);
-  return full ? absl::ResourceExhaustedError(message) : absl::InternalError(message);
-}
-
-absl::StatusOr<std::string> Coordinator::CheckpointForAttempt(const std::string& worker_id,
-                                                              const std::string& job_id,
-                                                              int attempt, int rank) {
-  STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));
-  absl::MutexLock lock(&mu_);
-  STOKER_ASSIGN_OR_RETURN(const v1::Job job, FencedJob(worker_id, job_id, attempt, rank));
-  if (job.checkpoint_step() == 0) {
-    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no checkpoint"));
-  }
-  return checkpoints_.PathOf(job_id);
-}
-
-absl::StatusOr<std::string> Coordinator::ArtifactPath(const std::string& job_id) {
-  STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));
-  absl::MutexLock lock(&mu_);
-  STOKER_ASSIGN_OR_RETURN(const v1::Job job, store_->Get(job_id));
-  if (job.checkpoint_step() == 0) {
-    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no checkpoint yet (state ",
-                                            JobStateName(job.state()), ")"));
-  }
-  return checkpoints_.PathOf(job_id);
-}
-
 CoordinatorSnapshot Coordinator::Snapshot() {
   CoordinatorSnapshot snapshot;
   snapshot.checkpoint_dir_free_bytes = checkpoints_.FreeBytes();
@@ -723,41 +451,6 @@ CoordinatorSnapshot Coordinator::Snapshot() {
     }
   }
   return snapshot;
-}
-
-void Coordinator::ExpireLeases() {
-  absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
-  for (auto& [worker_id, worker] : workers_) {
-    if (worker.lost) continue;
-    // A worker the server knew before its restart has the grace period to come back, however
-    // short the lease.
-    if (worker.restored ? now <= worker.grace_until
-                        : now - worker.last_heartbeat <= options_.lease) {
-      continue;
-    }
-    worker.lost = true;
-    const std::string why =
-        worker.restored
-            ? absl::StrCat("worker ", worker_id, " lost (did not register again within ",
-                           Rounded(std::max(options_.restart_grace, options_.lease)),
-                           " of the server's restart)")
-            : absl::StrCat("worker ", worker_id, " lost (no heartbeat for ",
-                           absl::FormatDuration(now - worker.last_heartbeat), ")");
-    std::vector<RankKey> placed;
-    for (const auto& [key, held] : worker.running) placed.push_back(key);
-    for (const RankKey& key : placed) {
-      absl::StatusOr<v1::Job> job = store_->Get(key.job_id);
-      if (!job.ok() || job->state() != v1::JOB_STATE_RUNNING ||
-          !RunsRank(*job, worker_id, key.attempt, key.rank)) {
-        continue;
-      }
-      // On a store error the job stays RUNNING and the next sweep tries again. A gang's other
-      // ranks are told to stop by their workers' next heartbeats.
-      (void)Requeue(*job, why, worker_id, -1);
-    }
-  }
-  RequeueUndelivered();
 }
 
 }  // namespace stoker

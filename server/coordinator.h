@@ -262,6 +262,9 @@ std::string Rounded(absl::Duration d);
 // A job event stamped with the current time.
 v1::JobEvent MakeEvent(v1::EventType type, const std::string& message, int attempt = 0);
 
+// One line on the server's stderr ("stoker-server: ...").
+void ServerLog(const std::string& message);
+
 }  // namespace stoker
 
 #endif  // STOKER_SERVER_COORDINATOR_H_
