@@ -64,7 +64,7 @@ class NcclReducer : public BucketedReducer {
     cudaSetDevice(collective_.device());
     // After an abort the stream may still wait for compute work; the buffers go when it is done
     // (cudaFree waits for the device).
-    cudaStreamSynchronize(comm_);
+    if (comm_ != nullptr) cudaStreamSynchronize(comm_);
     for (Bucket& bucket : buckets_) DestroyBucket(bucket);
     if (backward_done_ != nullptr) cudaEventDestroy(backward_done_);
     if (comm_done_ != nullptr) cudaEventDestroy(comm_done_);

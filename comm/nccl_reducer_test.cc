@@ -157,7 +157,8 @@ TEST(NcclReducerTest, OneRankGivesBackEachGradientOverSeveralSteps) {
   const ReducerCounters counters = (*reducer)->counters();
   EXPECT_EQ(counters.allreduce_calls, kSteps * kBucketsPerStep);
   EXPECT_EQ(counters.allreduce_bytes, kSteps * kBytesPerStep);
-  EXPECT_GT(counters.allreduce_seconds, 0);
+  // One rank's in-place sum may enqueue no work at all: its time can be 0, never negative.
+  EXPECT_GE(counters.allreduce_seconds, 0);
   EXPECT_GE(counters.exposed_seconds, 0);
 }
 
