@@ -3,14 +3,15 @@
 # 16 cores, CUDA 13 with nvcc, CMake, ninja and g++, no network). It
 #   1. configures the standalone build tests/gpu/CMakeLists.txt (Release, sm_90; cuDNN from the
 #      toolkit, CUDNN_ROOT, or the pip package nvidia-cudnn-cu13) and builds only
-#      cuda_conformance_test, cuda_network_test, cuda_vision_layers_test, gpu_bench and
-#      engine_test with -j16;
+#      cuda_conformance_test, cuda_network_test, cuda_vision_layers_test, comm_nccl_test,
+#      gpu_bench and engine_test with -j16;
 #   2. runs engine_test (the cpu reference's own tests), the cuda conformance tests (the MLP fast
 #      path and its CUDA graphs, cuda vs cpu), the network tests (cuDNN conv/pool, GELU, dropout,
 #      AdamW, clipping, fp16, cuda vs cpu), the vision layers (BatchNorm, average pooling,
 #      residual blocks, bias-free layers, label smoothing, data-parallel hand-over; cuda vs cpu),
-#      a safetensors-library check of a Stoker checkpoint
-#      (in the background from the start: a cold `import torch` takes a while), and gpu_bench
+#      comm_nccl_test when NCCL is found (one NCCL rank on device 0: the collective, the device
+#      gradient reducer with its timeout and abort, the cuda MLP training through it), a
+#      safetensors-library check of a Stoker checkpoint (in the background from the start: a cold `import torch` takes a while), and gpu_bench
 #      (step time fp32/bf16/fp16, TFLOP/s, plain cuBLASLt GEMM of the same shape, CUDA graph vs
 #      kernel by kernel);
 #   3. prints a short table last.
