@@ -12,8 +12,8 @@
 #      comm_nccl_test when NCCL is found (one NCCL rank on device 0: the collective, the device
 #      gradient reducer with its timeout and abort, the cuda MLP training through it), a
 #      safetensors-library check of a Stoker checkpoint (in the background from the start: a
-#      cold `import torch` takes a while), and gpu_bench (step time fp32/bf16/fp16, TFLOP/s, plain cuBLASLt GEMM of the same shape, CUDA graph vs
-#      kernel by kernel);
+#      cold `import torch` takes a while), and gpu_bench (step time fp32/bf16/fp16, TFLOP/s,
+#      plain cuBLASLt GEMM of the same shape, CUDA graph vs kernel by kernel);
 #   3. prints a short table last.
 # Nothing passes vacuously: STOKER_REQUIRE_CUDA=1 makes a device the runtime cannot see a test
 # failure (with the CUDA error) instead of a skip, any skipped cuda test fails the check, a test
