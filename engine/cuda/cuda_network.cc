@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_context.h"
 #include "engine/cuda/cuda_network_internal.h"
@@ -422,13 +425,32 @@ absl::Status CudaNetwork::HandOverGradients(const Node& node) {
   return absl::OkStatus();
 }
 
+absl::Status CudaNetwork::CheckBatchNormValues(int batch) const {
+  for (const Node& node : graph_.nodes) {
+    if (node.norm < 0) continue;
+    const std::vector<int>& shape = graph_.activations[node.in].shape;
+    if (static_cast<int64_t>(batch) * NormShapeOf(shape).spatial > 1) continue;
+    // The module's name as PyTorch spells it: "layers.3.layers.1" for layers.3.layers.1.weight.
+    const absl::string_view name = absl::StripSuffix(params_[node.norm].name, ".weight");
+    return absl::InvalidArgumentError(absl::StrCat(
+        LayerKindName(node.config.kind), " ", name,
+        ": expected more than 1 value per channel when training, got input size [", batch, ", ",
+        absl::StrJoin(shape, ", "), "] (a training batch of ", batch,
+        batch == 1 ? " sample" : " samples",
+        "); BatchNorm needs at least 2 values per channel to normalise by the batch's statistics: "
+        "raise train.batch_size, or choose dataset.train_limit so that no batch holds one "
+        "sample"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaNetwork::UpdateRunningStatistics(int rows) {
   const cudaStream_t stream = context_->compute_stream();
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
     const Node& node = graph_.nodes[i];
     if (node.norm < 0) continue;
-    // torch.nn.BatchNorm*d: the variance unbiased by m / (m - 1), m the values per channel; with
-    // one value per channel (PyTorch refuses such a batch) the biased one is used, as on the cpu.
+    // torch.nn.BatchNorm*d: the variance unbiased by m / (m - 1), m the values per channel (m > 1:
+    // TrainStep refuses a batch with one, CheckBatchNormValues).
     const NormShape s = NormShapeOf(graph_.activations[node.in].shape);
     const int64_t m = static_cast<int64_t>(rows) * s.spatial;
     const double unbias = m > 1 ? static_cast<double>(m) / static_cast<double>(m - 1) : 1.0;
@@ -506,6 +528,7 @@ absl::StatusOr<StepResult> CudaNetwork::FinishStep(double learning_rate, int row
 absl::StatusOr<StepResult> CudaNetwork::TrainStep(const BatchView& batch, double learning_rate) {
   if (absl::Status status = ValidateBatch(config_, batch); !status.ok()) return status;
   if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
+  STOKER_RETURN_IF_ERROR(CheckBatchNormValues(batch.count));
   // This rank's part of the global batch's mean: folded into the loss gradient's scale.
   absl::StatusOr<float> share = LocalGradientShare(reducer_);
   if (!share.ok()) return share.status();

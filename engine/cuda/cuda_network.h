@@ -23,7 +23,9 @@
 //              in TrainStep, the running ones in Evaluate; affine parameters and statistics fp32
 //              in every precision. The running statistics (unbiased variance, momentum) and
 //              num_batches_tracked are updated once the step can no longer fail, after a
-//              reducer's Finish; they travel in Parameters() with PyTorch's names.
+//              reducer's Finish; they travel in Parameters() with PyTorch's names. TrainStep
+//              refuses (INVALID_ARGUMENT, naming the layer) a batch that gives a BatchNorm one
+//              value per channel, as PyTorch and the cpu network do.
 //   AvgPool2d (count_include_pad, floor), global average pooling: own kernels.
 //   Conv2d and Linear with `bias: false` have no bias tensor, add and differentiate none.
 // The layers run as a flattened graph, the cpu network's own (cuda_network_internal.h, Graph): a

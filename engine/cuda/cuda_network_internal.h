@@ -212,6 +212,9 @@ class CudaNetwork final : public CountingModel {
   // goes into params_[0]'s gradient before it is handed over.
   absl::Status HandOverGradients(const Node& node);
   absl::Status ApplyInjectedGradient();
+  // INVALID_ARGUMENT naming the first BatchNorm that a training batch of `batch` samples would
+  // give one value per channel (PyTorch refuses it; so does the cpu network).
+  absl::Status CheckBatchNormValues(int batch) const;
   // BatchNorm's running statistics from the batch statistics Forward(training) kept: once the
   // step can no longer fail.
   absl::Status UpdateRunningStatistics(int rows);

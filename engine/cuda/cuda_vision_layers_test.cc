@@ -297,6 +297,35 @@ TEST_P(CudaVisionLayersTest, BatchNormTrainEvalSwitching) {
   }
 }
 
+// One value per channel in a training batch (batch 1 into a BatchNorm1d) is refused as on the cpu
+// (and in PyTorch), naming the layer, with nothing changed; Evaluate still takes batch 1, and two
+// samples train.
+TEST_P(CudaVisionLayersTest, BatchNormWithOneValuePerChannelIsRefused) {
+  SKIP_WITHOUT_DEVICE();
+  SKIP_WITHOUT_CUDNN();
+  const NetworkConfig config = BatchNorm1dNet(GetParam());
+  std::unique_ptr<Model> cpu = CpuNetwork(config);
+  std::unique_ptr<Model> gpu = CudaNetwork(config);
+  ASSERT_TRUE(cpu && gpu);
+  ASSERT_TRUE(gpu->TrainStep(RandomBatch(config, 4, 60).View(), 0.05).ok());
+  const std::vector<NamedTensor> parameters = gpu->Parameters();
+  const std::vector<NamedTensor> state = gpu->OptimizerState();
+  const Batch one = RandomBatch(config, 1, 61);
+  absl::StatusOr<StepResult> refused = gpu->TrainStep(one.View(), 0.05);
+  absl::StatusOr<StepResult> cpu_refused = cpu->TrainStep(one.View(), 0.05);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(), cpu_refused.status().message());
+  EXPECT_NE(refused.status().message().find("batchnorm1d layers.1: expected more than 1 value per "
+                                            "channel when training, got input size [1, 12]"),
+            std::string::npos)
+      << refused.status();
+  ExpectTensorsNear(gpu->Parameters(), parameters, 0.0, "after the refused step");
+  ExpectTensorsNear(gpu->OptimizerState(), state, 0.0, "state after the refused step");
+  EXPECT_TRUE(gpu->Evaluate(one.View()).ok());
+  EXPECT_TRUE(gpu->TrainStep(RandomBatch(config, 2, 62).View(), 0.05).ok());
+}
+
 // A cpu checkpoint (weights, running statistics, momentum, counters) loads into the cuda network
 // and reads back unchanged, and the other way round; the next step then agrees.
 TEST_P(CudaVisionLayersTest, CheckpointsMoveBetweenBackends) {
