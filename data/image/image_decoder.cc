@@ -217,10 +217,9 @@ bool GuardedJpegSkip(JpegState* s, JDIMENSION rows, JDIMENSION* skipped) {
   return true;
 }
 
-bool GuardedJpegReadRow(JpegState* s, uint8_t* row, JDIMENSION* read) {
+bool GuardedJpegReadRows(JpegState* s, JSAMPROW* rows, JDIMENSION count, JDIMENSION* read) {
   if (setjmp(s->err.jump)) return false;
-  JSAMPROW rows[1] = {row};
-  *read = jpeg_read_scanlines(&s->cinfo, rows, 1);
+  *read = jpeg_read_scanlines(&s->cinfo, rows, count);
   return true;
 }
 
@@ -564,7 +563,15 @@ absl::Status ImageDecoder::ReadJpegRegion(int channels, int x0, int x1, int y0, 
   }
   if (!crop) xoffset = 0;
   const int bytes = LayoutBytes(s->layout);
-  native_row_.resize(static_cast<size_t>(s->cinfo.output_width) * bytes + kRowSlackBytes);
+  // Rows per jpeg_read_scanlines call: what libjpeg's upsampler makes at once (2 for the merged
+  // 4:2:0 upsampler of the fast mode, which otherwise decodes a pair and copies the second row out
+  // of a spare buffer on the next call; 1 with fancy upsampling).
+  constexpr int kMaxRowsPerRead = 4;
+  const int rows_per_read = std::clamp(s->cinfo.rec_outbuf_height, 1, kMaxRowsPerRead);
+  const size_t stride = static_cast<size_t>(s->cinfo.output_width) * bytes + kRowSlackBytes;
+  native_row_.resize(stride * rows_per_read);
+  JSAMPROW row_pointers[kMaxRowsPerRead];
+  for (int i = 0; i < rows_per_read; ++i) row_pointers[i] = native_row_.data() + i * stride;
   // When libjpeg's layout is the one asked for, the callback reads libjpeg's row in place.
   const bool in_place = (s->layout == NativeLayout::kRgb8 && channels == 3) ||
                         (s->layout == NativeLayout::kGray8 && channels == 1);
@@ -578,23 +585,27 @@ absl::Status ImageDecoder::ReadJpegRegion(int channels, int x0, int x1, int y0, 
           absl::StrFormat("%s: JPEG ended after %d of its rows", name_, skipped));
     }
   }
-  const uint8_t* first = native_row_.data() + static_cast<size_t>(x0 - xoffset) * bytes;
-  for (int y = y0; y < y1; ++y) {
+  const size_t offset = static_cast<size_t>(x0 - xoffset) * bytes;
+  for (int y = y0; y < y1;) {
+    const JDIMENSION want = static_cast<JDIMENSION>(std::min(rows_per_read, y1 - y));
     JDIMENSION read = 0;
-    if (!GuardedJpegReadRow(s, native_row_.data(), &read)) {
+    if (!GuardedJpegReadRows(s, row_pointers, want, &read)) {
       return absl::InvalidArgumentError(
           absl::StrFormat("%s: corrupt JPEG at row %d: %s", name_, y, s->err.message));
     }
-    if (read != 1) {
+    if (read < 1 || read > want) {
       return absl::InvalidArgumentError(
           absl::StrFormat("%s: JPEG ended after %d of its rows", name_, y));
     }
-    if (in_place) {
-      row(y, first);
-      continue;
+    for (JDIMENSION i = 0; i < read; ++i, ++y) {
+      const uint8_t* first = row_pointers[i] + offset;
+      if (in_place) {
+        row(y, first);
+        continue;
+      }
+      ConvertPixels(s->layout, first, x1 - x0, channels, converted_row_.data());
+      row(y, converted_row_.data());
     }
-    ConvertPixels(s->layout, first, x1 - x0, channels, converted_row_.data());
-    row(y, converted_row_.data());
   }
   Close();  // releases libjpeg's image memory now; the rest of the file is not needed
   return absl::OkStatus();
