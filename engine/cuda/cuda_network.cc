@@ -22,6 +22,7 @@
 #include "engine/cuda/lt_gemm.h"
 #include "engine/cuda/mlp_kernels.h"
 #include "engine/cuda/network_kernels.h"
+#include "engine/cuda/vision_kernels.h"
 #include "engine/layer_kinds.h"
 
 namespace stoker {

@@ -19,14 +19,15 @@
 //              or network_kernels' own when cuDNN refuses the data type.
 //   Linear     cuBLASLt (LtGemm), with the bias / bias-gradient epilogues where available.
 //   ReLU, GELU (exact erf), Dropout (the cpu's hash: identical masks), Flatten (an alias).
-//   BatchNorm2d/1d  own kernels (network_kernels.h): batch statistics (biased variance, fp32)
+//   BatchNorm2d/1d  own kernels (vision_kernels.h): batch statistics (biased variance, fp32)
 //              in TrainStep, the running ones in Evaluate; affine parameters and statistics fp32
 //              in every precision. The running statistics (unbiased variance, momentum) and
 //              num_batches_tracked are updated once the step can no longer fail, after a
 //              reducer's Finish; they travel in Parameters() with PyTorch's names. TrainStep
 //              refuses (INVALID_ARGUMENT, naming the layer) a batch that gives a BatchNorm one
 //              value per channel, as PyTorch and the cpu network do.
-//   AvgPool2d (count_include_pad, floor), global average pooling: own kernels.
+//   AvgPool2d (count_include_pad, floor), global average pooling, residual sums: own kernels
+//              (vision_kernels.h).
 //   Conv2d and Linear with `bias: false` have no bias tensor, add and differentiate none.
 // The layers run as a flattened graph, the cpu network's own (cuda_network_internal.h, Graph): a
 // residual block opens up into a fork, its main branch, its shortcut and a sum with the block's

@@ -33,6 +33,7 @@
 #include "engine/cuda/network_kernels.h"
 #include "engine/cuda/step_state.h"
 #include "engine/cuda/tensor_transfer.h"
+#include "engine/cuda/vision_kernels.h"
 #include "engine/plan_cache.h"
 
 namespace stoker::cuda::network_internal {

@@ -1,6 +1,7 @@
-// Private to the cuda backend's kernel files (mlp_kernels.cu, network_kernels.cu): launch
-// geometry, fp32 <-> bf16/fp16 element conversion, the DType -> element type dispatch of the
-// launchers, and the multi-tensor lists the optimizer kernels take by value. CUDA only.
+// Private to the cuda backend's kernel files (mlp_kernels.cu, network_kernels.cu,
+// vision_kernels.cu): launch geometry, fp32 <-> bf16/fp16 element conversion, a block-wide sum,
+// the DType -> element type dispatch of the launchers, and the multi-tensor lists the optimizer
+// kernels take by value. CUDA only.
 #ifndef STOKER_ENGINE_CUDA_KERNEL_UTIL_CUH_
 #define STOKER_ENGINE_CUDA_KERNEL_UTIL_CUH_
 
@@ -46,6 +47,26 @@ __device__ __forceinline__ __half FromFloat<__half>(float x) {
 __device__ __forceinline__ float ToFloat(float x) { return x; }
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
+
+// ---- Reductions ----
+
+// The sum of `value` over a block of kThreads threads (blockDim.x == kThreads, blockDim.y ==
+// blockDim.z == 1), added in a fixed tree (deterministic), returned to every thread. Every thread
+// of the block must call it (it synchronises the block); it synchronises again before it returns,
+// so a kernel may call it several times in a row without a barrier of its own.
+template <typename Acc>
+__device__ Acc BlockSum(Acc value) {
+  __shared__ Acc partial[kThreads];
+  partial[threadIdx.x] = value;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+    __syncthreads();
+  }
+  const Acc total = partial[0];
+  __syncthreads();  // every thread has read the total before a next call overwrites it
+  return total;
+}
 
 // ---- Launch helpers ----
 
