@@ -36,13 +36,8 @@ using cuda_testing::CudaNetwork;
 using cuda_testing::Delta;
 using cuda_testing::ExpectTensorsNear;
 using cuda_testing::Normalized;
+using cuda_testing::RandomBatch;
 using namespace stoker::test_layers;  // NOLINT: Conv, Pool, Linear, Of, Dropout, Kind
-
-#ifdef STOKER_HAVE_CUDNN
-#define SKIP_WITHOUT_CUDNN()
-#else
-#define SKIP_WITHOUT_CUDNN() GTEST_SKIP() << "built without cuDNN"
-#endif
 
 // examples/fashion-mnist-cnn.yaml's network and SGD (Nesterov, weight decay), smaller batches.
 NetworkConfig FashionCnn(Precision precision) {
@@ -96,15 +91,6 @@ NetworkConfig AdamWClipNet(Precision precision) {
   return config;
 }
 
-// Random pixels in [1, 255] (never all zeros), or float features in [-2, 2), and labels.
-Batch RandomBatch(const NetworkConfig& config, int count, uint64_t seed,
-                  bool float_features = false) {
-  int64_t features = 1;
-  for (int d : config.input_shape) features *= d;
-  return cuda_testing::RandomBatch(count, features, config.classes, seed, float_features,
-                                   cuda_testing::Pixels::kNonZero);
-}
-
 const NamedTensor* Find(const std::vector<NamedTensor>& tensors, const std::string& name) {
   for (const NamedTensor& tensor : tensors) {
     if (tensor.name == name) return &tensor;
@@ -115,41 +101,15 @@ const NamedTensor* Find(const std::vector<NamedTensor>& tensors, const std::stri
 double LossTolerance(Precision precision) { return precision == Precision::kFp32 ? 1e-4 : 1e-2; }
 double UpdateTolerance(Precision precision) { return precision == Precision::kFp32 ? 1e-4 : 2e-2; }
 
-// Steps both models through `steps` batches (full, then a partial one, uint8 and float inputs),
-// checking each loss, then the parameter updates and the optimizer state. With
-// `compare_updates` false the parameters themselves are compared instead: AdamW's first steps
-// move every weight by about +-lr whatever the gradient's size, so the sign of a near-zero
-// 16-bit gradient decides a whole update, and updates are no fair measure there.
+// cuda_testing::ExpectTrainingTracksCpu with this file's tolerances.
 void ExpectTrainingTracksCpu(const NetworkConfig& config, int steps, double learning_rate,
                              bool compare_updates = true) {
-  std::unique_ptr<Model> cpu = CpuNetwork(config);
-  std::unique_ptr<Model> gpu = CudaNetwork(config);
-  ASSERT_TRUE(cpu && gpu);
-  const std::vector<NamedTensor> initial = cpu->Parameters();
-  ExpectTensorsNear(gpu->Parameters(), initial, 0.0, "initial parameters");
-  const std::string precision = PrecisionName(config.precision);
-  for (int step = 0; step < steps; ++step) {
-    const int count = step % 3 == 1 ? config.max_batch / 2 + 1 : config.max_batch;
-    const Batch batch = RandomBatch(config, count, 100 + step, step % 2 == 1);
-    absl::StatusOr<StepResult> expected = cpu->TrainStep(batch.View(), learning_rate);
-    absl::StatusOr<StepResult> actual = gpu->TrainStep(batch.View(), learning_rate);
-    ASSERT_TRUE(expected.ok()) << expected.status();
-    ASSERT_TRUE(actual.ok()) << actual.status();
-    EXPECT_NEAR(actual->loss, expected->loss, LossTolerance(config.precision) * expected->loss)
-        << precision << " step " << step;
-    EXPECT_EQ(actual->skipped, expected->skipped) << precision << " step " << step;
-    EXPECT_EQ(actual->loss_scale, expected->loss_scale) << precision << " step " << step;
-    const std::string what = precision + " after step " + std::to_string(step);
-    if (compare_updates) {
-      ExpectTensorsNear(Delta(gpu->Parameters(), initial), Delta(cpu->Parameters(), initial),
-                        UpdateTolerance(config.precision), what + " (updates)");
-    } else {
-      ExpectTensorsNear(gpu->Parameters(), cpu->Parameters(), UpdateTolerance(config.precision),
-                        what + " (parameters)");
-    }
-    ExpectTensorsNear(gpu->OptimizerState(), cpu->OptimizerState(),
-                      UpdateTolerance(config.precision), what + " (optimizer state)");
-  }
+  cuda_testing::ExpectTrainingTracksCpu(config,
+                                        {.steps = steps,
+                                         .learning_rate = learning_rate,
+                                         .loss_tolerance = LossTolerance(config.precision),
+                                         .update_tolerance = UpdateTolerance(config.precision),
+                                         .compare_updates = compare_updates});
 }
 
 TEST(CudaNetworkNoDeviceTest, FailsCleanlyWithoutDevice) {

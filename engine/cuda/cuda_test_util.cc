@@ -6,8 +6,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace stoker::cuda_testing {
 
@@ -58,6 +61,12 @@ Batch RandomBatch(int count, int64_t features, int classes, uint64_t seed, bool 
   batch.labels.resize(count);
   for (uint8_t& l : batch.labels) l = static_cast<uint8_t>(rng() % classes);
   return batch;
+}
+
+Batch RandomBatch(const NetworkConfig& config, int count, uint64_t seed, bool float_features) {
+  int64_t features = 1;
+  for (int d : config.input_shape) features *= d;
+  return RandomBatch(count, features, config.classes, seed, float_features, Pixels::kNonZero);
 }
 
 Batch Normalized(const Batch& pixels, const ChannelNormalization& norm) {
@@ -151,6 +160,46 @@ std::vector<NamedTensor> Delta(const std::vector<NamedTensor>& after,
     }
   }
   return delta;
+}
+
+void ExpectTrainingTracksCpu(const NetworkConfig& config, const TrackingOptions& options) {
+  std::unique_ptr<Model> cpu = CpuNetwork(config);
+  std::unique_ptr<Model> gpu = CudaNetwork(config);
+  ASSERT_TRUE(cpu && gpu);
+  const std::vector<NamedTensor> initial = cpu->Parameters();
+  ExpectTensorsNear(gpu->Parameters(), initial, 0.0, "initial parameters");
+  ExpectTensorsNear(gpu->OptimizerState(), cpu->OptimizerState(), 0.0, "initial optimizer state");
+  const std::string precision = PrecisionName(config.precision);
+  for (int step = 0; step < options.steps; ++step) {
+    const int count = step % 3 == 1 ? config.max_batch / 2 + 1 : config.max_batch;
+    const Batch batch = RandomBatch(config, count, 100 + step, step % 2 == 1);
+    absl::StatusOr<StepResult> expected = cpu->TrainStep(batch.View(), options.learning_rate);
+    absl::StatusOr<StepResult> actual = gpu->TrainStep(batch.View(), options.learning_rate);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    ASSERT_TRUE(actual.ok()) << actual.status();
+    EXPECT_NEAR(actual->loss, expected->loss, options.loss_tolerance * expected->loss)
+        << precision << " step " << step;
+    EXPECT_EQ(actual->skipped, expected->skipped) << precision << " step " << step;
+    EXPECT_EQ(actual->loss_scale, expected->loss_scale) << precision << " step " << step;
+    const std::string what = precision + " after step " + std::to_string(step);
+    if (options.compare_updates) {
+      ExpectTensorsNear(Delta(gpu->Parameters(), initial), Delta(cpu->Parameters(), initial),
+                        options.update_tolerance, what + " (updates)");
+    } else {
+      ExpectTensorsNear(gpu->Parameters(), cpu->Parameters(), options.update_tolerance,
+                        what + " (parameters)");
+    }
+    ExpectTensorsNear(gpu->OptimizerState(), cpu->OptimizerState(), options.update_tolerance,
+                      what + " (optimizer state)");
+  }
+  if (!options.evaluate_held_out) return;
+  const Batch held_out = RandomBatch(config, config.max_batch, 999);
+  absl::StatusOr<EvalResult> expected = cpu->Evaluate(held_out.View());
+  absl::StatusOr<EvalResult> actual = gpu->Evaluate(held_out.View());
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  ASSERT_TRUE(actual.ok()) << actual.status();
+  EXPECT_NEAR(actual->loss_sum, expected->loss_sum, options.loss_tolerance * expected->loss_sum)
+      << precision << " evaluation of a held-out batch";
 }
 
 }  // namespace stoker::cuda_testing

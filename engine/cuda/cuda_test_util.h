@@ -1,5 +1,7 @@
-// Shared by the cuda backend's tests (cuda_conformance_test, cuda_network_test): random batches,
-// model creation on both backends, and comparison of named tensors within a tolerance. Test only.
+// Shared by the cuda backend's tests (cuda_conformance_test, cuda_network_test,
+// cuda_vision_layers_test, comm's NCCL tests): random batches, model creation on both backends,
+// comparison of named tensors within a tolerance, and a network trained on both backends side by
+// side. Test only.
 #ifndef STOKER_ENGINE_CUDA_CUDA_TEST_UTIL_H_
 #define STOKER_ENGINE_CUDA_CUDA_TEST_UTIL_H_
 
@@ -25,6 +27,13 @@
       GTEST_SKIP() << stoker_device_status_.message();                             \
     }                                                                              \
   } while (0)
+
+// Skips the test in a build without cuDNN, where the cuda backend builds no networks.
+#ifdef STOKER_HAVE_CUDNN
+#define SKIP_WITHOUT_CUDNN()
+#else
+#define SKIP_WITHOUT_CUDNN() GTEST_SKIP() << "built without cuDNN"
+#endif
 
 namespace stoker::cuda_testing {
 
@@ -57,6 +66,11 @@ enum class Pixels {
 Batch RandomBatch(int count, int64_t features, int classes, uint64_t seed,
                   bool float_features = false, Pixels pixels = Pixels::kAnyByte);
 
+// `count` samples of `config`'s input: uint8 pixels in [1, 255] (never an all-zero input), or float
+// features in [-2, 2); labels < config.classes.
+Batch RandomBatch(const NetworkConfig& config, int count, uint64_t seed,
+                  bool float_features = false);
+
 // `pixels`'s uint8 samples as the model should see them, as float features (labels kept):
 // pixel * scale[c] + shift[c] in fp32, a multiply then an add, c the value's channel.
 Batch Normalized(const Batch& pixels, const ChannelNormalization& norm);
@@ -83,6 +97,26 @@ void ExpectTensorsNear(const std::vector<NamedTensor>& actual,
 // hiding a wrong gradient under the weights' own size.
 std::vector<NamedTensor> Delta(const std::vector<NamedTensor>& after,
                                const std::vector<NamedTensor>& before);
+
+// How ExpectTrainingTracksCpu compares.
+struct TrackingOptions {
+  int steps = 4;
+  double learning_rate = 0.05;
+  double loss_tolerance = 1e-4;    // relative, on each loss (and Evaluate's loss sum)
+  double update_tolerance = 1e-4;  // L2 relative per tensor, updates and optimizer state
+  // false: the parameters themselves are compared instead of their updates (AdamW's first steps
+  // move every weight by about +-lr whatever the gradient's size, so the sign of a near-zero
+  // 16-bit gradient decides a whole update, and updates are no fair measure there).
+  bool compare_updates = true;
+  // Then Evaluate both on a held-out full batch (BatchNorm: on the running statistics).
+  bool evaluate_held_out = false;
+};
+
+// A cpu network (the reference) and a cuda network from `config` start equal (parameters and
+// optimizer state, bit for bit) and take `steps` steps on the same batches (every third a partial
+// one, odd steps float features): each step's loss, skip and loss scale, then every tensor's
+// update (or value) and the optimizer state, must agree.
+void ExpectTrainingTracksCpu(const NetworkConfig& config, const TrackingOptions& options);
 
 }  // namespace stoker::cuda_testing
 

@@ -39,13 +39,8 @@ using cuda_testing::CpuNetwork;
 using cuda_testing::CudaNetwork;
 using cuda_testing::Delta;
 using cuda_testing::ExpectTensorsNear;
+using cuda_testing::RandomBatch;
 using namespace stoker::test_layers;  // NOLINT: Conv, Pool, Linear, Of, Dropout, Kind
-
-#ifdef STOKER_HAVE_CUDNN
-#define SKIP_WITHOUT_CUDNN()
-#else
-#define SKIP_WITHOUT_CUDNN() GTEST_SKIP() << "built without cuDNN"
-#endif
 
 LayerConfig NoBias(LayerConfig layer) {
   layer.bias = false;
@@ -142,52 +137,19 @@ std::vector<NetworkConfig> AllNets(Precision precision) {
           ProjectionNet(precision), IdentityNet(precision)};
 }
 
-Batch RandomBatch(const NetworkConfig& config, int count, uint64_t seed,
-                  bool float_features = false) {
-  int64_t features = 1;
-  for (int d : config.input_shape) features *= d;
-  return cuda_testing::RandomBatch(count, features, config.classes, seed, float_features,
-                                   cuda_testing::Pixels::kNonZero);
-}
-
 double LossTolerance(Precision precision) { return precision == Precision::kFp32 ? 1e-4 : 1e-2; }
 double UpdateTolerance(Precision precision) { return precision == Precision::kFp32 ? 1e-4 : 3e-2; }
 
-// Both models through `steps` batches (full and partial, uint8 and float inputs): each loss,
-// then every tensor's update (BatchNorm's running statistics and num_batches_tracked included)
-// and the optimizer state; then Evaluate (the running statistics) on a held-out batch.
+// Both models through `steps` batches (cuda_testing::ExpectTrainingTracksCpu with this file's
+// tolerances: every tensor's update, BatchNorm's running statistics and num_batches_tracked
+// included, and the optimizer state), then Evaluate (the running statistics) on a held-out batch.
 void ExpectTrainingTracksCpu(const NetworkConfig& config, int steps) {
-  std::unique_ptr<Model> cpu = CpuNetwork(config);
-  std::unique_ptr<Model> gpu = CudaNetwork(config);
-  ASSERT_TRUE(cpu && gpu);
-  const std::vector<NamedTensor> initial = cpu->Parameters();
-  ExpectTensorsNear(gpu->Parameters(), initial, 0.0, "initial parameters and buffers");
-  ExpectTensorsNear(gpu->OptimizerState(), cpu->OptimizerState(), 0.0, "initial state");
-  const std::string precision = PrecisionName(config.precision);
-  const double lr = config.optimizer.learning_rate;
-  for (int step = 0; step < steps; ++step) {
-    const int count = step % 3 == 1 ? config.max_batch / 2 + 1 : config.max_batch;
-    const Batch batch = RandomBatch(config, count, 100 + step, step % 2 == 1);
-    absl::StatusOr<StepResult> expected = cpu->TrainStep(batch.View(), lr);
-    absl::StatusOr<StepResult> actual = gpu->TrainStep(batch.View(), lr);
-    ASSERT_TRUE(expected.ok()) << expected.status();
-    ASSERT_TRUE(actual.ok()) << actual.status();
-    EXPECT_NEAR(actual->loss, expected->loss, LossTolerance(config.precision) * expected->loss)
-        << precision << " step " << step;
-    EXPECT_EQ(actual->skipped, expected->skipped) << precision << " step " << step;
-    const std::string what = precision + " after step " + std::to_string(step);
-    ExpectTensorsNear(Delta(gpu->Parameters(), initial), Delta(cpu->Parameters(), initial),
-                      UpdateTolerance(config.precision), what + " (updates)");
-    ExpectTensorsNear(gpu->OptimizerState(), cpu->OptimizerState(),
-                      UpdateTolerance(config.precision), what + " (optimizer state)");
-  }
-  const Batch held_out = RandomBatch(config, config.max_batch, 999);
-  absl::StatusOr<EvalResult> expected = cpu->Evaluate(held_out.View());
-  absl::StatusOr<EvalResult> actual = gpu->Evaluate(held_out.View());
-  ASSERT_TRUE(expected.ok() && actual.ok()) << actual.status();
-  EXPECT_NEAR(actual->loss_sum, expected->loss_sum,
-              LossTolerance(config.precision) * expected->loss_sum)
-      << precision << " evaluation on the running statistics";
+  cuda_testing::ExpectTrainingTracksCpu(config,
+                                        {.steps = steps,
+                                         .learning_rate = config.optimizer.learning_rate,
+                                         .loss_tolerance = LossTolerance(config.precision),
+                                         .update_tolerance = UpdateTolerance(config.precision),
+                                         .evaluate_held_out = true});
 }
 
 // Anywhere: the configs these tests compare are valid and train on the cpu reference (the
