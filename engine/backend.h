@@ -427,12 +427,6 @@ absl::Status ValidateNetworkConfig(const NetworkConfig& config);
 absl::Status ValidateTrainingOptions(const OptimizerConfig& optimizer,
                                      const LossScaleConfig& loss_scale);
 
-// The activation whose memory layout activation `index` shares (0 = the network input,
-// i + 1 = the output of layers[i]): ReLU, GELU, Dropout and Flatten keep their input's layout,
-// so this walks back through them to the nearest activation another kind of layer made. Both
-// backends lay activations out, and hash dropout masks, by it.
-size_t LayoutOrigin(const NetworkConfig& config, size_t index);
-
 // A Conv2d's, MaxPool2d's or AvgPool2d's stride: LayerConfig::stride, or its default when 0 (1
 // for Conv2d, the kernel size for the pools, as in PyTorch).
 int EffectiveStride(const LayerConfig& layer);

@@ -542,17 +542,4 @@ absl::Status ValidateScalarState(const NamedTensor& entry) {
                    is_scale ? "; expected a finite scale > 0 and a count" : "; expected a count"));
 }
 
-size_t LayoutOrigin(const NetworkConfig& config, size_t index) {
-  using Kind = LayerConfig::Kind;
-  while (index > 0) {
-    const Kind kind = config.layers[index - 1].kind;
-    if (kind != Kind::kFlatten && kind != Kind::kRelu && kind != Kind::kGelu &&
-        kind != Kind::kDropout) {
-      break;
-    }
-    --index;
-  }
-  return index;
-}
-
 }  // namespace stoker
