@@ -73,6 +73,10 @@ struct AxisTaps {
   // pair_coeffs[(o * pairs + j) * 8], the weights of bytes 6j .. 6j + 7 of the output's pixels.
   int pairs = 0;
   std::vector<int32_t> pair_coeffs;
+  // The same pairs with 14-bit weights for the fast decode mode's horizontal pass: for output o
+  // and pair j, 8 values {c0, c1, c0, c1, c0, c1, 0, 0} at pair_coeffs16[(o * pairs + j) * 8],
+  // each the 22-bit weight rounded to 14 bits.
+  std::vector<int16_t> pair_coeffs16;
 };
 inline constexpr int kFixedCoeffSlack = 8;
 
@@ -91,6 +95,13 @@ inline constexpr int kResampleSlackBytes = 16;
 // interleaved bytes each, and covers every tap; writes taps.start.size() pixels to `out`.
 void ResampleRowHorizontal(const AxisTaps& taps, const uint8_t* row, int row_lo, int channels,
                            uint8_t* out);
+
+// The fast decode mode's horizontal pass: as ResampleRowHorizontal, but RGB rows are summed with
+// 14-bit weights (pair_coeffs16; 16-bit multiply-adds, no 32-bit multiplies), so outputs may differ
+// from PIL's by 1. The AVX2 and portable versions give the same bytes (other CPUs use the
+// portable one); 1-channel rows take ResampleRowHorizontal.
+void ResampleRowHorizontalFast(const AxisTaps& taps, const uint8_t* row, int row_lo, int channels,
+                               uint8_t* out);
 
 // Vertical pass: `rows` holds source rows [rows_lo, ...) of `row_bytes` bytes each (the
 // horizontal pass's output), covering every tap; writes output row `o` (row_bytes bytes) to

@@ -139,10 +139,16 @@ absl::Status ResizeOpened(int channels, const AxisPlan& rows, const AxisPlan& co
   s->horizontal.resize(row_bytes * static_cast<size_t>(rt.src_hi - rt.src_lo) +
                        image_internal::kResampleSlackBytes);
   uint8_t* horizontal = s->horizontal.data();
+  // The fast mode's 14-bit horizontal pass is for JPEG only: PNG stays exact in both modes.
+  const bool fast_horizontal = fast && header.encoding == ImageEncoding::kJpeg;
   const absl::Status status = s->decoder.ReadRegion(
       channels, ct.src_lo, ct.src_hi, rt.src_lo, rt.src_hi, [&](int y, const uint8_t* pixels) {
-        image_internal::ResampleRowHorizontal(ct, pixels, ct.src_lo, channels,
-                                              horizontal + (y - rt.src_lo) * row_bytes);
+        uint8_t* dst = horizontal + (y - rt.src_lo) * row_bytes;
+        if (fast_horizontal) {
+          image_internal::ResampleRowHorizontalFast(ct, pixels, ct.src_lo, channels, dst);
+        } else {
+          image_internal::ResampleRowHorizontal(ct, pixels, ct.src_lo, channels, dst);
+        }
       });
   if (!status.ok()) return status;
   s->accumulator.resize(row_bytes);

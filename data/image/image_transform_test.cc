@@ -373,6 +373,17 @@ TEST(ImageTransformTest, VectorAndPortableResamplingAgree) {
           const absl::Status status = DecodeCropResize("v", data->data(), data->size(), channels,
                                                        box, size, true, portable.data(), &scratch);
           ASSERT_TRUE(status.ok()) << status;
+          // The fast mode's own horizontal pass (14-bit weights): the same bytes at every level.
+          std::vector<uint8_t> fast_portable(portable.size()), fast_vector(portable.size());
+          ASSERT_TRUE(DecodeCropResize("v", data->data(), data->size(), channels, box, size, true,
+                                       fast_portable.data(), &scratch, true, ImageDecodeMode::kFast)
+                          .ok());
+          image_internal::SetResampleLevelForTesting(image_internal::ResampleBestLevel());
+          ASSERT_TRUE(DecodeCropResize("v", data->data(), data->size(), channels, box, size, true,
+                                       fast_vector.data(), &scratch, true, ImageDecodeMode::kFast)
+                          .ok());
+          ASSERT_EQ(fast_vector, fast_portable) << channels << " channels, size " << size;
+          image_internal::SetResampleLevelForTesting(ResampleLevel::kPortable);
           for (ResampleLevel level : {ResampleLevel::kSse41, ResampleLevel::kAvx2}) {
             if (level > image_internal::ResampleBestLevel()) continue;
             image_internal::SetResampleLevelForTesting(level);
@@ -393,6 +404,48 @@ TEST(ImageTransformTest, VectorAndPortableResamplingAgree) {
   EXPECT_GE(compared, 100);
   std::printf("vector resampling == portable in %d crops (best level %d)\n", compared,
               static_cast<int>(image_internal::ResampleBestLevel()));
+}
+
+// The fast mode's horizontal pass against the exact one on the same rows: its 14-bit weights move
+// an output by at most 1.
+TEST(ImageTransformTest, FastHorizontalPassIsWithinOneOfTheExactOne) {
+  const Image image = PhotoLike(401, 3, 3, 21);
+  DiffStats stats;
+  for (int out : {224, 200, 150, 97, 33, 1, 300, 402}) {
+    for (bool reverse : {false, true}) {
+      image_internal::AxisSpec spec;
+      spec.window_lo = 0;
+      spec.window_hi = 401;
+      spec.in0 = 0.5;
+      spec.in1 = 400.25;
+      spec.out_full = out;
+      spec.out_count = out;
+      spec.image_size = 401;
+      image_internal::AxisTaps taps;
+      image_internal::ComputeAxisTaps(spec, reverse, &taps);
+      std::vector<uint8_t> row(image.pixels.begin(), image.pixels.begin() + 3 * 401);
+      row.resize(row.size() + image_internal::kResampleSlackBytes);
+      std::vector<uint8_t> exact(3 * out + image_internal::kResampleSlackBytes);
+      std::vector<uint8_t> fast(exact.size());
+      for (auto level :
+           {image_internal::ResampleLevel::kPortable, image_internal::ResampleBestLevel()}) {
+        image_internal::SetResampleLevelForTesting(level);
+        image_internal::ResampleRowHorizontal(taps, row.data(), 0, 3, exact.data());
+        image_internal::ResampleRowHorizontalFast(taps, row.data(), 0, 3, fast.data());
+        exact.resize(3 * out);
+        fast.resize(3 * out);
+        DiffStats one;
+        one.Add(exact, fast);
+        EXPECT_LE(one.max, 1) << out << " outputs, level " << static_cast<int>(level);
+        stats.Add(exact, fast);
+        exact.resize(3 * out + image_internal::kResampleSlackBytes);
+        fast.resize(exact.size());
+      }
+    }
+  }
+  image_internal::SetResampleLevelForTesting(image_internal::ResampleLevel::kAvx2);
+  std::printf("fast horizontal pass vs exact: mean |diff| %.4f max %d\n", stats.mean(), stats.max);
+  EXPECT_LT(stats.mean(), 0.1);
 }
 
 TEST(ImageTransformTest, SizeZeroCopiesTheImageChannelsFirst) {
