@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 models=${1:-"mlp cnn"}
 work=${WORK:-/tmp/stoker-images-e2e}
-bin=build
+bin=${BUILD:-build}  # a copy of the build keeps a run safe from rebuilds
 fmnist=/usr/share/datasets/fashion-mnist
 rm -rf "$work"
 mkdir -p "$work/data"
