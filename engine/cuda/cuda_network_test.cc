@@ -241,6 +241,52 @@ TEST(CudaNetworkGraphTest, ResidualBlocksOpenUpAsOnTheCpu) {
   EXPECT_EQ(graph.activations[graph.output].type, cuda::DType::kF32);
   EXPECT_EQ(graph.activations[graph.nodes[6].out].type, cuda::DType::kBf16);
 }
+
+// Identity shortcuts: backward writes the sum's gradient into the main branch output's gradient
+// buffer, the main branch's first layer overwrites the block input's gradient, and the fork then
+// adds the sum's gradient (its `extra`) into it. A block straight on the input wants no input
+// gradient at all.
+TEST(CudaNetworkGraphTest, IdentityShortcutGradientsAddUp) {
+  using cuda::network_internal::Node;
+  NetworkConfig config;
+  config.input_shape = {2, 6, 6};
+  LayerConfig no_bias = Conv(2, 3, 1, 1);
+  no_bias.bias = false;
+  LayerConfig block = Of(Kind::kResidual);
+  block.layers = {no_bias, Of(Kind::kBatchNorm2d)};
+  config.layers = {block, Conv(3, 3, 1, 1), block, Of(Kind::kGlobalAvgPool), Linear(4)};
+  config.layers[2].layers[0].out_channels = 3;
+  config.classes = 4;
+  const cuda::network_internal::Graph graph =
+      cuda::network_internal::BuildGraph(config, cuda::DType::kF32);
+  ASSERT_EQ(graph.nodes.size(), 11u);
+  const std::vector<Node::Type> types = {Node::Type::kFork,  Node::Type::kLayer, Node::Type::kLayer,
+                                         Node::Type::kAdd,   Node::Type::kLayer, Node::Type::kFork,
+                                         Node::Type::kLayer, Node::Type::kLayer, Node::Type::kAdd,
+                                         Node::Type::kLayer, Node::Type::kLayer};
+  for (size_t i = 0; i < types.size(); ++i) EXPECT_EQ(graph.nodes[i].type, types[i]) << i;
+  auto grad_of = [&](int activation) { return graph.activations[activation].grad; };
+  // On the input: nothing before it trains.
+  EXPECT_FALSE(graph.nodes[0].needs_input_grad);
+  EXPECT_EQ(graph.nodes[0].diff_src, -1);
+  EXPECT_FALSE(graph.nodes[1].needs_input_grad);
+  // After the conv: the fork, the main branch's first layer and the conv's output share the
+  // gradient buffer; the fork adds the sum's gradient, which the add writes into the main
+  // branch output's buffer (and nowhere else: no projection, ReLU needs no kept sum).
+  const Node& fork = graph.nodes[5];
+  const Node& add = graph.nodes[8];
+  EXPECT_TRUE(fork.needs_input_grad);
+  EXPECT_EQ(fork.diff_src, grad_of(graph.nodes[4].out));
+  EXPECT_EQ(graph.nodes[6].diff_src, fork.diff_src);
+  EXPECT_EQ(graph.nodes[7].diff_src, grad_of(graph.nodes[6].out));
+  EXPECT_EQ(add.diff_src, grad_of(graph.nodes[7].out));
+  EXPECT_EQ(fork.extra, add.diff_src);
+  EXPECT_EQ(add.in2, fork.in);
+  EXPECT_EQ(add.diff_src2, -1);
+  EXPECT_FALSE(add.needs_input2_grad);
+  EXPECT_EQ(add.pre, -1);
+  EXPECT_NE(fork.extra, fork.diff_src);
+}
 #endif
 
 class CudaNetworkTest : public ::testing::TestWithParam<Precision> {};
