@@ -31,14 +31,16 @@
 // - JPEG in the fast decode mode (ImageDecodeMode::kFast, opt-in: the job's
 //   dataset.image.decode: fast): the same crop box, flip and DCT scale as above, but libjpeg-turbo
 //   decodes with its fast integer IDCT (JDCT_IFAST) and without fancy upsampling (chroma
-//   replicated instead of interpolated, merged with the colour conversion). Pixels differ from
-//   exact mode and from torchvision by about a level on average (image_test measures and bounds
-//   it on photo-like q90 JPEGs like the image benchmark's); PNG decodes exactly in both modes, and
-//   so do size-0 (no resize) datasets. libjpeg-turbo can also scale by 3/8, 5/8, 6/8 and 7/8 (the
-//   smallest M/8 still covering the output would be used), but its IDCTs for those sizes (and
-//   the 6x6 .. 14x14 chroma blocks they bring with 4:2:0) are scalar C: measured on the image
-//   benchmark's JPEGs, allowing them made the transform ~8% slower than decoding at 8/8, and
-//   slower than 1/2 on images twice that size, so the fast mode keeps the powers of two.
+//   replicated instead of interpolated, merged with the colour conversion), and the resize's
+//   horizontal pass sums RGB rows with 14-bit weights (image_resample.h: within 1 of PIL's
+//   arithmetic). On the image benchmark's noisy q90 JPEGs a sample differs from torchvision's by
+//   ~4 levels on average, almost all from the chroma upsampling; image_test measures and bounds
+//   it. PNG decodes exactly in both modes, and so do size-0 (no resize) datasets. libjpeg-turbo
+//   can also scale by 3/8, 5/8, 6/8 and 7/8 (the smallest M/8 still covering the output would be
+//   used), but its IDCTs for those sizes (and the 10x10 .. 14x14 chroma blocks they bring with
+//   4:2:0) are scalar C: measured on the image benchmark's JPEGs, allowing them made the
+//   transform ~8% slower than decoding at 8/8, and slower than 1/2 on images twice that size, so
+//   the fast mode keeps the powers of two.
 #ifndef STOKER_DATA_IMAGE_IMAGE_TRANSFORM_H_
 #define STOKER_DATA_IMAGE_IMAGE_TRANSFORM_H_
 
