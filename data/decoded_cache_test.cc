@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "data/image/image_codec.h"
 #include "data/image_dataset.h"
+#include "data/rank_slice_test_util.h"
 #include "data/test_util.h"
 #include "gtest/gtest.h"
 
@@ -54,23 +55,6 @@ ImageTransform Eval() {
   t.size = 8;
   t.resize = 9;
   return t;
-}
-
-struct Made {
-  std::vector<uint8_t> samples, labels;
-  uint32_t count = 0;
-};
-
-Made Make(ImageBatchSource& source, uint64_t batch, uint32_t batch_size) {
-  Made out;
-  out.samples.resize(static_cast<size_t>(batch_size) * source.sample_bytes());
-  out.labels.resize(batch_size);
-  absl::StatusOr<uint32_t> count = source.Make(batch, out.samples.data(), out.labels.data());
-  EXPECT_TRUE(count.ok()) << count.status();
-  out.count = count.value_or(0);
-  out.samples.resize(static_cast<size_t>(out.count) * source.sample_bytes());
-  out.labels.resize(out.count);
-  return out;
 }
 
 // With and without the cache: the same batches, the same bad samples counted and named; also
@@ -118,8 +102,8 @@ TEST(DecodedCacheTest, CachedBatchesEqualDecodedOnesAndBadImagesStayBad) {
       const uint64_t batches = 2 * static_cast<uint64_t>((*plain)->batches_per_epoch());
       uint32_t total = 0;
       for (uint64_t b = 0; b < batches; ++b) {
-        const Made x = Make(**plain, b, 3);
-        const Made y = Make(**cached, b, 3);
+        const testing::MadeBatch x = testing::MakeInto(**plain, b, 3);
+        const testing::MadeBatch y = testing::MakeInto(**cached, b, 3);
         EXPECT_EQ(x.samples, y.samples) << "batch " << b;
         EXPECT_EQ(x.labels, y.labels) << "batch " << b;
         total += x.count;
@@ -145,7 +129,7 @@ TEST(DecodedCacheTest, CachedSamplesDoNotTouchTheFiles) {
   absl::StatusOr<std::unique_ptr<ImageBatchSource>> plain =
       ImageBatchSource::Create(Index(root), 4, options);
   ASSERT_TRUE(plain.ok());
-  const Made before = Make(**plain, 1, 4);
+  const testing::MadeBatch before = testing::MakeInto(**plain, 1, 4);
   absl::StatusOr<std::unique_ptr<DecodedCache>> cache =
       DecodedCache::Open(path, Index(root), TransformOutputBytes(Eval()));
   ASSERT_TRUE(cache.ok()) << cache.status();
@@ -158,7 +142,7 @@ TEST(DecodedCacheTest, CachedSamplesDoNotTouchTheFiles) {
   for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
     if (entry.is_regular_file()) std::filesystem::resize_file(entry.path(), 0);
   }
-  const Made after = Make(**cached, 1, 4);
+  const testing::MadeBatch after = testing::MakeInto(**cached, 1, 4);
   EXPECT_EQ(after.count, 4u);
   EXPECT_EQ(before.samples, after.samples);
   EXPECT_EQ(before.labels, after.labels);
