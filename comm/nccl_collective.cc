@@ -110,9 +110,12 @@ class NcclCommunicator : public NcclCollective {
     {
       absl::MutexLock lock(&mu_);
       if (!comm_aborted_) {
-        // A clean end flushes what is pending; anything else aborts.
+        // A clean end flushes what is pending; anything else aborts. On a non-blocking
+        // communicator ncclCommFinalize answers ncclInProgress and the state turns ncclSuccess
+        // once it is quiescent (nccl.h), which Wait polls for.
+        const ncclResult_t finalize = ncclCommFinalize(comm_);
         const bool finalized =
-            ncclCommFinalize(comm_) == ncclSuccess &&
+            (finalize == ncclSuccess || finalize == ncclInProgress) &&
             Wait(comm_, nullptr, absl::Now() + timeout_, "finalizing the NCCL communicator").ok();
         if (finalized) {
           ncclCommDestroy(comm_);
