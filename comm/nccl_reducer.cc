@@ -3,8 +3,8 @@
 // overflow it (or at Finish), so every rank issues its all-reduces in one order. All gradients
 // come from one compute stream, so the event recorded after a bucket's last gradient covers the
 // whole bucket: one event per bucket, re-recorded for each tensor while the first step learns.
-// Bucket buffers (for buckets of two or more tensors) are allocated when the first step closes
-// them, never afterwards.
+// Bucket buffers (for buckets of two or more tensors) are allocated when the learning step closes
+// them (the first step, or the one after a failed learning step), never afterwards.
 #include "comm/nccl_reducer.h"
 
 #include <cuda_runtime_api.h>
@@ -66,6 +66,7 @@ class NcclReducer : public BucketedReducer {
     // (cudaFree waits for the device).
     if (comm_ != nullptr) cudaStreamSynchronize(comm_);
     for (Bucket& bucket : buckets_) DestroyBucket(bucket);
+    for (float* buffer : retired_buffers_) cudaFree(buffer);
     if (backward_done_ != nullptr) cudaEventDestroy(backward_done_);
     if (comm_done_ != nullptr) cudaEventDestroy(comm_done_);
     if (comm_ != nullptr) cudaStreamDestroy(comm_);
@@ -92,12 +93,22 @@ class NcclReducer : public BucketedReducer {
   }
 
   absl::Status Finish() override {
-    absl::Status status = step_error_.ok() ? FinishStep() : Drain(step_error_);
-    // A first step that failed teaches nothing: the next one learns again (its buckets were
-    // never summed, or their sums are lost with the aborted communicator).
-    if (!status.ok() && step_ == 0) {
-      cudaStreamSynchronize(comm_);
-      for (Bucket& bucket : buckets_) DestroyBucket(bucket);
+    const bool learning = learning_;  // this step learns the layout
+    // Every failure drains, also FinishStep's own (a gradient missing at Finish, a bucket that
+    // could not be closed): buckets already enqueued may still read and write the model's
+    // gradients.
+    absl::Status status = step_error_.ok() ? FinishStep() : step_error_;
+    if (!status.ok()) Drain();
+    // A learning step that failed teaches nothing: the next one learns again (its buckets were
+    // never summed, or their sums are lost with the aborted communicator). After an abort the
+    // stream may still wait for the compute stream (a hung kernel): the buffers are retired, not
+    // freed (cudaFree would wait for the device), so Finish stays bounded by the timeout.
+    if (!status.ok() && learning) {
+      for (Bucket& bucket : buckets_) {
+        if (bucket.buffer != nullptr) retired_buffers_.push_back(bucket.buffer);
+        bucket.buffer = nullptr;
+        DestroyBucket(bucket);  // events: released by CUDA once their work is done
+      }
       buckets_.clear();
       tensors_.clear();
       learning_ = true;
@@ -239,6 +250,7 @@ class NcclReducer : public BucketedReducer {
         data, static_cast<size_t>(bucket.count), comm_,
         absl::StrCat("step ", step_, ": NCCL all-reduce of gradient bucket ", index, " (",
                      bucket.count, " floats)")));
+    ++launched_;
     STOKER_REDUCER_CUDA(cudaEventRecord(bucket.end, comm_));
     if (bucket.buffer != nullptr) {
       for (int t = bucket.first_tensor; t <= bucket.last_tensor; ++t) {
@@ -249,14 +261,15 @@ class NcclReducer : public BucketedReducer {
                                             comm_));
       }
     }
-    ++launched_;
     return absl::OkStatus();
   }
 
-  // A failed step: the buckets already enqueued must still be done before the model touches its
-  // buffers again (the step's own error is the one reported).
-  absl::Status Drain(absl::Status error) {
-    if (launched_ > 0 && cudaSetDevice(collective_.device()) == cudaSuccess &&
+  // A failed step: whatever it enqueued on the communication stream (copies, all-reduces, also
+  // one whose enqueue failed half-way) must be done before the model touches its buffers again.
+  // Bounded by the collective's timeout, which aborts the communicator (so the stream ends); an
+  // idle stream passes at once. The step's own error is the one Finish reports.
+  void Drain() {
+    if (cudaSetDevice(collective_.device()) == cudaSuccess &&
         cudaEventRecord(comm_done_, comm_) == cudaSuccess &&
         collective_
             .WaitForStream(comm_, absl::StrCat("step ", step_, ": draining ", launched_,
@@ -264,7 +277,6 @@ class NcclReducer : public BucketedReducer {
             .ok()) {
       cudaStreamWaitEvent(compute_, comm_done_, 0);
     }
-    return error;
   }
 
   absl::Status FinishStep() {
@@ -320,6 +332,7 @@ class NcclReducer : public BucketedReducer {
   int launched_ = 0;  // buckets enqueued in this step
   std::vector<Tensor> tensors_;
   std::vector<Bucket> buckets_;
+  std::vector<float*> retired_buffers_;  // of failed learning steps; freed with the reducer
   absl::Status step_error_;
 
   mutable absl::Mutex counters_mu_;
