@@ -62,9 +62,14 @@ class NcclReducer : public BucketedReducer {
 
   ~NcclReducer() override {
     cudaSetDevice(collective_.device());
-    // After an abort the stream may still wait for compute work; the buffers go when it is done
-    // (cudaFree waits for the device).
-    if (comm_ != nullptr) cudaStreamSynchronize(comm_);
+    // A step left mid-way (a backend error after GradientReady, which skips Finish) may have
+    // all-reduces on the stream that the other ranks never join, and the communicator is only
+    // destroyed after this reducer: wait with the collective's timeout (which aborts it, ending
+    // the stream's NCCL work), never unbounded. Then the buffers go when the stream is done.
+    if (comm_ != nullptr) {
+      (void)collective_.WaitForStream(comm_, "destroying the NCCL gradient reducer");
+      cudaStreamSynchronize(comm_);
+    }
     for (Bucket& bucket : buckets_) DestroyBucket(bucket);
     for (float* buffer : retired_buffers_) cudaFree(buffer);
     if (backward_done_ != nullptr) cudaEventDestroy(backward_done_);
