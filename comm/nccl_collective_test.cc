@@ -14,6 +14,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "comm/collective.h"
 #include "gtest/gtest.h"
@@ -108,6 +110,53 @@ TEST(NcclCollectiveTest, OneRankSumsBroadcastsAndPasses) {
   EXPECT_EQ((*collective)->Broadcast(device_floats.get<float>(), 1, 1).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE((*collective)->Barrier().ok());
+}
+
+// ConnectNccl on a thread, given `bound` to return: a connect that hangs (an abort of a
+// non-blocking init that does not return) fails the test instead of hanging it; the thread is
+// then left behind with what it uses.
+absl::Status ConnectWithin(const NcclOptions& options, absl::Duration bound, absl::Duration* took) {
+  struct Shared {
+    std::unique_ptr<KeyValueStore> store = CreateInProcessStore();
+    absl::Notification done;
+    absl::Status status;
+  };
+  auto shared = std::make_shared<Shared>();
+  const absl::Time start = absl::Now();
+  std::thread thread([shared, options] {
+    absl::StatusOr<std::unique_ptr<NcclCollective>> collective =
+        ConnectNccl(options, *shared->store);
+    shared->status = collective.status();
+    shared->done.Notify();
+  });
+  if (!shared->done.WaitForNotificationWithTimeout(bound)) {
+    thread.detach();
+    return absl::InternalError("ConnectNccl did not return within the bound");
+  }
+  thread.join();
+  *took = absl::Now() - start;
+  return shared->status;
+}
+
+// The ranks that never come: rank 1 of 2 finds no id from rank 0 (the store's wait), and rank 0
+// of 2 starts the non-blocking init, which waits for rank 1 until the timeout aborts it. Both
+// are DEADLINE_EXCEEDED soon after the timeout, never a hang.
+TEST(NcclCollectiveTest, ARankThatNeverArrivesTimesOut) {
+  SKIP_WITHOUT_DEVICES(1);
+  NcclOptions options;
+  options.size = 2;
+  options.timeout = absl::Milliseconds(500);
+  options.store_prefix = "alone/";
+  for (int rank : {1, 0}) {
+    options.rank = rank;
+    absl::Duration took;
+    const absl::Status status = ConnectWithin(options, absl::Seconds(30), &took);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded)
+        << "rank " << rank << ": " << status;
+    if (status.code() != absl::StatusCode::kDeadlineExceeded) continue;
+    EXPECT_GE(took, absl::Milliseconds(450)) << "rank " << rank;
+    EXPECT_LT(took, absl::Seconds(10)) << "rank " << rank << ": the abort took long";
+  }
 }
 
 TEST(NcclCollectiveTest, TwoRanksOnTwoDevicesSumExactly) {
