@@ -184,6 +184,12 @@ TEST(NcclReducerTest, AChangedLayoutFailsTheStepAndTheNextStepStillSums) {
   // Out of order.
   (*reducer)->GradientReady(1, gradients.buffer(1), kCounts[1]);
   EXPECT_EQ((*reducer)->Finish().code(), absl::StatusCode::kInternal);
+  // Finish before the last gradients: the buckets of the first three were enqueued ({10} and
+  // {300}) and are drained before Finish returns its error.
+  for (int t = 0; t < 3; ++t) (*reducer)->GradientReady(t, gradients.buffer(t), kCounts[t]);
+  const absl::Status missing = (*reducer)->Finish();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInternal) << missing;
+  EXPECT_NE(missing.message().find("only 3 of 7"), absl::string_view::npos) << missing;
   // The communicator is fine: the next step sums.
   gradients.WriteAndHandTo(3, rank.compute, **reducer);
   ASSERT_TRUE((*reducer)->Finish().ok());
