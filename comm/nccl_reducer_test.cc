@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -85,11 +87,12 @@ class DeviceGradients {
   }
   // Writes step `step`'s values on `stream` and hands each tensor over as it is written, the way
   // a model hands a gradient over right after enqueueing the kernel that finalises it.
-  void WriteAndHandTo(int step, cudaStream_t stream, GradientReducer& reducer) {
+  // `offset` is added to every value (a rank's own gradients).
+  void WriteAndHandTo(int step, cudaStream_t stream, GradientReducer& reducer, float offset = 0) {
     host_.assign(counts_.size(), {});
     for (size_t t = 0; t < counts_.size(); ++t) {
       host_[t].resize(counts_[t]);
-      for (int64_t i = 0; i < counts_[t]; ++i) host_[t][i] = Value(step, t, i);
+      for (int64_t i = 0; i < counts_[t]; ++i) host_[t][i] = Value(step, t, i) + offset;
       if (counts_[t] > 0) {
         EXPECT_EQ(cudaMemcpyAsync(buffers_[t], host_[t].data(), counts_[t] * sizeof(float),
                                   cudaMemcpyHostToDevice, stream),
@@ -160,6 +163,64 @@ TEST(NcclReducerTest, OneRankGivesBackEachGradientOverSeveralSteps) {
   // One rank's in-place sum may enqueue no work at all: its time can be 0, never negative.
   EXPECT_GE(counters.allreduce_seconds, 0);
   EXPECT_GE(counters.exposed_seconds, 0);
+}
+
+// Two ranks as threads on two devices (skips with fewer): unlike one rank, whose sums equal its
+// own gradients, this catches a bucket that is never copied back, or copied at wrong offsets.
+// Rank r writes Value + 1000 r, so every element sums to 2 Value + 1000.
+TEST(NcclReducerTest, TwoRanksOnTwoDevicesSumEveryGradient) {
+  if (VisibleDevices() < 2) GTEST_SKIP() << "needs 2 CUDA devices, " << VisibleDevices();
+  std::unique_ptr<KeyValueStore> store = CreateInProcessStore();
+  std::vector<std::string> failures(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      NcclOptions options;
+      options.rank = rank;
+      options.size = 2;
+      options.device = rank;
+      options.store_prefix = "two-reducer/";
+      absl::StatusOr<std::unique_ptr<NcclCollective>> collective = ConnectNccl(options, *store);
+      if (!collective.ok()) {
+        failures[rank] = collective.status().ToString();
+        return;
+      }
+      cudaSetDevice(rank);
+      cudaStream_t compute = nullptr;
+      cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
+      {
+        NcclReducerOptions reducer_options;
+        reducer_options.buckets.bucket_bytes = 1024;
+        reducer_options.compute_stream = compute;
+        absl::StatusOr<std::unique_ptr<BucketedReducer>> reducer =
+            CreateNcclReducer(**collective, reducer_options);
+        if (!reducer.ok()) {
+          failures[rank] = reducer.status().ToString();
+          return;
+        }
+        DeviceGradients gradients(kCounts);
+        for (int step = 0; step < 3 && failures[rank].empty(); ++step) {
+          std::vector<std::vector<float>> expected(kCounts.size());
+          for (size_t t = 0; t < kCounts.size(); ++t) {
+            for (int64_t i = 0; i < kCounts[t]; ++i) {
+              expected[t].push_back(2 * DeviceGradients::Value(step, t, i) + 1000);
+            }
+          }
+          gradients.WriteAndHandTo(step, compute, **reducer, /*offset=*/1000.0f * rank);
+          const absl::Status finished = (*reducer)->Finish();
+          if (!finished.ok()) {
+            failures[rank] = finished.ToString();
+          } else if (gradients.Read(compute) != expected) {
+            failures[rank] = "step " + std::to_string(step) + ": the sums differ";
+          }
+        }
+      }
+      cudaStreamSynchronize(compute);
+      cudaStreamDestroy(compute);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(failures[rank], "") << "rank " << rank;
 }
 
 TEST(NcclReducerTest, AChangedLayoutFailsTheStepAndTheNextStepStillSums) {
