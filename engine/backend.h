@@ -260,6 +260,11 @@ class Model {
                          : absl::UnimplementedError("this model keeps no optimizer state");
   }
 
+  // The fewest samples TrainStep accepts: 2 for a network where a batch of 1 would give a
+  // BatchNorm one value per channel (TrainStep refuses it, as PyTorch does), else 1. The training
+  // loop drops a last batch smaller than this instead of failing the job after hours.
+  virtual int MinTrainBatch() const { return 1; }
+
   // Data-parallel training: TrainStep passes its gradients through `reducer` (see
   // GradientReducer) before the update; null turns it off. The reducer must outlive its use.
   // UNIMPLEMENTED where a model cannot (then the job cannot run data-parallel on it).

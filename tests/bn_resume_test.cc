@@ -129,5 +129,54 @@ TEST(BatchNormResumeTest, TrainerKilledMidEpochResumesToTheSameWeightsAndRunning
   EXPECT_EQ(a->metadata.at("step"), b->metadata.at("step"));
 }
 
+// A training set whose size leaves one sample in the epoch's last batch (97 = 3 x 32 + 1): that
+// batch would give every BatchNorm one value per channel, which TrainStep refuses as PyTorch
+// does. The job drops it, says so once, and succeeds; the dropped steps train nothing.
+TEST(BatchNormResumeTest, ALastBatchOfOneSampleIsDroppedNotFatal) {
+  TestCluster cluster;
+  cluster.StartServer();
+  cluster.StartWorker("w1");
+  // A BatchNorm1d after a linear layer: one value per channel for a batch of one sample (the
+  // ResNet's BatchNorm2d layers see 7x7 planes at least, and take any batch).
+  std::string text = kJob;
+  text.replace(text.find("model: {type: resnet, depth: 20, width: 4}"),
+               std::string("model: {type: resnet, depth: 20, width: 4}").size(),
+               "model:\n  type: cnn\n  layers:\n    - {type: flatten}\n"
+               "    - {type: linear, units: 32, bias: false}\n    - {type: batchnorm1d}\n"
+               "    - {type: relu}\n    - {type: linear, units: 10}");
+  absl::StatusOr<JobFile> parsed = ParseJobYaml(text, "bn-last-batch.yaml");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  v1::JobSpec spec = parsed->spec;
+  spec.set_name("bn-last-batch-of-one");
+  spec.mutable_dataset()->set_train_limit(97);
+  spec.mutable_loader()->set_delay_ms(0);
+  absl::StatusOr<v1::Job> job = cluster.Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(120));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->attempt(), 1);
+  int dropped_lines = 0;
+  for (const v1::JobEvent& event : cluster.History(job->id())) {
+    if (absl::StrContains(event.message(), "a training batch of 1 sample is dropped")) {
+      ++dropped_lines;
+    }
+  }
+  EXPECT_EQ(dropped_lines, 1) << "logged once";
+  const std::string file = cluster.dir() + "/dropped.safetensors";
+  CommandResult artifact = cluster.Cli("artifact " + job->id() + " -o " + file);
+  ASSERT_EQ(artifact.exit_code, 0) << artifact.output;
+  absl::StatusOr<Checkpoint> weights = ReadCheckpoint(file);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  int counted = 0;
+  for (const CheckpointTensor& tensor : weights->tensors) {
+    if (!absl::EndsWith(tensor.name, ".num_batches_tracked")) continue;
+    // 2 epochs of 4 batches, the last of each dropped.
+    EXPECT_EQ(tensor.values, std::vector<float>{6.0f}) << tensor.name;
+    ++counted;
+  }
+  EXPECT_EQ(counted, 1);
+}
+
 }  // namespace
 }  // namespace stoker::testing

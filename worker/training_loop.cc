@@ -180,6 +180,20 @@ absl::Status TrainingLoop::Step(uint64_t batch, const ReadableBatch& readable,
   const int epoch = EpochOf(batch);
   JobStats& stats = region_.stats();
   const double learning_rate = LearningRateAt(options_.optimizer, batch, total_batches_);
+  // A batch smaller than the network takes (one sample into a BatchNorm, which TrainStep refuses
+  // as PyTorch does) is dropped, as DataLoader's drop_last would, instead of failing the job: the
+  // epoch's short last batch (training set size mod batch_size = 1), or a rank's slice of 1.
+  uint32_t count = readable.count;
+  if (count > 0 && count < static_cast<uint32_t>(model_.MinTrainBatch())) {
+    if (!dropped_small_batch_) {
+      Log(absl::StrCat("step ", batch + 1, ": a training batch of ", count,
+                       count == 1 ? " sample is" : " samples are",
+                       " dropped (the network's BatchNorm needs at least ", model_.MinTrainBatch(),
+                       "; logged once)"));
+      dropped_small_batch_ = true;
+    }
+    count = 0;
+  }
   if (options_.data_parallel) {
     const DataParallelContext& dp = *options_.data_parallel;
     const int replicas = dp.collective->size();
@@ -191,9 +205,9 @@ absl::Status TrainingLoop::Step(uint64_t batch, const ReadableBatch& readable,
           static_cast<uint32_t>(replicas), static_cast<int64_t>(batch % batches_per_epoch_));
       global_samples = slice.global_end - slice.global_first;
     }
-    share_reducer_->SetStep(static_cast<int64_t>(readable.count), global_samples);
+    share_reducer_->SetStep(static_cast<int64_t>(count), global_samples);
   }
-  if (readable.count == 0 && options_.data_parallel) {
+  if (count == 0 && options_.data_parallel) {
     // This rank's slice of the global batch is empty (the epoch's short last batch, or every
     // image of it was bad): it still joins the step's gradient sum and takes the same update.
     absl::StatusOr<StepResult> step = model_.TrainStepWithoutSamples(learning_rate);
@@ -208,9 +222,9 @@ absl::Status TrainingLoop::Step(uint64_t batch, const ReadableBatch& readable,
     stats.epoch.store(epoch);
     return AfterStep(batch + 1, epoch, step_done);
   }
-  if (readable.count == 0) {
-    // Every image of the batch was bad (the loaders skipped and counted them): nothing to train
-    // on, but the batch still ends an epoch or falls on a checkpoint.
+  if (count == 0) {
+    // Every image of the batch was bad (the loaders skipped and counted them), or it was dropped
+    // above: nothing to train on, but the batch still ends an epoch or falls on a checkpoint.
     region_.Release(batch);
     stats.heartbeats_total.fetch_add(1, std::memory_order_relaxed);
     return AfterStep(batch + 1, epoch, absl::Now());

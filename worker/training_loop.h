@@ -166,6 +166,7 @@ class TrainingLoop {
   // Data-parallel: the reducer the model trains through (forwards to data_parallel->reducer).
   class ShareReducer;
   std::unique_ptr<ShareReducer> share_reducer_;
+  bool dropped_small_batch_ = false;  // logged once per attempt
   // Data-parallel: the step after which the ranks vote next, and when the last vote was.
   uint64_t next_vote_step_;
   uint64_t last_vote_step_;

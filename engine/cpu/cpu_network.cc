@@ -215,6 +215,7 @@ class CpuNetwork final : public Model {
     return absl::OkStatus();
   }
   absl::StatusOr<StepResult> TrainStepWithoutSamples(double learning_rate) override;
+  int MinTrainBatch() const override { return CheckBatchNormValues(1).ok() ? 1 : 2; }
 
  private:
   bool bf16() const { return config_.precision == Precision::kBf16; }

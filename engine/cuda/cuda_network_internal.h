@@ -182,6 +182,7 @@ class CudaNetwork final : public CountingModel {
   }
   absl::Status SetGradientReducer(GradientReducer* reducer) override;
   absl::StatusOr<StepResult> TrainStepWithoutSamples(double learning_rate) override;
+  int MinTrainBatch() const override { return CheckBatchNormValues(1).ok() ? 1 : 2; }
   cudaStream_t compute_stream() const { return context_->compute_stream(); }
 
  private:
