@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace stoker {
 
@@ -443,6 +444,12 @@ absl::Status ValidateScalarState(const NamedTensor& entry);
 
 // ValidateBatch for a network (count, pointers, labels < classes).
 absl::Status ValidateBatch(const NetworkConfig& config, const BatchView& batch);
+
+// The error both networks' TrainStep return for a training batch of `batch` samples that gives a
+// BatchNorm (`kind`, its weight tensor named `weight_name`, input `shape` without the batch) one
+// value per channel, as PyTorch refuses it: INVALID_ARGUMENT naming the module and the remedy.
+absl::Status OneValuePerChannelError(LayerConfig::Kind kind, absl::string_view weight_name,
+                                     int batch, const std::vector<int>& shape);
 
 // The name every path gives a parameter: "layers.<index>.weight" or "layers.<index>.bias", the
 // index as ParameterNaming says (MlpParameterIndex / the layer index). The MLP fast paths, both

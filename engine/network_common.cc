@@ -9,6 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "engine/backend.h"
 #include "engine/layer_kinds.h"
 
@@ -353,6 +355,20 @@ absl::Status ValidateBatch(const NetworkConfig& config, const BatchView& batch) 
   as_mlp.classes = config.classes;
   as_mlp.max_batch = config.max_batch;
   return ValidateBatch(as_mlp, batch);
+}
+
+absl::Status OneValuePerChannelError(LayerConfig::Kind kind, absl::string_view weight_name,
+                                     int batch, const std::vector<int>& shape) {
+  // The module's name as PyTorch spells it: "layers.3.layers.1" for layers.3.layers.1.weight.
+  const absl::string_view name = absl::StripSuffix(weight_name, ".weight");
+  return absl::InvalidArgumentError(absl::StrCat(
+      LayerKindName(kind), " ", name,
+      ": expected more than 1 value per channel when training, got input size [", batch, ", ",
+      absl::StrJoin(shape, ", "), "] (a training batch of ", batch,
+      batch == 1 ? " sample" : " samples",
+      "); BatchNorm needs at least 2 values per channel to normalise by the batch's statistics: "
+      "raise train.batch_size, or choose dataset.train_limit so that no batch holds one "
+      "sample"));
 }
 
 std::string ParameterName(size_t index, bool weight) {

@@ -1179,16 +1179,7 @@ absl::Status CpuNetwork::CheckBatchNormValues(int batch) const {
     int64_t per_channel = batch;
     for (size_t d = 1; d < shape.size(); ++d) per_channel *= shape[d];
     if (per_channel > 1) continue;
-    // The module's name as PyTorch spells it: "layers.3.layers.1" for layers.3.layers.1.weight.
-    const absl::string_view name = absl::StripSuffix(params_[node.norm].name, ".weight");
-    return absl::InvalidArgumentError(absl::StrCat(
-        LayerKindName(node.config.kind), " ", name,
-        ": expected more than 1 value per channel when training, got input size [", batch, ", ",
-        absl::StrJoin(shape, ", "), "] (a training batch of ", batch,
-        batch == 1 ? " sample" : " samples",
-        "); BatchNorm needs at least 2 values per channel to normalise by the batch's statistics: "
-        "raise train.batch_size, or choose dataset.train_limit so that no batch holds one "
-        "sample"));
+    return OneValuePerChannelError(node.config.kind, params_[node.norm].name, batch, shape);
   }
   return absl::OkStatus();
 }

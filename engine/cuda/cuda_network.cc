@@ -431,16 +431,7 @@ absl::Status CudaNetwork::CheckBatchNormValues(int batch) const {
     if (node.norm < 0) continue;
     const std::vector<int>& shape = graph_.activations[node.in].shape;
     if (static_cast<int64_t>(batch) * NormShapeOf(shape).spatial > 1) continue;
-    // The module's name as PyTorch spells it: "layers.3.layers.1" for layers.3.layers.1.weight.
-    const absl::string_view name = absl::StripSuffix(params_[node.norm].name, ".weight");
-    return absl::InvalidArgumentError(absl::StrCat(
-        LayerKindName(node.config.kind), " ", name,
-        ": expected more than 1 value per channel when training, got input size [", batch, ", ",
-        absl::StrJoin(shape, ", "), "] (a training batch of ", batch,
-        batch == 1 ? " sample" : " samples",
-        "); BatchNorm needs at least 2 values per channel to normalise by the batch's statistics: "
-        "raise train.batch_size, or choose dataset.train_limit so that no batch holds one "
-        "sample"));
+    return OneValuePerChannelError(node.config.kind, params_[node.norm].name, batch, shape);
   }
   return absl::OkStatus();
 }
