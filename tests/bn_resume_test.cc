@@ -21,7 +21,8 @@ namespace stoker::testing {
 namespace {
 
 // 600 samples in batches of 32: 19 steps an epoch (the last of 24 samples), a checkpoint every 4
-// steps, ~60 ms a batch from one delayed loader so the test can act between two checkpoints.
+// steps, ~250 ms a batch from one delayed loader so the test can act between two checkpoints
+// (progress reaches the server about once a second: at 60 ms a batch an epoch could end unseen).
 constexpr char kJob[] = R"(name: bn-resume
 dataset:
   format: idx
@@ -41,7 +42,7 @@ train:
   label_smoothing: 0.1
   optimizer: {type: sgd, lr: 0.05, momentum: 0.9, nesterov: true, weight_decay: 0.0005,
               lr_schedule: cosine, warmup_steps: 5}
-loader: {processes: 1, delay_ms: 60, augment: {crop_padding: 2, horizontal_flip: true}}
+loader: {processes: 1, delay_ms: 250, augment: {crop_padding: 2, horizontal_flip: true}}
 checkpoint: {every_steps: 4}
 max_retries: 2
 )";
