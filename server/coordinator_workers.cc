@@ -7,8 +7,8 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "server/coordinator.h"
-#include "spec/job_spec.h"
 #include "server/scheduler.h"
+#include "spec/job_spec.h"
 
 namespace stoker {
 namespace {

@@ -11,9 +11,9 @@
 #include <iostream>
 #include <random>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
