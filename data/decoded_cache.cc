@@ -6,10 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -164,37 +162,22 @@ absl::StatusOr<DecodedCacheInfo> WriteDecodedCache(const SampleIndex& index,
   const size_t chunk = std::max<size_t>(static_cast<size_t>(threads),
                                         std::max<size_t>(1, kChunkBytes / sample_bytes));
   std::vector<uint8_t> pixels(std::min(chunk, subset.size()) * sample_bytes);
+  std::vector<uint8_t> ok;
   DecodedCacheInfo info;
   const size_t pixels_offset = PixelsOffset(count);
   for (size_t first = 0; first < subset.size(); first += chunk) {
     if (stop && stop()) return absl::CancelledError("stopped while decoding the cache");
     const size_t n = std::min(chunk, subset.size() - first);
-    std::atomic<size_t> next{0};
-    auto work = [&] {
-      FileCache files(8);
-      std::vector<uint8_t> bytes;
-      TransformScratch scratch;
-      for (size_t j = next++; j < n; j = next++) {
-        const int64_t sample = subset[first + j];
-        uint8_t* out = pixels.data() + j * sample_bytes;
-        absl::Status status = ReadSampleBytes(index, sample, files, bytes);
-        if (status.ok()) {
-          status = DecodeTransformed(index.SampleName(sample), bytes.data(), bytes.size(),
-                                     transform, 0, out, &scratch);
-        }
-        if (status.ok()) {
-          present[static_cast<size_t>(sample)] = 1;
-        } else {
-          std::memset(out, 0, sample_bytes);
-        }
+    ok.assign(n, 0);
+    DecodeInParallel(index, transform, subset, static_cast<int64_t>(first), static_cast<int64_t>(n),
+                     threads, pixels.data(), ok.data(), {});
+    for (size_t j = 0; j < n; ++j) {
+      if (ok[j]) {
+        present[subset[first + j]] = 1;
+      } else {
+        std::memset(pixels.data() + j * sample_bytes, 0, sample_bytes);
       }
-    };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < std::min<int64_t>(threads, static_cast<int64_t>(n)); ++t) {
-      pool.emplace_back(work);
     }
-    work();
-    for (std::thread& t : pool) t.join();
     // Runs of consecutive positions go out in one write each (all of them without a limit).
     for (size_t j = 0; j < n;) {
       size_t run = 1;

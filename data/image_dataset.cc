@@ -180,6 +180,37 @@ absl::Status ReadSampleBytes(const SampleIndex& index, int64_t i, FileCache& fil
   return absl::OkStatus();
 }
 
+void DecodeInParallel(const SampleIndex& index, const ImageTransform& transform,
+                      const std::vector<uint32_t>& subset, int64_t first, int64_t n, int threads,
+                      uint8_t* out, uint8_t* ok,
+                      const std::function<void(const absl::Status&)>& on_bad) {
+  const size_t sample_bytes = TransformOutputBytes(transform);
+  std::mutex mu;
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    FileCache files(8);
+    std::vector<uint8_t> bytes;
+    TransformScratch scratch;
+    for (int64_t j = next++; j < n; j = next++) {
+      const int64_t i = first + j;
+      const int64_t sample = subset.empty() ? i : subset[static_cast<size_t>(i)];
+      absl::Status status = ReadSampleBytes(index, sample, files, bytes);
+      if (status.ok()) {
+        status = DecodeTransformed(index.SampleName(sample), bytes.data(), bytes.size(), transform,
+                                   0, out + static_cast<size_t>(j) * sample_bytes, &scratch);
+      }
+      ok[j] = status.ok() ? 1 : 0;
+      if (status.ok() || !on_bad) continue;
+      std::lock_guard<std::mutex> lock(mu);
+      on_bad(status);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min<int64_t>(std::max(1, threads), n); ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
 absl::StatusOr<ImageHeader> FirstImageHeader(const SampleIndex& index) {
   FileCache files(4);
   std::vector<uint8_t> bytes;
@@ -325,41 +356,20 @@ absl::StatusOr<int64_t> DecodeChunks(const SampleIndex& index, const ImageTransf
       std::min<int64_t>(kMaxChunkSamples, static_cast<int64_t>(kChunkBytes / sample_bytes)));
   std::vector<uint8_t> pixels(static_cast<size_t>(std::min(chunk, count)) * sample_bytes);
   std::vector<uint8_t> ok, labels;
-  std::mutex mu;
   int64_t bad_count = 0;
   std::vector<std::string> bad_names;  // the first kNamedBadSamples
   int64_t kept_total = 0;
   for (int64_t first = 0; first < count; first += chunk) {
     const int64_t n = std::min(chunk, count - first);
     ok.assign(static_cast<size_t>(n), 0);
-    std::atomic<int64_t> next{0};
-    auto work = [&] {
-      FileCache files(8);
-      std::vector<uint8_t> bytes;
-      TransformScratch scratch;
-      for (int64_t j = next++; j < n; j = next++) {
-        const int64_t i = first + j;
-        const int64_t sample = subset.empty() ? i : subset[static_cast<size_t>(i)];
-        absl::Status status = ReadSampleBytes(index, sample, files, bytes);
-        if (status.ok()) {
-          status =
-              DecodeTransformed(index.SampleName(sample), bytes.data(), bytes.size(), transform, 0,
-                                pixels.data() + static_cast<size_t>(j) * sample_bytes, &scratch);
-        }
-        if (status.ok()) {
-          ok[static_cast<size_t>(j)] = 1;
-          continue;
-        }
-        std::lock_guard<std::mutex> lock(mu);
-        ++bad_count;
-        if (bad_names.size() < kNamedBadSamples) bad_names.push_back(std::string(status.message()));
-        if (log) log(absl::StrCat("bad sample ", status.message()));
-      }
-    };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < std::min<int64_t>(threads, n); ++t) pool.emplace_back(work);
-    work();
-    for (std::thread& t : pool) t.join();
+    DecodeInParallel(index, transform, subset, first, n, threads, pixels.data(), ok.data(),
+                     [&](const absl::Status& status) {
+                       ++bad_count;
+                       if (bad_names.size() < kNamedBadSamples) {
+                         bad_names.push_back(std::string(status.message()));
+                       }
+                       if (log) log(absl::StrCat("bad sample ", status.message()));
+                     });
     if (bad_count > max_bad_samples) {
       return absl::InvalidArgumentError(absl::StrCat(
           bad_count, " samples could not be decoded, more than dataset.max_bad_samples (",

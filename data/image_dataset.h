@@ -82,6 +82,15 @@ class FileCache {
 absl::Status ReadSampleBytes(const SampleIndex& index, int64_t i, FileCache& files,
                              std::vector<uint8_t>& bytes);
 
+// Reads and decodes samples first .. first + n - 1 of `subset` (of the index itself when
+// `subset` is empty) with the deterministic `transform` on `threads` threads: the j-th into
+// out + j x TransformOutputBytes(transform), ok[j] = 1 when it decoded, else 0 (its pixels are
+// unspecified) and `on_bad` (may be empty; called under a lock) gets the error naming it.
+void DecodeInParallel(const SampleIndex& index, const ImageTransform& transform,
+                      const std::vector<uint32_t>& subset, int64_t first, int64_t n, int threads,
+                      uint8_t* out, uint8_t* ok,
+                      const std::function<void(const absl::Status&)>& on_bad);
+
 struct ImageSourceOptions {
   ImageTransform transform;  // the training transform, geometry resolved
   uint64_t seed = 0;
