@@ -25,10 +25,6 @@
 namespace stoker {
 namespace {
 
-std::string Address(const void* pointer) {
-  return absl::StrCat("0x", absl::Hex(reinterpret_cast<uintptr_t>(pointer)));
-}
-
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -62,7 +58,7 @@ class Reducer : public BucketedReducer {
     if (count < 0 || (gradient == nullptr && count > 0)) {
       step_error_ =
           absl::InternalError(absl::StrCat("gradient ", index, " has ", count, " elements at ",
-                                           Address(gradient), ": not a gradient buffer"));
+                                           GradientAddress(gradient), ": not a gradient buffer"));
       return;
     }
     if (index != ready_) {
@@ -160,21 +156,11 @@ class Reducer : public BucketedReducer {
   }
 
   bool CheckLayout(int index, float* gradient, int64_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (index >= static_cast<int>(tensors_.size())) {
-      step_error_ =
-          absl::InternalError(absl::StrCat("step ", step_, ": gradient ", index,
-                                           " is one more than the first step's ", tensors_.size()));
-      return false;
-    }
-    const Tensor& tensor = tensors_[index];
-    if (tensor.gradient != gradient || tensor.count != count) {
-      step_error_ = absl::InternalError(absl::StrCat(
-          "step ", step_, ": gradient ", index, " is ", count, " elements at ", Address(gradient),
-          ", the first step's was ", tensor.count, " at ", Address(tensor.gradient),
-          " (the order, buffers and sizes must not change between steps)"));
-      return false;
-    }
-    return true;
+    const bool known = index >= 0 && index < static_cast<int>(tensors_.size());
+    step_error_ =
+        CheckSameGradient(step_, index, tensors_.size(), known ? tensors_[index].gradient : nullptr,
+                          known ? tensors_[index].count : 0, gradient, count);
+    return step_error_.ok();
   }
 
   void Enqueue(int bucket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -19,4 +19,26 @@ absl::Status CheckGroup(int rank, int size, absl::Duration timeout) {
   return absl::OkStatus();
 }
 
+std::string GradientAddress(const void* pointer) {
+  return absl::StrCat("0x", absl::Hex(reinterpret_cast<uintptr_t>(pointer)));
+}
+
+absl::Status CheckSameGradient(int64_t step, int index, size_t first_step_count,
+                               const float* first_gradient, int64_t first_count,
+                               const float* gradient, int64_t count) {
+  if (index < 0 || static_cast<size_t>(index) >= first_step_count) {
+    return absl::InternalError(absl::StrCat("step ", step, ": gradient ", index,
+                                            " is one more than the first step's ",
+                                            first_step_count));
+  }
+  if (first_gradient != gradient || first_count != count) {
+    return absl::InternalError(
+        absl::StrCat("step ", step, ": gradient ", index, " is ", count, " elements at ",
+                     GradientAddress(gradient), ", the first step's was ", first_count, " at ",
+                     GradientAddress(first_gradient),
+                     " (the order, buffers and sizes must not change between steps)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace stoker

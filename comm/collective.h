@@ -97,6 +97,16 @@ class BucketedReducer : public GradientReducer {
   virtual void SetLocalSamples(int64_t samples) = 0;
   virtual ReducerCounters counters() const = 0;
 };
+// For reducers (bucketed_reducer.cc, nccl_reducer.cc): a gradient buffer's address in messages.
+std::string GradientAddress(const void* pointer);
+// After a reducer's first step fixed the layout (`first_step_count` gradients): INTERNAL naming
+// what differs unless gradient `index` of step `step` is the first step's gradient `index`
+// (`first_gradient`, `first_count`; ignored when index >= first_step_count) at the same buffer
+// with the same count.
+absl::Status CheckSameGradient(int64_t step, int index, size_t first_step_count,
+                               const float* first_gradient, int64_t first_count,
+                               const float* gradient, int64_t count);
+
 std::unique_ptr<BucketedReducer> CreateBucketedReducer(Collective& collective,
                                                        const BucketOptions& options);
 

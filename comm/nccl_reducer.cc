@@ -41,10 +41,6 @@ absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, i
     }                                                                   \
   } while (0)
 
-std::string Address(const void* pointer) {
-  return absl::StrCat("0x", absl::Hex(reinterpret_cast<uintptr_t>(pointer)));
-}
-
 // Seconds from `start` to `end` (both recorded and complete), or 0 when end is not after start.
 double SecondsBetween(cudaEvent_t start, cudaEvent_t end) {
   float milliseconds = 0;
@@ -158,7 +154,8 @@ class NcclReducer : public BucketedReducer {
   absl::Status Ready(int index, float* gradient, int64_t count) {
     if (count < 0 || (gradient == nullptr && count > 0)) {
       return absl::InternalError(absl::StrCat("gradient ", index, " has ", count, " elements at ",
-                                              Address(gradient), ": not a gradient buffer"));
+                                              GradientAddress(gradient),
+                                              ": not a gradient buffer"));
     }
     if (index != ready_) {
       return absl::InternalError(absl::StrCat("step ", step_, ": gradient ", index,
@@ -173,18 +170,11 @@ class NcclReducer : public BucketedReducer {
       STOKER_REDUCER_CUDA(cudaEventRecord(buckets_.back().ready, compute_));
       return absl::OkStatus();
     }
-    if (index >= static_cast<int>(tensors_.size())) {
-      return absl::InternalError(absl::StrCat("step ", step_, ": gradient ", index,
-                                              " is one more than the first step's ",
-                                              tensors_.size()));
-    }
+    const bool known = index >= 0 && index < static_cast<int>(tensors_.size());
+    STOKER_RETURN_IF_ERROR(CheckSameGradient(step_, index, tensors_.size(),
+                                             known ? tensors_[index].gradient : nullptr,
+                                             known ? tensors_[index].count : 0, gradient, count));
     const Tensor& tensor = tensors_[index];
-    if (tensor.gradient != gradient || tensor.count != count) {
-      return absl::InternalError(absl::StrCat(
-          "step ", step_, ": gradient ", index, " is ", count, " elements at ", Address(gradient),
-          ", the first step's was ", tensor.count, " at ", Address(tensor.gradient),
-          " (the order, buffers and sizes must not change between steps)"));
-    }
     ++ready_;
     Bucket& bucket = buckets_[tensor.bucket];
     if (index != bucket.last_tensor) return absl::OkStatus();
