@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -22,6 +23,7 @@
 #include "common/status_macros.h"
 #include "common/system_memory.h"
 #include "data/dataset.h"
+#include "data/decoded_cache.h"
 #include "data/image_dataset.h"
 #include "data/prepared_dataset.h"
 #include "google/protobuf/io/zero_copy_stream_impl.h"
@@ -31,6 +33,7 @@
 #include "worker/autotuner.h"
 #include "worker/job_runner_internal.h"
 #include "worker/loader_pool.h"
+#include "worker/omp_wait.h"
 #include "worker/process.h"
 
 namespace stoker {
@@ -468,15 +471,31 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
 absl::StatusOr<pid_t> JobRunner::StartTrainer(JobRegion& region, int events_fd,
                                               const std::string& job_file,
                                               const std::string& resume_checkpoint, int classes,
-                                              int64_t train_samples, const std::string& log_path) {
+                                              int64_t train_samples, int loader_count,
+                                              const std::string& log_path) {
   const std::vector<std::string> argv =
       TrainerArguments(options_, assignment_, dir_, region.fd(), events_fd, job_file,
                        resume_checkpoint, classes, train_samples);
-  // Passive OpenMP waits: the trainer's threads share their cores with the job's loaders (and
-  // other jobs), and libgomp's default spinning then starves whoever holds the data or the lock
-  // (measured: an MLP job on a busy 2-core worker 77-80 s spinning, 10-11 s passive; see
-  // docs/decisions.md). OMP_WAIT_POLICY in the worker's environment overrides it.
-  return Spawn({argv, {region.fd(), events_fd}, log_path, {"OMP_WAIT_POLICY=passive"}});
+  // How its OpenMP threads wait: spinning when they have their cores to themselves, passive when
+  // other work shares them (worker/omp_wait.h; OMP_WAIT_POLICY or GOMP_SPINCOUNT in the worker's
+  // environment decide instead). Image loaders that decode every sample count as busy cores.
+  const bool decoding_loaders = IsImageFormat(assignment_.spec().dataset().format()) &&
+                                access(DecodedCachePath(training_set_path()).c_str(), F_OK) != 0;
+  std::vector<std::string> env;
+  std::optional<OmpWaitChoice> wait =
+      ChooseTrainerOmpWait(std::max(1, options_.cpu_count), decoding_loaders ? loader_count : 0);
+  if (!wait) {
+    on_event_(
+        LogEvent(absl::StrCat("trainer OpenMP waits: as the worker's environment says (",
+                              std::getenv("OMP_WAIT_POLICY") != nullptr
+                                  ? absl::StrCat("OMP_WAIT_POLICY=", std::getenv("OMP_WAIT_POLICY"))
+                                  : absl::StrCat("GOMP_SPINCOUNT=", std::getenv("GOMP_SPINCOUNT")),
+                              ")")));
+  } else {
+    on_event_(LogEvent(absl::StrCat("trainer OpenMP waits: ", wait->reason)));
+    if (!wait->env_entry.empty()) env.push_back(wait->env_entry);
+  }
+  return Spawn({argv, {region.fd(), events_fd}, log_path, env});
 }
 
 AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_file,
@@ -487,7 +506,7 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
   if (pipe2(event_pipe, O_CLOEXEC) != 0) return Failed("cannot create the event pipe", false);
   const std::string trainer_log = dir + "/trainer.log";
   absl::StatusOr<pid_t> trainer = StartTrainer(region, event_pipe[1], job_file, resume_checkpoint,
-                                               classes, train_samples, trainer_log);
+                                               classes, train_samples, loader_count, trainer_log);
   close(event_pipe[1]);
   if (!trainer.ok()) {
     close(event_pipe[0]);

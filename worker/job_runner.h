@@ -176,7 +176,8 @@ class JobRunner {
   // Starts stoker-trainer with the region, the event pipe's write end and its flags.
   absl::StatusOr<pid_t> StartTrainer(JobRegion& region, int events_fd, const std::string& job_file,
                                      const std::string& resume_checkpoint, int classes,
-                                     int64_t train_samples, const std::string& log_path);
+                                     int64_t train_samples, int loader_count,
+                                     const std::string& log_path);
   // Runs the trainer and the loaders until the trainer ends (or the attempt is cancelled, drained,
   // stalled, or a loader fails for good) and says how the attempt ended.
   AttemptOutcome Supervise(JobRegion& region, const std::string& job_file,

@@ -27,8 +27,8 @@ TEST(RunnerOptionsTest, ASilentPipelineIsStoppedWithinTensOfSeconds) {
   EXPECT_EQ(RunnerOptions().trainer_stall_timeout, absl::Seconds(30));
 }
 
-// The trainer is spawned with OMP_WAIT_POLICY=passive unless the worker's environment says
-// otherwise: Spawn's default_env adds only names the parent does not set.
+// Spawn's default_env adds only names the parent does not set (the worker's own environment
+// overrides what the runner would add).
 TEST(SpawnTest, DefaultEnvironmentEntriesGiveWayToTheParentsOwn) {
   testing::TempDir dir;
   auto child_sees = [&](const std::string& name) {
