@@ -81,6 +81,9 @@ struct MlpConfig {
   std::vector<float> input_scale = {1.0f / 127.5f};
   std::vector<float> input_shift = {-1.0f};
   LossScaleConfig loss_scale;
+  // As NetworkConfig::label_smoothing, in [0, 1). Not 0: the MLP trains as a network
+  // (MlpNeedsNetwork), whose loss smooths; the fast paths do not.
+  float label_smoothing = 0;
 };
 
 // One layer of a NetworkConfig. Shapes follow PyTorch: activations [N, C, H, W] or [N, features].

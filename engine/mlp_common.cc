@@ -72,6 +72,10 @@ absl::Status ValidateMlpConfig(const MlpConfig& config) {
   STOKER_RETURN_IF_ERROR(ValidateInputNormalization(config.input_features, config.input_channels,
                                                     "input_channels", config.input_scale,
                                                     config.input_shift));
+  if (!(config.label_smoothing >= 0 && config.label_smoothing < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("label_smoothing must be in [0, 1), got ", config.label_smoothing));
+  }
   return ValidateTrainingOptions(config.optimizer, config.loss_scale);
 }
 
@@ -172,13 +176,17 @@ int64_t MlpForwardFlopsPerSample(const MlpConfig& config) {
 bool MlpNeedsNetwork(const MlpConfig& config) {
   const OptimizerConfig& opt = config.optimizer;
   return config.precision == Precision::kFp16 || opt.type != OptimizerType::kSgd || opt.nesterov ||
-         opt.clip_grad_norm > 0;
+         opt.clip_grad_norm > 0 || config.label_smoothing != 0;
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Backend::CreateMlp(const MlpConfig& config) {
   STOKER_RETURN_IF_ERROR(ValidateMlpConfig(config));
   if (MlpNeedsNetwork(config) && BuildsNetworks()) {
     return CreateNetworkModel(NetworkFromMlp(config), ParameterNaming::kMlp);
+  }
+  if (config.label_smoothing != 0) {
+    return absl::InvalidArgumentError(
+        "label_smoothing: this backend's MLP path has no label smoothing (it builds no networks)");
   }
   return CreateMlpFastPath(config);
 }

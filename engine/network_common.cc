@@ -479,6 +479,7 @@ NetworkConfig NetworkFromMlp(const MlpConfig& mlp) {
   config.input_scale = mlp.input_scale;
   config.input_shift = mlp.input_shift;
   config.loss_scale = mlp.loss_scale;
+  config.label_smoothing = mlp.label_smoothing;
   return config;
 }
 

@@ -435,17 +435,12 @@ absl::Status CheckOptimizer(const v1::TrainSpec& train) {
   return CheckOneOf("train.optimizer.lr_schedule", opt.lr_schedule(), {"constant", "cosine"});
 }
 
-// train.label_smoothing: a network's loss only (the MLP paths have no smoothing).
+// train.label_smoothing: every model (an mlp with smoothing trains on the network path).
 absl::Status CheckLabelSmoothing(const v1::JobSpec& spec) {
   const double smoothing = spec.train().label_smoothing();
   if (!(smoothing >= 0 && smoothing < 1)) {
     return FieldError("train.label_smoothing",
                       absl::StrCat("must be in [0, 1) (got ", smoothing, ")"));
-  }
-  if (smoothing != 0 && spec.model().type() == "mlp") {
-    return FieldError("train.label_smoothing",
-                      "only for cnn and resnet models (write an mlp as a cnn of linear and relu "
-                      "layers to smooth its labels)");
   }
   return absl::OkStatus();
 }

@@ -378,6 +378,7 @@ absl::StatusOr<MlpConfig> MlpConfigFromSpec(const v1::JobSpec& spec,
       std::accumulate(sample_dims.begin(), sample_dims.end(), 1, std::multiplies<int>());
   config.hidden.assign(spec.model().hidden().begin(), spec.model().hidden().end());
   SetTrainingFields(spec, classes, &config);
+  config.label_smoothing = static_cast<float>(spec.train().label_smoothing());
   if (IsImageFormat(spec.dataset().format())) config.input_channels = SampleChannels(sample_dims);
   STOKER_RETURN_IF_ERROR(SetInputNormalization(spec, config.input_channels, &config));
   return config;
@@ -480,6 +481,9 @@ std::string ArchitectureJson(const MlpConfig& config) {
                          {"classes", config.classes},
                          {"input_scale", NormalizationJson(config.input_scale)},
                          {"input_shift", NormalizationJson(config.input_shift)}};
+  if (config.label_smoothing != 0) {
+    json["label_smoothing"] = ShortestDouble(config.label_smoothing);
+  }
   return json.dump();
 }
 

@@ -278,6 +278,43 @@ TEST(InputNormalizationModelTest, MlpThroughTheNetwork) {
   ExpectPixelsEqualNormalizedFloats(config, config.input_features, "mlp one scale");
 }
 
+// train.label_smoothing on an mlp: the MLP trains as a network (MLP names, the smoothed loss),
+// the same model as NetworkFromMlp's network with smoothing (other names), step for step.
+TEST(InputNormalizationModelTest, MlpWithLabelSmoothingTrainsAsTheSmoothedNetwork) {
+  std::unique_ptr<Backend> backend = Cpu();
+  ASSERT_NE(backend, nullptr);
+  MlpConfig config = ThreeChannelMlp(Precision::kFp32);
+  ASSERT_FALSE(MlpNeedsNetwork(config));
+  config.label_smoothing = 0.2f;
+  ASSERT_TRUE(MlpNeedsNetwork(config));
+  absl::StatusOr<std::unique_ptr<Model>> smoothed = backend->CreateMlp(config);
+  ASSERT_TRUE(smoothed.ok()) << smoothed.status();
+  absl::StatusOr<std::unique_ptr<Model>> network = backend->CreateNetwork(NetworkFromMlp(config));
+  ASSERT_TRUE(network.ok()) << network.status();
+  MlpConfig plain_config = config;
+  plain_config.label_smoothing = 0;
+  absl::StatusOr<std::unique_ptr<Model>> plain = backend->CreateMlp(plain_config);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const std::vector<NamedTensor> names = (*smoothed)->Parameters();
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(names[0].name, "layers.0.weight");
+  EXPECT_EQ(names[2].name, "layers.1.weight") << "an MLP's names (j-th Linear)";
+  for (int step = 0; step < 3; ++step) {
+    const PixelBatch batch = RandomPixelBatch(8, config.input_features, config.classes, 40 + step);
+    absl::StatusOr<StepResult> a = (*smoothed)->TrainStep(batch.View(), 0.05);
+    absl::StatusOr<StepResult> b = (*network)->TrainStep(batch.View(), 0.05);
+    absl::StatusOr<StepResult> c = (*plain)->TrainStep(batch.View(), 0.05);
+    ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+    EXPECT_EQ(a->loss, b->loss) << "step " << step;
+    EXPECT_GT(std::abs(a->loss - c->loss), 1e-4) << "step " << step << ": not smoothed";
+  }
+  config.label_smoothing = 1;
+  absl::StatusOr<std::unique_ptr<Model>> refused = backend->CreateMlp(config);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("label_smoothing must be in [0, 1)"), std::string::npos)
+      << refused.status();
+}
+
 TEST(InputNormalizationModelTest, CnnOnRgbImages) {
   for (Precision precision : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
     ExpectPixelsEqualNormalizedFloats(ThreeChannelCnn(precision), 3 * 8 * 7,
