@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -481,20 +480,11 @@ absl::StatusOr<pid_t> JobRunner::StartTrainer(JobRegion& region, int events_fd,
   // environment decide instead). Image loaders that decode every sample count as busy cores.
   const bool decoding_loaders = IsImageFormat(assignment_.spec().dataset().format()) &&
                                 access(DecodedCachePath(training_set_path()).c_str(), F_OK) != 0;
-  std::vector<std::string> env;
-  std::optional<OmpWaitChoice> wait =
+  const OmpWaitChoice wait =
       ChooseTrainerOmpWait(std::max(1, options_.cpu_count), decoding_loaders ? loader_count : 0);
-  if (!wait) {
-    on_event_(
-        LogEvent(absl::StrCat("trainer OpenMP waits: as the worker's environment says (",
-                              std::getenv("OMP_WAIT_POLICY") != nullptr
-                                  ? absl::StrCat("OMP_WAIT_POLICY=", std::getenv("OMP_WAIT_POLICY"))
-                                  : absl::StrCat("GOMP_SPINCOUNT=", std::getenv("GOMP_SPINCOUNT")),
-                              ")")));
-  } else {
-    on_event_(LogEvent(absl::StrCat("trainer OpenMP waits: ", wait->reason)));
-    if (!wait->env_entry.empty()) env.push_back(wait->env_entry);
-  }
+  on_event_(LogEvent(absl::StrCat("trainer OpenMP waits: ", wait.reason)));
+  std::vector<std::string> env;
+  if (!wait.env_entry.empty()) env.push_back(wait.env_entry);
   return Spawn({argv, {region.fd(), events_fd}, log_path, env});
 }
 

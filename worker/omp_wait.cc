@@ -55,10 +55,11 @@ OmpWaitChoice ChooseOmpWait(double busy_cores, int online_cores, int threads, in
           absl::StrFormat("passive (%s: the %d thread(s) would share cores)", measured, threads)};
 }
 
-std::optional<OmpWaitChoice> ChooseTrainerOmpWait(int threads, int busy_loaders,
-                                                  absl::Duration sample) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) {
-    return std::nullopt;
+OmpWaitChoice ChooseTrainerOmpWait(int threads, int busy_loaders, absl::Duration sample) {
+  for (const char* name : {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"}) {
+    if (const char* value = std::getenv(name); value != nullptr) {
+      return {"", absl::StrFormat("as the worker's environment says (%s=%s)", name, value)};
+    }
   }
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
   const int cores = online > 0 ? static_cast<int>(online) : 1;

@@ -12,7 +12,6 @@
 #define STOKER_WORKER_OMP_WAIT_H_
 
 #include <cstdint>
-#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -46,11 +45,12 @@ struct OmpWaitChoice {
 // online_cores + 0.5. Otherwise they wait passively.
 OmpWaitChoice ChooseOmpWait(double busy_cores, int online_cores, int threads, int busy_loaders);
 
-// The choice for a trainer about to start: nullopt when the worker's environment already says
-// (OMP_WAIT_POLICY or GOMP_SPINCOUNT set: the trainer inherits it); else measures the cores for
+// The choice for a trainer about to start. When the worker's environment already says
+// (OMP_WAIT_POLICY or GOMP_SPINCOUNT set: the trainer inherits it), no entry and the reason
+// "as the worker's environment says (NAME=VALUE)", measuring nothing; else measures the cores for
 // `sample` and calls ChooseOmpWait.
-std::optional<OmpWaitChoice> ChooseTrainerOmpWait(int threads, int busy_loaders,
-                                                  absl::Duration sample = absl::Milliseconds(250));
+OmpWaitChoice ChooseTrainerOmpWait(int threads, int busy_loaders,
+                                   absl::Duration sample = absl::Milliseconds(250));
 
 }  // namespace stoker
 

@@ -67,15 +67,18 @@ TEST(OmpWaitTest, NamesAFileThatIsNotProcStat) {
 
 TEST(OmpWaitTest, TheWorkersEnvironmentDecides) {
   setenv("GOMP_SPINCOUNT", "1000", 1);
-  EXPECT_FALSE(ChooseTrainerOmpWait(2, 0, absl::Milliseconds(10)).has_value());
+  OmpWaitChoice spincount = ChooseTrainerOmpWait(2, 0, absl::Milliseconds(10));
+  EXPECT_EQ(spincount.env_entry, "");
+  EXPECT_EQ(spincount.reason, "as the worker's environment says (GOMP_SPINCOUNT=1000)");
   unsetenv("GOMP_SPINCOUNT");
   setenv("OMP_WAIT_POLICY", "active", 1);
-  EXPECT_FALSE(ChooseTrainerOmpWait(2, 0, absl::Milliseconds(10)).has_value());
+  OmpWaitChoice policy = ChooseTrainerOmpWait(2, 0, absl::Milliseconds(10));
+  EXPECT_EQ(policy.env_entry, "");
+  EXPECT_EQ(policy.reason, "as the worker's environment says (OMP_WAIT_POLICY=active)");
   unsetenv("OMP_WAIT_POLICY");
-  std::optional<OmpWaitChoice> measured = ChooseTrainerOmpWait(1, 0, absl::Milliseconds(50));
-  ASSERT_TRUE(measured.has_value());
-  EXPECT_TRUE(measured->env_entry.empty() || measured->env_entry == "OMP_WAIT_POLICY=passive");
-  EXPECT_NE(measured->reason.find("cores busy when it started"), std::string::npos);
+  OmpWaitChoice measured = ChooseTrainerOmpWait(1, 0, absl::Milliseconds(50));
+  EXPECT_TRUE(measured.env_entry.empty() || measured.env_entry == "OMP_WAIT_POLICY=passive");
+  EXPECT_NE(measured.reason.find("cores busy when it started"), std::string::npos);
 }
 
 }  // namespace
