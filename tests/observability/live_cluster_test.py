@@ -185,8 +185,10 @@ def main():
         cluster.up()
         # 1. Every dashboard and alert expression returns data while a job trains.
         # fp16, so the loss-scale and skipped-step series exist too, and two data-parallel ranks
-        # of one core each, so the all-reduce series do; only GPU series cannot.
-        job = cluster.submit(JOB.format(name="obs", train_limit=12000, hidden="[256]", epochs=30,
+        # of one core each, so the all-reduce series do; only GPU series cannot. The job's own
+        # series leave /metrics when it ends, so it must outlast the check: 2,000 epochs, far more
+        # than the check takes, then cancelled (30 epochs had finished in 12 s on a fast host).
+        job = cluster.submit(JOB.format(name="obs", train_limit=12000, hidden="[256]", epochs=2000,
                                         batch=128, loaders=1, delay=5, precision="fp16")
                              + "resources: {cpus: 1, replicas: 2}\n", "obs")
         cluster.wait_running(job)
@@ -198,6 +200,10 @@ def main():
         print(check.stdout[-4000:], check.stderr[-2000:])
         if check.returncode != 0:
             failures.append("live_check.sh failed")
+        state = cluster.state(job)
+        if state != "RUNNING":
+            failures.append(f"the obs job was {state} by the end of the check, not running: "
+                            "its per-job series had gone")
         cluster.cli("cancel", job)
         cluster.wait_final(job, 30)
 
