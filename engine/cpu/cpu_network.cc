@@ -120,6 +120,14 @@ struct Node {
   int pre = -1;        // kAdd with GELU: the sum before the activation
   bool needs_input_grad = false;
   bool needs_input2_grad = false;  // kAdd
+  // ReLU fused into a neighbour (FuseRelus): a BatchNorm before it applies it (`fuse_relu`, and
+  // the BatchNorm's `out` is the ReLU's), or a MaxPool2d after it applies it to the pooled values
+  // (`relu_after`: max and ReLU commute; its `in` and `diff_src` are the ReLU's). The ReLU node
+  // itself (`fused_away`) then has no primitives.
+  bool fused_away = false;
+  bool fuse_relu = false;
+  bool relu_after = false;
+  int masked = -1;  // MaxPool2d with relu_after: the output gradient times ReLU'
   int stride = 1;
   int weight = -1;  // index in params_, Conv2d and Linear only
   int bias = -1;    // -1 also for bias: false
@@ -137,7 +145,7 @@ struct Node {
   AlignedArray<std::byte> weight_fwd;
   AlignedArray<std::byte> weight_bwd;
   AlignedArray<std::byte> diff_weight;  // empty when backward writes the plain gradient directly
-  AlignedArray<std::byte> workspace;    // MaxPool2d
+  AlignedArray<std::byte> workspace;    // MaxPool2d; BatchNorm with fuse_relu (ReLU's mask)
   AlignedArray<uint8_t> keep;           // Dropout mask
   AlignedArray<float> mean, variance;   // BatchNorm: the last training batch's statistics
   // bf16 BatchNorm that oneDNN has no jit kernel for (channels not a multiple of 16): it runs in
@@ -231,6 +239,17 @@ class CpuNetwork final : public Model {
   int NewActivation(std::vector<int> shape, int origin);
   int AddBranch(const std::vector<LayerConfig>& layers, int in, int first_diff_src);
   int AddLayer(const LayerConfig& config, int in, int diff_src);
+  // Folds each ReLU that directly follows a BatchNorm into it (oneDNN's fuse_norm_relu: one pass
+  // less each way, the mask kept as a bit workspace), else each ReLU directly followed by a
+  // MaxPool2d into the pool (relu(maxpool(x)) = maxpool(relu(x)) exactly, with the same argmax
+  // wherever the gradient is not zero): the ReLU then runs on a quarter of the values, as a
+  // post-op forward and on the pooled gradient backward. fp16 keeps BatchNorm's ReLU apart: the
+  // mask must come from the output rounded to fp16, as PyTorch's would.
+  void FuseRelus();
+  // Whether oneDNN has a jit kernel for BatchNorm `node` with a fused ReLU in training. It has
+  // none for channels that are not a multiple of 16 (its generic loop instead, many times slower
+  // than BatchNorm and ReLU apart).
+  bool FusedNormReluIsJit(const Node& node) const;
 
   memory::desc ActivationMd(size_t index, int batch, DataType type) const;
   // The primitives of every node at `batch`, bound to this model's buffers. BuildPlan dispatches
@@ -371,9 +390,52 @@ CpuNetwork::CpuNetwork(const NetworkConfig& config, ParameterNaming naming)
   }
   const int input = NewActivation(config.input_shape, 0);
   output_ = AddBranch(config.layers, input, activations_[input].grad);
+  FuseRelus();
   const size_t logits = static_cast<size_t>(config.max_batch) * config.classes;
   loss_grad_ = AlignedArray<float>(logits);
   logits_ = AlignedArray<float>(logits);
+}
+
+void CpuNetwork::FuseRelus() {
+  for (size_t i = 0; i + 1 < nodes_.size(); ++i) {
+    Node& node = nodes_[i];
+    Node& next = nodes_[i + 1];
+    if (node.type != Node::Type::kLayer || next.type != Node::Type::kLayer || node.fused_away ||
+        next.in != node.out) {
+      continue;
+    }
+    if (IsBatchNorm(node.config.kind) && next.config.kind == Kind::kRelu && !fp16() &&
+        FusedNormReluIsJit(node)) {
+      node.fuse_relu = true;
+      node.out = next.out;
+      next.fused_away = true;
+    } else if (node.config.kind == Kind::kRelu && next.config.kind == Kind::kMaxPool2d) {
+      node.fused_away = true;
+      next.relu_after = true;
+      next.in = node.in;
+      next.diff_src = node.diff_src;
+      next.masked = NewBuffer();
+    }
+  }
+}
+
+bool CpuNetwork::FusedNormReluIsJit(const Node& node) const {
+  const std::vector<int>& shape = activations_[node.in].shape;
+  const memory::dim channels = shape[0];
+  const memory::dim height = shape.size() == 3 ? shape[1] : 1;
+  const memory::dim width = shape.size() == 3 ? shape[2] : 1;
+  const memory::desc data({config_.max_batch, channels, height, width}, ComputeType(), Tag::nhwc);
+  try {
+    dnnl::batch_normalization_forward::primitive_desc fwd(
+        dnnl::batch_normalization_forward::desc(
+            dnnl::prop_kind::forward_training, data, node.config.eps,
+            dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift |
+                dnnl::normalization_flags::fuse_norm_relu),
+        engine_);
+    return std::string(fwd.impl_info_str()).find("jit") != std::string::npos;
+  } catch (const dnnl::error&) {
+    return false;
+  }
 }
 
 int CpuNetwork::NewBuffer() {
@@ -514,6 +576,7 @@ absl::Status CpuNetwork::Init() {
       need(node.pre, full_plan_->value_md[node.out].get_size());
     } else {
       need(node.diff_src, full_plan_->grad_md[node.in].get_size());
+      need(node.masked, full_plan_->grad_md[node.out].get_size());
     }
   }
   for (size_t b = 0; b < buffers_.size(); ++b) buffers_[b] = AlignedArray<std::byte>(bytes[b]);
@@ -560,6 +623,7 @@ absl::StatusOr<std::unique_ptr<Plan>> CpuNetwork::BuildPlan(int batch) {
         PlanAdd(node, batch, attr, *plan, pending);
         continue;
       }
+      if (node.fused_away) continue;  // a ReLU its neighbour applies (FuseRelus)
       const LayerIo io = {
           .index = i,
           .full = full,
@@ -782,10 +846,19 @@ absl::Status CpuNetwork::PlanPool(Layer& layer, const LayerIo& io, const dnnl::p
   // AvgPool2d's default count_include_pad=True divides by the whole window, padding included.
   const dnnl::algorithm algorithm =
       max ? dnnl::algorithm::pooling_max : dnnl::algorithm::pooling_avg_include_padding;
+  // The ReLU before a MaxPool2d runs after it, as a post-op (FuseRelus). A new attribute: copies
+  // of a primitive_attr share one handle.
+  dnnl::primitive_attr fwd_attr;
+  fwd_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (layer.relu_after) {
+    dnnl::post_ops post;
+    post.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    fwd_attr.set_post_ops(post);
+  }
   dnnl::pooling_forward::primitive_desc fwd(
       dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, algorithm, io.src, io.dst,
                                   strides, kernel, padding, padding),
-      attr, engine_);
+      layer.relu_after ? fwd_attr : attr, engine_);
   const memory::desc workspace = fwd.workspace_desc();
   if (io.full && workspace.get_size() > 0) {
     layer.workspace = AlignedArray<std::byte>(workspace.get_size());
@@ -803,13 +876,34 @@ absl::Status CpuNetwork::PlanPool(Layer& layer, const LayerIo& io, const dnnl::p
   }
   pending.push_back(std::move(forward));
   if (layer.needs_input_grad) {
+    void* diff_dst_ptr = io.diff_dst_ptr;
+    if (layer.relu_after) {
+      // ReLU' from the pooled output (positive exactly where the window's maximum is), into
+      // `masked`, which the pool's backward then reads.
+      diff_dst_ptr = Buffer(layer.masked);
+      dnnl::eltwise_forward::primitive_desc relu_fwd(
+          dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training,
+                                      dnnl::algorithm::eltwise_relu_use_dst_for_bwd, io.dst, 0.f,
+                                      0.f),
+          attr, engine_);
+      dnnl::eltwise_backward::primitive_desc relu_bwd(
+          dnnl::eltwise_backward::desc(dnnl::algorithm::eltwise_relu_use_dst_for_bwd, io.diff_dst,
+                                       io.dst, 0.f, 0.f),
+          attr, engine_, relu_fwd);
+      pending.push_back({dnnl::eltwise_backward(relu_bwd),
+                         relu_bwd.scratchpad_desc(),
+                         {{DNNL_ARG_DST, {io.dst, io.dst_ptr}},
+                          {DNNL_ARG_DIFF_DST, {io.diff_dst, io.diff_dst_ptr}},
+                          {DNNL_ARG_DIFF_SRC, {io.diff_dst, diff_dst_ptr}}},
+                         &plan.ops[io.index].backward_data});
+    }
     dnnl::pooling_backward::primitive_desc bwd(
         dnnl::pooling_backward::desc(algorithm, io.diff_src, io.diff_dst, strides, kernel, padding,
                                      padding),
         attr, engine_, fwd);
     PendingOp backward{dnnl::pooling_backward(bwd),
                        bwd.scratchpad_desc(),
-                       {{DNNL_ARG_DIFF_DST, {io.diff_dst, io.diff_dst_ptr}},
+                       {{DNNL_ARG_DIFF_DST, {io.diff_dst, diff_dst_ptr}},
                         {DNNL_ARG_DIFF_SRC, {io.diff_src, io.diff_src_ptr}}},
                        &plan.ops[io.index].backward_data};
     if (workspace.get_size() > 0) {
@@ -844,7 +938,10 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
   };
   const std::pair<memory::desc, void*> batch_mean = {channel_md, layer.mean.data()};
   const std::pair<memory::desc, void*> batch_variance = {channel_md, layer.variance.data()};
-  const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+  // With fuse_relu (FuseRelus) the output is ReLU'd and the ReLU's mask kept as a workspace,
+  // which backward applies to the output gradient first.
+  auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+  if (layer.fuse_relu) flags = flags | dnnl::normalization_flags::fuse_norm_relu;
   dnnl::batch_normalization_forward::primitive_desc fwd(
       dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, data, c.eps,
                                               flags),
@@ -894,15 +991,21 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
     convert(bf16_data, io.src_ptr, data, src_ptr, &ops.forward);
     convert(bf16_data, io.src_ptr, data, src_ptr, &ops.eval);
   }
-  pending.push_back({dnnl::batch_normalization_forward(fwd),
-                     fwd.scratchpad_desc(),
-                     {{DNNL_ARG_SRC, {data, src_ptr}},
-                      {DNNL_ARG_DST, {data, dst_ptr}},
-                      {DNNL_ARG_SCALE, param(0)},
-                      {DNNL_ARG_SHIFT, param(1)},
-                      {DNNL_ARG_MEAN, batch_mean},
-                      {DNNL_ARG_VARIANCE, batch_variance}},
-                     &ops.forward});
+  const memory::desc workspace = fwd.workspace_desc();
+  if (io.full) layer.workspace = AlignedArray<std::byte>(workspace.get_size());
+  // A partial batch's workspace is smaller; the full batch's buffer holds it.
+  const std::pair<memory::desc, void*> workspace_arg = {workspace, layer.workspace.data()};
+  PendingOp forward{dnnl::batch_normalization_forward(fwd),
+                    fwd.scratchpad_desc(),
+                    {{DNNL_ARG_SRC, {data, src_ptr}},
+                     {DNNL_ARG_DST, {data, dst_ptr}},
+                     {DNNL_ARG_SCALE, param(0)},
+                     {DNNL_ARG_SHIFT, param(1)},
+                     {DNNL_ARG_MEAN, batch_mean},
+                     {DNNL_ARG_VARIANCE, batch_variance}},
+                    &ops.forward};
+  if (workspace.get_size() > 0) forward.args.emplace(DNNL_ARG_WORKSPACE, workspace_arg);
+  pending.push_back(std::move(forward));
   if (via_f32) convert(data, dst_ptr, bf16_data, io.dst_ptr, &ops.forward);
   dnnl::batch_normalization_forward::primitive_desc eval(
       dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_inference, data, c.eps,
@@ -926,7 +1029,7 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
   dnnl::batch_normalization_backward::primitive_desc bwd(
       dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, diff, data, c.eps, flags),
       attr, engine_, fwd);
-  pending.push_back({dnnl::batch_normalization_backward(bwd),
+  PendingOp backward{dnnl::batch_normalization_backward(bwd),
                      bwd.scratchpad_desc(),
                      {{DNNL_ARG_SRC, {data, src_ptr}},
                       {DNNL_ARG_MEAN, batch_mean},
@@ -937,7 +1040,9 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
                       {DNNL_ARG_DIFF_SRC, {diff, diff_src_ptr}},
                       {DNNL_ARG_DIFF_SCALE, param_grad(0)},
                       {DNNL_ARG_DIFF_SHIFT, param_grad(1)}},
-                     &ops.backward_weights});
+                     &ops.backward_weights};
+  if (workspace.get_size() > 0) backward.args.emplace(DNNL_ARG_WORKSPACE, workspace_arg);
+  pending.push_back(std::move(backward));
   if (via_f32) convert(diff, diff_src_ptr, bf16_diff, io.diff_src_ptr, &ops.backward_weights);
 }
 

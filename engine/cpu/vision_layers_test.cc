@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/backend.h"
 #include "engine/cpu/network_test_util.h"
 #include "engine/test_layers.h"
@@ -343,6 +344,79 @@ TEST(VisionLayersTest, ResumeContinuesExactlyWithRunningStatistics) {
     ExpectSameParameters(*first, *resumed, PrecisionName(precision));
     const FeatureBatch test = RandomFeatures(4, Features(config), 3, 99);
     EXPECT_EQ(first->Evaluate(test.View())->loss_sum, resumed->Evaluate(test.View())->loss_sum);
+  }
+}
+
+// The cpu network folds a ReLU into the BatchNorm before it (fuse_norm_relu, not in fp16) and
+// into the MaxPool2d after it (applied to the pooled values). A Dropout of rate 0 (a copy) between
+// them keeps them apart: both networks must train and evaluate to the same bits, at width 16 (the
+// bf16 BatchNorm jit kernels) and 4 (bf16 BatchNorm through f32 copies), with a partial batch.
+TEST(VisionLayersTest, FusedReluTrainsAsTheUnfusedLayers) {
+  auto net = [](int width, bool apart) {
+    auto gap = [apart](std::vector<LayerConfig> layers) {
+      std::vector<LayerConfig> out;
+      for (size_t i = 0; i < layers.size(); ++i) {
+        out.push_back(layers[i]);
+        const bool before_relu = i + 1 < layers.size() && layers[i + 1].kind == Kind::kRelu;
+        const bool relu_before_pool = layers[i].kind == Kind::kRelu && i + 1 < layers.size() &&
+                                      layers[i + 1].kind == Kind::kMaxPool2d;
+        if (apart &&
+            (((layers[i].kind == Kind::kBatchNorm2d || layers[i].kind == Kind::kBatchNorm1d) &&
+              before_relu) ||
+             relu_before_pool)) {
+          out.push_back(Dropout(0));
+        }
+      }
+      return out;
+    };
+    NetworkConfig config =
+        TinyNet({3, 8, 8},
+                gap({NoBias(Conv(width, 3, 1, 1)), Norm2d(), Of(Kind::kRelu),
+                     Residual(gap({NoBias(Conv(width, 3, 1, 1)), Norm2d(), Of(Kind::kRelu),
+                                   NoBias(Conv(width, 3, 1, 1)), Norm2d()}),
+                              {}),
+                     Conv(width, 3, 1, 1), Of(Kind::kRelu), Pool(2, 0, 0), Of(Kind::kFlatten),
+                     NoBias(Linear(width)), Norm1d(), Of(Kind::kRelu), Linear(3)}),
+                31);
+    config.max_batch = 8;
+    config.optimizer.momentum = 0.9;
+    config.optimizer.weight_decay = 1e-3;
+    return config;
+  };
+  for (int width : {16, 4}) {
+    for (Precision precision : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
+      const std::string label = absl::StrCat(PrecisionName(precision), " width ", width);
+      NetworkConfig fused_config = net(width, false);
+      NetworkConfig apart_config = net(width, true);
+      fused_config.precision = apart_config.precision = precision;
+      std::unique_ptr<Model> fused = MakeNetwork(fused_config);
+      std::unique_ptr<Model> apart = MakeNetwork(apart_config);
+      ASSERT_TRUE(fused && apart) << label;
+      // The same initial values (the layer indices, hence the names, differ).
+      std::vector<NamedTensor> start = apart->Parameters();
+      const std::vector<NamedTensor> fused_start = fused->Parameters();
+      ASSERT_EQ(start.size(), fused_start.size()) << label;
+      for (size_t t = 0; t < start.size(); ++t) start[t].values = fused_start[t].values;
+      ASSERT_TRUE(apart->SetParameters(start).ok()) << label;
+      for (int step = 0; step < 3; ++step) {
+        const FeatureBatch batch =
+            RandomFeatures(step == 2 ? 5 : 8, Features(fused_config), 3, 70 + step);
+        absl::StatusOr<StepResult> a = fused->TrainStep(batch.View(), 0.1);
+        absl::StatusOr<StepResult> b = apart->TrainStep(batch.View(), 0.1);
+        ASSERT_TRUE(a.ok() && b.ok()) << label;
+        EXPECT_EQ(a->loss, b->loss) << label << " step " << step;
+      }
+      const std::vector<NamedTensor> pa = fused->Parameters(), pb = apart->Parameters();
+      for (size_t t = 0; t < pa.size(); ++t) {
+        EXPECT_EQ(pa[t].values, pb[t].values) << label << " " << pa[t].name;
+      }
+      const FeatureBatch test = RandomFeatures(8, Features(fused_config), 3, 99);
+      absl::StatusOr<EvalResult> ea = fused->Evaluate(test.View());
+      absl::StatusOr<EvalResult> eb = apart->Evaluate(test.View());
+      ASSERT_TRUE(ea.ok() && eb.ok()) << label;
+      EXPECT_EQ(ea->loss_sum, eb->loss_sum) << label;
+      EXPECT_EQ(ea->correct, eb->correct) << label;
+    }
   }
 }
 
