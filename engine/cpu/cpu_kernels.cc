@@ -50,4 +50,28 @@ void ConvertToBf16(const float* src, int64_t n, bf16_t* dst) {
   Kernels().convert_to_bf16(src, n, dst);
 }
 
+template <>
+void MaxPoolForward<float>(const float* x, const PoolShape& shape, bool relu, float* y,
+                           uint8_t* arg) {
+  Kernels().max_pool_forward_f32(x, shape, relu, y, arg);
+}
+
+template <>
+void MaxPoolForward<bf16_t>(const bf16_t* x, const PoolShape& shape, bool relu, bf16_t* y,
+                            uint8_t* arg) {
+  Kernels().max_pool_forward_bf16(x, shape, relu, y, arg);
+}
+
+template <>
+void MaxPoolBackward<float>(const float* dy, const float* relu_y, const uint8_t* arg,
+                            const PoolShape& shape, float* dx) {
+  Kernels().max_pool_backward_f32(dy, relu_y, arg, shape, dx);
+}
+
+template <>
+void MaxPoolBackward<bf16_t>(const bf16_t* dy, const bf16_t* relu_y, const uint8_t* arg,
+                             const PoolShape& shape, bf16_t* dx) {
+  Kernels().max_pool_backward_bf16(dy, relu_y, arg, shape, dx);
+}
+
 }  // namespace stoker::cpu

@@ -51,6 +51,23 @@ void SgdMomentumUpdate(int64_t n, float learning_rate, float momentum, float wei
 // dst[i] = bf16(src[i]) for i < n.
 void ConvertToBf16(const float* src, int64_t n, bf16_t* dst);
 
+// Max pooling of an NHWC batch with a kernel x kernel window and stride `kernel`, no padding
+// (PyTorch's MaxPool2d(kernel) in floor mode); kernel at most 15.
+struct PoolShape {
+  int batch = 0, height = 0, width = 0, channels = 0, kernel = 2;
+};
+// y[n, i, j, c] = the maximum of x over the window (a NaN wins, as in PyTorch), and
+// arg[n, i, j, c] = the window position (row * kernel + column) of its first maximum, in
+// PyTorch's scan order. With `relu`, y = 0 where the maximum is negative: the ReLU before a max
+// pool, which commutes with it. T = float or bf16_t.
+template <typename T>
+void MaxPoolForward(const T* x, const PoolShape& shape, bool relu, T* y, uint8_t* arg);
+// dx = 0 except at each window's first maximum, which gets dy; with `relu_y` (the forward's
+// output, ReLU fused) only where relu_y > 0. Rows and columns outside every window get 0.
+template <typename T>
+void MaxPoolBackward(const T* dy, const T* relu_y, const uint8_t* arg, const PoolShape& shape,
+                     T* dx);
+
 }  // namespace stoker::cpu
 
 #endif  // STOKER_ENGINE_CPU_CPU_KERNELS_H_

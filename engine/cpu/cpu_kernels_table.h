@@ -18,6 +18,12 @@ struct KernelTable {
   void (*finish_output_grad_bf16)(const bf16_t*, int, int, float*, float*, bf16_t*);
   void (*sgd_momentum_update)(int64_t, float, float, float, const float*, float*, float*, bf16_t*);
   void (*convert_to_bf16)(const float*, int64_t, bf16_t*);
+  void (*max_pool_forward_f32)(const float*, const PoolShape&, bool, float*, uint8_t*);
+  void (*max_pool_forward_bf16)(const bf16_t*, const PoolShape&, bool, bf16_t*, uint8_t*);
+  void (*max_pool_backward_f32)(const float*, const float*, const uint8_t*, const PoolShape&,
+                                float*);
+  void (*max_pool_backward_bf16)(const bf16_t*, const bf16_t*, const uint8_t*, const PoolShape&,
+                                 bf16_t*);
 };
 
 extern const KernelTable kGenericKernels;  // baseline x86-64

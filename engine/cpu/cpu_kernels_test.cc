@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/cpu/cpu_kernels_table.h"
@@ -192,6 +193,92 @@ TEST(CpuKernelsTest, GenericAndAvx512BuildsAgree) {
   EXPECT_EQ(out[0].velocity, out[1].velocity);
   EXPECT_EQ(out[0].weight_bf16, out[1].weight_bf16);
   EXPECT_NE(out[0].weight, start);  // the update happened
+}
+
+// Max pooling (NHWC, window = stride) of both builds against a direct reference: ties (values on
+// a coarse grid) go to the first maximum in PyTorch's scan order, a NaN wins its window, ReLU
+// after the pool, and backward writes every input value (dx starts as garbage), rows and columns
+// outside the windows included. float and bf16 (the same values, exact in bf16).
+TEST(CpuKernelsTest, MaxPoolMatchesReference) {
+  std::vector<const KernelTable*> tables = {&kGenericKernels};
+  if (__builtin_cpu_supports("x86-64-v4")) tables.push_back(&kAvx512Kernels);
+  const PoolShape shapes[] = {{3, 7, 5, 19, 2}, {2, 9, 8, 16, 3}, {2, 4, 4, 33, 2}};
+  for (const PoolShape& shape : shapes) {
+    const int out_h = shape.height / shape.kernel, out_w = shape.width / shape.kernel;
+    const size_t in_n =
+        static_cast<size_t>(shape.batch) * shape.height * shape.width * shape.channels;
+    const size_t out_n = static_cast<size_t>(shape.batch) * out_h * out_w * shape.channels;
+    std::vector<float> x = RandomFloats(in_n, 80 + shape.kernel, 2.0f);
+    for (float& v : x) v = std::round(v * 2) / 2;  // -2, -1.5, ..., 2: many ties
+    x[5 * shape.channels + 3] = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<float> dy = RandomFloats(out_n, 90, 1.0f);
+    for (bool relu : {false, true}) {
+      // Reference: y, the winner's flat input index, and dx.
+      std::vector<float> y_ref(out_n);
+      std::vector<size_t> from(out_n);
+      std::vector<float> dx_ref(in_n, 0.0f);
+      for (int n = 0; n < shape.batch; ++n) {
+        for (int i = 0; i < out_h; ++i) {
+          for (int j = 0; j < out_w; ++j) {
+            for (int c = 0; c < shape.channels; ++c) {
+              const size_t o =
+                  ((static_cast<size_t>(n) * out_h + i) * out_w + j) * shape.channels + c;
+              size_t best = 0;
+              bool first = true;
+              for (int di = 0; di < shape.kernel; ++di) {
+                for (int dj = 0; dj < shape.kernel; ++dj) {
+                  const size_t at =
+                      ((static_cast<size_t>(n) * shape.height + i * shape.kernel + di) *
+                           shape.width +
+                       j * shape.kernel + dj) *
+                          shape.channels +
+                      c;
+                  const bool nan_best = std::isnan(x[best]);
+                  if (first || (!nan_best && (x[at] > x[best] || std::isnan(x[at])))) best = at;
+                  first = false;
+                }
+              }
+              from[o] = best;
+              y_ref[o] = relu && x[best] < 0 ? 0.0f : x[best];
+              if (!relu || y_ref[o] > 0) dx_ref[best] = dy[o];
+            }
+          }
+        }
+      }
+      for (const KernelTable* table : tables) {
+        const std::string label = std::string(table == &kGenericKernels ? "generic" : "avx512") +
+                                  " k" + std::to_string(shape.kernel) + (relu ? " relu" : "");
+        std::vector<float> y(out_n, 7.0f), dx(in_n, 7.0f);
+        std::vector<uint8_t> arg(out_n, 99);
+        table->max_pool_forward_f32(x.data(), shape, relu, y.data(), arg.data());
+        table->max_pool_backward_f32(dy.data(), relu ? y.data() : nullptr, arg.data(), shape,
+                                     dx.data());
+        for (size_t o = 0; o < out_n; ++o) {
+          if (std::isnan(y_ref[o])) {
+            EXPECT_TRUE(std::isnan(y[o])) << label << " output " << o;
+          } else {
+            EXPECT_EQ(y[o], y_ref[o]) << label << " output " << o;
+          }
+        }
+        EXPECT_EQ(dx, dx_ref) << label;
+        // bf16: the same values (all exact in bf16) give the same bits.
+        std::vector<bf16_t> xb(in_n), dyb(out_n), yb(out_n, 1), dxb(in_n, 1);
+        for (size_t t = 0; t < in_n; ++t) xb[t] = FloatToBf16(x[t]);
+        for (size_t t = 0; t < out_n; ++t) dyb[t] = FloatToBf16(dy[t]);
+        std::vector<uint8_t> argb(out_n, 99);
+        table->max_pool_forward_bf16(xb.data(), shape, relu, yb.data(), argb.data());
+        table->max_pool_backward_bf16(dyb.data(), relu ? yb.data() : nullptr, argb.data(), shape,
+                                      dxb.data());
+        EXPECT_EQ(argb, arg) << label << " bf16";
+        for (size_t o = 0; o < out_n; ++o) {
+          if (!std::isnan(y_ref[o])) EXPECT_EQ(yb[o], FloatToBf16(y_ref[o])) << label << " bf16";
+        }
+        for (size_t t = 0; t < in_n; ++t) {
+          EXPECT_EQ(dxb[t], FloatToBf16(dx_ref[t])) << label << " bf16 input " << t;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
