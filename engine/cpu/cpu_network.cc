@@ -44,6 +44,10 @@ constexpr size_t kMaxPartialPlans = 3;
 // of its bf16 step; every ResNet-20 tensor is below 1 << 16.)
 constexpr int64_t kMaxGatherValues = int64_t{1} << 16;
 
+// bf16 convolutions with at most this many output pixels (7x7) compute their weight gradient in
+// f32 when oneDNN's bf16 kernel for it is the AMX one (Node::f32_weight_grad).
+constexpr int64_t kMaxF32WeightGradPixels = 49;
+
 // Values in a plain (non-padded) descriptor of f32 or bf16.
 int64_t Elements(const memory::desc& md) {
   return static_cast<int64_t>(md.get_size()) / (md.data_type() == DataType::bf16 ? 2 : 4);
@@ -145,6 +149,12 @@ struct Node {
   // tensor, grad_reorders_); both -1 when backward writes the plain one.
   int grad_gather = -1;
   int grad_reorder = -1;
+  // bf16 Conv2d: its weight gradient from f32 copies of the input and the output gradient, with
+  // oneDNN's f32 kernel. On AMX, oneDNN 2.6's bf16 weight-gradient kernel is slower than the f32
+  // one for small images (ResNet-20's 7x7 stage: 3.7-3.9 against 2.3-2.6 ms a call); chosen at the
+  // full batch (PlanConv2d) for outputs of at most kMaxF32WeightGradPixels.
+  bool f32_weight_grad = false;
+  AlignedArray<std::byte> f32_src, f32_diff_dst;
   AlignedArray<std::byte> weight_fwd;
   AlignedArray<std::byte> weight_bwd;
   AlignedArray<std::byte> diff_weight;  // empty when backward writes the plain gradient directly
@@ -262,6 +272,9 @@ class CpuNetwork final : public Model {
     dnnl::primitive forward, backward_data, backward_weights;
     memory::desc forward_scratch, data_scratch, weights_scratch;
     memory::desc bias;
+    // bf16 Conv2d whose weight gradient runs in f32 (Node::f32_weight_grad): the f32 copies of
+    // its input and output gradient that backward_weights reads.
+    memory::desc f32_src, f32_diff_dst;
   };
   struct WeightDescs {
     memory::desc any_weights, any_diff_weights, bias;
@@ -696,19 +709,54 @@ CpuNetwork::WeightedPrimitives CpuNetwork::PlanConv2d(Layer& layer, const LayerI
           dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, io.src,
           io.full ? w.any_weights : layer.weight_fwd_md, w.bias, io.dst, strides, padding, padding),
       attr, engine_);
-  dnnl::convolution_backward_weights::primitive_desc bwd_w(
-      dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, io.src,
-                                               io.full ? w.any_diff_weights : layer.diff_weight_md,
-                                               w.bias, io.diff_dst, strides, padding, padding),
-      attr, engine_, fwd);
-  if (io.full) {
-    layer.weight_fwd_md = fwd.weights_desc();
-    layer.diff_weight_md = bwd_w.diff_weights_desc();
-  }
+  if (io.full) layer.weight_fwd_md = fwd.weights_desc();
   result.forward = dnnl::convolution_forward(fwd);
   result.forward_scratch = fwd.scratchpad_desc();
-  result.backward_weights = dnnl::convolution_backward_weights(bwd_w);
-  result.weights_scratch = bwd_w.scratchpad_desc();
+  const Dims dst_dims = io.dst.dims();
+  // The compute-type weight gradient: always at the full batch (which decides f32_weight_grad),
+  // later only where it is the one used.
+  if (io.full || !layer.f32_weight_grad) {
+    dnnl::convolution_backward_weights::primitive_desc bwd_w(
+        dnnl::convolution_backward_weights::desc(
+            dnnl::algorithm::convolution_direct, io.src,
+            io.full ? w.any_diff_weights : layer.diff_weight_md, w.bias, io.diff_dst, strides,
+            padding, padding),
+        attr, engine_, fwd);
+    result.backward_weights = dnnl::convolution_backward_weights(bwd_w);
+    result.weights_scratch = bwd_w.scratchpad_desc();
+    if (io.full) {
+      layer.diff_weight_md = bwd_w.diff_weights_desc();
+      const auto nhwc = [](const memory::desc& md) {
+        return md == memory::desc(md.dims(), md.data_type(), Tag::nhwc);
+      };
+      layer.f32_weight_grad = bf16() && nhwc(io.src) && nhwc(io.diff_dst) &&
+                              dst_dims[2] * dst_dims[3] <= kMaxF32WeightGradPixels &&
+                              std::string(bwd_w.impl_info_str()).find("amx") != std::string::npos;
+    }
+  }
+  if (layer.f32_weight_grad) {
+    result.f32_src = memory::desc(io.src.dims(), DataType::f32, Tag::nhwc);
+    result.f32_diff_dst = memory::desc(dst_dims, DataType::f32, Tag::nhwc);
+    const memory::desc any_f32_weights(w.any_weights.dims(), DataType::f32, Tag::any);
+    dnnl::convolution_forward::primitive_desc f32_fwd(
+        dnnl::convolution_forward::desc(
+            dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, result.f32_src,
+            any_f32_weights, w.bias, result.f32_diff_dst, strides, padding, padding),
+        attr, engine_);
+    dnnl::convolution_backward_weights::primitive_desc f32_bwd_w(
+        dnnl::convolution_backward_weights::desc(
+            dnnl::algorithm::convolution_direct, result.f32_src,
+            io.full ? w.any_diff_weights : layer.diff_weight_md, w.bias, result.f32_diff_dst,
+            strides, padding, padding),
+        attr, engine_, f32_fwd);
+    if (io.full) {
+      layer.diff_weight_md = f32_bwd_w.diff_weights_desc();
+      layer.f32_src = AlignedArray<std::byte>(result.f32_src.get_size());
+      layer.f32_diff_dst = AlignedArray<std::byte>(result.f32_diff_dst.get_size());
+    }
+    result.backward_weights = dnnl::convolution_backward_weights(f32_bwd_w);
+    result.weights_scratch = f32_bwd_w.scratchpad_desc();
+  }
   if (layer.needs_input_grad) {
     dnnl::convolution_backward_data::primitive_desc bwd_d(
         dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, io.diff_src,
@@ -787,11 +835,31 @@ void CpuNetwork::PlanWeightedLayer(Layer& layer, const LayerIo& io,
                      {DNNL_ARG_WEIGHTS, {layer.weight_fwd_md, fwd_weights}},
                      {DNNL_ARG_DST, {io.dst, io.dst_ptr}}},
                     &plan.ops[io.index].forward};
+  memory::desc grad_src = io.src, grad_diff_dst = io.diff_dst;
+  void* grad_src_ptr = io.src_ptr;
+  void* grad_diff_dst_ptr = io.diff_dst_ptr;
+  if (layer.f32_weight_grad) {
+    // The weight gradient's f32 inputs, converted right before it.
+    grad_src = primitives.f32_src;
+    grad_diff_dst = primitives.f32_diff_dst;
+    grad_src_ptr = layer.f32_src.data();
+    grad_diff_dst_ptr = layer.f32_diff_dst.data();
+    const std::pair<memory::desc, void*> copies[][2] = {
+        {{io.src, io.src_ptr}, {grad_src, grad_src_ptr}},
+        {{io.diff_dst, io.diff_dst_ptr}, {grad_diff_dst, grad_diff_dst_ptr}}};
+    for (const auto& [from, to] : copies) {
+      dnnl::reorder::primitive_desc copy(engine_, from.first, engine_, to.first);
+      pending.push_back({dnnl::reorder(copy),
+                         copy.scratchpad_desc(),
+                         {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
+                         &plan.ops[io.index].backward_weights});
+    }
+  }
   PendingOp backward_weights{
       primitives.backward_weights,
       primitives.weights_scratch,
-      {{DNNL_ARG_SRC, {io.src, io.src_ptr}},
-       {DNNL_ARG_DIFF_DST, {io.diff_dst, io.diff_dst_ptr}},
+      {{DNNL_ARG_SRC, {grad_src, grad_src_ptr}},
+       {DNNL_ARG_DIFF_DST, {grad_diff_dst, grad_diff_dst_ptr}},
        {DNNL_ARG_DIFF_WEIGHTS,
         {layer.diff_weight_md, Bind(layer.diff_weight, weight.grad.data())}}},
       &plan.ops[io.index].backward_weights};

@@ -420,6 +420,42 @@ TEST(VisionLayersTest, FusedReluTrainsAsTheUnfusedLayers) {
   }
 }
 
+// bf16 convolutions on images of at most 7x7 take their weight gradient from f32 copies when
+// oneDNN's bf16 kernel for it is AMX's (faster there). 16 channels on 7x7 images, so that kernel
+// is the one oneDNN picks on an AMX CPU: the bf16 gradient tracks fp32's, a partial batch plans
+// and trains too, and a copy resumed from Parameters() and OptimizerState() continues bit-exactly.
+TEST(VisionLayersTest, Bf16SmallImageWeightGradientsTrackFp32) {
+  NetworkConfig config =
+      TinyNet({16, 7, 7},
+              {NoBias(Conv(16, 3, 1, 1)), Norm2d(), Of(Kind::kRelu), NoBias(Conv(16, 3, 1, 1)),
+               Norm2d(), Of(Kind::kRelu), Of(Kind::kGlobalAvgPool), Linear(3)},
+              41);
+  config.max_batch = 8;
+  const FeatureBatch batch = RandomFeatures(8, Features(config), 3, 11);
+  std::unique_ptr<Model> fp32 = MakeNetwork(config);
+  config.precision = Precision::kBf16;
+  std::unique_ptr<Model> bf16 = MakeNetwork(config);
+  ASSERT_TRUE(fp32 && bf16);
+  const DoubleParams fp32_step = StepGradient(*fp32, batch.View(), 1.0, nullptr);
+  const DoubleParams bf16_step = StepGradient(*bf16, batch.View(), 1.0, nullptr);
+  const std::vector<bool> trained = Trained(config);
+  for (size_t t = 0; t < fp32_step.size(); ++t) {
+    if (trained[t]) EXPECT_LT(RelativeDifference(bf16_step[t], fp32_step[t]), 0.1) << t;
+  }
+  std::unique_ptr<Model> resumed = MakeNetwork(config);
+  ASSERT_NE(resumed, nullptr);
+  ASSERT_TRUE(resumed->SetParameters(bf16->Parameters()).ok());
+  ASSERT_TRUE(resumed->SetOptimizerState(bf16->OptimizerState()).ok());
+  for (int count : {8, 5}) {
+    const FeatureBatch next = RandomFeatures(count, Features(config), 3, 20 + count);
+    absl::StatusOr<StepResult> a = bf16->TrainStep(next.View(), 0.1);
+    absl::StatusOr<StepResult> b = resumed->TrainStep(next.View(), 0.1);
+    ASSERT_TRUE(a.ok() && b.ok()) << count;
+    EXPECT_EQ(a->loss, b->loss) << count;
+  }
+  ExpectSameParameters(*bf16, *resumed, "bf16 7x7");
+}
+
 TEST(VisionLayersTest, BadNestedConfigsNameTheNestedLayer) {
   struct Case {
     NetworkConfig config;
