@@ -348,9 +348,10 @@ TEST(VisionLayersTest, ResumeContinuesExactlyWithRunningStatistics) {
 }
 
 // The cpu network folds a ReLU into the BatchNorm before it (fuse_norm_relu, not in fp16) and
-// into the MaxPool2d after it (applied to the pooled values). A Dropout of rate 0 (a copy) between
-// them keeps them apart: both networks must train and evaluate to the same bits, at width 16 (the
-// bf16 BatchNorm jit kernels) and 4 (bf16 BatchNorm through f32 copies), with a partial batch.
+// into the MaxPool2d after it (applied to the pooled values: a 2x2 pool of Stoker's own and a
+// padded 3x3 one of oneDNN's). A Dropout of rate 0 (a copy) between them keeps them apart: both
+// networks must train and evaluate to the same bits, at width 16 (the bf16 BatchNorm jit kernels)
+// and 4 (bf16 BatchNorm through f32 copies), with a partial batch.
 TEST(VisionLayersTest, FusedReluTrainsAsTheUnfusedLayers) {
   auto net = [](int width, bool apart) {
     auto gap = [apart](std::vector<LayerConfig> layers) {
@@ -375,8 +376,9 @@ TEST(VisionLayersTest, FusedReluTrainsAsTheUnfusedLayers) {
                      Residual(gap({NoBias(Conv(width, 3, 1, 1)), Norm2d(), Of(Kind::kRelu),
                                    NoBias(Conv(width, 3, 1, 1)), Norm2d()}),
                               {}),
-                     Conv(width, 3, 1, 1), Of(Kind::kRelu), Pool(2, 0, 0), Of(Kind::kFlatten),
-                     NoBias(Linear(width)), Norm1d(), Of(Kind::kRelu), Linear(3)}),
+                     Conv(width, 3, 1, 1), Of(Kind::kRelu), Pool(2, 0, 0), Conv(width, 3, 1, 1),
+                     Of(Kind::kRelu), Pool(3, 2, 1), Of(Kind::kFlatten), NoBias(Linear(width)),
+                     Norm1d(), Of(Kind::kRelu), Linear(3)}),
                 31);
     config.max_batch = 8;
     config.optimizer.momentum = 0.9;
