@@ -440,7 +440,9 @@ void CpuNetwork::FuseRelus() {
       next.relu_after = true;
       next.in = node.in;
       next.diff_src = node.diff_src;
-      next.masked = NewBuffer();
+      // oneDNN's pooling backward reads the masked gradient from a buffer; the own pool masks
+      // on the fly.
+      if (!next.own_pool) next.masked = NewBuffer();
     }
   }
 }
@@ -530,6 +532,11 @@ int CpuNetwork::AddLayer(const LayerConfig& config, int in, int diff_src) {
   node.diff_src = diff_src;
   node.needs_input_grad = in_needs_grad;
   node.stride = EffectiveStride(config);
+  // oneDNN 2.6's pooling ran at 6.5 GB/s here, forward and backward, where a plain loop over the
+  // channels streams at 2-3x that (docs/decisions.md): the common max pool (on NHWC, as every
+  // image activation is) is Stoker's own.
+  node.own_pool = config.kind == Kind::kMaxPool2d && config.kernel == node.stride &&
+                  config.padding == 0 && config.kernel <= 15;
   bool has_parameters = false;
   if (config.kind == Kind::kConv2d || config.kind == Kind::kLinear) {
     node.weight = static_cast<int>(next_param_++);
@@ -747,11 +754,8 @@ CpuNetwork::WeightedPrimitives CpuNetwork::PlanConv2d(Layer& layer, const LayerI
     result.weights_scratch = bwd_w.scratchpad_desc();
     if (io.full) {
       layer.diff_weight_md = bwd_w.diff_weights_desc();
-      const auto nhwc = [](const memory::desc& md) {
-        return md == memory::desc(md.dims(), md.data_type(), Tag::nhwc);
-      };
-      layer.f32_weight_grad = bf16() && nhwc(io.src) && nhwc(io.diff_dst) &&
-                              dst_dims[2] * dst_dims[3] <= kMaxF32WeightGradPixels &&
+      // Image activations are all NHWC (ActivationMd), as the f32 copies are.
+      layer.f32_weight_grad = bf16() && dst_dims[2] * dst_dims[3] <= kMaxF32WeightGradPixels &&
                               std::string(bwd_w.impl_info_str()).find("amx") != std::string::npos;
     }
   }
@@ -933,11 +937,7 @@ absl::Status CpuNetwork::PlanPool(Layer& layer, const LayerIo& io, const dnnl::p
   const LayerConfig& c = layer.config;
   const bool max = c.kind == Kind::kMaxPool2d;
   const bool global = c.kind == Kind::kGlobalAvgPool;
-  // oneDNN 2.6's pooling ran at 6.5 GB/s here, forward and backward, where a plain loop over the
-  // channels streams at 2-3x that (docs/decisions.md): the common max pool is Stoker's own.
-  if (max && c.kernel == layer.stride && c.padding == 0 && c.kernel <= 15 &&
-      io.src == memory::desc(io.src.dims(), io.src.data_type(), Tag::nhwc)) {
-    layer.own_pool = true;
+  if (layer.own_pool) {
     if (io.full) layer.workspace = AlignedArray<std::byte>(Elements(io.dst));
     return absl::OkStatus();
   }
