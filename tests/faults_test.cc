@@ -620,6 +620,58 @@ TEST(FaultsTest, AWorkerKilledAndRestartedUnderItsIdIsBackAtOnce) {
   EXPECT_EQ(done->worker_id(), "w1");
 }
 
+// A worker paused past its lease (SIGSTOP: a stalled VM, a debugger) loses its job to the queue;
+// back, it registers again, the server stops the old attempt and hands the job straight back to it
+// while that attempt's trainer is still ending there. The new attempt waits for it and then runs:
+// it used to be dropped, reported lost at the next heartbeat and requeued once more, which cost
+// the job a retry it did not have (max_retries 1 here).
+TEST(FaultsTest, APausedWorkerTakesItsJobBackWhileTheOldAttemptEnds) {
+  TestCluster cluster;
+  cluster.StartServer({"--lease-seconds", "2"});
+  const pid_t worker = cluster.StartWorker("w1");
+  v1::JobSpec spec = SlowJob(6);
+  spec.mutable_loader()->set_delay_ms(40);  // ~1.9 s per epoch
+  spec.set_max_retries(1);
+  absl::StatusOr<v1::Job> job = cluster.Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<v1::Job> checkpointed = cluster.WaitFor(
+      job->id(), [](const v1::Job& j) { return j.checkpoint_epoch() >= 1; }, absl::Seconds(60));
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.status();
+  ASSERT_EQ(checkpointed->state(), v1::JOB_STATE_RUNNING);
+
+  // The trainer is paused too, so the old attempt's end takes a while (the runner's SIGTERM waits
+  // 2 s before its SIGKILL): the job comes back to w1 before that attempt is gone.
+  std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", cluster.dir(), job->id()});
+  ASSERT_EQ(trainers.size(), 1u);
+  ASSERT_EQ(kill(trainers[0], SIGSTOP), 0);
+  ASSERT_EQ(kill(worker, SIGSTOP), 0);
+  absl::StatusOr<v1::Job> lost = cluster.WaitFor(
+      job->id(), [](const v1::Job& j) { return j.state() == v1::JOB_STATE_QUEUED; },
+      absl::Seconds(20));
+  ASSERT_EQ(kill(worker, SIGCONT), 0);
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  EXPECT_EQ(lost->attempt(), 1);
+
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(120));
+  ASSERT_TRUE(done.ok()) << done.status();
+  const std::string worker_log = ReadAll(cluster.dir() + "/w1.log");
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error() << "\n" << worker_log;
+  EXPECT_EQ(done->attempt(), 2) << worker_log;
+  EXPECT_EQ(done->worker_id(), "w1");
+  // The new attempt was handed over while the old one ended, waited for it, and resumed from
+  // the checkpoint rather than starting over.
+  EXPECT_TRUE(absl::StrContains(worker_log, " attempt 2 starts once attempt 1 of it has ended"))
+      << worker_log;
+  bool resumed = false;
+  for (const v1::JobEvent& event : cluster.History(job->id())) {
+    EXPECT_FALSE(absl::StrContains(event.message(), "no longer runs the job")) << event.message();
+    resumed =
+        resumed || (event.attempt() == 2 &&
+                    absl::StrContains(event.message(), "resumed from the checkpoint at step"));
+  }
+  EXPECT_TRUE(resumed);
+}
+
 // Issue 12.5: a restarted server gave its workers one lease to come back; they needed ~5 s, so
 // with --lease-seconds 3 the running job lost an attempt and went back to an old checkpoint.
 TEST(FaultsTest, AServerRestartWithAShortLeaseCostsTheRunningJobNothing) {

@@ -194,6 +194,12 @@ void Agent::AddRunningAttempts(
     attempt->set_attempt(job->assignment.attempt());
     attempt->set_rank(key.second);
   }
+  for (const auto& [key, assignment] : deferred_) {
+    v1::RunningAttempt* attempt = running->Add();
+    attempt->set_job_id(key.first);
+    attempt->set_attempt(assignment.attempt());
+    attempt->set_rank(key.second);
+  }
 }
 
 bool Agent::Register(const std::atomic<bool>& stop) {
@@ -272,7 +278,14 @@ bool Agent::Run(const std::atomic<bool>& stop) {
       if (metrics_ != nullptr) metrics_->HeartbeatAnswered(absl::Now());
       for (const v1::RunningAttempt& stop_attempt : response.stop()) {
         absl::MutexLock lock(&mu_);
-        auto it = jobs_.find(RankKey(stop_attempt.job_id(), stop_attempt.rank()));
+        const RankKey key(stop_attempt.job_id(), stop_attempt.rank());
+        if (auto deferred = deferred_.find(key);
+            deferred != deferred_.end() && deferred->second.attempt() == stop_attempt.attempt()) {
+          Log(absl::StrCat("server asks to stop ", RankName(deferred->second), " attempt ",
+                           stop_attempt.attempt(), " (not started)"));
+          deferred_.erase(deferred);
+        }
+        auto it = jobs_.find(key);
         if (it != jobs_.end() && it->second->assignment.attempt() == stop_attempt.attempt()) {
           Log(absl::StrCat("server asks to stop ", RankName(it->second->assignment), " attempt ",
                            stop_attempt.attempt()));
@@ -298,6 +311,7 @@ bool Agent::Run(const std::atomic<bool>& stop) {
   // gives back must not be placed here again (a data-parallel job's next attempt would wait for a
   // rank this worker never starts). Heartbeats go on while the drain lasts.
   DrainingHeartbeat();
+  GiveBackDeferred();
   {
     absl::MutexLock lock(&mu_);
     if (!jobs_.empty()) Log(absl::StrCat("draining ", jobs_.size(), " job(s)"));
@@ -335,7 +349,12 @@ void Agent::DrainingHeartbeat() {
   if (!stub_->Heartbeat(Context(absl::Seconds(1)).get(), request, &response).ok()) return;
   absl::MutexLock lock(&mu_);
   for (const v1::RunningAttempt& stop_attempt : response.stop()) {
-    auto it = jobs_.find(RankKey(stop_attempt.job_id(), stop_attempt.rank()));
+    const RankKey key(stop_attempt.job_id(), stop_attempt.rank());
+    if (auto deferred = deferred_.find(key);
+        deferred != deferred_.end() && deferred->second.attempt() == stop_attempt.attempt()) {
+      deferred_.erase(deferred);
+    }
+    auto it = jobs_.find(key);
     if (it != jobs_.end() && it->second->assignment.attempt() == stop_attempt.attempt() &&
         !it->second->done.load()) {
       it->second->runner->Cancel();
@@ -398,6 +417,46 @@ void Agent::ReapFinishedJobs() {
       it = jobs_.erase(it);
     } else {
       ++it;
+    }
+  }
+  // Newer attempts that waited for an old one's end (not while draining: GiveBackDeferred
+  // returned those).
+  for (auto it = deferred_.begin(); it != deferred_.end();) {
+    if (jobs_.contains(it->first) || shutting_down_.load()) {
+      ++it;
+      continue;
+    }
+    const v1::Assignment assignment = std::move(it->second);
+    it = deferred_.erase(it);
+    StartJobLocked(assignment);
+  }
+}
+
+void Agent::GiveBackDeferred() {
+  std::vector<v1::Assignment> given_back;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [key, assignment] : deferred_) given_back.push_back(std::move(assignment));
+    deferred_.clear();
+  }
+  for (const v1::Assignment& assignment : given_back) {
+    v1::CompleteJobRequest request;
+    request.set_worker_id(options_.worker_id);
+    request.set_job_id(assignment.job_id());
+    request.set_attempt(assignment.attempt());
+    request.set_rank(assignment.rank());
+    request.set_state(v1::JOB_STATE_FAILED);
+    request.set_released(true);
+    request.set_error(
+        absl::StrCat("worker ", options_.worker_id, " shut down before the attempt started"));
+    Log(absl::StrCat("giving back ", RankName(assignment), " attempt ", assignment.attempt(),
+                     " (not started)"));
+    v1::CompleteJobResponse response;
+    // Best effort: a server that does not hear it requeues the attempt when this worker's
+    // heartbeats stop listing it.
+    grpc::Status status = stub_->CompleteJob(Context(absl::Seconds(2)).get(), request, &response);
+    if (!status.ok()) {
+      Log(absl::StrCat("giving back ", RankName(assignment), " failed: ", status.error_message()));
     }
   }
 }

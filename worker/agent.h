@@ -102,7 +102,11 @@ class Agent {
   // While draining: a heartbeat saying this worker takes no new job (free_slots 0) and listing
   // what still runs; honours the server's stops, starts nothing.
   void DrainingHeartbeat();
-  void StartJob(const v1::Assignment& assignment);
+  void StartJob(const v1::Assignment& assignment) ABSL_LOCKS_EXCLUDED(mu_);
+  void StartJobLocked(const v1::Assignment& assignment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // While this worker drains: the deferred attempts it will not start go back to the server
+  // (released, not counted against max_retries).
+  void GiveBackDeferred() ABSL_LOCKS_EXCLUDED(mu_);
   void RunJob(RunningJob* job);
   void ReapFinishedJobs();
   // Lists the attempts this worker runs (register and heartbeat requests carry them).
@@ -132,6 +136,11 @@ class Agent {
   std::atomic<bool> shutting_down_{false};
   absl::Mutex mu_;
   std::map<RankKey, std::unique_ptr<RunningJob>> jobs_ ABSL_GUARDED_BY(mu_);
+  // A newer attempt of a rank whose older attempt still ends here (the server requeued the job
+  // and gave it back to this worker before the old trainer was gone): it starts once the old
+  // attempt is reaped, and heartbeats report it as running meanwhile, so the server neither
+  // requeues it as lost (which would cost the job a retry) nor places it twice.
+  std::map<RankKey, v1::Assignment> deferred_ ABSL_GUARDED_BY(mu_);
 };
 
 // This machine's CPU as a device (model name from /proc/cpuinfo, total memory).

@@ -35,13 +35,22 @@ using agent_internal::SleepUnlessStopped;
 
 void Agent::StartJob(const v1::Assignment& assignment) {
   absl::MutexLock lock(&mu_);
+  StartJobLocked(assignment);
+}
+
+void Agent::StartJobLocked(const v1::Assignment& assignment) {
   const RankKey key(assignment.job_id(), assignment.rank());
   if (auto it = jobs_.find(key); it != jobs_.end()) {
-    // The same attempt delivered again is nothing new; a new one waits for the old one's end.
-    if (it->second->assignment.attempt() != assignment.attempt()) {
-      Log(absl::StrCat("not starting ", RankName(assignment), " attempt ", assignment.attempt(),
-                       " yet: attempt ", it->second->assignment.attempt(),
-                       " of it is still ending here"));
+    // The same attempt delivered again is nothing new; a newer one waits for the old one's end
+    // (ReapFinishedJobs starts it).
+    const int old_attempt = it->second->assignment.attempt();
+    if (assignment.attempt() > old_attempt) {
+      auto [deferred, inserted] = deferred_.try_emplace(key, assignment);
+      if (inserted || deferred->second.attempt() < assignment.attempt()) {
+        deferred->second = assignment;
+        Log(absl::StrCat(RankName(assignment), " attempt ", assignment.attempt(),
+                         " starts once attempt ", old_attempt, " of it has ended here"));
+      }
     }
     return;
   }
