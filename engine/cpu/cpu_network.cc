@@ -211,6 +211,11 @@ void* Bind(AlignedArray<std::byte>& buffer, void* fallback) {
 
 bool IsBatchNorm(Kind kind) { return kind == Kind::kBatchNorm2d || kind == Kind::kBatchNorm1d; }
 
+// An NHWC activation of 16 channels described as nChw16c: the same bytes at the same offsets.
+memory::desc SixteenChannelView(const memory::desc& nhwc) {
+  return memory::desc(nhwc.dims(), nhwc.data_type(), Tag::aBcd16b);
+}
+
 // Layers whose output keeps their input's memory layout.
 bool KeepsLayout(Kind kind) {
   return kind == Kind::kFlatten || kind == Kind::kRelu || kind == Kind::kGelu ||
@@ -276,6 +281,9 @@ class CpuNetwork final : public Model {
     // bf16 Conv2d whose weight gradient runs in f32 (Node::f32_weight_grad): the f32 copies of
     // its input and output gradient that backward_weights reads.
     memory::desc f32_src, f32_diff_dst;
+    // Where not zero: how the forward (src, dst) and the weight gradient (src, diff_dst) see their
+    // NHWC activations instead (SixteenChannelView).
+    memory::desc forward_src, forward_dst, weights_src, weights_diff_dst;
   };
   struct WeightDescs {
     memory::desc any_weights, any_diff_weights, bias;
@@ -732,11 +740,31 @@ CpuNetwork::WeightedPrimitives CpuNetwork::PlanConv2d(Layer& layer, const LayerI
   const Dims padding = {c.padding, c.padding};
   WeightedPrimitives result;
   result.bias = w.bias;
-  dnnl::convolution_forward::primitive_desc fwd(
-      dnnl::convolution_forward::desc(
-          dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, io.src,
-          io.full ? w.any_weights : layer.weight_fwd_md, w.bias, io.dst, strides, padding, padding),
-      attr, engine_);
+  auto forward_desc = [&](const memory::desc& src, const memory::desc& dst) {
+    return dnnl::convolution_forward::primitive_desc(
+        dnnl::convolution_forward::desc(
+            dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src,
+            io.full ? w.any_weights : layer.weight_fwd_md, w.bias, dst, strides, padding, padding),
+        attr, engine_);
+  };
+  dnnl::convolution_forward::primitive_desc fwd = forward_desc(io.src, io.dst);
+  // A convolution from 16 channels to 16 sees its NHWC activations as oneDNN's 16-channel-blocked
+  // nChw16c, the very same bytes (one block spans all the channels), wherever oneDNN's kernels
+  // for that layout were measured faster: without AMX, its direct forward convolution beats the
+  // NHWC brgconv by 30-40% (f32 and bf16), and its bf16 weight gradient by ~10% (an AMD EPYC Zen
+  // 5, docs/profile-vision.md). The input gradient stays NHWC (equal or faster). With AMX the
+  // NHWC kernels are the AMX ones: nothing changes.
+  const bool sixteen = io.src.dims()[1] == 16 && io.dst.dims()[1] == 16;
+  const bool amx = std::string(fwd.impl_info_str()).find("amx") != std::string::npos;
+  if (sixteen && !amx) {
+    result.forward_src = SixteenChannelView(io.src);
+    result.forward_dst = SixteenChannelView(io.dst);
+    fwd = forward_desc(result.forward_src, result.forward_dst);
+    if (bf16()) {
+      result.weights_src = result.forward_src;
+      result.weights_diff_dst = SixteenChannelView(io.diff_dst);
+    }
+  }
   if (io.full) layer.weight_fwd_md = fwd.weights_desc();
   result.forward = dnnl::convolution_forward(fwd);
   result.forward_scratch = fwd.scratchpad_desc();
@@ -744,11 +772,12 @@ CpuNetwork::WeightedPrimitives CpuNetwork::PlanConv2d(Layer& layer, const LayerI
   // The compute-type weight gradient: always at the full batch (which decides f32_weight_grad),
   // later only where it is the one used.
   if (io.full || !layer.f32_weight_grad) {
+    const bool view = !result.weights_src.is_zero();
     dnnl::convolution_backward_weights::primitive_desc bwd_w(
         dnnl::convolution_backward_weights::desc(
-            dnnl::algorithm::convolution_direct, io.src,
-            io.full ? w.any_diff_weights : layer.diff_weight_md, w.bias, io.diff_dst, strides,
-            padding, padding),
+            dnnl::algorithm::convolution_direct, view ? result.weights_src : io.src,
+            io.full ? w.any_diff_weights : layer.diff_weight_md, w.bias,
+            view ? result.weights_diff_dst : io.diff_dst, strides, padding, padding),
         attr, engine_, fwd);
     result.backward_weights = dnnl::convolution_backward_weights(bwd_w);
     result.weights_scratch = bwd_w.scratchpad_desc();
@@ -854,13 +883,17 @@ void CpuNetwork::PlanWeightedLayer(Layer& layer, const LayerIo& io,
   void* fwd_weights = Bind(layer.weight_fwd, master);
   void* bwd_weights =
       layer.weight_bwd_md == layer.weight_fwd_md ? fwd_weights : Bind(layer.weight_bwd, master);
+  auto or_io = [](const memory::desc& view, const memory::desc& io_md) {
+    return view.is_zero() ? io_md : view;
+  };
   PendingOp forward{primitives.forward,
                     primitives.forward_scratch,
-                    {{DNNL_ARG_SRC, {io.src, io.src_ptr}},
+                    {{DNNL_ARG_SRC, {or_io(primitives.forward_src, io.src), io.src_ptr}},
                      {DNNL_ARG_WEIGHTS, {layer.weight_fwd_md, fwd_weights}},
-                     {DNNL_ARG_DST, {io.dst, io.dst_ptr}}},
+                     {DNNL_ARG_DST, {or_io(primitives.forward_dst, io.dst), io.dst_ptr}}},
                     &plan.ops[io.index].forward};
-  memory::desc grad_src = io.src, grad_diff_dst = io.diff_dst;
+  memory::desc grad_src = or_io(primitives.weights_src, io.src);
+  memory::desc grad_diff_dst = or_io(primitives.weights_diff_dst, io.diff_dst);
   void* grad_src_ptr = io.src_ptr;
   void* grad_diff_dst_ptr = io.diff_dst_ptr;
   if (layer.f32_weight_grad) {

@@ -128,6 +128,16 @@ TEST(VisionLayersTest, ResidualProjectionShortcutGradients) {
 // (Batch seed 6 puts a ReLU input 1.5e-7 from 0, where the central difference straddles the kink.)
 TEST(VisionLayersTest, ResidualIdentityShortcutGradients) { CheckGradient(IdentityNet(), 4, 9); }
 
+// Convolutions from 16 channels to 16 run on oneDNN's nChw16c view of their NHWC activations
+// where that is faster (PlanConv2d): the same bytes, so the same loss and gradients.
+TEST(VisionLayersTest, SixteenChannelConvolutionGradients) {
+  CheckGradient(TinyNet({16, 4, 4},
+                        {NoBias(Conv(16, 3, 1, 1)), Norm2d(), Of(Kind::kRelu), Conv(16, 3, 1, 1),
+                         Of(Kind::kGlobalAvgPool), Linear(3)},
+                        26),
+                3, 10);
+}
+
 TEST(VisionLayersTest, ParameterAndBufferNamesFollowPyTorch) {
   std::unique_ptr<Model> model = MakeNetwork(ProjectionNet());
   ASSERT_NE(model, nullptr);
