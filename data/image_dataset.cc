@@ -256,7 +256,9 @@ ImageBatchSource::ImageBatchSource(SampleIndex index, uint32_t batch_size,
           BatchesPerEpoch(count_, static_cast<int64_t>(batch_size) * options_.replicas)),
       sample_bytes_(TransformOutputBytes(options_.transform)),
       subset_(LimitedSubset(index_.count(), options_.limit)),
-      scratch_(std::make_unique<TransformScratch>()) {}
+      scratch_(std::make_unique<TransformScratch>()) {
+  if (options_.bad_samples == nullptr) local_bad_samples_ = std::make_unique<BadSampleSet>();
+}
 
 absl::StatusOr<uint32_t> ImageBatchSource::Make(uint64_t batch, uint8_t* samples, uint8_t* labels) {
   const uint64_t epoch = batch / static_cast<uint64_t>(batches_per_epoch_);
@@ -310,11 +312,16 @@ absl::StatusOr<uint32_t> ImageBatchSource::Make(uint64_t batch, uint8_t* samples
       labels[made++] = index_.sample(sample).label;
       continue;
     }
-    // Skipped: named, counted, and the job fails once too many are bad.
+    // Skipped and counted; named and judged against the limit the first time any loader of the
+    // job meets it (it is skipped again every epoch).
+    bad_total.fetch_add(1, std::memory_order_relaxed);
+    BadSampleSet& bad_samples =
+        options_.bad_samples != nullptr ? *options_.bad_samples : *local_bad_samples_;
+    if (!bad_samples.Insert(static_cast<uint64_t>(sample))) continue;
     const std::string line = absl::StrCat("bad sample ", status.message());
     if (options_.log) options_.log(line);
     if (bad_names_.size() < kNamedBadSamples) bad_names_.push_back(std::string(status.message()));
-    const uint64_t bad = bad_total.fetch_add(1, std::memory_order_relaxed) + 1;
+    const uint64_t bad = bad_samples.distinct.load(std::memory_order_relaxed);
     if (bad > static_cast<uint64_t>(options_.max_bad_samples)) {
       return absl::InvalidArgumentError(absl::StrCat(
           bad, " samples could not be decoded, more than dataset.max_bad_samples (",

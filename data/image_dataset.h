@@ -35,6 +35,7 @@
 #include "data/image/image_codec.h"
 #include "data/image/image_transform.h"
 #include "data/index/sample_index.h"
+#include "data/job_region.h"
 #include "data/loader.h"
 
 namespace stoker {
@@ -101,9 +102,11 @@ struct ImageSourceOptions {
   // per epoch count global batches.
   uint32_t rank = 0;
   uint32_t replicas = 1;
-  // Shared by all loaders of the job (the region's JobStats::bad_samples_total); may be null in
-  // tests (then a local count is used).
+  // Shared by all loaders of the job (the region's JobStats::bad_samples_total, every skip, and
+  // JobStats::bad_samples, the distinct samples the limit counts); null in tests and benchmarks
+  // (then local ones are used).
   std::atomic<uint64_t>* bad_samples_total = nullptr;
+  BadSampleSet* bad_samples = nullptr;
   // Receives "bad sample NAME: why" lines.
   std::function<void(const std::string&)> log;
   // The training split decoded once (decoded_cache.h), for a deterministic transform: a present
@@ -141,6 +144,7 @@ class ImageBatchSource : public BatchSource {
   std::vector<uint8_t> bytes_;
   std::unique_ptr<TransformScratch> scratch_;
   std::atomic<uint64_t> local_bad_{0};
+  std::unique_ptr<BadSampleSet> local_bad_samples_;
   std::vector<std::string> bad_names_;  // the first few this loader skipped, for the error
 };
 

@@ -145,30 +145,60 @@ TEST(ImageDatasetTest, BadImagesAreSkippedCountedAndNamedUntilTooMany) {
   const std::string bad2 = folder.root() + "/class1/img2.png";
   std::filesystem::resize_file(bad1, 30);
   std::ofstream(bad2, std::ios::trunc) << "not a png";
+  // Two loaders of one job share the region's counters.
   std::atomic<uint64_t> bad_total{0};
+  BadSampleSet bad_samples;
   std::vector<std::string> lines;
   ImageSourceOptions options = Options(4, 1);
   options.bad_samples_total = &bad_total;
+  options.bad_samples = &bad_samples;
   options.max_bad_samples = 2;
   options.log = [&](const std::string& line) { lines.push_back(line); };
-  absl::StatusOr<std::unique_ptr<ImageBatchSource>> source =
+  absl::StatusOr<std::unique_ptr<ImageBatchSource>> first =
       ImageBatchSource::Create(Index(folder.root()), 8, options);
-  ASSERT_TRUE(source.ok());
-  const Batch batch = MakeBatch(**source, 0, 8);  // the whole epoch in one batch
-  EXPECT_EQ(batch.count, 6u);
-  EXPECT_EQ(bad_total.load(), 2u);
+  absl::StatusOr<std::unique_ptr<ImageBatchSource>> second =
+      ImageBatchSource::Create(Index(folder.root()), 8, options);
+  ASSERT_TRUE(first.ok() && second.ok());
+  // Each batch is a whole epoch; the loaders take turns. The same two images are skipped every
+  // epoch, by either loader: every skip is counted, but they are two bad samples, named once, and
+  // the limit of 2 is not passed however long the job runs.
+  for (uint64_t epoch = 0; epoch < 6; ++epoch) {
+    const Batch batch = MakeBatch(epoch % 2 == 0 ? **first : **second, epoch, 8);
+    EXPECT_EQ(batch.count, 6u) << "epoch " << epoch;
+    EXPECT_EQ(bad_total.load(), 2 * (epoch + 1));
+  }
+  EXPECT_EQ(bad_samples.distinct.load(), 2u);
   ASSERT_EQ(lines.size(), 2u);
   std::sort(lines.begin(), lines.end());
   EXPECT_TRUE(absl::StrContains(lines[0], bad1)) << lines[0];
   EXPECT_TRUE(absl::StrContains(lines[1], bad2)) << lines[1];
-  // The next epoch meets them again: past max_bad_samples, Make fails naming them.
+  // A third bad image (a file broken mid-job) passes the limit: Make fails naming it.
+  const std::string bad3 = folder.root() + "/class1/img0.png";
+  std::ofstream(bad3, std::ios::trunc) << "broken later";
   std::vector<uint8_t> samples(8 * 16), labels(8);
-  absl::StatusOr<uint32_t> failed = (*source)->Make(1, samples.data(), labels.data());
+  absl::StatusOr<uint32_t> failed = (*second)->Make(6, samples.data(), labels.data());
   ASSERT_FALSE(failed.ok());
   EXPECT_TRUE(absl::IsInvalidArgument(failed.status()));
+  EXPECT_TRUE(absl::StrContains(failed.status().message(), "3 samples could not be decoded"))
+      << failed.status();
   EXPECT_TRUE(absl::StrContains(failed.status().message(), "dataset.max_bad_samples (2)"))
       << failed.status();
-  EXPECT_TRUE(absl::StrContains(failed.status().message(), bad1)) << failed.status();
+  EXPECT_TRUE(absl::StrContains(failed.status().message(), bad3)) << failed.status();
+}
+
+TEST(ImageDatasetTest, TheBadSampleSetCountsEachSampleOnceUntilItIsFull) {
+  BadSampleSet set;
+  const std::vector<uint64_t> samples = {0, 7, 8191, 8192, uint64_t{1} << 30};
+  for (uint64_t sample : samples) EXPECT_TRUE(set.Insert(sample)) << sample;
+  for (uint64_t sample : samples) EXPECT_FALSE(set.Insert(sample)) << sample;
+  EXPECT_EQ(set.distinct.load(), 5u);
+  // Filled to half its slots, it counts every insert (a job with that many bad images fails
+  // sooner, never later).
+  for (uint64_t sample = 100; set.distinct.load() < BadSampleSet::kSlots / 2; ++sample) {
+    set.Insert(sample);
+  }
+  EXPECT_TRUE(set.Insert(0));
+  EXPECT_EQ(set.distinct.load(), BadSampleSet::kSlots / 2 + 1);
 }
 
 TEST(ImageDatasetTest, TestSplitClassesAreMatchedByName) {

@@ -29,10 +29,10 @@ namespace {
 // "STOKERRG" read as a little-endian integer.
 constexpr uint64_t kRegionMagic = 0x475252454b4f5453ull;
 // Bump whenever RegionHeader, RegionControl, SlotHeader, JobStats or the layout rules change.
-constexpr uint32_t kRegionVersion = 7;  // 2: sample_type; 3: loader eras; 4: slot waiters;
+constexpr uint32_t kRegionVersion = 8;  // 2: sample_type; 3: loader eras; 4: slot waiters;
                                         // 5: checkpoint_and_stop; 6: requested_loaders and
                                         // heartbeats_total (the consumer appends eras);
-                                        // 7: bad_samples_total
+                                        // 7: bad_samples_total; 8: bad_samples (the set)
 constexpr uint64_t kCacheLineBytes = 64;
 // Longest single futex sleep: every wait re-checks stop and peer liveness at least this often.
 constexpr auto kWaitTick = std::chrono::milliseconds(100);
@@ -417,6 +417,27 @@ void* JobRegion::mapped_base() const { return impl_->base; }
 size_t JobRegion::mapped_bytes() const { return impl_->size; }
 const RingGeometry& JobRegion::geometry() const { return impl_->geometry; }
 JobStats& JobRegion::stats() { return *impl_->stats; }
+
+bool BadSampleSet::Insert(uint64_t sample) {
+  const uint64_t key = sample + 1;
+  if (distinct.load(std::memory_order_relaxed) < kSlots / 2) {
+    // SplitMix64's finaliser spreads neighbouring indices over the table.
+    uint64_t h = key;
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+    for (size_t probe = 0, i = h & (kSlots - 1); probe < kSlots;
+         ++probe, i = (i + 1) & (kSlots - 1)) {
+      uint64_t seen = slots[i].load(std::memory_order_acquire);
+      if (seen == 0 && slots[i].compare_exchange_strong(seen, key, std::memory_order_acq_rel)) {
+        break;  // new
+      }
+      if (seen == key) return false;  // also when another loader inserted it just now
+    }
+  }
+  distinct.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
 
 void JobRegion::RequestStop() {
   impl_->control->stop.store(1, std::memory_order_release);

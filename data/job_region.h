@@ -37,6 +37,22 @@ struct RingGeometry {
   uint32_t initial_loaders = 0;
 };
 
+// The distinct training samples the loaders found bad, as an open-addressing set of sample index
+// + 1 (0: empty) in shared memory. A corrupt image is skipped again every epoch, by whichever
+// loader meets it, but it is one bad sample: the job's limit (dataset.max_bad_samples) counts
+// samples, not skips. Exact for up to kSlots / 2 samples; past that every skip counts as a new
+// sample (a job with that many bad images fails sooner, never later).
+struct BadSampleSet {
+  static constexpr size_t kSlots = 8192;
+  // Samples inserted (plus the skips counted after the set filled up).
+  std::atomic<uint64_t> distinct{0};
+  std::atomic<uint64_t> slots[kSlots] = {};
+
+  // True when `sample` was not in the set yet (or the set is full): a new bad sample, counted in
+  // `distinct`. False when some loader had already found it bad.
+  bool Insert(uint64_t sample);
+};
+
 // Counters the trainer and loaders publish and the agent exports. Lives in shared memory, so every
 // field is a lock-free atomic; doubles are stored as their bit pattern (use the helpers below).
 struct JobStats {
@@ -59,9 +75,10 @@ struct JobStats {
   // maps its data or sleeps its loader.delay_ms. When it stops moving, nothing in the job is
   // doing anything: the agent's watchdog ends the attempt (RunnerOptions::trainer_stall_timeout).
   std::atomic<uint64_t> heartbeats_total{0};
-  // Samples the loaders skipped because they could not be decoded (image datasets); the job fails
-  // once it passes dataset.max_bad_samples.
+  // Samples the loaders skipped because they could not be decoded (image datasets), every skip;
+  // the job fails once bad_samples (distinct ones) pass dataset.max_bad_samples.
   std::atomic<uint64_t> bad_samples_total{0};
+  BadSampleSet bad_samples;
   // Data-parallel jobs: this rank's gradient all-reduce time (all of it, and the part backward
   // did not hide), bytes and calls, and evaluation/setup collectives are not counted.
   std::atomic<uint64_t> allreduce_ns_total{0};

@@ -159,6 +159,7 @@ absl::StatusOr<std::unique_ptr<stoker::BatchSource>> OpenImageSource(
   if (!first.ok()) return first.status();
   stoker::ImageSourceOptions options =
       stoker::ImageSourceOptionsFromSpec(spec, *first, &region.stats().bad_samples_total);
+  options.bad_samples = &region.stats().bad_samples;
   options.rank = static_cast<uint32_t>(args.rank);
   options.replicas = static_cast<uint32_t>(args.replicas);
   options.log = [prefix](const std::string& line) {

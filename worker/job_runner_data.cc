@@ -130,7 +130,8 @@ void JobRunner::CacheDecodedImages(const v1::JobSpec& spec, const SampleIndex& i
 }
 
 void JobRunner::ForwardBadSamples(JobRegion& region, bool final) {
-  const uint64_t bad = region.stats().bad_samples_total.load(std::memory_order_relaxed);
+  // Loaders name each bad sample once (the first time any of them meets it).
+  const uint64_t bad = region.stats().bad_samples.distinct.load(std::memory_order_relaxed);
   if (bad == bad_samples_seen_ && !final) return;
   bad_samples_seen_ = bad;
   const uint32_t loaders = region.geometry().loader_count;
