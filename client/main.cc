@@ -13,6 +13,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -121,6 +122,12 @@ class Client {
     if (!options_.json()) {
       std::cout << (response.deduplicated() ? "already submitted as " : "submitted ") << job.id()
                 << " (" << job.spec().name() << ")\n";
+      // Why it cannot start now (no worker, no GPU, jobs ahead), so that a follow that shows
+      // nothing for a while is not a mystery; `stoker status` tells it again later.
+      if (job.state() == v1::JOB_STATE_QUEUED && !job.waiting_reason().empty() &&
+          !absl::StartsWith(job.waiting_reason(), "starting at the next heartbeat")) {
+        std::cout << "waiting: " << job.waiting_reason() << "\n";
+      }
     }
     return follow ? Follow(job.id(), 0) : kExitOk;
   }

@@ -84,7 +84,7 @@ TEST_F(EndToEndTest, TrainsFashionMnistSubsetToUsefulAccuracy) {
 
 TEST_F(EndToEndTest, CliSubmitFollowPrintsAccuracy) {
   cluster_.StartWorker("w1");
-  const std::string job_file = WriteFile("job.yaml", R"(name: cli-follow
+  const std::string job_text = R"(name: cli-follow
 dataset:
   train_images: fashion-mnist/train-images-idx3-ubyte.gz
   train_labels: fashion-mnist/train-labels-idx1-ubyte.gz
@@ -94,9 +94,12 @@ dataset:
   test_limit: 1000
 model: {type: mlp, hidden: [64]}
 train: {epochs: 2, batch_size: 64, precision: fp32}
-)");
+)";
+  const std::string job_file = WriteFile("job.yaml", job_text);
   CommandResult result = cluster_.Cli("submit --follow " + job_file);
   EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(result.output.find("waiting:"), std::string::npos) << "it could start at once\n"
+                                                               << result.output;
   EXPECT_NE(result.output.find("epoch 2/2"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("succeeded: test accuracy 0."), std::string::npos) << result.output;
 
@@ -117,6 +120,14 @@ train: {epochs: 2, batch_size: 64, precision: fp32}
   CommandResult workers = cluster_.Cli("workers");
   EXPECT_NE(workers.output.find("w1"), std::string::npos) << workers.output;
   EXPECT_NE(workers.output.find("alive"), std::string::npos) << workers.output;
+
+  // A job no worker here can run says why at submit, rather than following in silence.
+  const std::string gpu_file = WriteFile("gpu.yaml", job_text + "resources: {gpus: 1}\n");
+  CommandResult gpu = cluster_.Cli("submit " + gpu_file);
+  EXPECT_EQ(gpu.exit_code, 0) << gpu.output;
+  EXPECT_NE(gpu.output.find("waiting: needs 1 GPUs on one worker; the largest worker has 0"),
+            std::string::npos)
+      << gpu.output;
 }
 
 // An example job file's text, and that text with the first (or last) `from` replaced by `to`.
