@@ -172,7 +172,8 @@ class Client {
         if (options_.json()) {
           std::cout << ToJson(event, false) << std::endl;
         } else if (event.type() == v1::EVENT_TYPE_PROGRESS) {
-          line.Update(event.progress());
+          // The live line follows rank 0 (other ranks' progress is named "rank N").
+          if (event.message().empty()) line.Update(event.progress());
         } else {
           line.Clear();
           PrintEvent(event, /*live=*/true);

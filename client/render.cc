@@ -230,11 +230,13 @@ std::string EventLine(const v1::JobEvent& event) {
     case v1::EVENT_TYPE_PROGRESS:
       return absl::StrCat(prefix, " ", ProgressText(p, 0));
     case v1::EVENT_TYPE_EPOCH:
+      // A data-parallel rank other than 0 is named (its train loss is over its own samples).
       return absl::StrFormat(
-          "%s epoch %d/%d: train loss %.4f, test loss %.4f, test accuracy %.4f, "
+          "%s %sepoch %d/%d: train loss %.4f, test loss %.4f, test accuracy %.4f, "
           "%s samples/s, input stall %.0f%%",
-          prefix, p.epoch(), p.epochs(), p.loss(), p.test_loss(), p.test_accuracy(),
-          Rate(p.samples_per_second()), 100 * p.data_stall_ratio());
+          prefix, event.message().empty() ? "" : absl::StrCat(event.message(), ": "), p.epoch(),
+          p.epochs(), p.loss(), p.test_loss(), p.test_accuracy(), Rate(p.samples_per_second()),
+          100 * p.data_stall_ratio());
     default:
       return absl::StrCat(prefix, " ", event.message());
   }

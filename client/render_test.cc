@@ -133,6 +133,21 @@ TEST(RenderTest, WorkerTableShowsWhatIsUsedAndFree) {
 }
 
 // Issue 16: a data-parallel job's ranks, where they run and why a gang waits.
+TEST(RenderTest, EpochLinesNameTheRankOtherThanZero) {
+  v1::JobEvent event;
+  event.set_type(v1::EVENT_TYPE_EPOCH);
+  event.set_attempt(1);
+  event.mutable_progress()->set_epoch(2);
+  event.mutable_progress()->set_epochs(3);
+  event.mutable_progress()->set_loss(0.5);
+  EXPECT_NE(EventLine(event).find("[attempt 1] epoch 2/3: train loss 0.5000"), std::string::npos)
+      << EventLine(event);
+  event.set_message("rank 1");
+  EXPECT_NE(EventLine(event).find("[attempt 1] rank 1: epoch 2/3: train loss 0.5000"),
+            std::string::npos)
+      << EventLine(event);
+}
+
 TEST(RenderTest, DataParallelJobsShowTheirRanks) {
   v1::Job job;
   job.set_id("j-000003");

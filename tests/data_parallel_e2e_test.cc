@@ -81,6 +81,18 @@ TEST(DataParallelE2eTest, TwoRanksOnTwoWorkersMatchOneRankWithTheGlobalBatch) {
   ASSERT_EQ(two_done->rank_placements_size(), 2);
   EXPECT_NE(two_done->rank_placements(0).worker_id(), two_done->rank_placements(1).worker_id());
   EXPECT_TRUE(HistoryMentions(cluster, two->id(), "rank 1 of 2"));
+  // Each rank's epoch line is there, rank 1's named as such (its train loss is its own half's).
+  int rank0_epochs = 0, rank1_epochs = 0;
+  for (const v1::JobEvent& event : cluster.History(two->id())) {
+    if (event.type() != v1::EVENT_TYPE_EPOCH) continue;
+    if (event.message().empty()) ++rank0_epochs;
+    if (event.message() == "rank 1") ++rank1_epochs;
+  }
+  EXPECT_EQ(rank0_epochs, 2);
+  EXPECT_EQ(rank1_epochs, 2);
+  CommandResult logs = cluster.Cli("logs " + two->id());
+  EXPECT_NE(logs.output.find("] rank 1: epoch 2/2: train loss "), std::string::npos) << logs.output;
+  EXPECT_NE(logs.output.find("] epoch 2/2: train loss "), std::string::npos) << logs.output;
 
   absl::StatusOr<v1::Job> one = cluster.Submit(DataParallelJob(1, 64, 2));
   ASSERT_TRUE(one.ok()) << one.status();
