@@ -83,8 +83,10 @@ class Agent {
     std::unique_ptr<JobRunner> runner;
     std::thread thread;
     std::atomic<bool> done{false};
-    // Events not yet accepted by the server (touched by the runner's reader thread, then by
-    // RunJob after the runner returned).
+    // Events not yet accepted by the server: appended and sent under pending_mu by the runner's
+    // threads (its trainer-event reader and its supervising loop both report events), then by
+    // RunJob after the runner returned.
+    absl::Mutex pending_mu;
     std::vector<v1::JobEvent> pending;
     // The latest checkpoint, when its upload failed because the server was unreachable.
     std::optional<v1::TrainingProgress> unsent_checkpoint;

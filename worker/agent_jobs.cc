@@ -98,7 +98,8 @@ void Agent::StartJobLocked(const v1::Assignment& assignment) {
   RunningJob* raw = job.get();
   job->runner = std::make_unique<JobRunner>(
       runner_options, assignment, [this, raw](const v1::JobEvent& event) {
-        // Events arrive on the runner's reader thread.
+        // Checkpoints arrive on the runner's trainer-event thread only; other events on it and
+        // on the runner's loop.
         if (event.type() == v1::EVENT_TYPE_CHECKPOINT) {
           // Only rank 0 writes checkpoints (other ranks' trainers get no --checkpoint).
           if (raw->assignment.rank() != 0) return;
@@ -114,6 +115,9 @@ void Agent::StartJobLocked(const v1::Assignment& assignment) {
           }
           return;
         }
+        // Two runner threads report events (the trainer's, and the loop's own lines such as
+        // bad samples): one at a time, or both would send (and clear) the same vector.
+        absl::MutexLock lock(&raw->pending_mu);
         raw->pending.push_back(event);
         if (!SendEvents(raw->assignment, raw->pending)) {
           raw->runner->Cancel();
