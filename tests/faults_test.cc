@@ -672,6 +672,50 @@ TEST(FaultsTest, APausedWorkerTakesItsJobBackWhileTheOldAttemptEnds) {
   EXPECT_TRUE(resumed);
 }
 
+// The same, but the worker is asked to shut down while the new attempt waits for the old one: it
+// gives the attempt back unstarted (not counted against max_retries), and the job runs on the
+// next worker.
+TEST(FaultsTest, AWorkerShuttingDownGivesBackTheAttemptItHadNotStarted) {
+  TestCluster cluster;
+  cluster.StartServer({"--lease-seconds", "2"});
+  const pid_t worker = cluster.StartWorker("w1");
+  v1::JobSpec spec = SlowJob(4);
+  spec.set_max_retries(1);
+  absl::StatusOr<v1::Job> job = cluster.Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(cluster.WaitForStep(job->id(), 10).ok());
+  std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", cluster.dir(), job->id()});
+  ASSERT_EQ(trainers.size(), 1u);
+  ASSERT_EQ(kill(trainers[0], SIGSTOP), 0);  // its end takes the runner's 2 s SIGTERM grace
+  ASSERT_EQ(kill(worker, SIGSTOP), 0);
+  absl::StatusOr<v1::Job> lost = cluster.WaitFor(
+      job->id(), [](const v1::Job& j) { return j.state() == v1::JOB_STATE_QUEUED; },
+      absl::Seconds(20));
+  ASSERT_EQ(kill(worker, SIGCONT), 0);
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  // Attempt 2 handed back to w1 waits there for attempt 1's end; w1 is told to stop meanwhile.
+  const std::string log_path = cluster.dir() + "/w1.log";
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!absl::StrContains(ReadAll(log_path), "attempt 2 starts once attempt 1") &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(absl::StrContains(ReadAll(log_path), "attempt 2 starts once attempt 1"))
+      << ReadAll(log_path);
+  ASSERT_EQ(kill(worker, SIGTERM), 0);
+  EXPECT_TRUE(cluster.WaitWorkerExit(worker, absl::Seconds(30)).has_value());
+  EXPECT_TRUE(absl::StrContains(ReadAll(log_path), "giving back " + job->id() + " attempt 2"))
+      << ReadAll(log_path);
+
+  cluster.StartWorker("w2");
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(120));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->worker_id(), "w2");
+  EXPECT_EQ(done->attempt(), 3);
+  EXPECT_EQ(done->released_attempts(), 1);
+}
+
 // Issue 12.5: a restarted server gave its workers one lease to come back; they needed ~5 s, so
 // with --lease-seconds 3 the running job lost an attempt and went back to an old checkpoint.
 TEST(FaultsTest, AServerRestartWithAShortLeaseCostsTheRunningJobNothing) {
