@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "spec/job_spec.h"
@@ -96,6 +97,13 @@ model: {type: mlp, hidden: [64]}
 train: {epochs: 2, batch_size: 64, precision: fp32}
 )";
   const std::string job_file = WriteFile("job.yaml", job_text);
+  // Registered first, so that the job can start at once (else submit says it waits for a
+  // worker, as it should).
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (cluster_.Cli("workers").output.find("alive") == std::string::npos &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
   CommandResult result = cluster_.Cli("submit --follow " + job_file);
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(result.output.find("waiting:"), std::string::npos) << "it could start at once\n"
