@@ -620,6 +620,26 @@ TEST(FaultsTest, AWorkerKilledAndRestartedUnderItsIdIsBackAtOnce) {
   EXPECT_EQ(done->worker_id(), "w1");
 }
 
+// Pauses the job's trainer and `worker` (SIGSTOP) until the server, its lease expired, has put
+// the job back in the queue, then lets the worker go on (SIGCONT) while the trainer stays stopped:
+// the old attempt's end then takes the runner's 2 s SIGTERM grace, and the job comes back to the
+// worker before that attempt is gone. The job as the server had it once queued.
+absl::StatusOr<v1::Job> PauseWorkerPastItsLease(TestCluster& cluster, pid_t worker,
+                                                const std::string& job_id) {
+  std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", cluster.dir(), job_id});
+  if (trainers.size() != 1) {
+    return absl::InternalError(absl::StrCat(trainers.size(), " trainers of ", job_id));
+  }
+  if (kill(trainers[0], SIGSTOP) != 0 || kill(worker, SIGSTOP) != 0) {
+    return absl::InternalError("cannot stop the trainer or the worker");
+  }
+  absl::StatusOr<v1::Job> lost = cluster.WaitFor(
+      job_id, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_QUEUED; },
+      absl::Seconds(20));
+  kill(worker, SIGCONT);
+  return lost;
+}
+
 // A worker paused past its lease (SIGSTOP: a stalled VM, a debugger) loses its job to the queue;
 // back, it registers again, the server stops the old attempt and hands the job straight back to it
 // while that attempt's trainer is still ending there. The new attempt waits for it and then runs:
@@ -639,16 +659,7 @@ TEST(FaultsTest, APausedWorkerTakesItsJobBackWhileTheOldAttemptEnds) {
   ASSERT_TRUE(checkpointed.ok()) << checkpointed.status();
   ASSERT_EQ(checkpointed->state(), v1::JOB_STATE_RUNNING);
 
-  // The trainer is paused too, so the old attempt's end takes a while (the runner's SIGTERM waits
-  // 2 s before its SIGKILL): the job comes back to w1 before that attempt is gone.
-  std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", cluster.dir(), job->id()});
-  ASSERT_EQ(trainers.size(), 1u);
-  ASSERT_EQ(kill(trainers[0], SIGSTOP), 0);
-  ASSERT_EQ(kill(worker, SIGSTOP), 0);
-  absl::StatusOr<v1::Job> lost = cluster.WaitFor(
-      job->id(), [](const v1::Job& j) { return j.state() == v1::JOB_STATE_QUEUED; },
-      absl::Seconds(20));
-  ASSERT_EQ(kill(worker, SIGCONT), 0);
+  absl::StatusOr<v1::Job> lost = PauseWorkerPastItsLease(cluster, worker, job->id());
   ASSERT_TRUE(lost.ok()) << lost.status();
   EXPECT_EQ(lost->attempt(), 1);
 
@@ -684,14 +695,7 @@ TEST(FaultsTest, AWorkerShuttingDownGivesBackTheAttemptItHadNotStarted) {
   absl::StatusOr<v1::Job> job = cluster.Submit(spec);
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_TRUE(cluster.WaitForStep(job->id(), 10).ok());
-  std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", cluster.dir(), job->id()});
-  ASSERT_EQ(trainers.size(), 1u);
-  ASSERT_EQ(kill(trainers[0], SIGSTOP), 0);  // its end takes the runner's 2 s SIGTERM grace
-  ASSERT_EQ(kill(worker, SIGSTOP), 0);
-  absl::StatusOr<v1::Job> lost = cluster.WaitFor(
-      job->id(), [](const v1::Job& j) { return j.state() == v1::JOB_STATE_QUEUED; },
-      absl::Seconds(20));
-  ASSERT_EQ(kill(worker, SIGCONT), 0);
+  absl::StatusOr<v1::Job> lost = PauseWorkerPastItsLease(cluster, worker, job->id());
   ASSERT_TRUE(lost.ok()) << lost.status();
   // Attempt 2 handed back to w1 waits there for attempt 1's end; w1 is told to stop meanwhile.
   const std::string log_path = cluster.dir() + "/w1.log";
