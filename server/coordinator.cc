@@ -332,11 +332,12 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(
     event.set_attempt(request.attempt());
     // Every rank's events are kept, named by rank (a log line's message starts "rank N: ", an
     // epoch or progress event's message is "rank N"); the job's progress is rank 0's.
-    if (request.rank() != 0 && event.type() == v1::EVENT_TYPE_LOG) {
-      event.set_message(absl::StrCat("rank ", request.rank(), ": ", event.message()));
-    } else if (request.rank() != 0 &&
-               (event.type() == v1::EVENT_TYPE_EPOCH || event.type() == v1::EVENT_TYPE_PROGRESS)) {
-      event.set_message(absl::StrCat("rank ", request.rank()));
+    if (request.rank() != 0) {
+      if (event.type() == v1::EVENT_TYPE_LOG) {
+        event.set_message(absl::StrCat("rank ", request.rank(), ": ", event.message()));
+      } else if (event.type() == v1::EVENT_TYPE_EPOCH || event.type() == v1::EVENT_TYPE_PROGRESS) {
+        event.set_message(absl::StrCat("rank ", request.rank()));
+      }
     }
     if (event.has_progress() && request.rank() == 0) *job->mutable_progress() = event.progress();
   }

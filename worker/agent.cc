@@ -278,14 +278,8 @@ bool Agent::Run(const std::atomic<bool>& stop) {
       if (metrics_ != nullptr) metrics_->HeartbeatAnswered(absl::Now());
       for (const v1::RunningAttempt& stop_attempt : response.stop()) {
         absl::MutexLock lock(&mu_);
-        const RankKey key(stop_attempt.job_id(), stop_attempt.rank());
-        if (auto deferred = deferred_.find(key);
-            deferred != deferred_.end() && deferred->second.attempt() == stop_attempt.attempt()) {
-          Log(absl::StrCat("server asks to stop ", RankName(deferred->second), " attempt ",
-                           stop_attempt.attempt(), " (not started)"));
-          deferred_.erase(deferred);
-        }
-        auto it = jobs_.find(key);
+        DropDeferred(stop_attempt);
+        auto it = jobs_.find(RankKey(stop_attempt.job_id(), stop_attempt.rank()));
         if (it != jobs_.end() && it->second->assignment.attempt() == stop_attempt.attempt()) {
           Log(absl::StrCat("server asks to stop ", RankName(it->second->assignment), " attempt ",
                            stop_attempt.attempt()));
@@ -349,12 +343,8 @@ void Agent::DrainingHeartbeat() {
   if (!stub_->Heartbeat(Context(absl::Seconds(1)).get(), request, &response).ok()) return;
   absl::MutexLock lock(&mu_);
   for (const v1::RunningAttempt& stop_attempt : response.stop()) {
-    const RankKey key(stop_attempt.job_id(), stop_attempt.rank());
-    if (auto deferred = deferred_.find(key);
-        deferred != deferred_.end() && deferred->second.attempt() == stop_attempt.attempt()) {
-      deferred_.erase(deferred);
-    }
-    auto it = jobs_.find(key);
+    DropDeferred(stop_attempt);
+    auto it = jobs_.find(RankKey(stop_attempt.job_id(), stop_attempt.rank()));
     if (it != jobs_.end() && it->second->assignment.attempt() == stop_attempt.attempt() &&
         !it->second->done.load()) {
       it->second->runner->Cancel();
@@ -419,10 +409,10 @@ void Agent::ReapFinishedJobs() {
       ++it;
     }
   }
-  // Newer attempts that waited for an old one's end (not while draining: GiveBackDeferred
-  // returned those).
+  // Newer attempts that waited for an old one's end. (While draining there are none:
+  // GiveBackDeferred returned them, and a draining worker starts nothing new.)
   for (auto it = deferred_.begin(); it != deferred_.end();) {
-    if (jobs_.contains(it->first) || shutting_down_.load()) {
+    if (jobs_.contains(it->first)) {
       ++it;
       continue;
     }
@@ -430,6 +420,14 @@ void Agent::ReapFinishedJobs() {
     it = deferred_.erase(it);
     StartJobLocked(assignment);
   }
+}
+
+void Agent::DropDeferred(const v1::RunningAttempt& stop) {
+  auto deferred = deferred_.find(RankKey(stop.job_id(), stop.rank()));
+  if (deferred == deferred_.end() || deferred->second.attempt() != stop.attempt()) return;
+  Log(absl::StrCat("server asks to stop ", RankName(deferred->second), " attempt ", stop.attempt(),
+                   " (not started)"));
+  deferred_.erase(deferred);
 }
 
 void Agent::GiveBackDeferred() {

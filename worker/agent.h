@@ -109,6 +109,8 @@ class Agent {
   // While this worker drains: the deferred attempts it will not start go back to the server
   // (released, not counted against max_retries).
   void GiveBackDeferred() ABSL_LOCKS_EXCLUDED(mu_);
+  // The server says stop to `stop`: a deferred attempt it names is dropped (never started).
+  void DropDeferred(const v1::RunningAttempt& stop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunJob(RunningJob* job);
   void ReapFinishedJobs();
   // Lists the attempts this worker runs (register and heartbeat requests carry them).

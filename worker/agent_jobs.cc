@@ -45,9 +45,9 @@ void Agent::StartJobLocked(const v1::Assignment& assignment) {
     // (ReapFinishedJobs starts it).
     const int old_attempt = it->second->assignment.attempt();
     if (assignment.attempt() > old_attempt) {
-      auto [deferred, inserted] = deferred_.try_emplace(key, assignment);
-      if (inserted || deferred->second.attempt() < assignment.attempt()) {
-        deferred->second = assignment;
+      v1::Assignment& waiting = deferred_[key];  // attempt 0 when new
+      if (waiting.attempt() < assignment.attempt()) {
+        waiting = assignment;
         Log(absl::StrCat(RankName(assignment), " attempt ", assignment.attempt(),
                          " starts once attempt ", old_attempt, " of it has ended here"));
       }

@@ -216,6 +216,11 @@ memory::desc SixteenChannelView(const memory::desc& nhwc) {
   return memory::desc(nhwc.dims(), nhwc.data_type(), Tag::aBcd16b);
 }
 
+// How a primitive sees an activation: `view` where one was chosen (not zero), else `md` itself.
+const memory::desc& ViewOr(const memory::desc& view, const memory::desc& md) {
+  return view.is_zero() ? md : view;
+}
+
 // Layers whose output keeps their input's memory layout.
 bool KeepsLayout(Kind kind) {
   return kind == Kind::kFlatten || kind == Kind::kRelu || kind == Kind::kGelu ||
@@ -772,12 +777,11 @@ CpuNetwork::WeightedPrimitives CpuNetwork::PlanConv2d(Layer& layer, const LayerI
   // The compute-type weight gradient: always at the full batch (which decides f32_weight_grad),
   // later only where it is the one used.
   if (io.full || !layer.f32_weight_grad) {
-    const bool view = !result.weights_src.is_zero();
     dnnl::convolution_backward_weights::primitive_desc bwd_w(
         dnnl::convolution_backward_weights::desc(
-            dnnl::algorithm::convolution_direct, view ? result.weights_src : io.src,
+            dnnl::algorithm::convolution_direct, ViewOr(result.weights_src, io.src),
             io.full ? w.any_diff_weights : layer.diff_weight_md, w.bias,
-            view ? result.weights_diff_dst : io.diff_dst, strides, padding, padding),
+            ViewOr(result.weights_diff_dst, io.diff_dst), strides, padding, padding),
         attr, engine_, fwd);
     result.backward_weights = dnnl::convolution_backward_weights(bwd_w);
     result.weights_scratch = bwd_w.scratchpad_desc();
@@ -883,17 +887,14 @@ void CpuNetwork::PlanWeightedLayer(Layer& layer, const LayerIo& io,
   void* fwd_weights = Bind(layer.weight_fwd, master);
   void* bwd_weights =
       layer.weight_bwd_md == layer.weight_fwd_md ? fwd_weights : Bind(layer.weight_bwd, master);
-  auto or_io = [](const memory::desc& view, const memory::desc& io_md) {
-    return view.is_zero() ? io_md : view;
-  };
   PendingOp forward{primitives.forward,
                     primitives.forward_scratch,
-                    {{DNNL_ARG_SRC, {or_io(primitives.forward_src, io.src), io.src_ptr}},
+                    {{DNNL_ARG_SRC, {ViewOr(primitives.forward_src, io.src), io.src_ptr}},
                      {DNNL_ARG_WEIGHTS, {layer.weight_fwd_md, fwd_weights}},
-                     {DNNL_ARG_DST, {or_io(primitives.forward_dst, io.dst), io.dst_ptr}}},
+                     {DNNL_ARG_DST, {ViewOr(primitives.forward_dst, io.dst), io.dst_ptr}}},
                     &plan.ops[io.index].forward};
-  memory::desc grad_src = or_io(primitives.weights_src, io.src);
-  memory::desc grad_diff_dst = or_io(primitives.weights_diff_dst, io.diff_dst);
+  memory::desc grad_src = ViewOr(primitives.weights_src, io.src);
+  memory::desc grad_diff_dst = ViewOr(primitives.weights_diff_dst, io.diff_dst);
   void* grad_src_ptr = io.src_ptr;
   void* grad_diff_dst_ptr = io.diff_dst_ptr;
   if (layer.f32_weight_grad) {
