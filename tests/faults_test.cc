@@ -604,16 +604,24 @@ TEST(FaultsTest, AWorkerKilledAndRestartedUnderItsIdIsBackAtOnce) {
   absl::StatusOr<v1::Job> job = cluster.Submit(SlowJob(2));
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(cluster.WaitForStep(job->id(), 5).ok());
+  // The killed attempt never cleans up after itself: its prepared training set stays behind.
+  const std::string old_attempt = absl::StrCat(cluster.dir(), "/w1/", job->id(), "-a1");
+  ASSERT_TRUE(std::filesystem::exists(old_attempt + "/train.samples"));
   cluster.KillWorker(first, SIGKILL);
   const absl::Time restarted = absl::Now();
   cluster.StartWorker("w1");
   // Its new registration requeues the job it no longer has, and it takes it again.
   absl::StatusOr<v1::Job> again = cluster.WaitFor(
       job->id(), [](const v1::Job& j) { return j.attempt() == 2; }, absl::Seconds(10));
-  ASSERT_TRUE(again.ok()) << again.status() << "\n" << ReadAll(cluster.dir() + "/w1.log");
+  const std::string worker_log = ReadAll(cluster.dir() + "/w1.log");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << worker_log;
   const absl::Duration back = absl::Now() - restarted;
   std::cerr << "restarted worker took its job again after " << back << "\n";
   EXPECT_LT(back, absl::Seconds(10)) << "it waited for the old lease (30 s)";
+  // The restarted worker removed the dead attempt's data, and kept its logs.
+  EXPECT_FALSE(std::filesystem::exists(old_attempt + "/train.samples"));
+  EXPECT_TRUE(std::filesystem::exists(old_attempt + "/trainer.log"));
+  EXPECT_TRUE(absl::StrContains(worker_log, "attempt directory of ")) << worker_log;
   absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(60));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();

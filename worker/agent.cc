@@ -93,6 +93,44 @@ absl::StatusOr<WorkerInstance> ClaimWorkerInstance(const std::string& work_dir,
   return claim;
 }
 
+namespace {
+constexpr char kAttemptMark[] = ".worker";
+}  // namespace
+
+void MarkAttemptDirectory(const std::string& dir, const std::string& worker_id) {
+  std::error_code ignored;
+  std::filesystem::create_directories(dir, ignored);
+  // Best effort: an unmarked directory is only left alone by RemoveStaleAttemptData.
+  std::ofstream(absl::StrCat(dir, "/", kAttemptMark), std::ios::trunc) << worker_id;
+}
+
+StaleAttemptData RemoveStaleAttemptData(const std::string& work_dir, const std::string& worker_id) {
+  namespace fs = std::filesystem;
+  StaleAttemptData removed;
+  std::error_code error;
+  for (fs::directory_iterator it(work_dir, error), end; !error && it != end; it.increment(error)) {
+    std::error_code ignored;
+    if (!it->is_directory(ignored) || it->is_symlink(ignored)) continue;
+    std::string owner;
+    std::ifstream mark(it->path() / kAttemptMark);
+    if (!mark || !std::getline(mark, owner) || owner != worker_id) continue;
+    bool any = false;
+    for (fs::directory_iterator file(it->path(), ignored), last; !ignored && file != last;
+         file.increment(ignored)) {
+      const std::string name = file->path().filename().string();
+      if (name == kAttemptMark || name == "job.pb" || absl::EndsWith(name, ".log")) continue;
+      std::error_code failed;
+      if (!file->is_regular_file(failed) || file->is_symlink(failed)) continue;
+      const uint64_t size = file->file_size(failed);
+      if (failed || !fs::remove(file->path(), failed) || failed) continue;
+      removed.bytes += size;
+      any = true;
+    }
+    removed.directories += any ? 1 : 0;
+  }
+  return removed;
+}
+
 absl::StatusOr<std::vector<v1::Device>> FakeGpusForTests(int count, int real_gpus,
                                                          const std::string& server_address) {
   if (count < 0 || count > 64) {

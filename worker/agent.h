@@ -60,6 +60,22 @@ struct WorkerInstance {
 absl::StatusOr<WorkerInstance> ClaimWorkerInstance(const std::string& work_dir,
                                                    const std::string& worker_id);
 
+// Attempt directories name the worker that ran them (a `.worker` file holding its id), so that a
+// worker restarted under its id can clear what its killed predecessor left: a process killed with
+// SIGKILL, or a machine that lost power, never ran the attempt's clean-up, and its prepared
+// training set, decoded test split and checkpoint copies (as large as the dataset) would stay on
+// the disk for good. The server has requeued those attempts by then and keeps their checkpoints.
+void MarkAttemptDirectory(const std::string& dir, const std::string& worker_id);
+struct StaleAttemptData {
+  int directories = 0;  // attempt directories with something removed
+  uint64_t bytes = 0;   // what the removed files held
+};
+// In each directory of `work_dir` marked by `worker_id`, removes every file but the logs (*.log),
+// the job (job.pb) and the mark. Call it holding the id's claim (ClaimWorkerInstance) and before
+// any attempt starts: every attempt of the id is then stale. Directories of other worker ids
+// sharing the work directory, and unmarked ones, are left alone.
+StaleAttemptData RemoveStaleAttemptData(const std::string& work_dir, const std::string& worker_id);
+
 // A job attempt's rank on this worker: a worker may run several ranks of one data-parallel job, so
 // running attempts are named by (job id, rank) everywhere (rank 0 for a job of one rank).
 using RankKey = std::pair<std::string, int>;

@@ -235,6 +235,7 @@ absl::Status Agent::DownloadCheckpoint(const v1::Assignment& assignment, const s
 
 void Agent::RunJob(RunningJob* job) {
   AttemptOutcome outcome;
+  MarkAttemptDirectory(job->runner->dir(), options_.worker_id);
   std::string resume_path;
   if (job->assignment.resume_step() > 0) {
     resume_path = job->runner->dir() + "/resume.safetensors";

@@ -166,6 +166,15 @@ int main(int argc, char** argv) {
   }
   options.instance = claim->instance;
   options.previous_instance = claim->previous_instance;
+  // What a killed earlier process under this id left behind (its attempts are requeued).
+  if (const stoker::StaleAttemptData stale =
+          stoker::RemoveStaleAttemptData(options.runner.work_dir, options.worker_id);
+      stale.directories > 0) {
+    std::cerr << "stoker-worker: removed " << stale.bytes / (1 << 20) << " MiB of data left in "
+              << stale.directories << " attempt director" << (stale.directories == 1 ? "y" : "ies")
+              << " of " << options.runner.work_dir << " by an earlier run of worker "
+              << options.worker_id << " (logs kept)\n";
+  }
 
   std::atomic<bool> stop{false};
   std::thread signal_thread([&] {

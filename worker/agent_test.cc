@@ -540,5 +540,48 @@ TEST(AgentTest, FakeGpusAreOnlyForTestsOnLoopback) {
   EXPECT_TRUE(absl::IsInvalidArgument(FakeGpusForTests(-1, 0, "127.0.0.1:5000").status()));
 }
 
+
+// What a worker killed with SIGKILL left in its attempt directories goes when its id starts
+// again; other ids' directories in a shared work directory, and unmarked ones, stay whole.
+TEST(StaleAttemptDataTest, OnlyTheIdsOwnDirectoriesLoseTheirDataAndKeepTheirLogs) {
+  std::string dir = std::filesystem::temp_directory_path() / "stoker-stale-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  auto write = [](const std::string& path, size_t bytes) {
+    std::ofstream(path, std::ios::binary) << std::string(bytes, 'x');
+  };
+  for (const char* attempt : {"j-000001-a1", "j-000001-a2-r1"}) {
+    const std::string d = absl::StrCat(dir, "/", attempt);
+    MarkAttemptDirectory(d, "w1");
+    write(d + "/train.samples", 1000);
+    write(d + "/checkpoint.safetensors.tmp.77", 200);
+    write(d + "/trainer.log", 10);
+    write(d + "/loader-0.log", 10);
+    write(d + "/job.pb", 10);
+  }
+  const std::string other = dir + "/j-000002-a1";
+  MarkAttemptDirectory(other, "w2");
+  write(other + "/train.samples", 1000);
+  const std::string unmarked = dir + "/j-000003-a1";
+  std::filesystem::create_directories(unmarked);
+  write(unmarked + "/train.samples", 1000);
+
+  const StaleAttemptData removed = RemoveStaleAttemptData(dir, "w1");
+  EXPECT_EQ(removed.directories, 2);
+  EXPECT_EQ(removed.bytes, 2u * 1200u);
+  for (const char* attempt : {"j-000001-a1", "j-000001-a2-r1"}) {
+    const std::string d = absl::StrCat(dir, "/", attempt);
+    EXPECT_FALSE(std::filesystem::exists(d + "/train.samples")) << d;
+    EXPECT_FALSE(std::filesystem::exists(d + "/checkpoint.safetensors.tmp.77")) << d;
+    for (const char* kept : {"/trainer.log", "/loader-0.log", "/job.pb", "/.worker"}) {
+      EXPECT_TRUE(std::filesystem::exists(d + kept)) << d << kept;
+    }
+  }
+  EXPECT_TRUE(std::filesystem::exists(other + "/train.samples")) << "another worker's";
+  EXPECT_TRUE(std::filesystem::exists(unmarked + "/train.samples")) << "nobody's known";
+  EXPECT_EQ(RemoveStaleAttemptData(dir, "w1").directories, 0) << "nothing left to remove";
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
 }  // namespace
 }  // namespace stoker
