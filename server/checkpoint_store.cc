@@ -9,6 +9,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -44,6 +45,23 @@ CheckpointStore::CheckpointStore(std::string dir) : dir_(std::move(dir)) {}
 
 std::string CheckpointStore::PathOf(const std::string& job_id) const {
   return absl::StrCat(dir_, "/", job_id, ".safetensors");
+}
+
+CheckpointStore::Removed CheckpointStore::RemoveUnfinishedUploads() const {
+  Removed removed;
+  std::error_code error;
+  for (std::filesystem::directory_iterator it(dir_, error), end; !error && it != end;
+       it.increment(error)) {
+    // NewUploadPath's names: <job>.upload-a<attempt>-<nanoseconds>.
+    if (!absl::StrContains(it->path().filename().string(), ".upload-a")) continue;
+    std::error_code failed;
+    if (!it->is_regular_file(failed)) continue;
+    const uint64_t size = it->file_size(failed);
+    if (failed || !std::filesystem::remove(it->path(), failed)) continue;
+    ++removed.files;
+    removed.bytes += size;
+  }
+  return removed;
 }
 
 absl::StatusOr<std::string> CheckpointStore::NewUploadPath(const std::string& job_id,

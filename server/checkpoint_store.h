@@ -69,6 +69,15 @@ class CheckpointStore {
   // Removes an upload that will not be stored; a missing file is not an error.
   void Discard(const std::string& upload_path) const;
 
+  // Removes the temporary files of uploads that never finished (a server killed while one was
+  // arriving leaves its partial file, as large as the checkpoint); only for a server starting on
+  // its locked state directory, before any upload. Returns how many files and bytes went.
+  struct Removed {
+    int files = 0;
+    uint64_t bytes = 0;
+  };
+  Removed RemoveUnfinishedUploads() const;
+
   // Bytes an unprivileged writer may still use on the directory's file system (statvfs f_bavail),
   // read from its parent while the directory does not exist yet; -1 when neither can be read.
   int64_t FreeBytes() const;

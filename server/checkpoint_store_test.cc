@@ -51,6 +51,27 @@ TEST_F(CheckpointStoreTest, AnUploadIsCheckedSyncedAndRenamedIntoPlace) {
   EXPECT_EQ(stored->metadata.at("step"), "7");
 }
 
+// A server killed while an upload arrived left its partial file; the next start removes it and
+// nothing else.
+TEST_F(CheckpointStoreTest, AStartingServerRemovesUnfinishedUploadsOnly) {
+  const CheckpointStore store(base_.string());
+  absl::StatusOr<std::string> partial = store.NewUploadPath("j-000004", 3);
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  std::ofstream(*partial) << std::string(1000, 'x');
+  ASSERT_TRUE(WriteCheckpoint(store.PathOf("j-000004"), {{{"w", {1}, {1.0f}}}, {}}).ok());
+  std::ofstream(base_ / "notes.txt") << "the user's";
+
+  const CheckpointStore::Removed removed = store.RemoveUnfinishedUploads();
+  EXPECT_EQ(removed.files, 1);
+  EXPECT_EQ(removed.bytes, 1000u);
+  EXPECT_FALSE(std::filesystem::exists(*partial));
+  EXPECT_TRUE(ReadCheckpoint(store.PathOf("j-000004")).ok()) << "the stored checkpoint stays";
+  EXPECT_TRUE(std::filesystem::exists(base_ / "notes.txt"));
+  EXPECT_EQ(store.RemoveUnfinishedUploads().files, 0);
+  EXPECT_EQ(CheckpointStore((base_ / "none").string()).RemoveUnfinishedUploads().files, 0)
+      << "no directory yet";
+}
+
 TEST_F(CheckpointStoreTest, ABadUploadIsRefusedAndRemoved) {
   const CheckpointStore store(base_.string());
   const std::string garbage = (base_ / "garbage.upload").string();

@@ -16,6 +16,7 @@
 #include "common/auth.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
+#include "server/checkpoint_store.h"
 #include "server/coordinator.h"
 #include "server/job_store.h"
 #include "server/metrics/rpc_metrics_interceptor.h"
@@ -87,6 +88,12 @@ absl::Status RunServer(const ServerOptions& options) {
   coordinator_options.restart_grace = options.restart_grace;
   coordinator_options.gang_backfill_limit = options.gang_backfill_limit;
   coordinator_options.checkpoint_dir = options.state_dir + "/checkpoints";
+  if (const CheckpointStore::Removed removed =
+          CheckpointStore(coordinator_options.checkpoint_dir).RemoveUnfinishedUploads();
+      removed.files > 0) {
+    std::cerr << "stoker-server: removed " << removed.files << " unfinished checkpoint upload(s) ("
+              << removed.bytes / (1 << 20) << " MiB) left by an earlier run\n";
+  }
   Coordinator coordinator(std::move(store), coordinator_options);
   if (absl::Status s = coordinator.Recover(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("recovering jobs: ", s.message()));
