@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -88,6 +89,60 @@ absl::StatusOr<std::map<std::string, std::string>> MetadataOf(const nlohmann::js
   return metadata;
 }
 
+// A tensor's place in the data section, checked against its dtype, shape and the file's size.
+struct TensorEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+// Every tensor of `header`, each validated against `data_size` (the bytes after the header): a
+// file cut short fails here, naming the first tensor that does not fit.
+absl::StatusOr<std::vector<TensorEntry>> TensorEntries(const nlohmann::json& header,
+                                                       uint64_t data_size,
+                                                       const std::string& source) {
+  std::vector<TensorEntry> entries;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") continue;
+    const std::string where = absl::StrCat(source, ": tensor '", name, "'");
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets")) {
+      return absl::DataLossError(absl::StrCat(where, ": needs dtype, shape and data_offsets"));
+    }
+    if (entry["dtype"] != "F32") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": dtype ", entry["dtype"].dump(), " is not supported (F32 only)"));
+    }
+    const nlohmann::json& offsets = entry["data_offsets"];
+    const nlohmann::json& shape = entry["shape"];
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned() || !shape.is_array()) {
+      return absl::DataLossError(absl::StrCat(where, ": malformed shape or data_offsets"));
+    }
+    TensorEntry& tensor = entries.emplace_back();
+    tensor.name = name;
+    uint64_t elements = 1;
+    for (const nlohmann::json& dim : shape) {
+      if (!dim.is_number_unsigned() || dim.get<uint64_t>() > (uint64_t(1) << 40)) {
+        return absl::DataLossError(absl::StrCat(where, ": bad dimension ", dim.dump()));
+      }
+      tensor.shape.push_back(dim.get<int64_t>());
+      elements *= dim.get<uint64_t>();
+      if (elements > data_size) break;
+    }
+    tensor.begin = offsets[0].get<uint64_t>();
+    tensor.end = offsets[1].get<uint64_t>();
+    if (tensor.begin > tensor.end || tensor.end > data_size ||
+        tensor.end - tensor.begin != elements * sizeof(float)) {
+      return absl::DataLossError(absl::StrCat(where, ": data_offsets [", tensor.begin, ", ",
+                                              tensor.end, ") do not match its shape or the file (",
+                                              data_size, " data bytes)"));
+    }
+  }
+  return entries;
+}
+
 }  // namespace
 
 absl::Status WriteCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
@@ -137,51 +192,20 @@ absl::StatusOr<Checkpoint> ParseCheckpoint(const std::string& bytes, const std::
   if (!metadata.ok()) return metadata.status();
   checkpoint.metadata = std::move(*metadata);
   const uint64_t data_start = 8 + *length;
-  const uint64_t data_size = bytes.size() - data_start;
+  absl::StatusOr<std::vector<TensorEntry>> entries =
+      TensorEntries(*header, bytes.size() - data_start, source);
+  if (!entries.ok()) return entries.status();
   // Tensors in file order (the JSON object's keys are not ordered).
-  std::vector<std::pair<uint64_t, CheckpointTensor>> ordered;
-  for (const auto& [name, entry] : header->items()) {
-    if (name == "__metadata__") continue;
-    const std::string where = absl::StrCat(source, ": tensor '", name, "'");
-    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
-        !entry.contains("data_offsets")) {
-      return absl::DataLossError(absl::StrCat(where, ": needs dtype, shape and data_offsets"));
-    }
-    if (entry["dtype"] != "F32") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": dtype ", entry["dtype"].dump(), " is not supported (F32 only)"));
-    }
-    const nlohmann::json& offsets = entry["data_offsets"];
-    const nlohmann::json& shape = entry["shape"];
-    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
-        !offsets[1].is_number_unsigned() || !shape.is_array()) {
-      return absl::DataLossError(absl::StrCat(where, ": malformed shape or data_offsets"));
-    }
-    CheckpointTensor tensor;
-    tensor.name = name;
-    uint64_t elements = 1;
-    for (const nlohmann::json& dim : shape) {
-      if (!dim.is_number_unsigned() || dim.get<uint64_t>() > (uint64_t(1) << 40)) {
-        return absl::DataLossError(absl::StrCat(where, ": bad dimension ", dim.dump()));
-      }
-      tensor.shape.push_back(dim.get<int64_t>());
-      elements *= dim.get<uint64_t>();
-      if (elements > data_size) break;
-    }
-    const uint64_t begin = offsets[0].get<uint64_t>();
-    const uint64_t end = offsets[1].get<uint64_t>();
-    if (begin > end || end > data_size || end - begin != elements * sizeof(float)) {
-      return absl::DataLossError(absl::StrCat(where, ": data_offsets [", begin, ", ", end,
-                                              ") do not match its shape or the file (", data_size,
-                                              " data bytes)"));
-    }
-    tensor.values.resize(elements);
-    std::memcpy(tensor.values.data(), bytes.data() + data_start + begin, end - begin);
-    ordered.emplace_back(begin, std::move(tensor));
+  std::sort(entries->begin(), entries->end(),
+            [](const TensorEntry& a, const TensorEntry& b) { return a.begin < b.begin; });
+  for (TensorEntry& entry : *entries) {
+    CheckpointTensor& tensor = checkpoint.tensors.emplace_back();
+    tensor.name = std::move(entry.name);
+    tensor.shape = std::move(entry.shape);
+    tensor.values.resize((entry.end - entry.begin) / sizeof(float));
+    std::memcpy(tensor.values.data(), bytes.data() + data_start + entry.begin,
+                entry.end - entry.begin);
   }
-  std::sort(ordered.begin(), ordered.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (auto& [offset, tensor] : ordered) checkpoint.tensors.push_back(std::move(tensor));
   return checkpoint;
 }
 
@@ -204,8 +228,17 @@ absl::StatusOr<std::map<std::string, std::string>> ReadCheckpointMetadata(const 
   if (!length.ok()) return length.status();
   std::string text(*length, '\0');
   in.read(text.data(), static_cast<std::streamsize>(*length));
+  if (in.gcount() != static_cast<std::streamsize>(*length)) {
+    return absl::DataLossError(absl::StrCat(path, ": cannot read its header"));
+  }
   absl::StatusOr<nlohmann::json> header = ParseHeader(text, path);
   if (!header.ok()) return header.status();
+  // The tensors' places too: a file cut short (an interrupted copy or upload) is not a checkpoint.
+  if (absl::StatusOr<std::vector<TensorEntry>> entries =
+          TensorEntries(*header, size - 8 - *length, path);
+      !entries.ok()) {
+    return entries.status();
+  }
   return MetadataOf(*header, path);
 }
 

@@ -35,7 +35,8 @@ absl::Status WriteCheckpoint(const std::string& path, const Checkpoint& checkpoi
 // Errors name the file and what is wrong.
 absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path);
 
-// Only the "__metadata__" map (reads the header, not the tensors).
+// Only the "__metadata__" map: reads the header, not the tensors, but checks that every tensor
+// fits the file (DATA_LOSS naming the first that does not, e.g. in a file cut short).
 absl::StatusOr<std::map<std::string, std::string>> ReadCheckpointMetadata(const std::string& path);
 
 // Parses a checkpoint held in memory; `source` names it in errors.

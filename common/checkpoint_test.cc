@@ -102,6 +102,17 @@ TEST_F(CheckpointTest, CorruptFilesAreRefusedWithTheReason) {
   ASSERT_FALSE(dtype.ok());
   EXPECT_NE(dtype.status().message().find("not supported"), std::string::npos);
   EXPECT_EQ(ReadCheckpoint((dir_ / "none").string()).status().code(), absl::StatusCode::kNotFound);
+
+  // The metadata alone is read from the header, but a file cut short is refused there too (the
+  // server checks uploads with it).
+  ASSERT_TRUE(ReadCheckpointMetadata(path).ok());
+  const std::string cut = (dir_ / "cut.safetensors").string();
+  std::ofstream(cut, std::ios::binary) << good.substr(0, good.size() - 4);
+  absl::StatusOr<std::map<std::string, std::string>> metadata = ReadCheckpointMetadata(cut);
+  ASSERT_FALSE(metadata.ok());
+  EXPECT_EQ(metadata.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(metadata.status().message().find("data_offsets"), std::string::npos)
+      << metadata.status();
 }
 
 }  // namespace

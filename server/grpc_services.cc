@@ -278,6 +278,20 @@ grpc::Status WorkerServiceImpl::UploadCheckpoint(grpc::ServerContext* context,
           coordinator_->CheckpointWriteFailed(first, *upload_path, out.error_number()));
     }
   }
+  // The stream also ends when the worker dies or its call is cancelled mid-upload: what arrived
+  // is then a prefix of the checkpoint, never to be stored.
+  std::string cut_short;
+  if (context->IsCancelled()) {
+    cut_short = absl::StrCat("checkpoint upload cancelled after ", bytes, " bytes");
+  } else if (first.total_bytes() > 0 && bytes != first.total_bytes()) {
+    cut_short = absl::StrCat("checkpoint upload incomplete: ", bytes, " of ", first.total_bytes(),
+                             " bytes");
+  }
+  if (!cut_short.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove(*upload_path, ignored);
+    return grpc::Status(grpc::StatusCode::DATA_LOSS, cut_short);
+  }
   response->set_bytes(bytes);
   return ToGrpcStatus(coordinator_->CommitCheckpoint(first, *upload_path, bytes));
 }

@@ -873,5 +873,120 @@ TEST(FaultsTest, TheServerFencesWorkerInstancesAndWantsTheFinalWeightsBeforeSucc
   EXPECT_EQ(still->state(), v1::JOB_STATE_RUNNING);
 }
 
+// A worker killed (or its call cancelled) in the middle of a checkpoint upload: what reached the
+// server is a prefix of the file, and it used to be stored as the job's checkpoint (its header,
+// with the step, was intact), so every retry then failed to resume from it and the job failed.
+// Now an upload is stored only whole: not when the call was cancelled, not when fewer bytes came
+// than it announced, and not when its tensors do not fit the file.
+TEST(FaultsTest, AnUploadCutShortIsNeverStored) {
+  TestCluster cluster;
+  cluster.StartServer();
+  grpc::ClientContext register_context;
+  v1::RegisterWorkerRequest request;
+  request.set_worker_id("hand");
+  request.set_instance("a");
+  v1::Device* cpu = request.add_devices();
+  cpu->set_kind("cpu");
+  cpu->set_name("test cpu");
+  v1::RegisterWorkerResponse registered;
+  ASSERT_TRUE(cluster.workers().RegisterWorker(&register_context, request, &registered).ok());
+  absl::StatusOr<v1::Job> job = cluster.Submit(SmallFashionMnistJob(1, 1000, 200));
+  ASSERT_TRUE(job.ok()) << job.status();
+  grpc::ClientContext beat_context;
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id("hand");
+  beat.set_instance("a");
+  beat.set_free_slots(1);
+  v1::HeartbeatResponse assigned;
+  ASSERT_TRUE(cluster.workers().Heartbeat(&beat_context, beat, &assigned).ok());
+  ASSERT_EQ(assigned.assignments_size(), 1);
+  const int attempt = assigned.assignments(0).attempt();
+
+  Checkpoint checkpoint{{{"w", {1 << 18}, std::vector<float>(1 << 18, 0.5f)}}, {{"step", "4"}}};
+  const std::string file = cluster.dir() + "/upload.safetensors";
+  ASSERT_TRUE(WriteCheckpoint(file, checkpoint).ok());
+  const std::string bytes = ReadAll(file);
+  ASSERT_GT(bytes.size(), 1u << 20);
+  // Sends the first `send` bytes in 64 KiB chunks, the first announcing `total`; cancels the call
+  // instead of finishing it when `cancel`.
+  auto upload = [&](size_t send, int64_t total, bool cancel) {
+    grpc::ClientContext context;
+    v1::UploadCheckpointResponse response;
+    auto writer = cluster.workers().UploadCheckpoint(&context, &response);
+    for (size_t at = 0; at < send; at += 64 << 10) {
+      v1::CheckpointChunk chunk;
+      if (at == 0) {
+        chunk.set_worker_id("hand");
+        chunk.set_job_id(job->id());
+        chunk.set_attempt(attempt);
+        chunk.set_step(4);
+        chunk.set_epoch(1);
+        chunk.set_total_bytes(total);
+      }
+      chunk.set_data(bytes.substr(at, std::min<size_t>(64 << 10, send - at)));
+      if (!writer->Write(chunk)) break;
+    }
+    if (cancel) {
+      // Let the chunks reach the server before the call dies, as with a killed worker.
+      absl::SleepFor(absl::Milliseconds(300));
+      context.TryCancel();
+    } else {
+      writer->WritesDone();
+    }
+    return writer->Finish();
+  };
+  auto stored_step = [&]() -> int64_t {
+    absl::StatusOr<v1::Job> now = cluster.WaitFor(
+        job->id(), [](const v1::Job&) { return true; }, absl::Seconds(5));
+    return now.ok() ? now->checkpoint_step() : -1;
+  };
+  auto uploads_left = [&] {
+    int count = 0;
+    std::error_code ignored;
+    for (std::filesystem::directory_iterator it(cluster.dir() + "/server/checkpoints", ignored),
+         end;
+         !ignored && it != end; it.increment(ignored)) {
+      count += absl::StrContains(it->path().filename().string(), ".upload-a") ? 1 : 0;
+    }
+    return count;
+  };
+  const size_t half = bytes.size() / 2;
+
+  const std::string stored_path =
+      cluster.dir() + "/server/checkpoints/" + job->id() + ".safetensors";
+  EXPECT_FALSE(upload(half, static_cast<int64_t>(bytes.size()), /*cancel=*/true).ok());
+  // The client's call ends at once; the server's handler sees the end of the stream later.
+  for (absl::Time until = absl::Now() + absl::Seconds(10);
+       uploads_left() > 0 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(uploads_left(), 0);
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(std::filesystem::exists(stored_path)) << "a cancelled upload was stored";
+  EXPECT_EQ(stored_step(), 0);
+
+  grpc::Status short_of_total = upload(half, static_cast<int64_t>(bytes.size()), false);
+  EXPECT_EQ(short_of_total.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_TRUE(absl::StrContains(short_of_total.error_message(), "incomplete"))
+      << short_of_total.error_message();
+  EXPECT_EQ(stored_step(), 0);
+
+  // A sender that announces no size (an older worker): the tensors must still fit the file.
+  grpc::Status unannounced = upload(half, 0, false);
+  EXPECT_FALSE(unannounced.ok());
+  EXPECT_TRUE(absl::StrContains(unannounced.error_message(), "do not match its shape or the file"))
+      << unannounced.error_message();
+  EXPECT_EQ(stored_step(), 0);
+  EXPECT_EQ(uploads_left(), 0) << "refused uploads are removed";
+  EXPECT_FALSE(std::filesystem::exists(stored_path));
+
+  grpc::Status whole = upload(bytes.size(), static_cast<int64_t>(bytes.size()), false);
+  ASSERT_TRUE(whole.ok()) << whole.error_message();
+  EXPECT_EQ(stored_step(), 4);
+  absl::StatusOr<Checkpoint> stored = ReadCheckpoint(stored_path);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->tensors[0].values, checkpoint.tensors[0].values);
+}
+
 }  // namespace
 }  // namespace stoker::testing

@@ -200,6 +200,9 @@ absl::Status Agent::UploadCheckpoint(RunningJob& job, const v1::TrainingProgress
   chunk.set_rank(job.assignment.rank());
   chunk.set_step(step);
   chunk.set_epoch(epoch);
+  std::error_code size_error;
+  const uintmax_t size = std::filesystem::file_size(snapshot, size_error);
+  if (!size_error) chunk.set_total_bytes(static_cast<int64_t>(size));
   std::string buffer(1 << 20, '\0');
   bool sent = true;
   do {
