@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -212,7 +213,18 @@ absl::StatusOr<JobFile> ParseJobYaml(absl::string_view yaml, const std::string& 
   file.spec = DefaultJobSpec();
   YAML::Node root;
   try {
-    root = YAML::Load(std::string(yaml));
+    // A job file is one YAML document; a second one ("---" then more fields) would otherwise be
+    // dropped without a word.
+    std::vector<YAML::Node> documents = YAML::LoadAll(std::string(yaml));
+    while (documents.size() > 1 && documents.back().IsNull()) documents.pop_back();
+    if (documents.size() > 1) {
+      const YAML::Mark mark = documents[1].Mark();
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, mark.is_null() ? "" : absl::StrCat(":", mark.line + 1, ":", mark.column + 1),
+          ": holds ", documents.size(),
+          " YAML documents (separated by ---); a job file is one document"));
+    }
+    if (!documents.empty()) root = documents[0];
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(
         source, ":", e.mark.line + 1, ":", e.mark.column + 1, ": YAML syntax error: ", e.msg));

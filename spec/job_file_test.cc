@@ -91,6 +91,13 @@ TEST(JobFileTest, DuplicateKeysAndSyntaxErrorsAreRefused) {
   file = ParseJobYaml("", "e.yaml");
   ASSERT_FALSE(file.ok());
   EXPECT_NE(file.status().message().find("empty"), std::string::npos);
+
+  // A second document would have been dropped without a word; a leading or trailing "---" is fine.
+  file = ParseJobYaml("name: a\n---\nname: b\n", "m.yaml");
+  ASSERT_FALSE(file.ok());
+  EXPECT_NE(file.status().message().find("m.yaml:3:1: holds 2 YAML documents"), std::string::npos)
+      << file.status();
+  EXPECT_TRUE(ParseJobYaml("---\nname: a\n---\n", "one.yaml").ok());
 }
 
 TEST(JobFileTest, ValidationErrorsGetTheFieldsLine) {
