@@ -109,6 +109,34 @@ absl::StatusOr<ImageDatasetProbe> ProbeImageDataset(const std::string& format,
         absl::StrCat(path, ": holds no class directories (an image folder is ROOT/CLASS/IMAGE)"));
   }
   std::sort(probe.class_names.begin(), probe.class_names.end());
+  // Every class needs an image (the index refuses an empty class at start, naming it; a class
+  // without images would otherwise be refused here as a model that does not fit the classes).
+  // Each walk stops at the first image, so this reads a directory entry or two per class.
+  for (const std::string& name : probe.class_names) {
+    const std::filesystem::path class_dir = std::filesystem::path(path) / name;
+    bool found = false;
+    int looked = 0;
+    std::error_code walk_error;
+    for (std::filesystem::recursive_directory_iterator
+             it(class_dir,
+                std::filesystem::directory_options::follow_directory_symlink |
+                    std::filesystem::directory_options::skip_permission_denied,
+                walk_error),
+         end;
+         !walk_error && it != end && !found && looked < kMaxClassProbeEntries;
+         it.increment(walk_error), ++looked) {
+      const std::string ext = absl::AsciiStrToLower(it->path().extension().string());
+      std::error_code file_error;
+      found = (ext == ".jpg" || ext == ".jpeg" || ext == ".png") && it->is_regular_file(file_error);
+    }
+    // An unreadable directory or a long search is left to the worker's index.
+    if (!found && !walk_error && looked < kMaxClassProbeEntries) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(class_dir.string(),
+                       ": class directory without any .jpg, .jpeg or .png file; remove it or "
+                       "add its images"));
+    }
+  }
   // The first image of the first class, by name, at its top level (a cheap look, not the walk).
   const std::filesystem::path first_class = std::filesystem::path(path) / probe.class_names[0];
   std::vector<std::string> files;

@@ -47,10 +47,12 @@ absl::StatusOr<SampleIndex> BuildImageIndex(const std::string& format, const std
                                             const std::function<void(const std::string&)>& log);
 
 // What the server can learn about an image dataset at submit, cheaply (no index is built):
-// image_folder: the class directories (sorted; INVALID_ARGUMENT when there are none, NOT_FOUND
-// when the root is missing) and the header of the first image file of the first class, if one
-// reads; shards: that every shard the pattern names exists as a regular file (NOT_FOUND naming
-// the first missing one and how many are), and their number.
+// image_folder: the class directories (sorted; INVALID_ARGUMENT when there are none or one holds
+// no image within its first kMaxClassProbeEntries entries, NOT_FOUND when the root is missing) and
+// the header of the first image file of the first class, if one reads; shards: that every shard the
+// pattern names exists as a regular file (NOT_FOUND naming the first missing one and how many are),
+// and their number.
+inline constexpr int kMaxClassProbeEntries = 10000;
 struct ImageDatasetProbe {
   std::vector<std::string> class_names;  // image_folder
   std::optional<ImageHeader> first;      // image_folder, when the first image's header reads

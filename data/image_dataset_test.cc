@@ -358,6 +358,26 @@ TEST(ImageDatasetTest, ProbeSeesClassesFirstImageAndMissingShards) {
             absl::StrCat("shard ", folder.root(),
                          "/s-0.tar not found (4 of the 4 shards the pattern names are missing)"));
   EXPECT_TRUE(absl::IsNotFound(ProbeImageDataset("image_folder", "/nonexistent").status()));
+
+  // A class whose images sit only in a subdirectory is fine (the index walks it, as torchvision
+  // does); a class without any image is refused naming it, as the index would at start.
+  std::filesystem::create_directories(folder.root() + "/class2/nested/deeper");
+  std::filesystem::copy_file(folder.root() + "/class0/" +
+                                 std::filesystem::directory_iterator(folder.root() + "/class0")
+                                     ->path()
+                                     .filename()
+                                     .string(),
+                             folder.root() + "/class2/nested/deeper/a.png");
+  std::ofstream(folder.root() + "/class2/notes.txt") << "not an image";
+  EXPECT_TRUE(ProbeImageDataset("image_folder", folder.root()).ok());
+  std::filesystem::create_directories(folder.root() + "/class3/sub");
+  std::ofstream(folder.root() + "/class3/sub/readme.txt") << "not an image";
+  absl::StatusOr<ImageDatasetProbe> empty = ProbeImageDataset("image_folder", folder.root());
+  ASSERT_FALSE(empty.ok());
+  EXPECT_EQ(empty.status().message(),
+            absl::StrCat(folder.root(),
+                         "/class3: class directory without any .jpg, .jpeg or .png file; remove it "
+                         "or add its images"));
 }
 
 TEST(ImageDatasetTest, FirstImageHeaderPrefersColour) {
