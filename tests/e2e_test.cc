@@ -358,6 +358,8 @@ TEST_F(EndToEndTest, CorruptDataFailsTheJobAndTheWorkerSurvives) {
   ASSERT_TRUE(failed.ok()) << failed.status();
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(failed->attempt(), 1) << "bad data is not retried";
+  // It never evaluated: no accuracy to show (the attempt's empty progress used to read as 0).
+  EXPECT_LT(failed->progress().test_accuracy(), 0);
   EXPECT_NE(failed->error().find("train-images-idx3-ubyte.gz"), std::string::npos)
       << failed->error();
   EXPECT_NE(failed->error().find("offset"), std::string::npos) << failed->error();

@@ -268,7 +268,10 @@ void Agent::RunJob(RunningJob* job) {
   request.set_error(outcome.error);
   request.set_permanent(outcome.permanent);
   request.set_released(outcome.released);
-  *request.mutable_progress() = outcome.progress;
+  // An attempt that ended before its trainer reported anything (bad data, a failed resume) has
+  // no progress of its own: sending the empty one would wipe what earlier attempts reached
+  // (epoch 0/0 and accuracy 0 in `stoker list`).
+  if (outcome.progress.total_steps() > 0) *request.mutable_progress() = outcome.progress;
   Log(absl::StrCat(RankName(job->assignment), " attempt ", job->assignment.attempt(),
                    " ended: ", v1::JobState_Name(outcome.state),
                    outcome.error.empty() ? "" : absl::StrCat(" (", outcome.error, ")")));
