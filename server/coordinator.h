@@ -154,6 +154,10 @@ class Coordinator {
 
   // Requeues the jobs of workers whose lease ran out. Called periodically.
   void ExpireLeases();
+  // The server itself did not run for `paused` (SIGSTOP, a stalled VM, a starved machine): no
+  // heartbeat could arrive then, so every worker's lease (and a restarted server's grace period)
+  // is moved on by that much, instead of every worker being found lost when it resumes.
+  void ExtendLeases(absl::Duration paused);
   // Wakes every WaitForEvents caller (server shutdown).
   void Shutdown();
 

@@ -198,6 +198,22 @@ TEST_F(CoordinatorTest, AFullDiskIsResourceExhaustedCountedAndShownOnTheJob) {
   EXPECT_GE(coordinator_->Snapshot().checkpoint_dir_free_bytes, 0);
 }
 
+// The server was stopped for longer than the lease: its workers' silence then is its own, and
+// the lease clocks move on by the pause instead of expiring.
+TEST_F(CoordinatorTest, ExtendedLeasesDoNotCountTheServersOwnPause) {
+  const std::string job_id = RunningJob();
+  absl::SleepFor(options_.lease + absl::Milliseconds(100));
+  coordinator_->ExtendLeases(options_.lease + absl::Milliseconds(100));
+  coordinator_->ExpireLeases();
+  EXPECT_EQ(Get(job_id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(Heartbeat("w1", "i1", 0, job_id, 1).ok());
+  // Only the pause is credited: a worker silent beyond it still loses its job.
+  absl::SleepFor(options_.lease + absl::Milliseconds(100));
+  coordinator_->ExtendLeases(absl::Milliseconds(10));
+  coordinator_->ExpireLeases();
+  EXPECT_EQ(Get(job_id).state(), v1::JOB_STATE_QUEUED);
+}
+
 TEST_F(CoordinatorTest, AfterARestartTheWorkerHasTheGracePeriodToComeBack) {
   const std::string kept = RunningJob();
   Start();  // the server restarts: the job is RUNNING in the store, its worker unknown

@@ -186,6 +186,16 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   return response;
 }
 
+void Coordinator::ExtendLeases(absl::Duration paused) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  for (auto& [worker_id, worker] : workers_) {
+    if (worker.lost) continue;
+    worker.last_heartbeat = std::min(now, worker.last_heartbeat + paused);
+    if (worker.restored) worker.grace_until += paused;
+  }
+}
+
 void Coordinator::ExpireLeases() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();

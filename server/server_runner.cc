@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/auth.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -141,9 +143,22 @@ absl::Status RunServer(const ServerOptions& options) {
 
   std::atomic<bool> stopping{false};
   std::thread lease_sweeper([&] {
+    constexpr absl::Duration kSweepInterval = absl::Milliseconds(250);
+    absl::Time last_sweep = absl::Now();
     while (!stopping.load()) {
+      // A sweep far later than its interval means this process did not run in between (stopped,
+      // a stalled VM, a starved machine): the workers' heartbeats could not be heard then, and
+      // must not count as missed.
+      const absl::Time now = absl::Now();
+      if (const absl::Duration late = now - last_sweep - kSweepInterval; late > absl::Seconds(1)) {
+        coordinator.ExtendLeases(late);
+        std::cerr << "stoker-server: did not run for "
+                  << absl::FormatDuration(absl::Trunc(late, absl::Milliseconds(100)))
+                  << " (paused or starved); worker leases extended by as much\n";
+      }
+      last_sweep = now;
       coordinator.ExpireLeases();
-      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      std::this_thread::sleep_for(absl::ToChronoMilliseconds(kSweepInterval));
     }
   });
   const sigset_t signals = ShutdownSignals();

@@ -730,6 +730,30 @@ TEST(FaultsTest, AWorkerShuttingDownGivesBackTheAttemptItHadNotStarted) {
 
 // Issue 12.5: a restarted server gave its workers one lease to come back; they needed ~5 s, so
 // with --lease-seconds 3 the running job lost an attempt and went back to an old checkpoint.
+// The server stopped for longer than the lease (SIGSTOP here; a stalled VM or a starved machine
+// alike) heard no heartbeat meanwhile through no fault of its workers. It used to find every
+// worker lost the moment it ran again and requeue all their jobs, each losing its progress since
+// the last checkpoint and one of its retries.
+TEST(FaultsTest, AServerPausedPastTheLeaseLosesNoWorker) {
+  TestCluster cluster;
+  cluster.StartServer({"--lease-seconds", "2"});
+  cluster.StartWorker("w1");
+  v1::JobSpec spec = SlowJob(3);
+  spec.set_max_retries(0);
+  absl::StatusOr<v1::Job> job = cluster.Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(cluster.WaitForStep(job->id(), 5).ok());
+  ASSERT_EQ(kill(cluster.server_pid(), SIGSTOP), 0);
+  absl::SleepFor(absl::Seconds(5));
+  ASSERT_EQ(kill(cluster.server_pid(), SIGCONT), 0);
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(60));
+  ASSERT_TRUE(done.ok()) << done.status();
+  const std::string server_log = ReadAll(cluster.dir() + "/server.log");
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error() << "\n" << server_log;
+  EXPECT_EQ(done->attempt(), 1) << done->error();
+  EXPECT_TRUE(absl::StrContains(server_log, "did not run for")) << server_log;
+}
+
 TEST(FaultsTest, AServerRestartWithAShortLeaseCostsTheRunningJobNothing) {
   TestCluster cluster;
   cluster.StartServer({"--lease-seconds", "3"});

@@ -41,6 +41,7 @@ class TestCluster {
   // The server's --metrics-listen port, read from its log ("metrics on port N"); 0 if none.
   int ServerMetricsPort() const;
   void KillServer(int signal_number);
+  pid_t server_pid() const { return server_pid_; }
   void KillWorker(pid_t pid, int signal_number);
 
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
