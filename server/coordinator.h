@@ -79,6 +79,8 @@ struct CoordinatorOptions {
   // A gang that could run on the live workers but has waited this long for room keeps the jobs
   // behind it in the queue from being placed (see the file comment).
   absl::Duration gang_backfill_limit = absl::Minutes(2);
+  // A lost worker is listed (as "lost") this long after its lease ran out, then forgotten.
+  absl::Duration forget_lost_worker = absl::Minutes(10);
 };
 
 class Coordinator {
@@ -166,6 +168,8 @@ class Coordinator {
     v1::RegisterWorkerRequest info;
     absl::Time last_heartbeat;
     bool lost = false;
+    absl::Time lost_at;  // while `lost`: when its lease ran out (forgotten
+                         // options.forget_lost_worker later)
     // Restored from the store after a restart; must register again before heartbeats count, and
     // before `grace_until` or its jobs are requeued.
     bool restored = false;

@@ -106,6 +106,33 @@ TEST_F(CoordinatorTest, AnExpiredLeaseRequeuesTheJobAndTheWorkerMustRegisterAgai
   EXPECT_EQ(beat->assignments(0).attempt(), 2);
 }
 
+// Lost workers are listed for a while, then forgotten (every restart under the default id
+// HOSTNAME-PID is a new worker); one registering again is back at once.
+TEST_F(CoordinatorTest, ALostWorkerIsForgottenAfterAWhile) {
+  options_.forget_lost_worker = absl::Milliseconds(300);
+  Start();
+  ASSERT_TRUE(Register("w1", "i1").ok());
+  ASSERT_TRUE(Register("w2", "i2").ok());
+  absl::SleepFor(options_.lease + absl::Milliseconds(100));
+  coordinator_->ExpireLeases();  // both lost; w2 registers again below
+  v1::ListWorkersResponse listed = coordinator_->ListWorkers();
+  ASSERT_EQ(listed.workers_size(), 2);
+  EXPECT_EQ(listed.workers(0).state(), "lost");
+  EXPECT_EQ(listed.workers(1).state(), "lost");
+  ASSERT_TRUE(Register("w2", "i3").ok());
+  for (int i = 0; i < 4; ++i) {  // w2 keeps its lease
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(Heartbeat("w2", "i3", 0).ok());
+    coordinator_->ExpireLeases();
+  }
+  listed = coordinator_->ListWorkers();
+  ASSERT_EQ(listed.workers_size(), 1);
+  EXPECT_EQ(listed.workers(0).worker_id(), "w2");
+  EXPECT_EQ(listed.workers(0).state(), "alive");
+  ASSERT_TRUE(Register("w1", "i4").ok()) << "a forgotten worker registers as new";
+  EXPECT_EQ(coordinator_->ListWorkers().workers_size(), 2);
+}
+
 TEST_F(CoordinatorTest, CancelEndsTheJobAndTellsItsAttemptToStop) {
   const std::string queued = Submit();
   absl::StatusOr<v1::Job> cancelled = coordinator_->Cancel(queued);

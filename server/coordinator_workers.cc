@@ -199,6 +199,14 @@ void Coordinator::ExtendLeases(absl::Duration paused) {
 void Coordinator::ExpireLeases() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
+  // A lost worker stays listed (`stoker workers`, the metrics) for a while, then is forgotten:
+  // with the default id (HOSTNAME-PID) every restart is a new worker, and the old ids would pile
+  // up for the server's lifetime. Registering again brings one back at once.
+  std::erase_if(workers_, [&](const auto& entry) {
+    const WorkerEntry& worker = entry.second;
+    return worker.lost && worker.running.empty() &&
+           now - worker.lost_at > options_.forget_lost_worker;
+  });
   for (auto& [worker_id, worker] : workers_) {
     if (worker.lost) continue;
     // A worker the server knew before its restart has the grace period to come back, however
@@ -208,6 +216,7 @@ void Coordinator::ExpireLeases() {
       continue;
     }
     worker.lost = true;
+    worker.lost_at = now;
     const std::string why =
         worker.restored
             ? absl::StrCat("worker ", worker_id, " lost (did not register again within ",
