@@ -151,13 +151,30 @@ TEST_F(ImagesEndToEndTest, MissingShardsAndUnknownTestClassesAreRefusedAtSubmit)
             "dataset.train_images: shard shards/train-000003.tar not found (2 of the 5 shards "
             "the pattern names are missing)");
 
+  // A test class the training set does not have (with an image: an empty one is refused as
+  // empty first).
   std::filesystem::create_directories(root_ + "/png/test/zebra");
+  std::filesystem::path some_image;
+  for (const auto& dir : std::filesystem::directory_iterator(root_ + "/png/test")) {
+    if (dir.path().filename() == "zebra") continue;
+    some_image = std::filesystem::directory_iterator(dir.path())->path();
+    break;
+  }
+  ASSERT_FALSE(some_image.empty());
+  std::filesystem::copy_file(some_image, root_ + "/png/test/zebra/z.png");
   refused = cluster_.Submit(ImageJob("image_folder", "png/train"));
   EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
   EXPECT_TRUE(absl::StartsWith(refused.status().message(),
                                "dataset.test_images: class directory 'zebra' is not among the "
                                "training classes ("))
       << refused.status();
+
+  std::filesystem::remove(root_ + "/png/test/zebra/z.png");
+  refused = cluster_.Submit(ImageJob("image_folder", "png/train"));
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_EQ(refused.status().message(),
+            "dataset.test_images: png/test/zebra: class directory without any .jpg, .jpeg or .png "
+            "file; remove it or add its images");
 }
 
 }  // namespace
