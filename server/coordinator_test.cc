@@ -133,6 +133,15 @@ TEST_F(CoordinatorTest, ALostWorkerIsForgottenAfterAWhile) {
   EXPECT_EQ(coordinator_->ListWorkers().workers_size(), 2);
 }
 
+TEST_F(CoordinatorTest, AWorkerIdWithASpaceOrControlCharacterIsRefused) {
+  for (const std::string& id : std::vector<std::string>{"a b", std::string("a\0b", 3), "tab\tid"}) {
+    absl::Status refused = Register(id, "i1");
+    EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+    EXPECT_TRUE(absl::StrContains(refused.message(), "space or a control character")) << refused;
+  }
+  EXPECT_TRUE(Register("host.example-1:2@x_y", "i1").ok());
+}
+
 TEST_F(CoordinatorTest, CancelEndsTheJobAndTellsItsAttemptToStop) {
   const std::string queued = Submit();
   absl::StatusOr<v1::Job> cancelled = coordinator_->Cancel(queued);

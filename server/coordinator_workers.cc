@@ -3,6 +3,8 @@
 // restarted worker held.
 #include <algorithm>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -20,6 +22,14 @@ int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     const v1::RegisterWorkerRequest& request) {
   STOKER_RETURN_IF_ERROR(RequireId(request.worker_id(), "worker_id"));
+  // Shown in tables and logs, and named in job files' errors: no spaces or control characters.
+  for (char c : request.worker_id()) {
+    if (!absl::ascii_isgraph(static_cast<unsigned char>(c))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker_id: '", absl::CHexEscape(request.worker_id()),
+          "' holds a space or a control character; use letters, digits and - _ . : @"));
+    }
+  }
   if (request.devices_size() == 0 || request.devices_size() > 64) {
     return absl::InvalidArgumentError("devices: a worker registers 1 to 64 devices");
   }

@@ -6,6 +6,7 @@
 
 #include "CLI/CLI.hpp"
 #include "common/auth.h"
+#include "common/exit_codes.h"
 #include "server/server_runner.h"
 #include "server/state_dir_lock.h"
 
@@ -59,7 +60,12 @@ int main(int argc, char** argv) {
                  "open WatchJob/GetArtifact streams on the whole server")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help exits 0; a bad flag exits 2 (bad input), as the stoker CLI does.
+    return app.exit(e) == 0 ? 0 : stoker::kExitBadInput;
+  }
   options.lease = absl::Seconds(lease_seconds);
   options.restart_grace = absl::Seconds(restart_grace_seconds);
   options.gang_backfill_limit = absl::Seconds(gang_backfill_seconds);

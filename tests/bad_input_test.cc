@@ -362,5 +362,25 @@ TEST_F(BadInputTest, ErrorsNameDatasetPathsAsWritten) {
   EXPECT_EQ(failed->error().find("real/cut-images"), std::string::npos) << failed->error();
 }
 
+// Bad flags of the server and the worker exit 2 (bad input, as the CLI's), naming the flag; a
+// worker id with a space or a slash would have broken `stoker workers`' table.
+TEST(BadFlagsTest, ServerAndWorkerRefuseBadFlagsWithExitTwo) {
+  struct Case {
+    std::string command;
+    std::string says;
+  };
+  const std::string worker = absl::StrCat(STOKER_WORKER_PATH_FOR_TEST, " --server 127.0.0.1:1");
+  for (const Case& c : std::vector<Case>{
+           {absl::StrCat(STOKER_SERVER_PATH_FOR_TEST, " --lease-seconds -1"), "--lease-seconds"},
+           {worker + " --cpus 0", "--cpus"},
+           {worker + " --worker-id 'a b'", "'a b': a worker id uses letters, digits"},
+           {worker + " --worker-id ''", "a worker id has 1 to 128 characters"},
+       }) {
+    const CommandResult result = RunCommand(c.command);
+    EXPECT_EQ(result.exit_code, 2) << c.command << "\n" << result.output;
+    EXPECT_NE(result.output.find(c.says), std::string::npos) << c.command << "\n" << result.output;
+  }
+}
+
 }  // namespace
 }  // namespace stoker::testing

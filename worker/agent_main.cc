@@ -5,9 +5,11 @@
 
 #include <filesystem>
 #include <iostream>
+#include <string_view>
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
@@ -55,7 +57,19 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--worker-id", options.worker_id,
                  "stable name of this worker; reuse it after a restart to re-attach")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](const std::string& id) -> std::string {
+            if (id.empty() || id.size() > 128) return "a worker id has 1 to 128 characters";
+            for (char c : id) {
+              if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) &&
+                  std::string_view("-_.:@").find(c) == std::string_view::npos) {
+                return absl::StrCat("'", id, "': a worker id uses letters, digits and - _ . : @");
+              }
+            }
+            return "";
+          },
+          "ID"));
   app.add_option("--data-root", options.runner.data_root,
                  "dataset paths of jobs resolve under this directory")
       ->capture_default_str();
@@ -113,7 +127,12 @@ int main(int argc, char** argv) {
                  "each collective) before the attempt fails")
       ->check(CLI::Range(1.0, 3600.0))
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help exits 0; a bad flag exits 2 (bad input), as the stoker CLI does.
+    return app.exit(e) == 0 ? 0 : stoker::kExitBadInput;
+  }
   options.runner.collective_host =
       !collective_host.empty()
           ? collective_host
