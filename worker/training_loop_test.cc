@@ -266,6 +266,25 @@ TEST_F(TrainingLoopTest, AResumedRunTrainsFromItsStep) {
   ASSERT_EQ(recorder.OfType(v1::EVENT_TYPE_EPOCH).size(), 1u);
 }
 
+// A trainer killed after its last checkpoint but before it reported success resumes at the
+// last step: nothing is left to train, and the attempt ends as one that finished.
+TEST_F(TrainingLoopTest, AResumeAtTheLastStepFinishesWithoutTraining) {
+  const LabeledSamples data = TinyData();
+  Pipeline pipeline(data, /*first_batch=*/8);
+  std::unique_ptr<Model> model = TinyModel();
+  ASSERT_NE(model, nullptr);
+  Recorder recorder;
+  TrainingLoopOptions options = Options();
+  options.first_batch = 8;
+  options.test_accuracy = 0.5;
+  TrainingLoop loop(pipeline.region(), *model, View(data), options, recorder.Sink(),
+                    recorder.Writer());
+  pipeline.StartLoader();
+  const absl::Status status = loop.Run();
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(pipeline.region().stats().steps_total.load(), 0u);
+}
+
 TEST_F(TrainingLoopTest, ACheckpointThatCannotBeWrittenFailsTheAttempt) {
   recorder_.checkpoint_status = absl::ResourceExhaustedError("disk full");
   TrainingLoop loop(pipeline_.region(), *model_, View(data_), Options(), recorder_.Sink(),
