@@ -277,7 +277,7 @@ bool Agent::Register(const std::atomic<bool>& stop) {
     }
     if (tries++ % 10 == 0) {
       Log(absl::StrCat("waiting for the server at ", options_.server_address, ": ",
-                       status.error_message()));
+                       agent_internal::UnreachableReason(status)));
     }
     SleepUnlessStopped(backoff.Next(), stop);
   }
@@ -330,7 +330,7 @@ bool Agent::Run(const std::atomic<bool>& stop) {
                        "); registering again"));
       if (!Register(stop)) return stop.load();
     } else if (absl::Now() - last_unreachable_log > absl::Seconds(10)) {
-      Log(absl::StrCat("heartbeat failed: ", status.error_message()));
+      Log(absl::StrCat("heartbeat failed: ", agent_internal::UnreachableReason(status)));
       last_unreachable_log = absl::Now();
     }
     SleepUnlessStopped(wait, stop);
