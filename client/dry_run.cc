@@ -1,11 +1,14 @@
 #include "client/dry_run.h"
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "data/dataset.h"
+#include "data/image_dataset.h"
 #include "nlohmann/json.hpp"
 #include "spec/job_spec.h"
 #include "spec/model_spec.h"
@@ -32,6 +35,19 @@ absl::StatusOr<std::vector<int>> ParseSampleShape(const std::string& text) {
   return dims;
 }
 
+// An image folder's classes and first image, read under the data root as the server reads them.
+absl::StatusOr<ImageDatasetProbe> ProbeImageFolder(const v1::JobSpec& spec,
+                                                   const DryRunOptions& options) {
+  const v1::DatasetSpec& data = spec.dataset();
+  if (data.format() != "image_folder") {
+    return absl::InvalidArgumentError("only an image folder is probed");
+  }
+  STOKER_ASSIGN_OR_RETURN(const std::string root,
+                          ResolveUnderDataRoot(options.data_root, data.train_images(),
+                                               "dataset.train_images", PathKind::kDirectory));
+  return ProbeImageDataset(data.format(), root);
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<int>> DryRunSampleDims(const v1::JobSpec& spec,
@@ -41,6 +57,22 @@ absl::StatusOr<std::vector<int>> DryRunSampleDims(const v1::JobSpec& spec,
   if (IsImageFormat(data.format())) {
     if (data.image().channels() != 0 && data.image().size() != 0) {
       return std::vector<int>{data.image().channels(), data.image().size(), data.image().size()};
+    }
+    // An image folder under the data root: the first image's header, as the server reads it.
+    const absl::StatusOr<ImageDatasetProbe> probe = ProbeImageFolder(spec, options);
+    if (!probe.ok() && data.format() == "image_folder") {
+      return absl::Status(probe.status().code(),
+                          absl::StrCat(probe.status().message(), " (looked under --data-root ",
+                                       options.data_root, "; or pass --sample-shape CxHxW)"));
+    }
+    if (probe.ok() && probe->first.has_value()) {
+      const int channels = data.image().channels() != 0  ? data.image().channels()
+                           : probe->first->channels == 1 ? 1
+                                                         : 3;
+      if (data.image().size() != 0) {
+        return std::vector<int>{channels, data.image().size(), data.image().size()};
+      }
+      return std::vector<int>{channels, probe->first->height, probe->first->width};
     }
     return absl::InvalidArgumentError(
         "dataset.image: channels or size is 0 (taken from the first image at run time); pass "
@@ -69,7 +101,14 @@ absl::StatusOr<std::string> DryRunReport(const JobFile& file, const DryRunOption
   const v1::JobSpec& spec = file.spec;
   STOKER_RETURN_IF_ERROR(WithFileLocation(file, ValidateJobSpec(spec)));
   STOKER_ASSIGN_OR_RETURN(const std::vector<int> dims, DryRunSampleDims(spec, options));
-  const int classes = options.classes > 0 ? options.classes : spec.dataset().classes();
+  int classes = options.classes > 0 ? options.classes : spec.dataset().classes();
+  if (classes == 0) {
+    // An image folder's classes are its directories.
+    if (const absl::StatusOr<ImageDatasetProbe> probe = ProbeImageFolder(spec, options);
+        probe.ok()) {
+      classes = std::max(2, static_cast<int>(probe->class_names.size()));
+    }
+  }
   if (classes < 2 || classes > 256) {
     return absl::InvalidArgumentError(
         options.classes != 0

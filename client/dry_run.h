@@ -16,11 +16,14 @@ namespace stoker {
 struct DryRunOptions {
   std::string sample_shape;  // --sample-shape: "1x28x28", "28x28" or "784"; empty = find it
   int classes = 0;           // --classes; 0 = dataset.classes
-  std::string data_root = "/usr/share/datasets";  // where an idx dataset's header is read
+  std::string data_root = "/usr/share/datasets";  // where idx headers and image folders are read
 };
 
 // The shape of one sample: --sample-shape; else an image dataset's dataset.image.channels x size
-// x size when both are set; else an idx dataset's training-images header under the data root.
+// x size when both are set; else, for an image folder under the data root, its first image's
+// (channels 1 or 3, size or its height x width); else an idx dataset's training-images header.
+// The report counts an image folder's classes from its directories when neither --classes nor
+// dataset.classes is set.
 // INVALID_ARGUMENT (a bad --sample-shape) or the reader's error, saying to pass --sample-shape.
 absl::StatusOr<std::vector<int>> DryRunSampleDims(const v1::JobSpec& spec,
                                                   const DryRunOptions& options);

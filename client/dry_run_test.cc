@@ -3,9 +3,14 @@
 // sources.
 #include "client/dry_run.h"
 
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "data/image/image_codec.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "spec/job_spec.h"
@@ -58,6 +63,41 @@ TEST(DryRunTest, AnIdxDatasetsShapeComesFromItsHeader) {
   elsewhere.data_root = "/nonexistent-data-root";
   EXPECT_TRUE(absl::StrContains(DryRunSampleDims(Example().spec, elsewhere).status().message(),
                                 "--sample-shape"));
+}
+
+// An image folder under --data-root gives the classes (its directories) and, where the job file
+// leaves channels or size to the data, the first image's shape; an empty class is named.
+TEST(DryRunTest, AnImageFoldersClassesAndShapeComeFromTheFolder) {
+  const std::filesystem::path root =
+      std::filesystem::temp_directory_path() / absl::StrCat("stoker_dry_run_", getpid());
+  std::filesystem::remove_all(root);
+  for (const char* name : {"ant", "bee", "cat"}) {
+    std::filesystem::create_directories(root / "pics" / name);
+    Image image{6, 4, 3, std::vector<uint8_t>(6 * 4 * 3, 100)};
+    absl::StatusOr<std::vector<uint8_t>> png = EncodePng(image);
+    ASSERT_TRUE(png.ok()) << png.status();
+    std::ofstream(root / "pics" / name / "a.png", std::ios::binary)
+        .write(reinterpret_cast<const char*>(png->data()),
+               static_cast<std::streamsize>(png->size()));
+  }
+  absl::StatusOr<JobFile> file = ParseJobYaml(
+      "dataset: {format: image_folder, train_images: pics, test_images: pics, image: {size: 0}}\n"
+      "model: {type: cnn, layers: [{type: flatten}, {type: linear, units: 3}]}\n",
+      "pics.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  DryRunOptions options;
+  options.data_root = root.string();
+  absl::StatusOr<std::string> report = DryRunReport(*file, options, /*json=*/false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(absl::StrContains(*report, "# samples 3x4x6, 3 classes")) << *report;
+
+  std::filesystem::create_directories(root / "pics" / "dog");
+  report = DryRunReport(*file, options, /*json=*/false);
+  ASSERT_FALSE(report.ok());
+  EXPECT_TRUE(absl::StrContains(report.status().message(),
+                                "pics/dog: class directory without any .jpg, .jpeg or .png file"))
+      << report.status();
+  std::filesystem::remove_all(root);
 }
 
 TEST(DryRunTest, MistakesAreNamedAsSubmitNamesThem) {
