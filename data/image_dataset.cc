@@ -137,29 +137,40 @@ absl::StatusOr<ImageDatasetProbe> ProbeImageDataset(const std::string& format,
                        "add its images"));
     }
   }
-  // The first image of the first class, by name, at its top level (a cheap look, not the walk).
-  const std::filesystem::path first_class = std::filesystem::path(path) / probe.class_names[0];
+  // As FirstImageHeader reads the index: the first 16 images, class by class and by name, in
+  // colour if any of them is. A cheap look at each class's top level, not the walk (the index
+  // walks a class's top level before its subdirectories, so only a class of fewer than 16
+  // top-level images with more in subdirectories is read differently).
   std::vector<std::string> files;
-  for (std::filesystem::directory_iterator it(first_class, error), end; !error && it != end;
-       it.increment(error)) {
-    std::string ext = absl::AsciiStrToLower(it->path().extension().string());
-    std::error_code file_error;
-    if ((ext == ".jpg" || ext == ".jpeg" || ext == ".png") && it->is_regular_file(file_error)) {
-      files.push_back(it->path().string());
-    }
-  }
-  if (!files.empty()) {
-    const std::string& file = *std::min_element(files.begin(), files.end());
-    std::vector<uint8_t> head(1 << 18);  // headers (EXIF, ICC) fit in 256 KiB
-    const int fd = open(file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      const ssize_t n = pread(fd, head.data(), head.size(), 0);
-      close(fd);
-      if (n > 0) {
-        absl::StatusOr<ImageHeader> header = ReadImageHeader(file, head.data(), n);
-        if (header.ok()) probe.first = *header;
+  for (const std::string& name : probe.class_names) {
+    std::vector<std::string> in_class;
+    std::error_code list_error;
+    for (std::filesystem::directory_iterator it(std::filesystem::path(path) / name, list_error),
+         end;
+         !list_error && it != end; it.increment(list_error)) {
+      const std::string ext = absl::AsciiStrToLower(it->path().extension().string());
+      std::error_code file_error;
+      if ((ext == ".jpg" || ext == ".jpeg" || ext == ".png") && it->is_regular_file(file_error)) {
+        in_class.push_back(it->path().string());
       }
     }
+    std::sort(in_class.begin(), in_class.end());
+    for (std::string& file : in_class) {
+      if (files.size() < 16) files.push_back(std::move(file));
+    }
+    if (files.size() >= 16) break;
+  }
+  std::vector<uint8_t> head(1 << 18);  // headers (EXIF, ICC) fit in 256 KiB
+  for (size_t i = 0; i < std::min<size_t>(files.size(), 16); ++i) {
+    const int fd = open(files[i].c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    const ssize_t n = pread(fd, head.data(), head.size(), 0);
+    close(fd);
+    if (n <= 0) continue;
+    absl::StatusOr<ImageHeader> header = ReadImageHeader(files[i], head.data(), n);
+    if (!header.ok()) continue;
+    if (!probe.first) probe.first = *header;
+    if (header->channels == 3) probe.first->channels = 3;
   }
   return probe;
 }

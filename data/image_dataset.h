@@ -49,9 +49,10 @@ absl::StatusOr<SampleIndex> BuildImageIndex(const std::string& format, const std
 // What the server can learn about an image dataset at submit, cheaply (no index is built):
 // image_folder: the class directories (sorted; INVALID_ARGUMENT when there are none or one holds
 // no image within its first kMaxClassProbeEntries entries, NOT_FOUND when the root is missing) and
-// the header of the first image file of the first class, if one reads; shards: that every shard the
-// pattern names exists as a regular file (NOT_FOUND naming the first missing one and how many are),
-// and their number.
+// the header of the first image file, if one reads (3 channels if any of the first 16 images, by
+// class and name at each class's top level, is in colour, as FirstImageHeader decides); shards:
+// that every shard the pattern names exists as a regular file (NOT_FOUND naming the first missing
+// one and how many are), and their number.
 inline constexpr int kMaxClassProbeEntries = 10000;
 struct ImageDatasetProbe {
   std::vector<std::string> class_names;  // image_folder

@@ -394,6 +394,11 @@ TEST(ImageDatasetTest, FirstImageHeaderPrefersColour) {
   ASSERT_TRUE(header.ok()) << header.status();
   EXPECT_EQ(header->channels, 3);
   EXPECT_EQ(header->height, 4);
+  // The server's probe at submit (and the dry run) decide alike.
+  absl::StatusOr<ImageDatasetProbe> probe = ProbeImageDataset("image_folder", folder.root());
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  ASSERT_TRUE(probe->first.has_value());
+  EXPECT_EQ(probe->first->channels, 3);
 }
 
 // Data-parallel ranks (loader.h, SliceOfRank) over image datasets: textured 12x12 RGB images, so
