@@ -317,11 +317,11 @@ void Agent::RunJob(RunningJob* job) {
       // The server serves the checkpoint from now on (`stoker artifact`, a retry's resume): the
       // local copies would only fill this worker's disk, one per job. Logs and job.pb stay. A
       // checkpoint the server does not have is kept.
-      // Ranks other than 0 write none; their resume file is only a copy of the server's.
+      // Ranks other than 0 write none. The resume file is only a copy of the server's.
+      std::error_code ignored;
+      std::filesystem::remove(job->runner->dir() + "/resume.safetensors", ignored);
       if (job->checkpoint_on_server.load() || job->assignment.rank() != 0) {
-        std::error_code ignored;
         std::filesystem::remove(job->runner->checkpoint_path(), ignored);
-        std::filesystem::remove(job->runner->dir() + "/resume.safetensors", ignored);
       }
       break;
     }

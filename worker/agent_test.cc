@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "spec/job_spec.h"
 #include "stoker.grpc.pb.h"
+#include "worker/job_runner.h"
 #include "worker/process.h"
 #include "worker/rendezvous_store.h"
 
@@ -540,6 +541,40 @@ TEST(AgentTest, FakeGpusAreOnlyForTestsOnLoopback) {
   EXPECT_TRUE(absl::IsInvalidArgument(FakeGpusForTests(-1, 0, "127.0.0.1:5000").status()));
 }
 
+// An attempt that stored the final weights but ended before its success was recorded (its
+// worker or the server killed in between) is resumed at the last step: the trainer takes no
+// step and the attempt ends as the one that wrote them, with the same progress and accuracy. It
+// used to be refused ("bad or missing step"), and every retry failed the same way until the job
+// was FAILED with its final weights stored.
+TEST(JobRunnerResumeTest, AResumeAtTheLastStepEndsAsTheAttemptThatWroteIt) {
+  std::string dir = std::filesystem::temp_directory_path() / "stoker-last-step-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  RunnerOptions options;
+  options.trainer_path = STOKER_TRAINER_PATH;
+  options.loader_path = STOKER_LOADER_PATH;
+  options.work_dir = dir;
+  options.data_root = "/usr/share/datasets";
+  v1::Assignment assignment;
+  assignment.set_job_id("j-000001");
+  assignment.set_attempt(1);
+  *assignment.mutable_spec() = SmallJob();
+  JobRunner first(options, assignment, [](const v1::JobEvent&) {});
+  const AttemptOutcome wrote = first.Run("");
+  ASSERT_EQ(wrote.state, v1::JOB_STATE_SUCCEEDED) << wrote.error;
+  ASSERT_EQ(wrote.progress.step(), 8);
+  const std::string final_weights = dir + "/final.safetensors";
+  std::filesystem::copy_file(first.checkpoint_path(), final_weights);
+
+  assignment.set_attempt(2);
+  assignment.set_resume_step(8);
+  JobRunner second(options, assignment, [](const v1::JobEvent&) {});
+  const AttemptOutcome resumed = second.Run(final_weights);
+  EXPECT_EQ(resumed.state, v1::JOB_STATE_SUCCEEDED) << resumed.error;
+  EXPECT_EQ(resumed.progress.step(), 8);
+  EXPECT_EQ(resumed.progress.test_accuracy(), wrote.progress.test_accuracy());
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
 
 // What a worker killed with SIGKILL left in its attempt directories goes when its id starts
 // again; other ids' directories in a shared work directory, and unmarked ones, stay whole.

@@ -424,12 +424,15 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   absl::StatusOr<std::unique_ptr<JobRegion>> region = JobRegion::Create(geometry);
   if (!region.ok()) return Failed(absl::StrCat("ring buffer: ", region.status().message()), false);
   if (!resume_checkpoint.empty()) {
-    // Resume: the batch stream starts at the step the checkpoint holds.
+    // Resume: the batch stream starts at the step the checkpoint holds. That may be the last
+    // step: the final weights were stored but the attempt that wrote them ended before its
+    // success was recorded (its worker or the server killed in between). The trainer then takes
+    // no step, evaluates and ends as that attempt would have.
     absl::StatusOr<std::map<std::string, std::string>> metadata =
         ReadCheckpointMetadata(resume_checkpoint);
     uint64_t step = 0;
     if (!metadata.ok() || !metadata->contains("step") ||
-        !absl::SimpleAtoi(metadata->at("step"), &step) || step >= geometry.total_batches) {
+        !absl::SimpleAtoi(metadata->at("step"), &step) || step > geometry.total_batches) {
       return Failed(
           absl::StrCat("cannot resume from ", resume_checkpoint, ": ",
                        metadata.ok() ? "bad or missing step" : metadata.status().message()),

@@ -138,6 +138,12 @@ absl::Status TrainingLoop::Run() {
 }
 
 absl::Status TrainingLoop::RunSteps() {
+  if (total_batches_ > 0 && options_.first_batch >= total_batches_) {
+    // Resumed from the final weights (their attempt ended before its success was recorded): no
+    // step is left. The last epoch's end, evaluation, report and checkpoint, is done again, as
+    // that attempt did it: the same weights give the same test results.
+    return EndOfEpoch(total_batches_, EpochOf(total_batches_ - 1), absl::Now());
+  }
   for (uint64_t b = options_.first_batch; b < total_batches_; ++b) {
     const absl::Time wait_start = absl::Now();
     STOKER_ASSIGN_OR_RETURN(const ReadableBatch batch, WaitForBatch(b));

@@ -276,13 +276,21 @@ TEST_F(TrainingLoopTest, AResumeAtTheLastStepFinishesWithoutTraining) {
   Recorder recorder;
   TrainingLoopOptions options = Options();
   options.first_batch = 8;
-  options.test_accuracy = 0.5;
+  options.test_accuracy = 0.123;
   TrainingLoop loop(pipeline.region(), *model, View(data), options, recorder.Sink(),
                     recorder.Writer());
   pipeline.StartLoader();
   const absl::Status status = loop.Run();
   EXPECT_TRUE(status.ok()) << status;
   EXPECT_EQ(pipeline.region().stats().steps_total.load(), 0u);
+  // The last epoch's end again: evaluated, reported and checkpointed at the last step.
+  const std::vector<v1::JobEvent> epochs = recorder.OfType(v1::EVENT_TYPE_EPOCH);
+  ASSERT_EQ(epochs.size(), 1u);
+  EXPECT_EQ(epochs[0].progress().step(), 8);
+  EXPECT_EQ(epochs[0].progress().epoch(), kEpochs);
+  EXPECT_GE(epochs[0].progress().test_accuracy(), 0);
+  EXPECT_NE(epochs[0].progress().test_accuracy(), 0.123) << "evaluated, not the checkpoint's";
+  EXPECT_THAT(recorder.checkpoints, ElementsAre(Pair(8, kEpochs)));
 }
 
 TEST_F(TrainingLoopTest, ACheckpointThatCannotBeWrittenFailsTheAttempt) {
