@@ -88,7 +88,10 @@ for t in "${targets[@]}"; do
   [[ -f "fuzz/$t.dict" ]] && dict=(-dict="fuzz/$t.dict")
   log="$out/$t.log"
   status=0
-  "$out/${t}_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=16384 \
+  # The outer timeout: libFuzzer's own report of a hung input once deadlocked in its handler
+  # (the process slept for good), which would hang the whole test run.
+  timeout --kill-after=10 $((seconds + 120)) \
+    "$out/${t}_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=16384 \
     -print_final_stats=1 -artifact_prefix="$out/artifacts/$t/" "${dict[@]}" \
     "$out/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1 || status=$?
   runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
@@ -97,6 +100,7 @@ for t in "${targets[@]}"; do
   if ((status == 0)); then
     echo "fuzz: $t ok: $runs inputs in ${seconds} s, coverage $cov edges, corpus $corpus files"
   else
+    ((status == 124 || status == 137)) && echo "fuzz: $t did not end (a hang; killed)"
     echo "fuzz: $t FAILED (exit $status), see $log; inputs in $out/artifacts/$t/:"
     grep -E '^==[0-9]+==ERROR|SUMMARY|runtime error|ALARM|out-of-memory' "$log" | head -5 || true
     ls "$out/artifacts/$t/" || true

@@ -3,12 +3,13 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "spec/job_spec.h"
 #include "yaml-cpp/yaml.h"
@@ -205,26 +206,51 @@ class YamlMapper {
   JobFile* out_;
 };
 
+// The line (from 1) of the "---" that starts a second document with content, or 0. A document
+// marker is "---" at the start of a line, alone or followed by a space; at column 0 it cannot be
+// part of a scalar (block scalars there are indented, and flow scalars may not hold it). Blank and
+// comment lines are not content, so a file may begin or end with "---" (or end with "...").
+int SecondDocumentLine(absl::string_view yaml) {
+  bool content = false;
+  int pending = 0;  // a marker seen after content
+  int number = 0;
+  for (absl::string_view line : absl::StrSplit(yaml, '\n')) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    absl::string_view rest = line;
+    const bool start =
+        line == "---" || absl::StartsWith(line, "--- ") || absl::StartsWith(line, "---\t");
+    const bool end =
+        line == "..." || absl::StartsWith(line, "... ") || absl::StartsWith(line, "...\t");
+    if (start || end) {
+      if (content && pending == 0) pending = number;
+      rest = line.substr(3);
+    }
+    rest = absl::StripAsciiWhitespace(rest);
+    if (rest.empty() || rest[0] == '#' || (!content && rest[0] == '%')) continue;
+    if (pending > 0) return pending;
+    content = true;
+  }
+  return 0;
+}
+
 }  // namespace
 
 absl::StatusOr<JobFile> ParseJobYaml(absl::string_view yaml, const std::string& source) {
   JobFile file;
   file.source = source;
   file.spec = DefaultJobSpec();
+  // A job file is one YAML document; YAML::Load would read the first and drop a second one
+  // ("---" then more fields) without a word. (YAML::LoadAll, which would count them, loops for
+  // ever on some malformed input: the fuzzer found one.)
+  if (const int second = SecondDocumentLine(yaml); second > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ":", second,
+        ":1: a second YAML document starts here (after ---); a job file is one document"));
+  }
   YAML::Node root;
   try {
-    // A job file is one YAML document; a second one ("---" then more fields) would otherwise be
-    // dropped without a word.
-    std::vector<YAML::Node> documents = YAML::LoadAll(std::string(yaml));
-    while (documents.size() > 1 && documents.back().IsNull()) documents.pop_back();
-    if (documents.size() > 1) {
-      const YAML::Mark mark = documents[1].Mark();
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, mark.is_null() ? "" : absl::StrCat(":", mark.line + 1, ":", mark.column + 1),
-          ": holds ", documents.size(),
-          " YAML documents (separated by ---); a job file is one document"));
-    }
-    if (!documents.empty()) root = documents[0];
+    root = YAML::Load(std::string(yaml));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(
         source, ":", e.mark.line + 1, ":", e.mark.column + 1, ": YAML syntax error: ", e.msg));

@@ -95,9 +95,19 @@ TEST(JobFileTest, DuplicateKeysAndSyntaxErrorsAreRefused) {
   // A second document would have been dropped without a word; a leading or trailing "---" is fine.
   file = ParseJobYaml("name: a\n---\nname: b\n", "m.yaml");
   ASSERT_FALSE(file.ok());
-  EXPECT_NE(file.status().message().find("m.yaml:3:1: holds 2 YAML documents"), std::string::npos)
+  EXPECT_NE(file.status().message().find("m.yaml:2:1: a second YAML document starts here"),
+            std::string::npos)
       << file.status();
-  EXPECT_TRUE(ParseJobYaml("---\nname: a\n---\n", "one.yaml").ok());
+  file = ParseJobYaml("# c\nname: a\n...\n# more\n--- {name: b}\n", "m2.yaml");
+  ASSERT_FALSE(file.ok());
+  EXPECT_NE(file.status().message().find("m2.yaml:3:1:"), std::string::npos) << file.status();
+  EXPECT_TRUE(ParseJobYaml("%YAML 1.2\n---\nname: a\n---\n# end\n", "one.yaml").ok());
+  EXPECT_TRUE(ParseJobYaml("name: a\n...\n", "dots.yaml").ok());
+  EXPECT_TRUE(ParseJobYaml("name: |\n  ---\n", "block.yaml")
+                  .status()
+                  .message()
+                  .find("second YAML document") == std::string::npos)
+      << "an indented --- is a scalar's text";
 }
 
 TEST(JobFileTest, ValidationErrorsGetTheFieldsLine) {
