@@ -1,6 +1,7 @@
 #include "client/dry_run.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -35,23 +36,36 @@ absl::StatusOr<std::vector<int>> ParseSampleShape(const std::string& text) {
   return dims;
 }
 
-// An image folder's classes and first image, read under the data root as the server reads them.
-absl::StatusOr<ImageDatasetProbe> ProbeImageFolder(const v1::JobSpec& spec,
-                                                   const DryRunOptions& options) {
-  const v1::DatasetSpec& data = spec.dataset();
-  if (data.format() != "image_folder") {
-    return absl::InvalidArgumentError("only an image folder is probed");
+// An image folder's classes and first image, read under the data root as the server reads them;
+// read once (a report needs it for the shape and the classes), and only when asked for.
+class FolderProbe {
+ public:
+  FolderProbe(const v1::JobSpec& spec, const DryRunOptions& options)
+      : spec_(spec), options_(options) {}
+  const absl::StatusOr<ImageDatasetProbe>& Get() {
+    if (!probe_) probe_ = Read();
+    return *probe_;
   }
-  STOKER_ASSIGN_OR_RETURN(const std::string root,
-                          ResolveUnderDataRoot(options.data_root, data.train_images(),
-                                               "dataset.train_images", PathKind::kDirectory));
-  return ProbeImageDataset(data.format(), root);
-}
 
-}  // namespace
+ private:
+  absl::StatusOr<ImageDatasetProbe> Read() const {
+    const v1::DatasetSpec& data = spec_.dataset();
+    if (data.format() != "image_folder") {
+      return absl::InvalidArgumentError("only an image folder is probed");
+    }
+    STOKER_ASSIGN_OR_RETURN(const std::string root,
+                            ResolveUnderDataRoot(options_.data_root, data.train_images(),
+                                                 "dataset.train_images", PathKind::kDirectory));
+    return ProbeImageDataset(data.format(), root);
+  }
 
-absl::StatusOr<std::vector<int>> DryRunSampleDims(const v1::JobSpec& spec,
-                                                  const DryRunOptions& options) {
+  const v1::JobSpec& spec_;
+  const DryRunOptions& options_;
+  std::optional<absl::StatusOr<ImageDatasetProbe>> probe_;
+};
+
+absl::StatusOr<std::vector<int>> SampleDims(const v1::JobSpec& spec, const DryRunOptions& options,
+                                            FolderProbe& folder) {
   if (!options.sample_shape.empty()) return ParseSampleShape(options.sample_shape);
   const v1::DatasetSpec& data = spec.dataset();
   if (IsImageFormat(data.format())) {
@@ -59,7 +73,7 @@ absl::StatusOr<std::vector<int>> DryRunSampleDims(const v1::JobSpec& spec,
       return std::vector<int>{data.image().channels(), data.image().size(), data.image().size()};
     }
     // An image folder under the data root: the first image's header, as the server reads it.
-    const absl::StatusOr<ImageDatasetProbe> probe = ProbeImageFolder(spec, options);
+    const absl::StatusOr<ImageDatasetProbe>& probe = folder.Get();
     if (!probe.ok() && data.format() == "image_folder") {
       return absl::Status(probe.status().code(),
                           absl::StrCat(probe.status().message(), " (looked under --data-root ",
@@ -96,16 +110,24 @@ absl::StatusOr<std::vector<int>> DryRunSampleDims(const v1::JobSpec& spec,
                                                  "(C x H x W, H x W or the feature count)"));
 }
 
+}  // namespace
+
+absl::StatusOr<std::vector<int>> DryRunSampleDims(const v1::JobSpec& spec,
+                                                  const DryRunOptions& options) {
+  FolderProbe folder(spec, options);
+  return SampleDims(spec, options, folder);
+}
+
 absl::StatusOr<std::string> DryRunReport(const JobFile& file, const DryRunOptions& options,
                                          bool json) {
   const v1::JobSpec& spec = file.spec;
   STOKER_RETURN_IF_ERROR(WithFileLocation(file, ValidateJobSpec(spec)));
-  STOKER_ASSIGN_OR_RETURN(const std::vector<int> dims, DryRunSampleDims(spec, options));
+  FolderProbe folder(spec, options);
+  STOKER_ASSIGN_OR_RETURN(const std::vector<int> dims, SampleDims(spec, options, folder));
   int classes = options.classes > 0 ? options.classes : spec.dataset().classes();
   if (classes == 0) {
     // An image folder's classes are its directories.
-    if (const absl::StatusOr<ImageDatasetProbe> probe = ProbeImageFolder(spec, options);
-        probe.ok()) {
+    if (const absl::StatusOr<ImageDatasetProbe>& probe = folder.Get(); probe.ok()) {
       classes = std::max(2, static_cast<int>(probe->class_names.size()));
     }
   }

@@ -11,13 +11,13 @@
 #include <optional>
 #include <thread>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "data/index/brace.h"
+#include "data/index/index_format.h"
 #include "data/prepared_dataset.h"
 #include "data/split_mix.h"
 
@@ -29,6 +29,12 @@ constexpr size_t kNamedBadSamples = 10;
 
 int64_t Limited(const SampleIndex& index, int64_t limit) {
   return limit > 0 ? std::min(index.count(), limit) : index.count();
+}
+
+// A regular file the image folder index takes as an image (by its name's ending).
+bool IsImageFile(const std::filesystem::directory_entry& entry) {
+  std::error_code error;
+  return ImageEncodingOfName(entry.path().filename().string()) != 0 && entry.is_regular_file(error);
 }
 
 }  // namespace
@@ -125,9 +131,7 @@ absl::StatusOr<ImageDatasetProbe> ProbeImageDataset(const std::string& format,
          end;
          !walk_error && it != end && !found && looked < kMaxClassProbeEntries;
          it.increment(walk_error), ++looked) {
-      const std::string ext = absl::AsciiStrToLower(it->path().extension().string());
-      std::error_code file_error;
-      found = (ext == ".jpg" || ext == ".jpeg" || ext == ".png") && it->is_regular_file(file_error);
+      found = IsImageFile(*it);
     }
     // An unreadable directory or a long search is left to the worker's index.
     if (!found && !walk_error && looked < kMaxClassProbeEntries) {
@@ -148,11 +152,7 @@ absl::StatusOr<ImageDatasetProbe> ProbeImageDataset(const std::string& format,
     for (std::filesystem::directory_iterator it(std::filesystem::path(path) / name, list_error),
          end;
          !list_error && it != end; it.increment(list_error)) {
-      const std::string ext = absl::AsciiStrToLower(it->path().extension().string());
-      std::error_code file_error;
-      if ((ext == ".jpg" || ext == ".jpeg" || ext == ".png") && it->is_regular_file(file_error)) {
-        in_class.push_back(it->path().string());
-      }
+      if (IsImageFile(*it)) in_class.push_back(it->path().string());
     }
     std::sort(in_class.begin(), in_class.end());
     for (std::string& file : in_class) {

@@ -168,8 +168,8 @@ class Coordinator {
     v1::RegisterWorkerRequest info;
     absl::Time last_heartbeat;
     bool lost = false;
-    absl::Time lost_at;  // while `lost`: when its lease ran out (forgotten
-                         // options.forget_lost_worker later)
+    // While `lost`: when its lease ran out (it is forgotten options.forget_lost_worker later).
+    absl::Time lost_at;
     // Restored from the store after a restart; must register again before heartbeats count, and
     // before `grace_until` or its jobs are requeued.
     bool restored = false;

@@ -122,7 +122,7 @@ StaleAttemptData RemoveStaleAttemptData(const std::string& work_dir, const std::
       std::error_code failed;
       if (!file->is_regular_file(failed) || file->is_symlink(failed)) continue;
       const uint64_t size = file->file_size(failed);
-      if (failed || !fs::remove(file->path(), failed) || failed) continue;
+      if (failed || !fs::remove(file->path(), failed)) continue;
       removed.bytes += size;
       any = true;
     }

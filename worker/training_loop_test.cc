@@ -242,21 +242,34 @@ TEST_F(TrainingLoopTest, AStopEndsTheWaitWithoutACheckpoint) {
   EXPECT_TRUE(recorder_.events.empty());
 }
 
-TEST_F(TrainingLoopTest, AResumedRunTrainsFromItsStep) {
+// Runs a fresh model resumed at `first_batch` from a checkpoint whose test accuracy was
+// `checkpoint_accuracy`, recording into `recorder`; the loop's status and the steps it took.
+struct ResumedRun {
+  absl::Status status;
+  uint64_t steps = 0;
+};
+ResumedRun RunResumed(uint64_t first_batch, double checkpoint_accuracy,
+                      absl::Duration report_interval, Recorder& recorder) {
   const LabeledSamples data = TinyData();
-  Pipeline pipeline(data, /*first_batch=*/4);
+  Pipeline pipeline(data, first_batch);
   std::unique_ptr<Model> model = TinyModel();
-  ASSERT_NE(model, nullptr);
-  Recorder recorder;
+  if (model == nullptr) return {absl::InternalError("no model"), 0};
   TrainingLoopOptions options = Options();
-  options.first_batch = 4;
-  options.test_accuracy = 0.5;
-  options.report_interval = absl::ZeroDuration();
+  options.first_batch = first_batch;
+  options.test_accuracy = checkpoint_accuracy;
+  options.report_interval = report_interval;
   TrainingLoop loop(pipeline.region(), *model, View(data), options, recorder.Sink(),
                     recorder.Writer());
   pipeline.StartLoader();
-  ASSERT_TRUE(loop.Run().ok());
-  EXPECT_EQ(pipeline.region().stats().steps_total.load(), 4u);
+  const absl::Status status = loop.Run();
+  return {status, pipeline.region().stats().steps_total.load()};
+}
+
+TEST_F(TrainingLoopTest, AResumedRunTrainsFromItsStep) {
+  Recorder recorder;
+  const ResumedRun run = RunResumed(4, 0.5, absl::ZeroDuration(), recorder);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.steps, 4u);
   EXPECT_THAT(recorder.checkpoints, ElementsAre(Pair(8, 2)));
   const std::vector<v1::JobEvent> progress = recorder.OfType(v1::EVENT_TYPE_PROGRESS);
   ASSERT_EQ(progress.size(), 3u);
@@ -269,20 +282,10 @@ TEST_F(TrainingLoopTest, AResumedRunTrainsFromItsStep) {
 // A trainer killed after its last checkpoint but before it reported success resumes at the
 // last step: nothing is left to train, and the attempt ends as one that finished.
 TEST_F(TrainingLoopTest, AResumeAtTheLastStepFinishesWithoutTraining) {
-  const LabeledSamples data = TinyData();
-  Pipeline pipeline(data, /*first_batch=*/8);
-  std::unique_ptr<Model> model = TinyModel();
-  ASSERT_NE(model, nullptr);
   Recorder recorder;
-  TrainingLoopOptions options = Options();
-  options.first_batch = 8;
-  options.test_accuracy = 0.123;
-  TrainingLoop loop(pipeline.region(), *model, View(data), options, recorder.Sink(),
-                    recorder.Writer());
-  pipeline.StartLoader();
-  const absl::Status status = loop.Run();
-  EXPECT_TRUE(status.ok()) << status;
-  EXPECT_EQ(pipeline.region().stats().steps_total.load(), 0u);
+  const ResumedRun run = RunResumed(8, 0.123, Options().report_interval, recorder);
+  EXPECT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.steps, 0u);
   // The last epoch's end again: evaluated, reported and checkpointed at the last step.
   const std::vector<v1::JobEvent> epochs = recorder.OfType(v1::EVENT_TYPE_EPOCH);
   ASSERT_EQ(epochs.size(), 1u);

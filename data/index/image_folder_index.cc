@@ -47,15 +47,6 @@ absl::Status PathError(const std::string& path, absl::string_view what, int erro
                  : absl::StrCat(path, ": ", what, ": ", std::strerror(error)));
 }
 
-// The encoding named by a file name's ending (torchvision: name.lower().endswith(...)), or 0.
-uint8_t ImageEncodingOfName(absl::string_view name) {
-  if (absl::EndsWithIgnoreCase(name, ".jpg") || absl::EndsWithIgnoreCase(name, ".jpeg")) {
-    return kIndexedJpeg;
-  }
-  if (absl::EndsWithIgnoreCase(name, ".png")) return kIndexedPng;
-  return 0;
-}
-
 std::string Join(const std::string& directory, absl::string_view name) {
   return directory == "/" ? absl::StrCat("/", name) : absl::StrCat(directory, "/", name);
 }

@@ -55,6 +55,14 @@ uint8_t EncodingForExtension(absl::string_view extension) {
   return 0;
 }
 
+uint8_t ImageEncodingOfName(absl::string_view name) {
+  if (absl::EndsWithIgnoreCase(name, ".jpg") || absl::EndsWithIgnoreCase(name, ".jpeg")) {
+    return kIndexedJpeg;
+  }
+  if (absl::EndsWithIgnoreCase(name, ".png")) return kIndexedPng;
+  return 0;
+}
+
 IndexBuilder::IndexBuilder(bool sharded) : sharded_(sharded) {}
 
 absl::StatusOr<uint32_t> IndexBuilder::AddString(absl::string_view text) {

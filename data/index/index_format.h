@@ -116,6 +116,11 @@ absl::Status ValidateIndexBytes(const uint8_t* bytes, uint64_t length, const std
 // 0.
 uint8_t EncodingForExtension(absl::string_view extension);
 
+// The encoding an image folder's file name names by its ending (torchvision:
+// name.lower().endswith((".jpg", ".jpeg", ".png"))), else 0. The index and the submit-time probe
+// (ProbeImageDataset) both count images by it.
+uint8_t ImageEncodingOfName(absl::string_view name);
+
 }  // namespace stoker
 
 #endif  // STOKER_DATA_INDEX_INDEX_FORMAT_H_
