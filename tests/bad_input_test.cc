@@ -382,5 +382,30 @@ TEST(BadFlagsTest, ServerAndWorkerRefuseBadFlagsWithExitTwo) {
   }
 }
 
+// A worker that cannot reach its server says whether the server's name does not resolve (a
+// compose network without DNS, a server container not up yet) or the server does not answer,
+// naming the host it tried; gRPC's own words are "Deadline Exceeded" for both.
+TEST(BadFlagsTest, AWorkerTellsANameThatDoesNotResolveFromAServerThatDoesNotAnswer) {
+  const std::string dir = ::testing::TempDir() + "/unreachable-" + std::to_string(getpid());
+  const auto run_worker = [&](const std::string& server) {
+    // SIGTERM after 4 s: the agent, still registering, stops at once.
+    return RunCommand(absl::StrCat("timeout 4 ", STOKER_WORKER_PATH_FOR_TEST, " --server ", server,
+                                   " --work-dir ", dir, " 2>&1"));
+  };
+  const CommandResult unnamed = run_worker("stoker-no-such-host.invalid:50051");
+  EXPECT_NE(unnamed.output.find("waiting for the server at stoker-no-such-host.invalid:50051: the "
+                                "host name 'stoker-no-such-host.invalid' does not resolve (yet)"),
+            std::string::npos)
+      << unnamed.output;
+  EXPECT_EQ(unnamed.output.find("no answer"), std::string::npos) << unnamed.output;
+  const CommandResult silent = run_worker("localhost:1");
+  EXPECT_NE(silent.output.find("waiting for the server at localhost:1: no answer ('localhost' "
+                               "resolves to "),
+            std::string::npos)
+      << silent.output;
+  EXPECT_EQ(silent.output.find("does not resolve"), std::string::npos) << silent.output;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace stoker::testing

@@ -202,7 +202,8 @@ Agent::Agent(AgentOptions options, WorkerMetrics* metrics)
           options_.server_address,
           options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(),
           ChannelArgs())),
-      stub_(v1::WorkerService::NewStub(channel_)) {
+      stub_(v1::WorkerService::NewStub(channel_)),
+      reachability_(options_.server_address) {
   // Data-parallel trainers reach the server's rendezvous as this worker.
   options_.runner.server_address = options_.server_address;
   options_.runner.worker_id = options_.worker_id;
@@ -264,6 +265,7 @@ bool Agent::Register(const std::atomic<bool>& stop) {
     grpc::Status status =
         stub_->RegisterWorker(Context(absl::Seconds(2), true).get(), request, &response);
     if (status.ok()) {
+      reachability_.Reached();
       heartbeat_interval_ =
           absl::Milliseconds(std::max<int64_t>(100, response.heartbeat_interval_ms()));
       Log(absl::StrCat("registered as ", options_.worker_id, " with ", options_.server_address,
@@ -277,7 +279,7 @@ bool Agent::Register(const std::atomic<bool>& stop) {
     }
     if (tries++ % 10 == 0) {
       Log(absl::StrCat("waiting for the server at ", options_.server_address, ": ",
-                       agent_internal::UnreachableReason(status)));
+                       reachability_.Describe(status.error_message())));
     }
     SleepUnlessStopped(backoff.Next(), stop);
   }
@@ -313,6 +315,7 @@ bool Agent::Run(const std::atomic<bool>& stop) {
       unreachable_backoff.Reset();
     }
     if (status.ok()) {
+      reachability_.Reached();
       if (metrics_ != nullptr) metrics_->HeartbeatAnswered(absl::Now());
       for (const v1::RunningAttempt& stop_attempt : response.stop()) {
         absl::MutexLock lock(&mu_);
@@ -330,7 +333,9 @@ bool Agent::Run(const std::atomic<bool>& stop) {
                        "); registering again"));
       if (!Register(stop)) return stop.load();
     } else if (absl::Now() - last_unreachable_log > absl::Seconds(10)) {
-      Log(absl::StrCat("heartbeat failed: ", agent_internal::UnreachableReason(status)));
+      Log(absl::StrCat("heartbeat failed: ", IsUnreachable(status)
+                                                 ? reachability_.Describe(status.error_message())
+                                                 : status.error_message()));
       last_unreachable_log = absl::Now();
     }
     SleepUnlessStopped(wait, stop);

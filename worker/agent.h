@@ -18,6 +18,7 @@
 #include "stoker.grpc.pb.h"
 #include "worker/job_runner.h"
 #include "worker/metrics/worker_metrics.h"
+#include "worker/server_reachability.h"
 
 namespace stoker {
 
@@ -153,6 +154,9 @@ class Agent {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
+  // Says why the server cannot be reached (a name that does not resolve, or no answer); only
+  // the registration and heartbeat loop (one thread) uses it.
+  ServerReachability reachability_;
   std::atomic<bool> shutting_down_{false};
   absl::Mutex mu_;
   std::map<RankKey, std::unique_ptr<RunningJob>> jobs_ ABSL_GUARDED_BY(mu_);

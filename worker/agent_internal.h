@@ -21,14 +21,6 @@ inline void Log(const std::string& message) {
             << "stoker-worker: " << message << std::endl;
 }
 
-// What an unreachable server's status says, for a log line: gRPC reports a server that is down
-// or unreachable within the call's deadline only as "Deadline Exceeded".
-inline std::string UnreachableReason(const grpc::Status& status) {
-  return status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
-             ? "no answer (is it running, and is the address reachable from here?)"
-             : status.error_message();
-}
-
 inline bool IsUnreachable(const grpc::Status& status) {
   return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
          status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;

@@ -26,12 +26,23 @@ while (($#)); do
   esac
 done
 skip() { echo "SKIPPED: $*"; exit 77; }
+setup_hint="deploy/README.md, 'With podman': apt-get install podman runc, then deploy/podman-setup.sh"
 command -v podman >/dev/null ||
-  skip "podman is not installed; to run this test: apt-get install podman runc, then deploy/podman-setup.sh (base images without a registry)"
+  skip "podman is not installed; to run this test: $setup_hint (installs the network stack with DNS and makes the base images without a registry)"
 command -v docker-compose >/dev/null ||
-  skip "docker-compose is not installed (apt-get install docker-compose; scripts/setup.sh does)"
+  skip "docker-compose is not installed (apt-get install docker-compose; scripts/setup.sh and deploy/podman-setup.sh do)"
 podman image exists debian:12 && podman image exists debian:12-slim ||
   skip "podman has no debian:12 / debian:12-slim image: run deploy/podman-setup.sh (makes them with mmdebstrap) or podman pull them"
+# Without DNS on the compose network the worker cannot find `server`: say so now rather than
+# after the image builds. (deploy/podman-setup.sh proves resolution end to end.)
+network_backend=$(podman info --format '{{.Host.NetworkBackend}}' 2>/dev/null || echo unknown)
+case "$network_backend" in
+  netavark) dns_piece=/usr/lib/podman/aardvark-dns ;;
+  cni) dns_piece=/usr/lib/cni/dnsname ;;
+  *) dns_piece="" ;;
+esac
+[[ -z "$dns_piece" || -x "$dns_piece" ]] ||
+  { echo "FAIL: podman's network stack ($network_backend) has no DNS ($dns_piece is missing), so compose services cannot resolve each other: run deploy/podman-setup.sh ($setup_hint)" >&2; exit 1; }
 [[ -x "$cli" ]] || { echo "no CLI at $cli (build the stoker target)" >&2; exit 1; }
 
 start_time=$SECONDS
@@ -115,13 +126,26 @@ for _ in $(seq 1 50); do [[ -S "$tmp/podman.sock" ]] && break; sleep 0.2; done
 
 step "compose up: server, worker-cpu, prometheus (project $project, gRPC 127.0.0.1:$STOKER_GRPC_PORT)"
 compose up -d --no-build server worker-cpu prometheus
+# Fails fast when the worker cannot resolve the server's name: once the server answers here, a
+# worker that has logged twice (several seconds apart) that `server` does not resolve is on a
+# network without DNS; a single miss can be the server container not being up yet.
+server_answered=0
 for _ in $(seq 1 60); do
-  workers=$(stoker workers -o json 2>/dev/null || true)
+  if workers=$(stoker workers -o json 2>/dev/null); then server_answered=1; else workers=""; fi
   [[ "$workers" == *workerId* || "$workers" == *worker_id* ]] && break
+  if ((server_answered)); then
+    unresolved=$(compose logs --no-color worker-cpu 2>&1 | grep 'does not resolve' || true)
+    if (($(grep -c . <<<"$unresolved") >= 2)); then
+      fail "the worker cannot resolve the server's name on the compose network, while the server answers on the host:
+$(tail -n 1 <<<"$unresolved")
+The network has no DNS: run deploy/podman-setup.sh ($setup_hint), then 'docker-compose down' so that compose makes its network again."
+    fi
+  fi
   sleep 1
 done
 [[ "$workers" == *workerId* || "$workers" == *worker_id* ]] ||
-  fail "no worker registered within 60 s: $(stoker workers 2>&1)"
+  fail "no worker registered within 60 s: $(stoker workers 2>&1)
+worker log: $(compose logs --no-color --tail 5 worker-cpu 2>&1)"
 stoker workers
 # Plaintext or a wrong token must be refused.
 if "$cli" --server "127.0.0.1:$STOKER_GRPC_PORT" --token-file "$STOKER_SECRETS_DIR/stoker_token" \
