@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/backend.h"
+#include "engine/model_shapes.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 ABSL_FLAG(double, seconds, 3.0, "measuring time per configuration");

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "data/dataset.h"
 #include "engine/backend.h"
+#include "engine/model_shapes.h"
 
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "IDX files (gzipped)");
 ABSL_FLAG(std::string, model, "cnn", "cnn, mlp (fp32 and bf16) or all");

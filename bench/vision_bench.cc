@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/backend.h"
+#include "engine/model_shapes.h"
 #include "nlohmann/json.hpp"
 #include "spec/job_file.h"
 #include "spec/job_spec.h"

@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "engine/backend.h"  // GradientReducer
+#include "engine/gradient_reducer.h"
 
 namespace stoker {
 

@@ -17,9 +17,10 @@
 #include "comm/collective.h"
 #include "comm/nccl_collective.h"
 #include "comm/nccl_reducer.h"
-#include "engine/backend.h"
 #include "engine/cuda/cuda_mlp.h"
 #include "engine/cuda/cuda_test_util.h"
+#include "engine/model.h"
+#include "engine/model_config.h"
 #include "gtest/gtest.h"
 
 namespace stoker {
@@ -53,13 +54,13 @@ struct OneRank {
     EXPECT_TRUE(connected.ok()) << connected.status();
     if (!connected.ok()) return;
     collective = std::move(*connected);
-    absl::StatusOr<cudaStream_t> stream = CudaMlpComputeStream(model);
-    EXPECT_TRUE(stream.ok()) << stream.status();
-    if (!stream.ok()) return;
+    const auto stream = static_cast<cudaStream_t>(model.device_stream());
+    EXPECT_NE(stream, nullptr);
+    if (stream == nullptr) return;
     NcclReducerOptions reducer_options;
     reducer_options.buckets.global_batch = global_batch;
     reducer_options.buckets.bucket_bytes = 4096;  // several buckets, some of several tensors
-    reducer_options.compute_stream = *stream;
+    reducer_options.compute_stream = stream;
     absl::StatusOr<std::unique_ptr<BucketedReducer>> created =
         CreateNcclReducer(*collective, reducer_options);
     EXPECT_TRUE(created.ok()) << created.status();
@@ -164,13 +165,13 @@ TEST(NcclMlpTest, AReducerThatTimesOutFailsTheStepWithoutAnUpdate) {
   const std::vector<NamedTensor> before = ranked->Parameters();
   // The compute stream is held for 2 s (as by a hung kernel): the gradients are not final within
   // the 300 ms timeout.
-  absl::StatusOr<cudaStream_t> stream = CudaMlpComputeStream(*ranked);
-  ASSERT_TRUE(stream.ok());
-  ASSERT_EQ(cudaLaunchHostFunc(*stream, HoldStream, reinterpret_cast<void*>(uintptr_t{2'000'000})),
+  const auto stream = static_cast<cudaStream_t>(ranked->device_stream());
+  ASSERT_NE(stream, nullptr);
+  ASSERT_EQ(cudaLaunchHostFunc(stream, HoldStream, reinterpret_cast<void*>(uintptr_t{2'000'000})),
             cudaSuccess);
   absl::StatusOr<StepResult> step = ranked->TrainStep(batches[1].View(), 0.05);
   EXPECT_EQ(step.status().code(), absl::StatusCode::kDeadlineExceeded) << step.status();
-  ASSERT_EQ(cudaStreamSynchronize(*stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   ExpectTensorsNear(ranked->Parameters(), before, 0, "after a failed reduction");
 }
 

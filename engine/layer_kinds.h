@@ -14,7 +14,7 @@
 #include <string>
 #include <string_view>
 
-#include "engine/backend.h"
+#include "engine/model_config.h"
 
 namespace stoker {
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/backend.h"
+#include "engine/backend_helpers.h"
 
 namespace stoker {
 namespace {

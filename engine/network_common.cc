@@ -11,7 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "engine/backend.h"
+#include "engine/backend_helpers.h"
 #include "engine/layer_kinds.h"
 
 namespace stoker {

@@ -1,4 +1,4 @@
-#include "engine/backend.h"
+#include "engine/model_config.h"
 
 namespace stoker {
 

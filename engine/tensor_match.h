@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "engine/backend.h"
+#include "engine/model.h"
 
 namespace stoker {
 

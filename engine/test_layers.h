@@ -2,7 +2,7 @@
 #ifndef STOKER_ENGINE_TEST_LAYERS_H_
 #define STOKER_ENGINE_TEST_LAYERS_H_
 
-#include "engine/backend.h"
+#include "engine/model_config.h"
 
 namespace stoker::test_layers {
 

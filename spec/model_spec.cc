@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "engine/backend.h"
 #include "engine/layer_kinds.h"
 #include "nlohmann/json.hpp"
 #include "spec/model_preset.h"

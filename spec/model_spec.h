@@ -7,10 +7,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/backend.h"
+#include "engine/model.h"
+#include "engine/model_shapes.h"
 #include "stoker.pb.h"
 
 namespace stoker {
+
+class Backend;  // engine/backend.h
 
 struct BuiltModel {
   std::unique_ptr<Model> model;

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/checkpoint.h"
+#include "engine/backend.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "spec/job_file.h"

@@ -242,7 +242,9 @@ void Agent::AddRunningAttempts(
 }
 
 bool Agent::Register(const std::atomic<bool>& stop) {
-  int tries = 0;
+  // The first miss is logged at once, later ones every 10 s (each says why: the name does not
+  // resolve, or the server does not answer).
+  absl::Time last_log = absl::InfinitePast();
   Backoff backoff(absl::Milliseconds(200), absl::Seconds(2));
   while (!stop.load()) {
     v1::RegisterWorkerRequest request;
@@ -277,9 +279,10 @@ bool Agent::Register(const std::atomic<bool>& stop) {
       Log(absl::StrCat("registration refused: ", status.error_message()));
       return false;
     }
-    if (tries++ % 10 == 0) {
+    if (absl::Now() - last_log >= absl::Seconds(10)) {
       Log(absl::StrCat("waiting for the server at ", options_.server_address, ": ",
                        reachability_.Describe(status.error_message())));
+      last_log = absl::Now();
     }
     SleepUnlessStopped(backoff.Next(), stop);
   }

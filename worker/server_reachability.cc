@@ -108,8 +108,9 @@ std::string DescribeUnreachable(const std::string& target, const Resolution* res
                           "(deploy/README.md, 'With podman')");
     }
     case Resolution::Outcome::kTimedOut:
-      return absl::StrCat("resolving the host name '", *host,
-                          "' took too long (does this machine's DNS server answer?); retrying");
+      return absl::StrCat("the host name '", *host,
+                          "' does not resolve within 3 s (does this machine's, or the container "
+                          "network's, DNS server answer?); retrying");
     case Resolution::Outcome::kResolved:
       break;
   }

@@ -31,6 +31,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "comm/collective.h"
+#include "comm/device_ranks.h"
 #include "common/checkpoint.h"
 #include "common/exit_codes.h"
 #include "common/status_macros.h"
@@ -44,19 +45,8 @@
 #include "google/protobuf/util/delimited_message_util.h"
 #include "spec/job_options.h"
 #include "spec/job_spec.h"
-#include "stoker.pb.h"
-#ifdef STOKER_HAVE_CUDA
-#include "engine/cuda/cuda_backend.h"
-#endif
-#if defined(STOKER_HAVE_CUDA) && defined(STOKER_HAVE_NCCL)
-#include "comm/nccl_collective.h"
-#include "comm/nccl_reducer.h"
-#include "engine/cuda/cuda_mlp.h"
-#ifdef STOKER_HAVE_CUDNN
-#include "engine/cuda/cuda_network.h"
-#endif
-#endif
 #include "spec/model_spec.h"
+#include "stoker.pb.h"
 #include "worker/rendezvous_store.h"
 #include "worker/training_loop.h"
 
@@ -148,11 +138,9 @@ struct TrainingSetup {
   std::unique_ptr<MappedSamples> test_file;
   LabeledSamples test_in_memory;
   SamplesView test;
-#ifdef STOKER_HAVE_CUDA
   // Unpins the ring when the setup goes: after the model (declared below), which copies out of
-  // it, and before the region (which outlives the setup) unmaps it.
-  PinnedHostRegion pinned_ring;
-#endif
+  // it, and before the region (which outlives the setup) unmaps it. Null on the cpu.
+  std::unique_ptr<HostMemoryPin> pinned_ring;
   std::unique_ptr<Backend> backend;
   BuiltModel built;
 };
@@ -238,23 +226,16 @@ absl::Status SetUp(const v1::JobSpec& spec, int train_classes, const std::string
                      SampleTypeName(geometry.sample_type), " values"));
   }
 
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      absl::FailedPreconditionError("this trainer was built without the cuda backend");
-  if (spec.resources().gpus() > 0 && devices.fake_gpus_for_tests) {
-    backend = CreateCpuBackend();  // the GPUs are fake: see stoker-worker --fake-gpus-for-tests
-  } else if (spec.resources().gpus() > 0) {
-#ifdef STOKER_HAVE_CUDA
-    backend = CreateCudaBackend(0);
-    // Pin the ring so batches are copied by DMA straight out of their slots (best effort).
-    if (backend.ok()) (void)setup.pinned_ring.Register(region.mapped_base(), region.mapped_bytes());
-#endif
-  } else {
-    backend = CreateCpuBackend();
-  }
+  // GPU jobs train on cuda device 0 (of those CUDA_VISIBLE_DEVICES leaves); fake GPUs (stoker-worker
+  // --fake-gpus-for-tests) on the cpu.
+  const bool cuda = spec.resources().gpus() > 0 && !devices.fake_gpus_for_tests;
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(cuda ? "cuda" : "cpu", 0);
   if (!backend.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("backend: ", backend.status().message()));
   }
   setup.backend = std::move(*backend);
+  // Batches are copied by DMA straight out of their ring slots where the backend can pin them.
+  setup.pinned_ring = setup.backend->PinHostMemory(region.mapped_base(), region.mapped_bytes());
   const int classes = std::max({2, train_classes, setup.test.classes});
   absl::StatusOr<BuiltModel> built =
       BuildModel(*setup.backend, spec, setup.test.sample_dims, classes);
@@ -286,56 +267,6 @@ struct DataParallelSetup {
   std::string description;  // for the log: "gloo over HOST", "nccl ..."
 };
 
-// A cuda rank's NCCL communicator (device 0), its host-staged face, and the device reducer
-// ordered after the model's compute stream. FAILED_PRECONDITION in a trainer built without NCCL.
-absl::Status ConnectGpuRank(const RankChoice& choice, const std::string& store_prefix,
-                            const BucketOptions& buckets, Model& model, DataParallelSetup& dp) {
-#if defined(STOKER_HAVE_CUDA) && defined(STOKER_HAVE_NCCL)
-  // The stream the model's gradients are final on: the MLP fast path's, or the network's.
-  absl::StatusOr<cudaStream_t> stream = CudaMlpComputeStream(model);
-#ifdef STOKER_HAVE_CUDNN
-  if (!stream.ok()) stream = CudaNetworkComputeStream(model);
-#endif
-  if (!stream.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "resources.replicas > 1 with gpus: this model exposes no compute stream for the NCCL "
-        "reducer (",
-        stream.status().message(), "); use resources.replicas: 1"));
-  }
-  NcclOptions nccl;
-  nccl.rank = choice.rank;
-  nccl.size = choice.replicas;
-  nccl.device = 0;  // CUDA_VISIBLE_DEVICES holds this rank's GPU only
-  nccl.store_prefix = store_prefix;
-  nccl.timeout = absl::Seconds(choice.timeout_seconds);
-  absl::StatusOr<std::unique_ptr<NcclCollective>> connected = ConnectNccl(nccl, *dp.store);
-  if (!connected.ok()) {
-    return absl::Status(
-        absl::IsInvalidArgument(connected.status()) ? absl::StatusCode::kInternal
-                                                    : connected.status().code(),
-        absl::StrCat("connecting the ranks (nccl on device 0): ", connected.status().message()));
-  }
-  NcclCollective& device = **connected;
-  dp.device_collective = std::move(*connected);
-  absl::StatusOr<std::unique_ptr<Collective>> host = CreateHostStagedCollective(device);
-  if (!host.ok()) return absl::InternalError(host.status().message());
-  dp.collective = std::move(*host);
-  NcclReducerOptions options;
-  options.buckets = buckets;
-  options.compute_stream = *stream;
-  absl::StatusOr<std::unique_ptr<BucketedReducer>> reducer = CreateNcclReducer(device, options);
-  if (!reducer.ok()) return absl::InternalError(reducer.status().message());
-  dp.reducer = std::move(*reducer);
-  dp.description = "nccl on device 0";
-  return absl::OkStatus();
-#else
-  (void)choice, (void)store_prefix, (void)buckets, (void)model, (void)dp;
-  return absl::FailedPreconditionError(
-      "resources.replicas > 1 with gpus: this trainer was built without NCCL (rebuild with the "
-      "CUDA toolkit and NCCL, or set NCCL_ROOT)");
-#endif
-}
-
 // Connects the ranks, copies rank 0's parameters (initialised or resumed) to every rank, and hands
 // the model a bucketed reducer. INVALID_ARGUMENT when the job cannot train data-parallel here (the
 // model, the rendezvous flags); other errors (a rank that never came, the server unreachable) may
@@ -352,7 +283,26 @@ absl::Status SetUpDataParallel(const RankChoice& choice, const v1::JobSpec& spec
   BucketOptions buckets;
   buckets.global_batch = int64_t{choice.replicas} * spec.train().batch_size();
   if (backend == "cuda") {
-    STOKER_RETURN_IF_ERROR(ConnectGpuRank(choice, store_prefix, buckets, model, dp));
+    DeviceRankOptions options{.rank = choice.rank,
+                              .size = choice.replicas,
+                              .device = 0,  // CUDA_VISIBLE_DEVICES holds this rank's GPU only
+                              .store_prefix = store_prefix,
+                              .timeout = absl::Seconds(choice.timeout_seconds),
+                              .buckets = buckets,
+                              .compute_stream = model.device_stream()};
+    absl::StatusOr<DeviceRank> rank = ConnectDeviceRank(options, *dp.store);
+    if (!rank.ok()) {
+      if (!absl::IsInvalidArgument(rank.status()) && !absl::IsFailedPrecondition(rank.status())) {
+        return rank.status();
+      }
+      return absl::Status(rank.status().code(),
+                          absl::StrCat("resources.replicas > 1 with gpus: ", rank.status().message(),
+                                       "; use resources.replicas: 1"));
+    }
+    dp.device_collective = std::move(rank->device);
+    dp.collective = std::move(rank->host);
+    dp.reducer = std::move(rank->reducer);
+    dp.description = rank->description;
   } else {
     GlooOptions gloo;
     gloo.rank = choice.rank;

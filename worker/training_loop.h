@@ -29,7 +29,7 @@
 #include "comm/collective.h"
 #include "data/dataset.h"
 #include "data/job_region.h"
-#include "engine/backend.h"
+#include "engine/model.h"
 #include "stoker.pb.h"
 
 namespace stoker {

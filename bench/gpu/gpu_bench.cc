@@ -22,6 +22,7 @@
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_context.h"
 #include "engine/cuda/lt_gemm.h"
+#include "engine/model_shapes.h"
 #include "engine/test_layers.h"
 
 namespace stoker {

@@ -10,10 +10,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/backend_helpers.h"
 #include "engine/bf16.h"
 #include "engine/cpu/aligned_array.h"
 #include "engine/cpu/cpu_kernels.h"
 #include "engine/cpu/cpu_train_kernels.h"
+#include "engine/model_base.h"
 #include "engine/plan_cache.h"
 #include "engine/tensor_match.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -62,7 +64,7 @@ struct Plan {
   std::vector<Op> input_grad;   // per layer: dX = dY W (unused, left empty, for layer 0)
 };
 
-class CpuMlp final : public Model {
+class CpuMlp final : public ModelBase {
  public:
   explicit CpuMlp(const MlpConfig& config);
 
@@ -75,13 +77,9 @@ class CpuMlp final : public Model {
   absl::Status SetParameters(const std::vector<NamedTensor>& parameters) override;
   std::vector<NamedTensor> OptimizerState() const override;
   absl::Status SetOptimizerState(const std::vector<NamedTensor>& state) override;
-  absl::Status SetGradientReducer(GradientReducer* reducer) override {
-    reducer_ = reducer;
-    return absl::OkStatus();
-  }
-  absl::StatusOr<StepResult> TrainStepWithoutSamples(double learning_rate) override;
 
  private:
+  absl::StatusOr<StepResult> StepWithoutSamples(double learning_rate) override;
   // A tensor the model owns, by reference: weights/biases or their momentum buffers.
   struct TensorRef {
     std::string name;
@@ -120,11 +118,11 @@ class CpuMlp final : public Model {
   std::vector<Layer> layers_;
   std::unique_ptr<Plan> full_plan_;
   PartialPlanCache<Plan> partial_plans_{kMaxPartialPlans};
-  GradientReducer* reducer_ = nullptr;  // data-parallel training: not owned; null when alone
 };
 
 CpuMlp::CpuMlp(const MlpConfig& config)
-    : config_(config),
+    : ModelBase(/*gradient_test_hook=*/false),
+      config_(config),
       normalization_(InputNormalization(config)),
       bf16_(config.precision == Precision::kBf16),
       engine_(dnnl::engine::kind::cpu, 0),
@@ -337,13 +335,7 @@ absl::StatusOr<StepResult> CpuMlp::TrainStep(const BatchView& batch, double lear
   return result;
 }
 
-absl::StatusOr<StepResult> CpuMlp::TrainStepWithoutSamples(double learning_rate) {
-  if (reducer_ == nullptr) {
-    return absl::FailedPreconditionError(
-        "TrainStepWithoutSamples needs a gradient reducer (SetGradientReducer): a model training "
-        "alone has no step without samples");
-  }
-  if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
+absl::StatusOr<StepResult> CpuMlp::StepWithoutSamples(double learning_rate) {
   int next_index = 0;  // TrainStep's order: layers last to first, bias then weight
   for (size_t l = layers_.size(); l-- > 0;) {
     Layer& layer = layers_[l];

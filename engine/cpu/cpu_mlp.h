@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
+#include "engine/model_shapes.h"
 
 namespace stoker {
 

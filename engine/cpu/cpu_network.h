@@ -55,7 +55,8 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "engine/backend.h"
+#include "engine/model.h"
+#include "engine/model_config.h"
 
 namespace stoker {
 

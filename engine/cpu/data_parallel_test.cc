@@ -25,9 +25,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "engine/backend.h"
 #include "engine/cpu/cpu_mlp.h"
 #include "engine/cpu/network_test_util.h"
+#include "engine/model.h"
+#include "engine/model_shapes.h"
 #include "engine/test_layers.h"
 #include "gtest/gtest.h"
 

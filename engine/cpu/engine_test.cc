@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/backend_helpers.h"
 #include "engine/cpu/network_test_util.h"
 #include "engine/test_layers.h"
 #include "gtest/gtest.h"

@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "engine/backend.h"
+#include "engine/backend_helpers.h"
 #include "engine/cpu/cpu_kernels.h"
 #include "engine/cpu/cpu_kernels_table.h"
 #include "engine/cpu/network_test_util.h"

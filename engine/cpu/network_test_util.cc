@@ -7,6 +7,7 @@
 #include <random>
 #include <utility>
 
+#include "engine/backend.h"
 #include "gtest/gtest.h"
 
 namespace stoker::testing_util {

@@ -9,7 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "engine/model.h"
+#include "engine/model_shapes.h"
 
 namespace stoker::testing_util {
 

@@ -5,9 +5,10 @@
 #include <memory>
 #include <vector>
 
-#include "engine/backend.h"
 #include "engine/cpu/cpu_train_kernels.h"
 #include "engine/cpu/network_test_util.h"
+#include "engine/model.h"
+#include "engine/model_config.h"
 #include "engine/test_layers.h"
 #include "gtest/gtest.h"
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/backend.h"
 #include "engine/cpu/network_test_util.h"
+#include "engine/model_shapes.h"
 #include "engine/test_layers.h"
 #include "gtest/gtest.h"
 

@@ -16,7 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/backend.h"
+#include "engine/backend_helpers.h"
 #include "engine/cuda/cuda_context.h"
 #include "engine/cuda/dtype.h"
 

@@ -3,8 +3,8 @@
 #ifndef STOKER_ENGINE_CUDA_COMPUTE_TYPE_H_
 #define STOKER_ENGINE_CUDA_COMPUTE_TYPE_H_
 
-#include "engine/backend.h"
 #include "engine/cuda/dtype.h"
+#include "engine/model_config.h"
 
 namespace stoker::cuda {
 

@@ -17,10 +17,20 @@
 namespace stoker {
 namespace {
 
+struct RegionPin final : HostMemoryPin {
+  PinnedHostRegion region;
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const CudaBackendOptions& options) : device_(device), options_(options) {}
   std::string Name() const override { return "cuda"; }
+  // Best effort: a region that cannot be pinned is copied through the driver's staging.
+  std::unique_ptr<HostMemoryPin> PinHostMemory(void* base, size_t bytes) override {
+    auto pin = std::make_unique<RegionPin>();
+    if (!pin->region.Register(base, bytes).ok()) return nullptr;
+    return pin;
+  }
   absl::StatusOr<int64_t> AvailableMemoryBytes() const override {
     STOKER_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     size_t free_bytes = 0, total_bytes = 0;
@@ -115,6 +125,12 @@ absl::StatusOr<std::unique_ptr<LtGemm>> CountingModel::MakeGemmPreferFused(
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_index) {
   return CreateCudaBackend(device_index, CudaBackendOptions{});
+}
+
+bool CudaBackendBuilt() { return true; }
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackendIfBuilt(int device_index) {
+  return CreateCudaBackend(device_index);
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_index,

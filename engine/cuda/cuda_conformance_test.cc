@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/backend_helpers.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_test_util.h"
 #include "engine/test_layers.h"

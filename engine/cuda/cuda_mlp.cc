@@ -95,7 +95,8 @@ struct Plan {
 class CudaMlp final : public cuda::CountingModel {
  public:
   CudaMlp(const MlpConfig& config, const CudaBackendOptions& options)
-      : config_(config),
+      : CountingModel(/*gradient_test_hook=*/true),
+        config_(config),
         options_(options),
         type_(cuda::ComputeType(config.precision)),
         loss_scaling_(config.precision == Precision::kFp16) {}
@@ -109,18 +110,11 @@ class CudaMlp final : public cuda::CountingModel {
   absl::Status SetParameters(const std::vector<NamedTensor>& parameters) override;
   std::vector<NamedTensor> OptimizerState() const override;
   absl::Status SetOptimizerState(const std::vector<NamedTensor>& state) override;
-  absl::Status InjectGradientForTest(float value) override {
-    injected_gradient_ = value;
-    return absl::OkStatus();
-  }
-  absl::Status SetGradientReducer(GradientReducer* reducer) override {
-    reducer_ = reducer;
-    return absl::OkStatus();
-  }
-  absl::StatusOr<StepResult> TrainStepWithoutSamples(double learning_rate) override;
   cudaStream_t compute_stream() const { return context_->compute_stream(); }
+  void* device_stream() const override { return compute_stream(); }
 
  private:
+  absl::StatusOr<StepResult> StepWithoutSamples(double learning_rate) override;
   std::vector<DeviceTensorRef> Tensors(bool optimizer_state) const;
 
   absl::StatusOr<std::unique_ptr<Plan>> BuildPlan(int batch);
@@ -193,7 +187,6 @@ class CudaMlp final : public cuda::CountingModel {
   std::vector<cuda::SgdTensor> sgd_tensors_;
   std::unique_ptr<Plan> full_plan_;
   PartialPlanCache<Plan> partial_plans_{kMaxPartialPlans};
-  std::optional<float> injected_gradient_;
   // GEMMs enqueued since the last reset: counted when they run (eagerly), or per replay of the
   // graph they were captured into.
   mutable GemmCounts pending_gemms_;
@@ -447,9 +440,10 @@ absl::Status CudaMlp::EnqueueForwardBackward(const Plan& plan, int rows, int slo
 }
 
 absl::Status CudaMlp::EnqueueInjectedGradient() {
-  if (!injected_gradient_.has_value()) return absl::OkStatus();
-  STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchAddToFirst(
-      layers_[0].weight_grad.as<float>(), *injected_gradient_, context_->compute_stream()));
+  const std::optional<float> value = TakeInjectedGradient();
+  if (!value.has_value()) return absl::OkStatus();
+  STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchAddToFirst(layers_[0].weight_grad.as<float>(), *value,
+                                                     context_->compute_stream()));
   return absl::OkStatus();
 }
 
@@ -492,7 +486,7 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
         "reducer's calls sit between backward's kernels, and its result decides the update");
   }
   const bool graph = options_.cuda_graphs && !(*plan)->graph_failed &&
-                     !injected_gradient_.has_value() && reducer_ == nullptr;
+                     !has_injected_gradient() && reducer_ == nullptr;
   const int kind = features ? 1 : 0;
   bool enqueued = false;
   if (graph) {
@@ -533,7 +527,7 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
       // The staging slot goes back to the copy stream whatever happened; nothing was updated.
       (void)staging_.Release(*slot, stream);
       pending_gemms_ = {};
-      injected_gradient_.reset();
+      (void)TakeInjectedGradient();
       return step;
     }
     CountGemms(pending_gemms_);
@@ -541,7 +535,7 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
     ++counters_.eager_steps;
     (*plan)->warmed_up[kind] = true;
   }
-  injected_gradient_.reset();
+  (void)TakeInjectedGradient();
   // Nothing reads the staging slot after this step; the copy stream may refill it.
   STOKER_RETURN_IF_ERROR(staging_.Release(*slot, stream));
   STOKER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
@@ -559,13 +553,7 @@ absl::Status CudaMlp::EnqueueDataParallelStep(const Plan& plan, int rows, int sl
   return EnqueueUpdate();
 }
 
-absl::StatusOr<StepResult> CudaMlp::TrainStepWithoutSamples(double learning_rate) {
-  if (reducer_ == nullptr) {
-    return absl::FailedPreconditionError(
-        "TrainStepWithoutSamples needs a gradient reducer (SetGradientReducer): a model training "
-        "alone has no step without samples");
-  }
-  if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
+absl::StatusOr<StepResult> CudaMlp::StepWithoutSamples(double learning_rate) {
   STOKER_RETURN_IF_ERROR(context_->Activate());
   const cudaStream_t stream = context_->compute_stream();
   *host_rate_ = static_cast<float>(learning_rate);
@@ -692,14 +680,6 @@ absl::Status CudaMlp::RefreshLowWeights() {
 }
 
 }  // namespace
-
-absl::StatusOr<cudaStream_t> CudaMlpComputeStream(const Model& model) {
-  const auto* mlp = dynamic_cast<const CudaMlp*>(&model);
-  if (mlp == nullptr) {
-    return absl::InvalidArgumentError("not a model of the cuda MLP fast path (CreateCudaMlp)");
-  }
-  return mlp->compute_stream();
-}
 
 absl::StatusOr<std::unique_ptr<Model>> CreateCudaMlp(const MlpConfig& config, int device,
                                                      const CudaBackendOptions& options) {

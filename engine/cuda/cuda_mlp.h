@@ -35,7 +35,7 @@
 // loss gradient is multiplied by the reducer's LocalShare() (folded into the cross-entropy
 // kernel's loss-scale multiplier for that kernel), and each gradient (a device pointer to fp32)
 // goes to GradientReady right after the work that finalises it is enqueued on the compute stream
-// (CudaMlpComputeStream), layers last to first, bias then weight: index 2k is layer (L-1-k)'s
+// (Model::device_stream), layers last to first, bias then weight: index 2k is layer (L-1-k)'s
 // bias, 2k+1 its weight. Then Finish(), and only if it succeeds [fp16: the finite check], the SGD
 // update [and the loss-scale update]; a failed Finish() returns its error with weights and
 // momentum untouched. Such steps run kernel by kernel, never as a CUDA graph (logged once as a
@@ -49,8 +49,9 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "engine/backend.h"
 #include "engine/cuda/cuda_backend_options.h"
+#include "engine/model.h"
+#include "engine/model_shapes.h"
 
 namespace stoker {
 
@@ -58,10 +59,6 @@ namespace stoker {
 // out; INTERNAL for other CUDA/cuBLASLt failures.
 absl::StatusOr<std::unique_ptr<Model>> CreateCudaMlp(const MlpConfig& config, int device,
                                                      const CudaBackendOptions& options);
-
-// The compute stream of a model CreateCudaMlp made: the stream its gradients are final on (a
-// data-parallel reducer orders its communication after it). INVALID_ARGUMENT for any other model.
-absl::StatusOr<cudaStream_t> CudaMlpComputeStream(const Model& model);
 
 }  // namespace stoker
 

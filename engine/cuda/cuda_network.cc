@@ -83,11 +83,6 @@ absl::Status CudaNetwork::Init(int device) {
   return SetParameters(InitialNetworkParameters(config_, naming_));
 }
 
-absl::Status CudaNetwork::SetGradientReducer(GradientReducer* reducer) {
-  reducer_ = reducer;
-  return absl::OkStatus();
-}
-
 absl::Status CudaNetwork::RunGemm(const LtGemm& gemm, const void* a, const void* b, void* d) {
   ++(gemm.epilogue() == GemmEpilogue::kNone ? counters_.plain_gemms : counters_.fused_gemms);
   return gemm.Run(context_->lt(), a, b, d, context_->workspace(), context_->workspace_bytes(),
@@ -402,10 +397,11 @@ absl::Status CudaNetwork::BackwardLayer(size_t index, const LayerPlan& lp, int r
 }
 
 absl::Status CudaNetwork::ApplyInjectedGradient() {
-  if (!injected_gradient_.has_value() || params_.empty()) return absl::OkStatus();
-  STOKER_CUDA_RETURN_IF_ERROR(cuda::LaunchAddToFirst(
-      params_[0].grad.as<float>(), *injected_gradient_, context_->compute_stream()));
-  injected_gradient_.reset();
+  if (params_.empty()) return absl::OkStatus();
+  const std::optional<float> value = TakeInjectedGradient();
+  if (!value.has_value()) return absl::OkStatus();
+  STOKER_CUDA_RETURN_IF_ERROR(
+      cuda::LaunchAddToFirst(params_[0].grad.as<float>(), *value, context_->compute_stream()));
   return absl::OkStatus();
 }
 
@@ -417,7 +413,7 @@ absl::Status CudaNetwork::HandOverGradients(const Node& node) {
                        node.norm >= 0 ? node.norm : node.weight};
   if (order[1] == 0) STOKER_RETURN_IF_ERROR(ApplyInjectedGradient());
   // The work that finalises them is enqueued on the compute stream: the reducer orders its reads
-  // after it (backend.h; CudaNetworkComputeStream).
+  // after it (backend.h; Model::device_stream).
   for (const int p : order) {
     if (p < 0) continue;
     Param& param = params_[p];
@@ -550,13 +546,7 @@ absl::StatusOr<StepResult> CudaNetwork::TrainStep(const BatchView& batch, double
   return FinishStep(learning_rate, rows);
 }
 
-absl::StatusOr<StepResult> CudaNetwork::TrainStepWithoutSamples(double learning_rate) {
-  if (reducer_ == nullptr) {
-    return absl::FailedPreconditionError(
-        "TrainStepWithoutSamples needs a gradient reducer (SetGradientReducer): a model training "
-        "alone has no step without samples");
-  }
-  if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
+absl::StatusOr<StepResult> CudaNetwork::StepWithoutSamples(double learning_rate) {
   STOKER_RETURN_IF_ERROR(context_->Activate());
   const cudaStream_t stream = context_->compute_stream();
   STOKER_RETURN_IF_ERROR(state_.EnqueueReset(stream));
@@ -598,14 +588,6 @@ absl::StatusOr<EvalResult> CudaNetwork::Evaluate(const BatchView& batch) {
 }
 
 }  // namespace cuda::network_internal
-
-absl::StatusOr<cudaStream_t> CudaNetworkComputeStream(const Model& model) {
-  const auto* network = dynamic_cast<const cuda::network_internal::CudaNetwork*>(&model);
-  if (network == nullptr) {
-    return absl::InvalidArgumentError("not a model CreateCudaNetwork made");
-  }
-  return network->compute_stream();
-}
 
 absl::StatusOr<std::unique_ptr<Model>> CreateCudaNetwork(const NetworkConfig& config, int device,
                                                          const CudaBackendOptions& options,

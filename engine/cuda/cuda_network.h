@@ -45,7 +45,7 @@
 // Data-parallel training (SetGradientReducer, GradientReducer in backend.h): the loss gradient is
 // multiplied by loss scale x LocalShare(); backward hands each node's trained gradients (fp32
 // device pointers on this model's device) to GradientReady right after it has enqueued, on the
-// compute stream (CudaNetworkComputeStream), the work that finalises them, in the cpu network's
+// compute stream (Model::device_stream), the work that finalises them, in the cpu network's
 // order (nodes last to first, bias before weight, BatchNorm beta before gamma: the reverse of
 // Parameters()' trained tensors). The reducer orders its reads after that stream, and its sums
 // must be complete, or ordered before the compute stream's later work, when Finish() returns
@@ -62,6 +62,7 @@
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
 #include "engine/cuda/cuda_backend_options.h"
+#include "engine/model_shapes.h"
 
 namespace stoker {
 
@@ -73,10 +74,6 @@ namespace stoker {
 absl::StatusOr<std::unique_ptr<Model>> CreateCudaNetwork(
     const NetworkConfig& config, int device, const CudaBackendOptions& options,
     ParameterNaming naming = ParameterNaming::kByLayer);
-
-// The compute stream of a model CreateCudaNetwork made: the stream its gradients are final on (a
-// data-parallel reducer orders its communication after it). INVALID_ARGUMENT for any other model.
-absl::StatusOr<cudaStream_t> CudaNetworkComputeStream(const Model& model);
 
 }  // namespace stoker
 

@@ -20,7 +20,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/backend.h"
 #include "engine/cuda/batch_staging.h"
 #include "engine/cuda/compute_type.h"
 #include "engine/cuda/cuda_backend_options.h"
@@ -34,6 +33,9 @@
 #include "engine/cuda/step_state.h"
 #include "engine/cuda/tensor_transfer.h"
 #include "engine/cuda/vision_kernels.h"
+#include "engine/model.h"
+#include "engine/model_shapes.h"
+#include "engine/network_graph.h"
 #include "engine/plan_cache.h"
 
 namespace stoker::cuda::network_internal {
@@ -47,54 +49,25 @@ inline int64_t Product(const std::vector<int>& shape) {
   return product;
 }
 
-// The `channels` and `spatial` arguments of DropoutCpuIndex for a Dropout's activation.
-struct DropoutLayout {
-  int channels = 1;
-  int64_t spatial = 1;
+// One activation of the network graph (network_graph.h) with the type the cuda network keeps its
+// value in (gradients are always in the compute type).
+struct Activation : GraphActivation {
+  Activation() = default;
+  Activation(GraphActivation activation, DType value_type)
+      : GraphActivation(std::move(activation)), type(value_type) {}
+  DType type = DType::kF32;
 };
 
-// One activation of the flattened graph (index 0 = the network input), per sample.
-struct Activation {
-  std::vector<int> shape;
-  DType type = DType::kF32;  // the value's; gradients are always in the compute type
-  // The activation whose memory order this one has on the cpu (CpuNetwork's Activation::origin:
-  // ReLU, GELU, Dropout, Flatten and BatchNorm keep their input's, a residual sum its main
-  // branch's): the order a Dropout hashes its mask in.
-  int origin = 0;
-  int value = -1;           // index in the network's buffers
-  int grad = -1;            // index in the network's buffers; -1: nothing ever needs it (the input)
-  bool needs_grad = false;  // depends on a trained parameter
-  int64_t per_sample() const { return Product(shape); }
+// A node of the network graph with the order its Dropout hashes the mask in (the cpu's:
+// DropoutHashLayout, the `channels` and `spatial` arguments of DropoutCpuIndex).
+struct Node : GraphNode {
+  Node() = default;
+  explicit Node(GraphNode node) : GraphNode(std::move(node)) {}
+  DropoutLayout dropout_layout;
 };
 
-// A step of the flattened network, as the cpu network's Node: a residual block opens up into a
-// kFork (its backward adds the shortcut's input gradient into the block input's), the main
-// branch's nodes, the shortcut's, and a kAdd (out = activation(main + shortcut)). A network
-// without residual blocks has one kLayer node per layer, in order, so the node index is the
-// layer index (Dropout masks hash it, as on the cpu).
-struct Node {
-  enum class Type { kLayer, kFork, kAdd };
-  Type type = Type::kLayer;
-  LayerConfig config;  // kLayer: the layer; kAdd: the block (its activation); branches cleared
-  int in = 0;          // kLayer: input; kAdd: the main branch's output; kFork: the block input
-  int in2 = -1;        // kAdd: the shortcut's output (the block input for an identity shortcut)
-  int out = -1;        // kLayer, kAdd
-  int diff_src = -1;   // buffer backward writes the input gradient to (kFork: adds into)
-  int diff_src2 = -1;  // kAdd: the projection shortcut output's gradient buffer
-  int extra = -1;      // kFork: the buffer added into diff_src (the shortcut's input gradient)
-  int pre = -1;        // kAdd with GELU: the sum before the activation (a buffer)
-  bool needs_input_grad = false;
-  bool needs_input2_grad = false;  // kAdd
-  int stride = 1;
-  int weight = -1;               // index in params_: Conv2d and Linear
-  int bias = -1;                 // -1 also for bias: false
-  int norm = -1;                 // BatchNorm: its weight; bias, running_mean, running_var and
-                                 // num_batches_tracked follow
-  DropoutLayout dropout_layout;  // Dropout: the cpu's mask order
-};
-
-// The flattened graph of a config (host only: no device memory), built as the cpu network
-// builds its own so that node indices, parameter indices and layouts agree.
+// The network graph as the cuda network runs it (host only: no device memory): no gradient for
+// the network input, and each buffer's size at max_batch.
 struct Graph {
   std::vector<Node> nodes;
   std::vector<Activation> activations;
@@ -105,12 +78,6 @@ struct Graph {
 // The graph of a config ValidateNetworkConfig accepts, with `type` the compute type (the logits
 // straight from a final Linear are fp32 unless fp16, as on the cpu).
 Graph BuildGraph(const NetworkConfig& config, DType type);
-
-// The order in which the cpu network hashes the mask of a Dropout node reading activation `in`
-// (cpu_network.cc, CpuNetwork::ActivationMd): an image another layer made is NHWC there, and so
-// is what keeps its layout (a Flatten, elementwise layers, BatchNorm); the network's input stays
-// NCHW. NHWC gives {C, H * W}; otherwise the identity, {values per sample, 1}.
-DropoutLayout DropoutHashLayout(const Graph& graph, int in);
 
 struct Param {
   std::string name;
@@ -160,7 +127,8 @@ class CudaNetwork final : public CountingModel {
  public:
   CudaNetwork(const NetworkConfig& config, ParameterNaming naming,
               const CudaBackendOptions& options)
-      : config_(config),
+      : CountingModel(/*gradient_test_hook=*/true),
+        config_(config),
         naming_(naming),
         options_(options),
         type_(ComputeType(config.precision)),
@@ -176,16 +144,12 @@ class CudaNetwork final : public CountingModel {
   absl::Status SetParameters(const std::vector<NamedTensor>& parameters) override;
   std::vector<NamedTensor> OptimizerState() const override;
   absl::Status SetOptimizerState(const std::vector<NamedTensor>& state) override;
-  absl::Status InjectGradientForTest(float value) override {
-    injected_gradient_ = value;
-    return absl::OkStatus();
-  }
-  absl::Status SetGradientReducer(GradientReducer* reducer) override;
-  absl::StatusOr<StepResult> TrainStepWithoutSamples(double learning_rate) override;
   int MinTrainBatch() const override { return CheckBatchNormValues(1).ok() ? 1 : 2; }
   cudaStream_t compute_stream() const { return context_->compute_stream(); }
+  void* device_stream() const override { return compute_stream(); }
 
  private:
+  absl::StatusOr<StepResult> StepWithoutSamples(double learning_rate) override;
   using Kind = LayerConfig::Kind;
   bool adamw() const { return config_.optimizer.type == OptimizerType::kAdamW; }
   bool clipping() const { return config_.optimizer.clip_grad_norm > 0; }
@@ -264,8 +228,6 @@ class CudaNetwork final : public CountingModel {
   PartialPlanCache<Plan> partial_plans_{kMaxPartialPlans};
   int64_t optimizer_steps_ = 0;  // applied updates (AdamW's bias-correction step)
   int64_t train_steps_ = 0;      // TrainStep calls that ran (dropout's mask stream)
-  std::optional<float> injected_gradient_;
-  GradientReducer* reducer_ = nullptr;  // data-parallel training: not owned; null when alone
   int next_gradient_index_ = 0;         // GradientReady's index within the step
 };
 

@@ -23,179 +23,53 @@ using Kind = LayerConfig::Kind;
 // The most workspace one convolution algorithm may ask for.
 constexpr size_t kMaxConvWorkspaceBytes = size_t{256} << 20;
 
-bool IsBatchNorm(Kind kind) { return kind == Kind::kBatchNorm2d || kind == Kind::kBatchNorm1d; }
-
-// Layers whose output keeps their input's memory layout on the cpu.
-bool KeepsLayout(Kind kind) {
-  return kind == Kind::kFlatten || kind == Kind::kRelu || kind == Kind::kGelu ||
-         kind == Kind::kDropout || IsBatchNorm(kind);
-}
-
-// Builds a Graph as CpuNetwork's constructor builds its nodes (AddBranch, AddLayer): the same
-// node order, activations, gradient buffers and parameter indices.
-class GraphBuilder {
- public:
-  GraphBuilder(const NetworkConfig& config, DType type) : config_(config), type_(type) {}
-
-  Graph Build() && {
-    const int input = NewActivation(config_.input_shape, 0);
-    graph_.activations[input].grad = -1;  // nothing before the input wants its gradient
-    graph_.output = AddBranch(config_.layers, input, -1);
-    const bool f32_logits =
-        !graph_.nodes.empty() && graph_.nodes.back().type == Node::Type::kLayer &&
-        graph_.nodes.back().config.kind == Kind::kLinear && type_ != DType::kF16;
-    if (f32_logits) graph_.activations[graph_.output].type = DType::kF32;
-    SizeBuffers();
-    return std::move(graph_);
+// Every buffer as large as the largest use (aliases share), at max_batch.
+void SizeBuffers(const NetworkConfig& config, DType type, Graph& graph) {
+  const size_t batch = static_cast<size_t>(std::max(config.max_batch, 0));
+  const size_t compute_bytes = cuda::DTypeBytes(type);
+  auto need = [&](int buffer, int64_t per_sample, size_t element_bytes) {
+    if (buffer < 0) return;
+    size_t& bytes = graph.buffer_bytes[buffer];
+    bytes = std::max(bytes, batch * static_cast<size_t>(per_sample) * element_bytes);
+  };
+  for (const Activation& a : graph.activations) {
+    need(a.value, a.per_sample(), cuda::DTypeBytes(a.type));
+    need(a.grad, a.per_sample(), compute_bytes);
   }
-
- private:
-  int NewBuffer() {
-    graph_.buffer_bytes.push_back(0);
-    return static_cast<int>(graph_.buffer_bytes.size()) - 1;
-  }
-
-  // origin < 0: the activation is its own layout origin.
-  int NewActivation(std::vector<int> shape, int origin) {
-    Activation activation;
-    activation.shape = std::move(shape);
-    activation.type = type_;
-    activation.origin = origin < 0 ? static_cast<int>(graph_.activations.size()) : origin;
-    activation.value = NewBuffer();
-    activation.grad = NewBuffer();
-    graph_.activations.push_back(std::move(activation));
-    return static_cast<int>(graph_.activations.size()) - 1;
-  }
-
-  int AddBranch(const std::vector<LayerConfig>& layers, int in, int first_diff_src) {
-    for (size_t j = 0; j < layers.size(); ++j) {
-      in = AddLayer(layers[j], in, j == 0 ? first_diff_src : graph_.activations[in].grad);
-    }
-    return in;
-  }
-
-  int AddLayer(const LayerConfig& config, int in, int diff_src) {
-    std::vector<Activation>& acts = graph_.activations;
-    const bool in_needs_grad = acts[in].needs_grad;
-    if (config.kind == Kind::kResidual) {
-      Node fork;
-      fork.type = Node::Type::kFork;
-      fork.in = in;
-      fork.diff_src = diff_src;
-      fork.needs_input_grad = in_needs_grad;
-      const size_t fork_index = graph_.nodes.size();
-      graph_.nodes.push_back(std::move(fork));
-      const int main = AddBranch(config.layers, in, diff_src);
-      int shortcut = in;
-      int extra = acts[main].grad;  // identity: the sum's gradient itself
-      if (!config.shortcut.empty()) {
-        extra = NewBuffer();
-        shortcut = AddBranch(config.shortcut, in, extra);
-      }
-      graph_.nodes[fork_index].extra = extra;
-      Node add;
-      add.type = Node::Type::kAdd;
-      add.config = config;
-      add.config.layers.clear();
-      add.config.shortcut.clear();
-      add.in = main;
-      add.in2 = shortcut;
-      add.diff_src = acts[main].grad;
-      add.needs_input_grad = acts[main].needs_grad || acts[shortcut].needs_grad;
-      if (!config.shortcut.empty()) {
-        add.diff_src2 = acts[shortcut].grad;
-        add.needs_input2_grad = acts[shortcut].needs_grad;
-      }
-      if (config.activation == LayerConfig::Activation::kGelu) add.pre = NewBuffer();
-      add.out = NewActivation(acts[main].shape, acts[main].origin);
-      acts[add.out].needs_grad = add.needs_input_grad;
-      const int out = add.out;
-      graph_.nodes.push_back(std::move(add));
-      return out;
-    }
-    Node node;
-    node.config = config;
-    node.in = in;
-    node.diff_src = diff_src;
-    node.needs_input_grad = in_needs_grad;
-    node.stride = EffectiveStride(config);
-    bool has_parameters = false;
-    if (config.kind == Kind::kConv2d || config.kind == Kind::kLinear) {
-      node.weight = next_param_++;
-      if (config.bias) node.bias = next_param_++;
-      has_parameters = true;
-    } else if (IsBatchNorm(config.kind)) {
-      node.norm = next_param_;
-      next_param_ += 5;
-      has_parameters = true;
-    }
-    std::vector<int> shape = *LayerOutputShape(config, acts[in].shape);
-    if (config.kind == Kind::kFlatten) {
-      Activation alias;
-      alias.shape = std::move(shape);
-      alias.type = acts[in].type;
-      alias.origin = acts[in].origin;
-      alias.value = acts[in].value;
-      alias.grad = diff_src;
-      acts.push_back(std::move(alias));
-      node.out = static_cast<int>(acts.size()) - 1;
+  for (const Node& node : graph.nodes) {
+    const int64_t in = graph.activations[node.in].per_sample();
+    if (node.type == Node::Type::kFork) {
+      need(node.extra, in, compute_bytes);
+    } else if (node.type == Node::Type::kAdd) {
+      need(node.pre, graph.activations[node.out].per_sample(), compute_bytes);
     } else {
-      node.out = NewActivation(std::move(shape), KeepsLayout(config.kind) ? acts[in].origin : -1);
-    }
-    acts[node.out].needs_grad = in_needs_grad || has_parameters;
-    if (config.kind == Kind::kDropout) node.dropout_layout = DropoutHashLayout(graph_, in);
-    const int out = node.out;
-    graph_.nodes.push_back(std::move(node));
-    return out;
-  }
-
-  // Every buffer as large as the largest use (aliases share), at max_batch.
-  void SizeBuffers() {
-    const size_t batch = static_cast<size_t>(std::max(config_.max_batch, 0));
-    const size_t compute_bytes = cuda::DTypeBytes(type_);
-    auto need = [&](int buffer, int64_t per_sample, size_t element_bytes) {
-      if (buffer < 0) return;
-      size_t& bytes = graph_.buffer_bytes[buffer];
-      bytes = std::max(bytes, batch * static_cast<size_t>(per_sample) * element_bytes);
-    };
-    for (const Activation& a : graph_.activations) {
-      need(a.value, a.per_sample(), cuda::DTypeBytes(a.type));
-      need(a.grad, a.per_sample(), compute_bytes);
-    }
-    for (const Node& node : graph_.nodes) {
-      const int64_t in = graph_.activations[node.in].per_sample();
-      if (node.type == Node::Type::kFork) {
-        need(node.extra, in, compute_bytes);
-      } else if (node.type == Node::Type::kAdd) {
-        need(node.pre, graph_.activations[node.out].per_sample(), compute_bytes);
-      } else {
-        need(node.diff_src, in, compute_bytes);
-      }
+      need(node.diff_src, in, compute_bytes);
     }
   }
-
-  const NetworkConfig& config_;
-  const DType type_;
-  Graph graph_;
-  int next_param_ = 0;
-};
+}
 
 }  // namespace
 
 Graph BuildGraph(const NetworkConfig& config, DType type) {
-  return GraphBuilder(config, type).Build();
-}
-
-DropoutLayout DropoutHashLayout(const Graph& graph, int in) {
-  const Activation& activation = graph.activations[in];
-  const Activation& origin = graph.activations[activation.origin];
-  // The input arrives as C, H, W per sample and stays so on the cpu (NHWC only when C = 1, the
-  // same memory): the identity.
-  if (activation.origin > 0 && origin.shape.size() == 3) {
-    return {.channels = origin.shape[0],
-            .spatial = static_cast<int64_t>(origin.shape[1]) * origin.shape[2]};
+  NetworkGraph network = BuildNetworkGraph(config, {.input_gradient = false});
+  Graph graph;
+  graph.output = network.output;
+  graph.buffer_bytes.assign(network.buffers, 0);
+  for (size_t a = 0; a < network.activations.size(); ++a) {
+    graph.activations.emplace_back(network.activations[a], type);
   }
-  return {.channels = static_cast<int>(activation.per_sample()), .spatial = 1};
+  for (GraphNode& graph_node : network.nodes) {
+    Node node(std::move(graph_node));
+    if (node.type == Node::Type::kLayer && node.config.kind == Kind::kDropout) {
+      node.dropout_layout = DropoutHashLayout(network, node.in);
+    }
+    graph.nodes.push_back(std::move(node));
+  }
+  const bool f32_logits = !graph.nodes.empty() && graph.nodes.back().type == Node::Type::kLayer &&
+                          graph.nodes.back().config.kind == Kind::kLinear && type != DType::kF16;
+  if (f32_logits) graph.activations[graph.output].type = DType::kF32;
+  SizeBuffers(config, type, graph);
+  return graph;
 }
 
 absl::Status CudaNetwork::BuildParameters() {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/backend_helpers.h"
 #include "engine/cuda/cuda_backend.h"
 #include "gtest/gtest.h"
 

@@ -22,8 +22,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/backend.h"
 #include "engine/cuda/cuda_backend.h"
+#include "engine/model.h"
+#include "engine/model_shapes.h"
 #ifdef STOKER_HAVE_CUDNN
 #include "engine/cuda/cuda_network.h"
 #endif
@@ -492,7 +493,7 @@ TEST(CudaVisionDataParallelTest, FailedFinishChangesNothing) {
   EXPECT_TRUE(gpu->TrainStep(RandomBatch(config, config.max_batch, 43).View(), 0.05).ok());
 }
 
-#ifdef STOKER_HAVE_CUDNN  // CudaNetworkComputeStream
+#ifdef STOKER_HAVE_CUDNN  // CudaNetwork
 // Two ranks' reducers sum through host copies of the device gradients: a genuine sum in rank
 // order, every rank getting the same bits. Each rank first waits for its model's compute stream
 // (the gradients' work is only enqueued at GradientReady), and the device is idle again before
@@ -574,12 +575,12 @@ TEST(CudaVisionDataParallelTest, TwoRanksMatchOneModel) {
     ASSERT_TRUE(whole && rank0 && rank1);
     HostSum sum(2);
     const int total = config.max_batch;
-    absl::StatusOr<cudaStream_t> stream0 = CudaNetworkComputeStream(*rank0);
-    absl::StatusOr<cudaStream_t> stream1 = CudaNetworkComputeStream(*rank1);
-    ASSERT_TRUE(stream0.ok() && stream1.ok()) << stream0.status();
-    EXPECT_FALSE(CudaNetworkComputeStream(*CpuNetwork(config)).ok());
-    HostSumReducer reducer0(sum, 0, static_cast<float>(total - first) / total, *stream0);
-    HostSumReducer reducer1(sum, 1, static_cast<float>(first) / total, *stream1);
+    const auto stream0 = static_cast<cudaStream_t>(rank0->device_stream());
+    const auto stream1 = static_cast<cudaStream_t>(rank1->device_stream());
+    ASSERT_TRUE(stream0 != nullptr && stream1 != nullptr);
+    EXPECT_EQ(CpuNetwork(config)->device_stream(), nullptr);
+    HostSumReducer reducer0(sum, 0, static_cast<float>(total - first) / total, stream0);
+    HostSumReducer reducer1(sum, 1, static_cast<float>(first) / total, stream1);
     ASSERT_TRUE(rank0->SetGradientReducer(&reducer0).ok());
     ASSERT_TRUE(rank1->SetGradientReducer(&reducer1).ok());
     for (int step = 0; step < 3; ++step) {

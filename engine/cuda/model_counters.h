@@ -7,18 +7,20 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "engine/backend.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_context.h"
 #include "engine/cuda/lt_gemm.h"
+#include "engine/model.h"
+#include "engine/model_base.h"
 
 namespace stoker::cuda {
 
-class CountingModel : public Model {
+class CountingModel : public ModelBase {
  public:
   const CudaModelCounters& counters() const { return counters_; }
 
  protected:
+  explicit CountingModel(bool gradient_test_hook) : ModelBase(gradient_test_hook) {}
   // Records why a fused epilogue or a CUDA graph capture fell back, and writes it to stderr (the
   // trainer's log), once per distinct reason.
   void NoteFallback(const std::string& reason);

@@ -6,9 +6,10 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
-#include "engine/backend.h"
 #include "engine/cuda/cuda_context.h"
 #include "engine/cuda/mlp_kernels.h"
+#include "engine/model.h"
+#include "engine/model_config.h"
 
 namespace stoker::cuda {
 

@@ -10,8 +10,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/backend.h"
 #include "engine/cuda/cuda_context.h"
+#include "engine/model.h"
 
 namespace stoker::cuda {
 
