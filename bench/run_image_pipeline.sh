@@ -135,7 +135,7 @@ if [[ "${PERF:-1}" != 0 ]] && command -v perf >/dev/null; then
       grep ' stoker-loader ' | head -8; } || true
     { perf report -i "$work/perf-$decode.data" --sort comm,dso,sym --stdio 2>/dev/null |
       grep ' stoker-loader ' | head -12; } || true
-    lib=$(ldd "$(dirname "$bench")/../data/stoker-loader" | awk '/libjpeg/ {print $3}')
+    lib=$(ldd "$(dirname "$bench")/../worker/stoker-loader" | awk '/libjpeg/ {print $3}')
     if [[ -n "$lib" ]]; then
       read -r lo hi < <(nm -D "$lib" | awk '$2 == "T" {print $1, $3}' | sort | awk '
         $2 ~ /^jpeg_make_d_derived_tbl/ {lo = $1} $2 ~ /^jinit_huff_decoder/ {after = 1; next}

@@ -11,6 +11,7 @@
 #include "data/dataset.h"
 #include "data/image_dataset.h"
 #include "nlohmann/json.hpp"
+#include "spec/job_options.h"
 #include "spec/job_spec.h"
 #include "spec/model_spec.h"
 
@@ -79,15 +80,7 @@ absl::StatusOr<std::vector<int>> SampleDims(const v1::JobSpec& spec, const DryRu
                           absl::StrCat(probe.status().message(), " (looked under --data-root ",
                                        options.data_root, "; or pass --sample-shape CxHxW)"));
     }
-    if (probe.ok() && probe->first.has_value()) {
-      const int channels = data.image().channels() != 0  ? data.image().channels()
-                           : probe->first->channels == 1 ? 1
-                                                         : 3;
-      if (data.image().size() != 0) {
-        return std::vector<int>{channels, data.image().size(), data.image().size()};
-      }
-      return std::vector<int>{channels, probe->first->height, probe->first->width};
-    }
+    if (probe.ok() && probe->first.has_value()) return ImageSampleShape(spec, *probe->first);
     return absl::InvalidArgumentError(
         "dataset.image: channels or size is 0 (taken from the first image at run time); pass "
         "--sample-shape CxHxW");

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -23,6 +24,29 @@
 
 namespace stoker {
 namespace {
+
+// The one rule that reads first images' headers for a job's geometry (FirstImageHeader from the
+// index, ProbeImageDataset from the folder; ImageSampleShape in spec/ turns the result into the
+// job's sample shape): of the first 16 images (`header_of(i)` reads image i's), the first readable
+// one's size, in colour (3 channels) if any of them is.
+absl::StatusOr<ImageHeader> DecideFirstHeader(
+    size_t count, const std::function<absl::StatusOr<ImageHeader>(size_t)>& header_of) {
+  absl::Status first_error;
+  std::optional<ImageHeader> first;
+  for (size_t i = 0; i < std::min<size_t>(count, 16); ++i) {
+    absl::StatusOr<ImageHeader> header = header_of(i);
+    if (!header.ok()) {
+      if (first_error.ok()) first_error = header.status();
+      continue;
+    }
+    if (!first) first = *header;
+    if (header->channels == 3) first->channels = 3;
+  }
+  if (first) return *first;
+  if (first_error.ok()) return absl::InvalidArgumentError("the dataset holds no images");
+  return absl::InvalidArgumentError(
+      absl::StrCat("none of the first images can be read: ", first_error.message()));
+}
 
 // Bad-sample names kept for the error that fails the job.
 constexpr size_t kNamedBadSamples = 10;
@@ -161,17 +185,16 @@ absl::StatusOr<ImageDatasetProbe> ProbeImageDataset(const std::string& format,
     if (files.size() >= 16) break;
   }
   std::vector<uint8_t> head(1 << 18);  // headers (EXIF, ICC) fit in 256 KiB
-  for (size_t i = 0; i < std::min<size_t>(files.size(), 16); ++i) {
-    const int fd = open(files[i].c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    const ssize_t n = pread(fd, head.data(), head.size(), 0);
-    close(fd);
-    if (n <= 0) continue;
-    absl::StatusOr<ImageHeader> header = ReadImageHeader(files[i], head.data(), n);
-    if (!header.ok()) continue;
-    if (!probe.first) probe.first = *header;
-    if (header->channels == 3) probe.first->channels = 3;
-  }
+  absl::StatusOr<ImageHeader> first =
+      DecideFirstHeader(files.size(), [&](size_t i) -> absl::StatusOr<ImageHeader> {
+        const int fd = open(files[i].c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return absl::NotFoundError(absl::StrCat(files[i], ": cannot open"));
+        const ssize_t n = pread(fd, head.data(), head.size(), 0);
+        close(fd);
+        if (n <= 0) return absl::InvalidArgumentError(absl::StrCat(files[i], ": cannot read"));
+        return ReadImageHeader(files[i], head.data(), static_cast<size_t>(n));
+      });
+  if (first.ok()) probe.first = *first;
   return probe;
 }
 
@@ -253,24 +276,12 @@ void DecodeInParallel(const SampleIndex& index, const ImageTransform& transform,
 absl::StatusOr<ImageHeader> FirstImageHeader(const SampleIndex& index) {
   FileCache files(4);
   std::vector<uint8_t> bytes;
-  absl::Status first_error;
-  std::optional<ImageHeader> first;
-  for (int64_t i = 0; i < std::min<int64_t>(index.count(), 16); ++i) {
-    absl::Status read = ReadSampleBytes(index, i, files, bytes);
-    absl::StatusOr<ImageHeader> header =
-        read.ok() ? ReadImageHeader(index.SampleName(i), bytes.data(), bytes.size())
-                  : absl::StatusOr<ImageHeader>(read);
-    if (!header.ok()) {
-      if (first_error.ok()) first_error = header.status();
-      continue;
-    }
-    if (!first) first = *header;
-    if (header->channels == 3) first->channels = 3;
-  }
-  if (first) return *first;
-  if (first_error.ok()) return absl::InvalidArgumentError("the dataset holds no images");
-  return absl::InvalidArgumentError(
-      absl::StrCat("none of the first images can be read: ", first_error.message()));
+  return DecideFirstHeader(static_cast<size_t>(std::max<int64_t>(index.count(), 0)),
+                           [&](size_t i) -> absl::StatusOr<ImageHeader> {
+                             STOKER_RETURN_IF_ERROR(ReadSampleBytes(index, i, files, bytes));
+                             return ReadImageHeader(index.SampleName(i), bytes.data(),
+                                                    bytes.size());
+                           });
 }
 
 absl::StatusOr<std::unique_ptr<ImageBatchSource>> ImageBatchSource::Create(

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "data/stream_copy.h"
 
@@ -29,10 +30,11 @@ namespace {
 // "STOKERRG" read as a little-endian integer.
 constexpr uint64_t kRegionMagic = 0x475252454b4f5453ull;
 // Bump whenever RegionHeader, RegionControl, SlotHeader, JobStats or the layout rules change.
-constexpr uint32_t kRegionVersion = 8;  // 2: sample_type; 3: loader eras; 4: slot waiters;
+constexpr uint32_t kRegionVersion = 9;  // 2: sample_type; 3: loader eras; 4: slot waiters;
                                         // 5: checkpoint_and_stop; 6: requested_loaders and
                                         // heartbeats_total (the consumer appends eras);
-                                        // 7: bad_samples_total; 8: bad_samples (the set)
+                                        // 7: bad_samples_total; 8: bad_samples (the set);
+                                        // 9: sample_rank and sample_dims
 constexpr uint64_t kCacheLineBytes = 64;
 // Longest single futex sleep: every wait re-checks stop and peer liveness at least this often.
 constexpr auto kWaitTick = std::chrono::milliseconds(100);
@@ -53,6 +55,9 @@ struct RegionHeader {
   uint32_t loader_count;
   uint32_t sample_type;  // a SampleType value
   uint32_t reserved;     // zero; keeps the 64-bit fields aligned without padding
+  uint32_t sample_rank;  // dimensions in sample_dims (0: not given)
+  uint32_t sample_dims[4];
+  uint32_t reserved2;  // zero
   uint64_t total_batches;
   uint64_t control_offset;
   uint64_t stats_offset;
@@ -123,6 +128,19 @@ absl::StatusOr<RegionHeader> ComputeLayout(const RingGeometry& geometry) {
         absl::StrFormat("bad ring geometry: %u-byte samples are not whole %s values",
                         geometry.sample_bytes, SampleTypeName(geometry.sample_type)));
   }
+  if (geometry.sample_dims.size() > 4) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "bad ring geometry: a sample of %u dimensions (at most 4)", geometry.sample_dims.size()));
+  }
+  if (!geometry.sample_dims.empty()) {
+    uint64_t values = 1;
+    for (uint32_t d : geometry.sample_dims) values *= d;
+    if (values * SampleTypeBytes(geometry.sample_type) != geometry.sample_bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "bad ring geometry: sample dimensions %s do not make %u-byte samples",
+          absl::StrJoin(geometry.sample_dims, "x"), geometry.sample_bytes));
+    }
+  }
   RegionHeader h{};
   h.magic = kRegionMagic;
   h.version = kRegionVersion;
@@ -132,6 +150,8 @@ absl::StatusOr<RegionHeader> ComputeLayout(const RingGeometry& geometry) {
   h.sample_bytes = geometry.sample_bytes;
   h.loader_count = geometry.loader_count;
   h.sample_type = type;
+  h.sample_rank = static_cast<uint32_t>(geometry.sample_dims.size());
+  for (size_t d = 0; d < geometry.sample_dims.size(); ++d) h.sample_dims[d] = geometry.sample_dims[d];
   h.total_batches = geometry.total_batches;
   h.control_offset = AlignUp(sizeof(RegionHeader), kCacheLineBytes);
   h.stats_offset = AlignUp(h.control_offset + sizeof(RegionControl), kCacheLineBytes);
@@ -385,6 +405,11 @@ absl::StatusOr<std::unique_ptr<JobRegion>> JobRegion::Attach(int fd) {
   geometry.loader_count = h.loader_count;
   geometry.total_batches = h.total_batches;
   geometry.sample_type = static_cast<SampleType>(h.sample_type);
+  if (h.sample_rank > 4) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": corrupt header: a sample of ", h.sample_rank, " dimensions"));
+  }
+  geometry.sample_dims.assign(h.sample_dims, h.sample_dims + h.sample_rank);
   absl::StatusOr<RegionHeader> expected = ComputeLayout(geometry);
   if (!expected.ok()) {
     return absl::FailedPreconditionError(

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,6 +36,11 @@ struct RingGeometry {
   uint64_t total_batches = 0;                   // batches in the whole job (all epochs)
   SampleType sample_type = SampleType::kUint8;  // element type of the samples in a slot
   uint32_t initial_loaders = 0;
+  // The shape of one sample as the agent resolved it ({C, H, W} for images, {H, W} or {features}
+  // otherwise; at most 4 dimensions, their product times the type's size = sample_bytes). The
+  // trainer and the loaders take it from here instead of working it out again. Empty: not given
+  // (tests of the ring alone).
+  std::vector<uint32_t> sample_dims;
 };
 
 // The distinct training samples the loaders found bad, as an open-addressing set of sample index

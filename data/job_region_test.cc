@@ -167,6 +167,30 @@ TEST(JobRegionTest, ClearCloexec) {
   EXPECT_FALSE(ClearCloexec(-1).ok());
 }
 
+// The sample shape the agent resolved travels in the header: the trainer and the loaders read it
+// there. A shape that does not make the sample size is refused.
+TEST(JobRegionTest, TheSampleShapeTravelsInTheHeader) {
+  RingGeometry g = SmallGeometry();
+  g.sample_bytes = 3 * 4 * 5;
+  g.sample_dims = {3, 4, 5};
+  auto region = MustCreate(g);
+  ASSERT_NE(region, nullptr);
+  absl::StatusOr<std::unique_ptr<JobRegion>> other = JobRegion::Attach(region->fd());
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ((*other)->geometry().sample_dims, (std::vector<uint32_t>{3, 4, 5}));
+  // None given (a ring alone) stays none.
+  auto plain = MustCreate(SmallGeometry());
+  ASSERT_NE(plain, nullptr);
+  EXPECT_TRUE((*JobRegion::Attach(plain->fd()))->geometry().sample_dims.empty());
+
+  g.sample_dims = {3, 4, 4};
+  absl::StatusOr<std::unique_ptr<JobRegion>> wrong = JobRegion::Create(g);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(wrong.status().message(), HasSubstr("3x4x4 do not make 60-byte samples"));
+  g.sample_dims = {1, 3, 4, 5, 1};
+  EXPECT_THAT(JobRegion::Create(g).status().message(), HasSubstr("5 dimensions"));
+}
+
 TEST(JobRegionTest, CreateRejectsEmptyGeometry) {
   RingGeometry g = SmallGeometry();
   g.slot_count = 0;

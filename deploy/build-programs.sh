@@ -15,7 +15,7 @@ cmake --build "$build_dir" -j"${JOBS:-$(nproc)}" --target "$@"
 rm -rf /out
 mkdir -p /out/bin
 for target in "$@"; do
-  # -L: stoker-loader is a link in worker/ to data/stoker-loader.
+  # -L: copy the program, should a build tree hold it as a link.
   path=$(find "$build_dir" -name "$target" \( -type f -o -type l \) -perm -u+x | head -n 1)
   test -n "$path" || { echo "build-programs: $target not found in $build_dir" >&2; exit 1; }
   cp -L "$path" /out/bin/

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -43,25 +44,26 @@ absl::Status CheckImageDataset(const v1::JobSpec& written, const v1::JobSpec& re
   }
   const int classes =
       data.classes() > 0 ? data.classes() : static_cast<int>(train.class_names.size());
-  const int channels = data.image().channels() > 0 ? data.image().channels()
-                       : train.first               ? (train.first->channels == 1 ? 1 : 3)
-                                                   : 0;
   if (data.classes() > 0 && !train.class_names.empty() &&
       static_cast<int>(train.class_names.size()) > data.classes()) {
     return absl::InvalidArgumentError(absl::StrCat("dataset.classes: ", data.classes(),
                                                    ", but dataset.train_images has ",
                                                    train.class_names.size(), " class directories"));
   }
-  if (resolved.model().type() == "mlp" || classes == 0 || channels == 0 ||
-      data.image().size() == 0) {
-    return absl::OkStatus();
+  // The shape the run will have (ImageSampleShape, as the agent decides it), where the job or the
+  // folder's first images give it; shards are not read here.
+  std::vector<int> shape;
+  if (train.first.has_value()) {
+    shape = ImageSampleShape(resolved, *train.first);
+  } else if (data.image().channels() > 0 && data.image().size() > 0) {
+    shape = {data.image().channels(), data.image().size(), data.image().size()};
   }
+  if (resolved.model().type() == "mlp" || classes == 0 || shape.empty()) return absl::OkStatus();
   if (classes > 256) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset.train_images: ", classes, " class directories; at most 256 are supported"));
   }
-  return ValidateModelForData(resolved, {channels, data.image().size(), data.image().size()},
-                              std::max(2, classes));
+  return ValidateModelForData(resolved, shape, std::max(2, classes));
 }
 
 }  // namespace

@@ -50,14 +50,14 @@ LoaderOptions LoaderOptionsFromSpec(const v1::JobSpec& spec, uint32_t index) {
 
 namespace {
 
-ImageTransform BaseImageTransform(const v1::JobSpec& spec, const ImageHeader& first) {
+ImageTransform BaseImageTransform(const v1::JobSpec& spec, const std::vector<int>& shape) {
   const v1::ImageSpec& image = spec.dataset().image();
   ImageTransform t;
-  t.channels = image.channels() != 0 ? image.channels() : (first.channels == 1 ? 1 : 3);
+  t.channels = shape.size() == 3 ? shape[0] : 0;  // 0: ValidateImageTransform refuses it
   t.size = image.size();
-  if (t.size == 0) {
-    t.expect_height = first.height;
-    t.expect_width = first.width;
+  if (t.size == 0 && shape.size() == 3) {
+    t.expect_height = shape[1];
+    t.expect_width = shape[2];
   }
   t.resize = image.resize();
   t.decode = image.decode() == "fast" ? ImageDecodeMode::kFast : ImageDecodeMode::kExact;
@@ -66,12 +66,19 @@ ImageTransform BaseImageTransform(const v1::JobSpec& spec, const ImageHeader& fi
 
 }  // namespace
 
-ImageTransform EvalImageTransform(const v1::JobSpec& spec, const ImageHeader& first) {
-  return BaseImageTransform(spec, first);
+std::vector<int> ImageSampleShape(const v1::JobSpec& spec, const ImageHeader& first) {
+  const v1::ImageSpec& image = spec.dataset().image();
+  const int channels = image.channels() != 0 ? image.channels() : (first.channels == 1 ? 1 : 3);
+  if (image.size() != 0) return {channels, image.size(), image.size()};
+  return {channels, first.height, first.width};
 }
 
-ImageTransform TrainImageTransform(const v1::JobSpec& spec, const ImageHeader& first) {
-  ImageTransform t = BaseImageTransform(spec, first);
+ImageTransform EvalImageTransform(const v1::JobSpec& spec, const std::vector<int>& shape) {
+  return BaseImageTransform(spec, shape);
+}
+
+ImageTransform TrainImageTransform(const v1::JobSpec& spec, const std::vector<int>& shape) {
+  ImageTransform t = BaseImageTransform(spec, shape);
   const v1::ImageSpec& image = spec.dataset().image();
   if (image.has_random_resized_crop() && t.size > 0) {
     const v1::RandomResizedCropSpec& crop = image.random_resized_crop();
@@ -89,10 +96,11 @@ ImageTransform TrainImageTransform(const v1::JobSpec& spec, const ImageHeader& f
   return t;
 }
 
-ImageSourceOptions ImageSourceOptionsFromSpec(const v1::JobSpec& spec, const ImageHeader& first,
+ImageSourceOptions ImageSourceOptionsFromSpec(const v1::JobSpec& spec,
+                                              const std::vector<int>& shape,
                                               std::atomic<uint64_t>* bad_samples_total) {
   ImageSourceOptions options;
-  options.transform = TrainImageTransform(spec, first);
+  options.transform = TrainImageTransform(spec, shape);
   options.seed = static_cast<uint64_t>(spec.train().seed());
   options.shuffle_buffer = spec.dataset().shuffle_buffer();
   options.limit = spec.dataset().train_limit();

@@ -4,7 +4,9 @@
 #ifndef STOKER_SPEC_JOB_OPTIONS_H_
 #define STOKER_SPEC_JOB_OPTIONS_H_
 
+#include <atomic>
 #include <cstdint>
+#include <vector>
 
 #include "data/dataset.h"
 #include "data/image/image_codec.h"
@@ -27,17 +29,25 @@ DatasetFiles TestDatasetFiles(const v1::JobSpec& spec, int train_classes = 0);
 // carries it).
 LoaderOptions LoaderOptionsFromSpec(const v1::JobSpec& spec, uint32_t index);
 
-// Image datasets (format image_folder or shards). `first` is the header of the training set's
-// first image (FirstImageHeader): it gives the channel count when dataset.image.channels is 0 and
-// the sample size when dataset.image.size is 0, so the loaders, the trainer and the agent, which
-// each read it, agree on the samples' geometry.
+// Image datasets (format image_folder or shards).
+// The sample shape {C, H, W} of an image job: dataset.image.channels where it is set, else 1 for
+// grayscale first images and 3 otherwise; dataset.image.size where it is set, else the first
+// image's height and width. `first` is what FirstImageHeader (the agent, from the training index)
+// or ProbeImageDataset (the server's submit check, the CLI's dry run, from the folder) read: the
+// first readable image, in colour if any of the first 16 is. The one place this is decided: the
+// agent writes the result into the region header (RingGeometry::sample_dims), where the trainer
+// and the loaders read it.
+std::vector<int> ImageSampleShape(const v1::JobSpec& spec, const ImageHeader& first);
+
+// The transforms for samples of `shape` (ImageSampleShape's, or the region header's).
 // Training: random_resized_crop and horizontal_flip as the job says, else the evaluation
 // transform (resize, center crop).
-ImageTransform TrainImageTransform(const v1::JobSpec& spec, const ImageHeader& first);
+ImageTransform TrainImageTransform(const v1::JobSpec& spec, const std::vector<int>& shape);
 // Evaluation: resize (shorter side to dataset.image.resize, or size) and center crop.
-ImageTransform EvalImageTransform(const v1::JobSpec& spec, const ImageHeader& first);
+ImageTransform EvalImageTransform(const v1::JobSpec& spec, const std::vector<int>& shape);
 // The loader's image source options, bad samples counted in `bad_samples_total`.
-ImageSourceOptions ImageSourceOptionsFromSpec(const v1::JobSpec& spec, const ImageHeader& first,
+ImageSourceOptions ImageSourceOptionsFromSpec(const v1::JobSpec& spec,
+                                              const std::vector<int>& shape,
                                               std::atomic<uint64_t>* bad_samples_total);
 
 }  // namespace stoker

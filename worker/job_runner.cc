@@ -421,6 +421,12 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
   geometry.loader_count = loader_count;
   geometry.initial_loaders = autotune ? 1 : loader_count;
   geometry.total_batches = total_batches;
+  // The shape the job was resolved to (an image job's {C, H, W} from ImageSampleShape): the
+  // trainer and the loaders read it from the header (a shape of more than 4 dimensions, possible
+  // only for NPY, is not carried; nothing reads it for NPY).
+  if (train.sample_dims.size() <= 4) {
+    geometry.sample_dims.assign(train.sample_dims.begin(), train.sample_dims.end());
+  }
   absl::StatusOr<std::unique_ptr<JobRegion>> region = JobRegion::Create(geometry);
   if (!region.ok()) return Failed(absl::StrCat("ring buffer: ", region.status().message()), false);
   if (!resume_checkpoint.empty()) {

@@ -55,7 +55,8 @@ absl::StatusOr<PreparedInfo> JobRunner::IndexTrainingImagesLogged(const v1::JobS
   });
   if (!index.ok()) return index.status();
   STOKER_ASSIGN_OR_RETURN(const ImageHeader first, FirstImageHeader(*index));
-  const ImageTransform transform = TrainImageTransform(spec, first);
+  const std::vector<int> shape = ImageSampleShape(spec, first);
+  const ImageTransform transform = TrainImageTransform(spec, shape);
   if (absl::Status s = ValidateImageTransform(transform); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("dataset.image: ", s.message()));
   }
@@ -64,7 +65,7 @@ absl::StatusOr<PreparedInfo> JobRunner::IndexTrainingImagesLogged(const v1::JobS
   summary.count = data.train_limit() > 0 ? std::min<int64_t>(index->count(), data.train_limit())
                                          : index->count();
   summary.sample_type = SampleType::kUint8;
-  summary.sample_dims = ImageSampleDims(transform);
+  summary.sample_dims = shape;
   summary.sample_bytes = static_cast<int>(TransformOutputBytes(transform));
   summary.features = summary.sample_bytes;
   if (data.classes() > 0 && index->classes() > data.classes()) {

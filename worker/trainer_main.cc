@@ -153,17 +153,22 @@ struct TrainingSetup {
 // transform into the prepared samples file `test_data` (in the attempt's directory), a chunk at a
 // time, and mapped read-only. The file is removed once mapped: the mapping keeps its pages, and
 // nothing is left behind when the trainer ends. `train_data` is the training index the agent
-// built (the loaders' --data): its first images decide the geometry where the job leaves it open,
-// and its classes the labels.
+// built (the loaders' --data): its classes give the labels. `shape` is the sample shape the agent
+// resolved (the region header's).
 absl::StatusOr<std::unique_ptr<MappedSamples>> LoadImageTestSet(const v1::JobSpec& spec,
                                                                 const std::string& train_data,
                                                                 const std::string& test_data,
-                                                                int train_classes) {
+                                                                int train_classes,
+                                                                const std::vector<int>& shape) {
   const v1::DatasetSpec& data = spec.dataset();
   if (train_data.empty()) return absl::InvalidArgumentError("--train-data is required for images");
   if (test_data.empty()) return absl::InvalidArgumentError("--test-data is required for images");
+  if (shape.size() != 3) {
+    return absl::FailedPreconditionError(
+        "the region header gives no image sample shape (C, H, W): the agent and this trainer come "
+        "from different builds");
+  }
   STOKER_ASSIGN_OR_RETURN(const SampleIndex train, OpenSampleIndex(train_data));
-  STOKER_ASSIGN_OR_RETURN(const ImageHeader first, FirstImageHeader(train));
   auto log = [](const std::string& line) { std::cerr << "stoker-trainer: " << line << "\n"; };
   STOKER_ASSIGN_OR_RETURN(const SampleIndex test,
                           BuildImageIndex(data.format(), data.test_images(), log));
@@ -171,7 +176,7 @@ absl::StatusOr<std::unique_ptr<MappedSamples>> LoadImageTestSet(const v1::JobSpe
   // The job's cpus (--threads, which OpenMP was given in main), not the whole machine's: other
   // jobs may share this worker.
   const int threads = std::max(1, omp_get_max_threads());
-  STOKER_RETURN_IF_ERROR(WriteImageTestSplit(train, test, EvalImageTransform(spec, first), classes,
+  STOKER_RETURN_IF_ERROR(WriteImageTestSplit(train, test, EvalImageTransform(spec, shape), classes,
                                              data.test_limit(), threads, data.max_bad_samples(),
                                              log, test_data)
                              .status());
@@ -195,8 +200,9 @@ absl::Status SetUp(const v1::JobSpec& spec, int train_classes, const std::string
   const v1::DatasetSpec& data = spec.dataset();
   absl::Status loaded;
   if (IsImageFormat(data.format())) {
-    absl::StatusOr<std::unique_ptr<MappedSamples>> mapped =
-        LoadImageTestSet(spec, train_data, test_data, train_classes);
+    const std::vector<uint32_t>& dims = geometry.sample_dims;
+    absl::StatusOr<std::unique_ptr<MappedSamples>> mapped = LoadImageTestSet(
+        spec, train_data, test_data, train_classes, std::vector<int>(dims.begin(), dims.end()));
     if (mapped.ok()) {
       setup.test_file = std::move(*mapped);
       setup.test = setup.test_file->view();
@@ -271,7 +277,7 @@ struct DataParallelSetup {
 // the model a bucketed reducer. INVALID_ARGUMENT when the job cannot train data-parallel here (the
 // model, the rendezvous flags); other errors (a rank that never came, the server unreachable) may
 // pass on another attempt.
-absl::Status SetUpDataParallel(const RankChoice& choice, const v1::JobSpec& spec,
+absl::Status SetUpDataParallel(const RankChoice& choice, uint32_t batch_size,
                                const std::string& backend, Model& model, DataParallelSetup& dp) {
   // A token file or CA this worker cannot read is the worker's trouble, not the job's.
   absl::StatusOr<std::unique_ptr<KeyValueStore>> store = CreateRendezvousStore(choice.rendezvous);
@@ -281,7 +287,7 @@ absl::Status SetUpDataParallel(const RankChoice& choice, const v1::JobSpec& spec
   const std::string store_prefix =
       absl::StrCat(choice.rendezvous.job_id, "/a", choice.rendezvous.attempt, "/");
   BucketOptions buckets;
-  buckets.global_batch = int64_t{choice.replicas} * spec.train().batch_size();
+  buckets.global_batch = int64_t{choice.replicas} * batch_size;
   if (backend == "cuda") {
     DeviceRankOptions options{.rank = choice.rank,
                               .size = choice.replicas,
@@ -387,7 +393,8 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
   TrainingLoopOptions options;
   options.optimizer = spec.train().optimizer();
   options.epochs = spec.train().epochs();
-  options.eval_batch_size = spec.train().batch_size();
+  // The batch size, as every size of the job, from the region header (the agent's resolution).
+  options.eval_batch_size = static_cast<int>(region.geometry().batch_size);
   options.checkpoint_every_steps = static_cast<uint64_t>(spec.checkpoint().every_steps());
   if (!resume_path.empty()) {
     absl::StatusOr<ResumePoint> resumed = LoadCheckpoint(resume_path, model);
@@ -403,7 +410,8 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
   }
   DataParallelSetup dp;
   if (rank_choice.replicas > 1) {
-    if (absl::Status s = SetUpDataParallel(rank_choice, spec, setup.backend->Name(), model, dp);
+    if (absl::Status s = SetUpDataParallel(rank_choice, region.geometry().batch_size,
+                                          setup.backend->Name(), model, dp);
         !s.ok()) {
       std::cerr << "stoker-trainer: data-parallel: " << s.message() << "\n";
       return absl::IsInvalidArgument(s) ? kExitBadInput : kExitFailure;

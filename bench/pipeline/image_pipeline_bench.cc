@@ -449,7 +449,8 @@ int ScaleDenom(const stoker::CropBox& box, int size) {
 void Profile(stoker::SampleIndex index) {
   const stoker::ImageHeader first = Must(stoker::FirstImageHeader(index), "first image header");
   const stoker::v1::JobSpec spec = BenchJobSpec();
-  stoker::ImageSourceOptions options = stoker::ImageSourceOptionsFromSpec(spec, first, nullptr);
+  stoker::ImageSourceOptions options =
+      stoker::ImageSourceOptionsFromSpec(spec, stoker::ImageSampleShape(spec, first), nullptr);
   const stoker::ImageTransform& t = options.transform;
   const uint64_t seed = options.seed;
   const std::vector<uint32_t> order =
