@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -22,8 +23,8 @@
 #include "client/dry_run.h"
 #include "client/render.h"
 #include "common/auth.h"
-#include "common/chunk_download.h"
 #include "common/grpc_status.h"
+#include "rpc/chunk_stream.h"
 #include "common/utf8.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
@@ -254,7 +255,9 @@ class Client {
     v1::GetArtifactRequest request;
     request.set_job_id(job_id);
     auto reader = jobs_->GetArtifact(&context, request);
-    absl::StatusOr<int64_t> bytes = DownloadChunksToFile(*reader, output);
+    absl::StatusOr<int64_t> bytes = ReceiveChunksToFile(
+        [&reader](v1::CheckpointChunk* chunk) { return reader->Read(chunk); },
+        [&reader] { return FromGrpcStatus(reader->Finish()); }, output);
     if (!bytes.ok()) {
       if (absl::IsDataLoss(bytes.status()) || absl::IsInternal(bytes.status())) {
         std::cerr << "stoker: artifact: " << bytes.status().message() << "\n";
@@ -296,14 +299,9 @@ class Client {
   std::unique_ptr<v1::JobService::Stub> jobs_;
 };
 
-int Main(int argc, char** argv) {
-  CLI::App app{"stoker: submit and watch training jobs on a Stoker server"};
-  app.require_subcommand(1);
-  // Global flags are taken before or after the command (`stoker list -o json`): a subcommand
-  // passes options it does not know to the app. A command's own option of the same name
-  // (artifact's -o FILE) wins after the command.
-  app.fallthrough();
-  Options options;
+// The global flags (also taken after the command: a subcommand passes options it does not know
+// to the app) and their environment variables.
+void AddGlobalFlags(CLI::App& app, Options& options) {
   if (const char* env = std::getenv("STOKER_SERVER"); env != nullptr && *env != '\0') {
     options.server = env;
   }
@@ -318,115 +316,150 @@ int Main(int argc, char** argv) {
   app.add_option("-o,--output", options.output, "output format")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
+}
 
-  std::string job_file, job_id, request_id;
+// The commands and what they were given.
+struct Commands {
+  CLI::App* submit = nullptr;
+  CLI::App* list = nullptr;
+  CLI::App* status = nullptr;
+  CLI::App* logs = nullptr;
+  CLI::App* cancel = nullptr;
+  CLI::App* artifact = nullptr;
+  std::string job_file, job_id, request_id, artifact_output;
   bool follow = false;
-  std::vector<std::string> states;
-  int limit = 50;
-
-  CLI::App* submit = app.add_subcommand("submit", "validate a job file and queue the job");
-  submit->add_option("job_file", job_file, "YAML job file")->required();
-  submit->add_flag("-f,--follow", follow, "stream progress until the job finishes");
-  submit->add_option("--request-id", request_id,
-                     "idempotency key: a retried submit with the same id returns the same job");
   bool dry_run = false;
   DryRunOptions dry_run_options;
-  submit->add_flag("--dry-run", dry_run,
-                   "check the job file as the server would and print the network it trains (a "
-                   "resnet's layers as YAML, shapes, parameter count); submit nothing");
-  submit->add_option("--sample-shape", dry_run_options.sample_shape,
-                     "--dry-run: one sample's shape, e.g. 1x28x28 (default: an image dataset's "
-                     "channels and size, an idx dataset's header under --data-root)");
-  submit->add_option("--classes", dry_run_options.classes,
-                     "--dry-run: the classes (default: dataset.classes)");
-  submit
-      ->add_option("--data-root", dry_run_options.data_root,
+  std::vector<std::string> states;
+  int limit = 50;
+};
+
+// Defines every command on `app`, each storing into `c` (which must outlive the parse).
+void AddCommands(CLI::App& app, Commands& c) {
+  c.submit = app.add_subcommand("submit", "validate a job file and queue the job");
+  c.submit->add_option("job_file", c.job_file, "YAML job file")->required();
+  c.submit->add_flag("-f,--follow", c.follow, "stream progress until the job finishes");
+  c.submit->add_option("--request-id", c.request_id,
+                       "idempotency key: a retried submit with the same id returns the same job");
+  c.submit->add_flag("--dry-run", c.dry_run,
+                     "check the job file as the server would and print the network it trains (a "
+                     "resnet's layers as YAML, shapes, parameter count); submit nothing");
+  c.submit->add_option("--sample-shape", c.dry_run_options.sample_shape,
+                       "--dry-run: one sample's shape, e.g. 1x28x28 (default: an image dataset's "
+                       "channels and size, an idx dataset's header under --data-root)");
+  c.submit->add_option("--classes", c.dry_run_options.classes,
+                       "--dry-run: the classes (default: dataset.classes)");
+  c.submit
+      ->add_option("--data-root", c.dry_run_options.data_root,
                    "--dry-run: where an idx dataset's files are read")
       ->capture_default_str();
-  CLI::App* list = app.add_subcommand("list", "list jobs, newest first");
-  list->add_option("--state", states, "only jobs in these states (repeatable)");
-  list->add_option("--limit", limit, "at most this many")
+  c.list = app.add_subcommand("list", "list jobs, newest first");
+  c.list->add_option("--state", c.states, "only jobs in these states (repeatable)");
+  c.list->add_option("--limit", c.limit, "at most this many")
       ->check(CLI::Range(1, 10000))
       ->capture_default_str();
-  CLI::App* status = app.add_subcommand("status", "show one job");
-  status->add_option("job_id", job_id, "job id, e.g. j-000001")->required();
-  CLI::App* logs = app.add_subcommand("logs", "print a job's event history");
-  logs->add_option("job_id", job_id, "job id")->required();
-  logs->add_flag("-f,--follow", follow, "keep streaming until the job finishes");
-  CLI::App* cancel = app.add_subcommand("cancel", "cancel a queued or running job");
-  cancel->add_option("job_id", job_id, "job id")->required();
+  c.status = app.add_subcommand("status", "show one job");
+  c.status->add_option("job_id", c.job_id, "job id, e.g. j-000001")->required();
+  c.logs = app.add_subcommand("logs", "print a job's event history");
+  c.logs->add_option("job_id", c.job_id, "job id")->required();
+  c.logs->add_flag("-f,--follow", c.follow, "keep streaming until the job finishes");
+  c.cancel = app.add_subcommand("cancel", "cancel a queued or running job");
+  c.cancel->add_option("job_id", c.job_id, "job id")->required();
   app.add_subcommand("workers", "list registered workers");
-  std::string artifact_output;
-  CLI::App* artifact =
-      app.add_subcommand("artifact", "download a job's latest checkpoint (safetensors)");
-  artifact->add_option("job_id", job_id, "job id")->required();
-  artifact
-      ->add_option("-o,--output", artifact_output,
+  c.artifact = app.add_subcommand("artifact", "download a job's latest checkpoint (safetensors)");
+  c.artifact->add_option("job_id", c.job_id, "job id")->required();
+  c.artifact
+      ->add_option("-o,--output", c.artifact_output,
                    "file to write (an existing directory gets JOB_ID.safetensors)")
       ->required();
+}
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (app.get_subcommands().empty() && !app.remaining().empty() &&
-        app.remaining().front().rfind('-', 0) != 0) {
-      std::vector<std::string> names;
-      for (const CLI::App* command : app.get_subcommands({})) names.push_back(command->get_name());
-      std::cerr << "stoker: unknown command '" << app.remaining().front()
-                << "' (commands: " << absl::StrJoin(names, ", ") << "; see --help)\n";
-      return kExitBadInput;
-    }
-    const int code = app.exit(e);
-    return code == 0 ? kExitOk : kExitBadInput;
-  }
-
-  if (submit->parsed() && dry_run) {
-    // Local only: no server, token or TLS needed.
-    absl::StatusOr<JobFile> file = ReadJobFile(job_file);
-    absl::StatusOr<std::string> report =
-        file.ok() ? DryRunReport(*file, dry_run_options, options.json()) : file.status();
-    if (!report.ok()) {
-      std::cerr << "stoker: " << report.status().message() << "\n";
-      return kExitBadInput;
-    }
-    std::cout << *report;
-    return kExitOk;
-  }
-  // Job ids travel as protobuf strings, which must be UTF-8.
-  if (absl::Status s = CheckUtf8("job id", job_id); !s.ok()) {
-    std::cerr << "stoker: " << s.message() << "\n";
+// A parse error's exit code: an unknown command is named with the list of commands.
+int ParseError(CLI::App& app, const CLI::ParseError& e) {
+  if (app.get_subcommands().empty() && !app.remaining().empty() &&
+      app.remaining().front().rfind('-', 0) != 0) {
+    std::vector<std::string> names;
+    for (const CLI::App* command : app.get_subcommands({})) names.push_back(command->get_name());
+    std::cerr << "stoker: unknown command '" << app.remaining().front()
+              << "' (commands: " << absl::StrJoin(names, ", ") << "; see --help)\n";
     return kExitBadInput;
   }
+  const int code = app.exit(e);
+  return code == 0 ? kExitOk : kExitBadInput;
+}
+
+// submit --dry-run: local only (no server, token or TLS).
+int DryRun(const Commands& c, const Options& options) {
+  absl::StatusOr<JobFile> file = ReadJobFile(c.job_file);
+  absl::StatusOr<std::string> report =
+      file.ok() ? DryRunReport(*file, c.dry_run_options, options.json()) : file.status();
+  if (!report.ok()) {
+    std::cerr << "stoker: " << report.status().message() << "\n";
+    return kExitBadInput;
+  }
+  std::cout << *report;
+  return kExitOk;
+}
+
+// The client for `options`: the token read, the channel's credentials made. INVALID_ARGUMENT
+// (bad input) naming the file otherwise.
+absl::StatusOr<std::unique_ptr<Client>> Connect(const Options& options) {
   std::string token;
   if (!options.token_file.empty()) {
     absl::StatusOr<std::string> read = ReadTokenFile(options.token_file);
-    if (!read.ok()) {
-      std::cerr << "stoker: " << read.status().message() << "\n";
-      return kExitBadInput;
-    }
+    if (!read.ok()) return absl::InvalidArgumentError(read.status().message());
     token = *read;
   }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       MakeChannelCredentials({.cert = "", .key = "", .ca = options.tls_ca});
-  if (!credentials.ok()) {
-    std::cerr << "stoker: " << credentials.status().message() << "\n";
-    return kExitBadInput;
-  }
-  Client client(options, *credentials, token);
-  if (submit->parsed()) return client.Submit(job_file, follow, request_id);
-  if (list->parsed()) return client.List(states, limit);
-  if (status->parsed()) return client.Status(job_id);
-  if (logs->parsed()) return client.Watch(job_id, follow);
-  if (cancel->parsed()) return client.Cancel(job_id);
-  if (artifact->parsed()) {
+  if (!credentials.ok()) return absl::InvalidArgumentError(credentials.status().message());
+  return std::make_unique<Client>(options, *credentials, token);
+}
+
+int RunCommand(Client& client, Commands& c) {
+  if (c.submit->parsed()) return client.Submit(c.job_file, c.follow, c.request_id);
+  if (c.list->parsed()) return client.List(c.states, c.limit);
+  if (c.status->parsed()) return client.Status(c.job_id);
+  if (c.logs->parsed()) return client.Watch(c.job_id, c.follow);
+  if (c.cancel->parsed()) return client.Cancel(c.job_id);
+  if (c.artifact->parsed()) {
     std::error_code ignored;
-    if (std::filesystem::is_directory(artifact_output, ignored)) {
-      artifact_output =
-          (std::filesystem::path(artifact_output) / (job_id + ".safetensors")).string();
+    if (std::filesystem::is_directory(c.artifact_output, ignored)) {
+      c.artifact_output =
+          (std::filesystem::path(c.artifact_output) / (c.job_id + ".safetensors")).string();
     }
-    return client.Artifact(job_id, artifact_output);
+    return client.Artifact(c.job_id, c.artifact_output);
   }
   return client.Workers();
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"stoker: submit and watch training jobs on a Stoker server"};
+  app.require_subcommand(1);
+  // Global flags are taken before or after the command (`stoker list -o json`); a command's own
+  // option of the same name (artifact's -o FILE) wins after the command.
+  app.fallthrough();
+  Options options;
+  Commands commands;
+  AddGlobalFlags(app, options);
+  AddCommands(app, commands);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return ParseError(app, e);
+  }
+  if (commands.submit->parsed() && commands.dry_run) return DryRun(commands, options);
+  // Job ids travel as protobuf strings, which must be UTF-8.
+  if (absl::Status s = CheckUtf8("job id", commands.job_id); !s.ok()) {
+    std::cerr << "stoker: " << s.message() << "\n";
+    return kExitBadInput;
+  }
+  absl::StatusOr<std::unique_ptr<Client>> client = Connect(options);
+  if (!client.ok()) {
+    std::cerr << "stoker: " << client.status().message() << "\n";
+    return kExitBadInput;
+  }
+  return RunCommand(**client, commands);
 }
 
 }  // namespace

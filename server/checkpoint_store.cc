@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -34,14 +35,55 @@ bool CheckpointUploadFile::Append(absl::string_view data) {
 }
 
 bool CheckpointUploadFile::Close() {
+  if (closed_) return closed_ok_;
+  closed_ = true;
   out_.flush();
   NoteFailure();
   out_.close();
   NoteFailure();
-  return ok();
+  closed_ok_ = ok();
+  return closed_ok_;
 }
 
 CheckpointStore::CheckpointStore(std::string dir) : dir_(std::move(dir)) {}
+
+absl::StatusOr<CheckpointStore::ReceivedUpload> CheckpointStore::Receive(
+    const ChunkReader& read,
+    const std::function<absl::StatusOr<std::string>(const v1::CheckpointChunk& first)>& start,
+    const std::function<bool()>& cancelled) const {
+  ReceivedUpload upload;
+  std::unique_ptr<CheckpointUploadFile> file;
+  absl::StatusOr<ReceivedChunks> received = ReceiveChunks(
+      read,
+      [&](const v1::CheckpointChunk& first) -> absl::StatusOr<ChunkSink*> {
+        absl::StatusOr<std::string> path = start(first);
+        if (!path.ok()) return path.status();
+        upload.first = first;
+        upload.path = *path;
+        file = std::make_unique<CheckpointUploadFile>(upload.path);
+        return file.get();
+      },
+      [&] {
+        // Closed before the verdict: a file system that allocates late reports a full disk here.
+        if (file != nullptr) (void)file->Close();
+        return cancelled();
+      },
+      {.max_bytes = kMaxUploadBytes});
+  if (file == nullptr) return received.status();  // no upload began (empty stream, fencing)
+  if (received.ok() || absl::IsAborted(received.status())) {
+    if (!file->Close()) {  // Aborted: a write failed (the sink refused the rest)
+      upload.write_failed = true;
+      upload.write_error = file->error_number();
+      return upload;
+    }
+    upload.bytes = received->bytes;
+    return upload;
+  }
+  (void)file->Close();
+  Discard(upload.path);
+  absl::Status refused = received.status();
+  return absl::Status(refused.code(), absl::StrCat("checkpoint upload: ", refused.message()));
+}
 
 std::string CheckpointStore::PathOf(const std::string& job_id) const {
   return absl::StrCat(dir_, "/", job_id, ".safetensors");

@@ -7,26 +7,28 @@
 
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "rpc/chunk_stream.h"
 
 namespace stoker {
 
 // Writes one upload's bytes to its temporary file, remembering the errno of the first failure (a
 // full disk is ENOSPC or EDQUOT, possibly reported only at Close).
-class CheckpointUploadFile {
+class CheckpointUploadFile final : public ChunkSink {
  public:
   // Creates (or truncates) `path`.
   explicit CheckpointUploadFile(const std::string& path);
   // Appends `data`; does nothing once an earlier write failed. Returns ok().
-  bool Append(absl::string_view data);
+  bool Append(absl::string_view data) override;
   // True while every write so far succeeded.
   bool ok() const { return static_cast<bool>(out_); }
-  // Flushes and closes the file. True when every byte reached it (not yet fsynced: that is
-  // CheckpointStore::SyncUpload's).
+  // Flushes and closes the file (once; later calls return the same). True when every byte
+  // reached it (not yet fsynced: that is CheckpointStore::SyncUpload's).
   bool Close();
   // errno of the first failed open, write, flush or close; 0 when none failed or it is unknown.
   int error_number() const { return error_number_; }
@@ -35,6 +37,8 @@ class CheckpointUploadFile {
   void NoteFailure();
   std::ofstream out_;
   int error_number_ = 0;
+  bool closed_ = false;
+  bool closed_ok_ = false;
 };
 
 // Thread-compatible and stateless beyond its directory: callers serialize operations on the same
@@ -52,6 +56,32 @@ class CheckpointStore {
   // `attempt`, in the same directory so that storing it is a rename. INTERNAL when the directory
   // cannot be created.
   absl::StatusOr<std::string> NewUploadPath(const std::string& job_id, int attempt) const;
+
+  // The largest checkpoint an upload may bring.
+  static constexpr int64_t kMaxUploadBytes = int64_t{16} << 30;
+
+  // An upload as it arrived: the first chunk's header, the temporary file, its size.
+  struct ReceivedUpload {
+    v1::CheckpointChunk first;
+    std::string path;
+    int64_t bytes = 0;
+    // The file could not be written (write_error: errno of the first failed write, flush or
+    // close, 0 when unknown; a full disk is ENOSPC or EDQUOT). The file is left for the caller
+    // to report and discard.
+    bool write_failed = false;
+    int write_error = 0;
+  };
+  // Receives an upload stream (ReceiveChunks): the first chunk's header goes to `start`, which
+  // returns the temporary path to write (the Coordinator's fencing; its error ends the upload as
+  // it is), then every byte into that file. The cut-short policy: a stream that ends early
+  // (`cancelled()`, asked once the chunks end: the worker died or its call was cancelled), one
+  // that brings fewer or more bytes than its first chunk announced, or one past kMaxUploadBytes
+  // is refused (DATA_LOSS, RESOURCE_EXHAUSTED) and its file removed, so a prefix of a checkpoint is
+  // never stored. A file that could not be written is returned with write_failed set.
+  absl::StatusOr<ReceivedUpload> Receive(
+      const ChunkReader& read,
+      const std::function<absl::StatusOr<std::string>(const v1::CheckpointChunk& first)>& start,
+      const std::function<bool()>& cancelled) const;
 
   // Checks that an uploaded file is a checkpoint whose metadata names `step`. On failure removes
   // the file and returns INVALID_ARGUMENT ("checkpoint upload: ...").

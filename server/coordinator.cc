@@ -83,13 +83,17 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(const v1::SubmitJobReq
   if (request.request_id().size() > 256) {
     return absl::InvalidArgumentError("request_id: longer than 256 characters");
   }
-  STOKER_RETURN_IF_ERROR(ValidateJobSpec(request.spec()));
+  // A field the client left unset takes the default a job file's user gets (ApplyJobDefaults);
+  // the job is stored with them.
+  v1::JobSpec spec = request.spec();
+  ApplyJobDefaults(&spec);
+  STOKER_RETURN_IF_ERROR(ValidateJobSpec(spec));
   // The paths must exist under the server's data root (which deploy/ shares with the workers).
-  v1::JobSpec resolved = request.spec();
+  v1::JobSpec resolved = spec;
   STOKER_RETURN_IF_ERROR(ResolveDatasetPaths(options_.data_root, &resolved));
-  STOKER_RETURN_IF_ERROR(CheckModelAgainstData(request.spec(), resolved));
+  STOKER_RETURN_IF_ERROR(CheckModelAgainstData(spec, resolved));
 
-  PendingSubmit me{&request};
+  PendingSubmit me{&request, &spec};
   submit_mu_.Lock();
   submit_queue_.push_back(&me);
   struct Turn {
@@ -105,7 +109,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(const v1::SubmitJobReq
     submit_mu_.Unlock();
     std::vector<JobStore::NewJob> new_jobs;
     for (PendingSubmit* pending : group) {
-      new_jobs.push_back({&pending->request->spec(), pending->request->request_id(), NowMs(),
+      new_jobs.push_back({pending->spec, pending->request->request_id(), NowMs(),
                           MakeEvent(v1::EVENT_TYPE_LOG, "submitted")});
     }
     absl::StatusOr<std::vector<JobStore::Inserted>> inserted;

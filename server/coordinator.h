@@ -21,6 +21,7 @@
 #define STOKER_SERVER_COORDINATOR_H_
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -131,6 +132,11 @@ class Coordinator {
 
   // --- Checkpoints. An upload is written to the path StartCheckpointUpload returns, then
   // committed: validated, moved into place atomically and recorded in the job.
+  // ReceiveCheckpoint does all of it for an upload stream (CheckpointStore::Receive has the
+  // cut-short policy): the bytes stored, or why not (the fencing's, the cut-short's, the
+  // commit's or CheckpointWriteFailed's error).
+  absl::StatusOr<int64_t> ReceiveCheckpoint(const ChunkReader& read,
+                                            const std::function<bool()>& cancelled);
   // Only rank 0 of an attempt uploads (another rank: FAILED_PRECONDITION).
   absl::StatusOr<std::string> StartCheckpointUpload(const std::string& worker_id,
                                                     const std::string& job_id, int attempt,
@@ -237,6 +243,7 @@ class Coordinator {
   // submit at the front of the queue writes everything queued behind it.
   struct PendingSubmit {
     const v1::SubmitJobRequest* request;
+    const v1::JobSpec* spec;  // the request's, defaults applied
     absl::StatusOr<JobStore::Inserted> result = absl::UnknownError("not committed");
     bool done = false;
   };

@@ -22,6 +22,26 @@ absl::StatusOr<std::string> Coordinator::StartCheckpointUpload(const std::string
   return checkpoints_.NewUploadPath(job_id, attempt);
 }
 
+absl::StatusOr<int64_t> Coordinator::ReceiveCheckpoint(const ChunkReader& read,
+                                                       const std::function<bool()>& cancelled) {
+  STOKER_ASSIGN_OR_RETURN(
+      const CheckpointStore::ReceivedUpload upload,
+      checkpoints_.Receive(
+          read,
+          [&](const v1::CheckpointChunk& first) -> absl::StatusOr<std::string> {
+            if (first.step() <= 0) return absl::InvalidArgumentError("step: must be positive");
+            return StartCheckpointUpload(first.worker_id(), first.job_id(), first.attempt(),
+                                         first.rank());
+          },
+          cancelled));
+  if (upload.write_failed) {
+    // Counted, logged and shown on the job; the worker keeps its file and retries.
+    return CheckpointWriteFailed(upload.first, upload.path, upload.write_error);
+  }
+  STOKER_RETURN_IF_ERROR(CommitCheckpoint(upload.first, upload.path, upload.bytes));
+  return upload.bytes;
+}
+
 absl::Status Coordinator::CommitCheckpoint(const v1::CheckpointChunk& first_chunk,
                                            const std::string& upload_path, int64_t bytes) {
   // Validate outside the lock: the header must parse and name the step the worker claims.

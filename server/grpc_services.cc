@@ -9,6 +9,7 @@
 #include "common/utf8.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/support/method_handler.h"
+#include "rpc/chunk_stream.h"
 #include "server/checkpoint_store.h"
 
 namespace stoker {
@@ -56,29 +57,16 @@ grpc::Status Answer(absl::StatusOr<T> result, T* response) {
   return grpc::Status::OK;
 }
 
-// Streams a file in 1 MiB chunks; the first chunk carries the total size.
+// Streams a stored checkpoint (SendFileChunks).
 template <typename Writer>
 grpc::Status StreamFile(const std::string& path, Writer* writer) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return grpc::Status(grpc::StatusCode::NOT_FOUND, "checkpoint file is missing");
-  std::error_code error;
-  const int64_t total = static_cast<int64_t>(std::filesystem::file_size(path, error));
-  std::string buffer(1 << 20, '\0');
-  bool first = true;
-  while (in) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    const std::streamsize n = in.gcount();
-    if (n <= 0 && !first) break;
-    v1::CheckpointChunk chunk;
-    if (first) chunk.set_total_bytes(total);
-    chunk.set_data(buffer.data(), static_cast<size_t>(n));
-    if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
-    first = false;
+  const absl::Status sent = SendFileChunks(
+      path, {}, [writer](const v1::CheckpointChunk& chunk) { return writer->Write(chunk); });
+  if (absl::IsNotFound(sent)) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "checkpoint file is missing");
   }
-  return grpc::Status::OK;
+  return ToGrpcStatus(sent);
 }
-
-constexpr int64_t kMaxCheckpointBytes = int64_t{16} << 30;
 
 }  // namespace
 
@@ -249,51 +237,12 @@ grpc::Status WorkerServiceImpl::UploadCheckpoint(grpc::ServerContext* context,
                                                  grpc::ServerReader<v1::CheckpointChunk>* reader,
                                                  v1::UploadCheckpointResponse* response) {
   if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
-  v1::CheckpointChunk first;
-  if (!reader->Read(&first)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty checkpoint upload");
-  }
-  if (first.step() <= 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "step: must be positive");
-  }
-  absl::StatusOr<std::string> upload_path = coordinator_->StartCheckpointUpload(
-      first.worker_id(), first.job_id(), first.attempt(), first.rank());
-  if (!upload_path.ok()) return ToGrpcStatus(upload_path.status());
-  int64_t bytes = 0;
-  {
-    CheckpointUploadFile out(*upload_path);
-    v1::CheckpointChunk chunk = first;
-    do {
-      bytes += static_cast<int64_t>(chunk.data().size());
-      if (bytes > kMaxCheckpointBytes) {
-        out.Close();
-        std::filesystem::remove(*upload_path);
-        return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                            absl::StrCat("checkpoint larger than ", kMaxCheckpointBytes, " bytes"));
-      }
-    } while (out.Append(chunk.data()) && reader->Read(&chunk));
-    if (!out.Close()) {
-      // Counted, logged and shown on the job; the worker keeps its file and retries.
-      return ToGrpcStatus(
-          coordinator_->CheckpointWriteFailed(first, *upload_path, out.error_number()));
-    }
-  }
-  // The stream also ends when the worker dies or its call is cancelled mid-upload: what arrived
-  // is then a prefix of the checkpoint, never to be stored.
-  std::string cut_short;
-  if (context->IsCancelled()) {
-    cut_short = absl::StrCat("checkpoint upload cancelled after ", bytes, " bytes");
-  } else if (first.total_bytes() > 0 && bytes != first.total_bytes()) {
-    cut_short = absl::StrCat("checkpoint upload incomplete: ", bytes, " of ", first.total_bytes(),
-                             " bytes");
-  }
-  if (!cut_short.empty()) {
-    std::error_code ignored;
-    std::filesystem::remove(*upload_path, ignored);
-    return grpc::Status(grpc::StatusCode::DATA_LOSS, cut_short);
-  }
-  response->set_bytes(bytes);
-  return ToGrpcStatus(coordinator_->CommitCheckpoint(first, *upload_path, bytes));
+  absl::StatusOr<int64_t> bytes = coordinator_->ReceiveCheckpoint(
+      [reader](v1::CheckpointChunk* chunk) { return reader->Read(chunk); },
+      [context] { return context->IsCancelled(); });
+  if (!bytes.ok()) return ToGrpcStatus(bytes.status());
+  response->set_bytes(*bytes);
+  return grpc::Status::OK;
 }
 
 grpc::Status WorkerServiceImpl::DownloadCheckpoint(

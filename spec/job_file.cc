@@ -271,8 +271,12 @@ absl::StatusOr<JobFile> ParseJobYaml(absl::string_view yaml, const std::string& 
     const YAML::Node model = top["model"];
     hidden_given = model.IsDefined() && model.IsMap() && model["hidden"].IsDefined();
   }
-  if (file.spec.model().type() == "mlp" && !hidden_given) {
-    for (int width : kDefaultMlpHidden) file.spec.mutable_model()->add_hidden(width);
+  if (file.spec.model().type() == "mlp") {
+    if (!hidden_given) {
+      for (int width : kDefaultMlpHidden) file.spec.mutable_model()->add_hidden(width);
+    } else if (file.spec.model().hidden().empty()) {
+      file.spec.mutable_model()->set_no_hidden_layers(true);  // `hidden: []` on the wire
+    }
   }
   return file;
 }

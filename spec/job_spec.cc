@@ -447,25 +447,36 @@ absl::Status CheckLabelSmoothing(const v1::JobSpec& spec) {
 
 }  // namespace
 
+void ApplyJobDefaults(v1::JobSpec* spec) {
+  if (spec->name().empty()) spec->set_name("job");
+  v1::DatasetSpec* data = spec->mutable_dataset();
+  if (data->format().empty()) data->set_format("idx");
+  if (!data->has_max_bad_samples()) data->set_max_bad_samples(100);
+  if (data->shuffle_buffer() == 0) data->set_shuffle_buffer(10000);
+  v1::ModelSpec* model = spec->mutable_model();
+  if (model->type().empty()) model->set_type("mlp");
+  if (model->type() == "mlp" && model->hidden().empty() && !model->no_hidden_layers()) {
+    for (int width : kDefaultMlpHidden) model->add_hidden(width);
+  }
+  v1::TrainSpec* train = spec->mutable_train();
+  if (train->epochs() == 0) train->set_epochs(10);
+  if (train->batch_size() == 0) train->set_batch_size(128);
+  if (train->precision() == v1::PRECISION_UNSPECIFIED) train->set_precision(v1::PRECISION_FP32);
+  if (!train->has_seed()) train->set_seed(1);
+  v1::OptimizerSpec* optimizer = train->mutable_optimizer();
+  if (optimizer->type().empty()) optimizer->set_type("sgd");
+  if (optimizer->lr() == 0) optimizer->set_lr(0.05);
+  if (!optimizer->has_momentum()) optimizer->set_momentum(0.9);
+  if (optimizer->lr_schedule().empty()) optimizer->set_lr_schedule("cosine");
+  if (spec->loader().ring_slots() == 0) spec->mutable_loader()->set_ring_slots(8);
+  if (!spec->has_max_retries()) spec->set_max_retries(2);
+}
+
 v1::JobSpec DefaultJobSpec() {
   v1::JobSpec spec;
-  spec.set_name("job");
-  spec.mutable_dataset()->set_format("idx");
-  spec.mutable_dataset()->set_max_bad_samples(100);
-  spec.mutable_dataset()->set_shuffle_buffer(10000);
-  spec.mutable_model()->set_type("mlp");
-  v1::TrainSpec* train = spec.mutable_train();
-  train->set_epochs(10);
-  train->set_batch_size(128);
-  train->set_precision(v1::PRECISION_FP32);
-  train->set_seed(1);
-  train->mutable_optimizer()->set_type("sgd");
-  train->mutable_optimizer()->set_lr(0.05);
-  train->mutable_optimizer()->set_momentum(0.9);
-  train->mutable_optimizer()->set_lr_schedule("cosine");
-  spec.mutable_loader()->set_processes(0);
-  spec.mutable_loader()->set_ring_slots(8);
-  spec.set_max_retries(2);
+  spec.mutable_model()->set_no_hidden_layers(true);  // the file's hidden list, or ParseJobYaml's
+  ApplyJobDefaults(&spec);
+  spec.mutable_model()->set_no_hidden_layers(false);
   return spec;
 }
 

@@ -12,7 +12,19 @@
 
 namespace stoker {
 
-// The spec a job file starts from: every key a job file leaves out takes its value from here.
+// The documented defaults, in one place, for every client: fills each field of `spec` that is
+// unset with its default. Unset means: a field with presence (proto3 `optional`: momentum, seed,
+// max_retries, max_bad_samples, where 0 is a legal value unlike the default) that is absent; an
+// empty string, or a number 0, where 0 or "" is not a legal value (name, dataset.format,
+// shuffle_buffer, model.type, epochs, batch_size, precision, optimizer type, lr, lr_schedule,
+// loader.ring_slots); an mlp's empty hidden list without no_hidden_layers.
+// Fields whose 0 is the default (priority, loader.processes: auto, ...) are left as they are. The
+// server applies it to every submitted spec, so a gRPC client that leaves a field unset gets the
+// default a job file's user gets.
+void ApplyJobDefaults(v1::JobSpec* spec);
+
+// The spec a job file starts from (ApplyJobDefaults of an empty spec, an mlp's hidden list left
+// empty for the file to give): every key a job file leaves out takes its value from here.
 v1::JobSpec DefaultJobSpec();
 
 // "image_folder" and "shards": datasets of encoded images, decoded and transformed by the loaders

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <random>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -209,12 +210,95 @@ TEST_F(EndToEndTest, BadJobFilesAreRefusedAndTheServerKeepsServing) {
   EXPECT_EQ(good_submit.exit_code, 0) << good_submit.output;
 }
 
+// The server applies the documented defaults: the smallest spec a gRPC client can send (the
+// dataset's paths and the model type) is stored as the same job the CLI makes of the smallest job
+// file; where 0 is a legal value unlike the default (momentum, seed, max_retries,
+// max_bad_samples), an explicit 0 stays 0 and an unset field takes the default; an mlp's hidden
+// list defaults unless the client asks for none.
+TEST_F(EndToEndTest, AnUnsetFieldOfARawSpecTakesTheDefaultTheCliGives) {
+  const std::string file = WriteFile("smallest.yaml", R"(dataset:
+  train_images: fashion-mnist/train-images-idx3-ubyte.gz
+  train_labels: fashion-mnist/train-labels-idx1-ubyte.gz
+  test_images: fashion-mnist/t10k-images-idx3-ubyte.gz
+  test_labels: fashion-mnist/t10k-labels-idx1-ubyte.gz
+model: {type: mlp}
+)");
+  const CommandResult cli = cluster_.Cli("submit " + file);
+  ASSERT_EQ(cli.exit_code, 0) << cli.output;
+
+  v1::JobSpec raw;
+  raw.mutable_dataset()->set_train_images("fashion-mnist/train-images-idx3-ubyte.gz");
+  raw.mutable_dataset()->set_train_labels("fashion-mnist/train-labels-idx1-ubyte.gz");
+  raw.mutable_dataset()->set_test_images("fashion-mnist/t10k-images-idx3-ubyte.gz");
+  raw.mutable_dataset()->set_test_labels("fashion-mnist/t10k-labels-idx1-ubyte.gz");
+  raw.mutable_model()->set_type("mlp");
+  absl::StatusOr<v1::Job> raw_job = cluster_.Submit(raw);
+  ASSERT_TRUE(raw_job.ok()) << raw_job.status();
+
+  auto stored = [&](const std::string& id) {
+    grpc::ClientContext context;
+    v1::GetJobRequest request;
+    request.set_job_id(id);
+    v1::Job job;
+    EXPECT_TRUE(cluster_.jobs().GetJob(&context, request, &job).ok());
+    return job.spec();
+  };
+  const v1::JobSpec from_cli = stored("j-000001");
+  const v1::JobSpec from_raw = stored(raw_job->id());
+  EXPECT_EQ(from_raw.SerializeAsString(), from_cli.SerializeAsString())
+      << "raw:\n" << from_raw.DebugString() << "\ncli:\n" << from_cli.DebugString();
+  EXPECT_EQ(from_raw.name(), "job");
+  EXPECT_EQ(from_raw.dataset().shuffle_buffer(), 10000);
+  EXPECT_EQ(from_raw.dataset().max_bad_samples(), 100);
+  EXPECT_EQ(from_raw.train().optimizer().momentum(), 0.9);
+  EXPECT_EQ(from_raw.train().seed(), 1);
+  EXPECT_EQ(from_raw.max_retries(), 2);
+  EXPECT_EQ(std::vector<int>(from_raw.model().hidden().begin(), from_raw.model().hidden().end()),
+            (std::vector<int>{256, 128}));
+
+  // Zero where zero is legal: kept, as a job file's `momentum: 0` is.
+  v1::JobSpec zeros = raw;
+  zeros.mutable_train()->mutable_optimizer()->set_momentum(0);
+  zeros.mutable_train()->set_seed(0);
+  zeros.set_max_retries(0);
+  zeros.mutable_dataset()->set_max_bad_samples(0);
+  zeros.mutable_model()->set_no_hidden_layers(true);
+  absl::StatusOr<v1::Job> zeros_job = cluster_.Submit(zeros);
+  ASSERT_TRUE(zeros_job.ok()) << zeros_job.status();
+  const v1::JobSpec kept = stored(zeros_job->id());
+  EXPECT_EQ(kept.train().optimizer().momentum(), 0);
+  EXPECT_TRUE(kept.train().optimizer().has_momentum());
+  EXPECT_EQ(kept.train().seed(), 0);
+  EXPECT_EQ(kept.max_retries(), 0);
+  EXPECT_EQ(kept.dataset().max_bad_samples(), 0);
+  EXPECT_TRUE(kept.model().hidden().empty());
+  const std::string none = WriteFile("none.yaml", R"(dataset:
+  train_images: fashion-mnist/train-images-idx3-ubyte.gz
+  train_labels: fashion-mnist/train-labels-idx1-ubyte.gz
+  test_images: fashion-mnist/t10k-images-idx3-ubyte.gz
+  test_labels: fashion-mnist/t10k-labels-idx1-ubyte.gz
+model: {type: mlp, hidden: []}
+train: {seed: 0, optimizer: {momentum: 0}}
+max_retries: 0
+)");
+  const CommandResult cli_none = cluster_.Cli("submit -o json " + none);
+  ASSERT_EQ(cli_none.exit_code, 0) << cli_none.output;
+  const v1::JobSpec cli_kept = stored("j-000004");
+  EXPECT_TRUE(cli_kept.model().hidden().empty());
+  EXPECT_TRUE(cli_kept.model().no_hidden_layers());
+  EXPECT_EQ(cli_kept.train().seed(), 0);
+  EXPECT_EQ(cli_kept.max_retries(), 0);
+  EXPECT_EQ(cli_kept.train().optimizer().momentum(), 0);
+}
+
 TEST_F(EndToEndTest, BadRequestsGetClearStatuses) {
-  // An empty spec straight over gRPC (no client-side validation).
+  // An empty spec straight over gRPC (no client-side validation): the defaults fill what has one
+  // (the name too), and the first field without one is named.
   absl::StatusOr<v1::Job> empty = cluster_.Submit(v1::JobSpec());
   ASSERT_FALSE(empty.ok());
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(empty.status().message().find("name:"), std::string::npos) << empty.status();
+  EXPECT_NE(empty.status().message().find("dataset.train_images: is required"), std::string::npos)
+      << empty.status();
 
   // Limits: an overlong name is a validation error; an oversized request never reaches a handler.
   v1::JobSpec long_name = SmallFashionMnistJob(1, 1000, 100);

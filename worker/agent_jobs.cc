@@ -16,8 +16,8 @@
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/checkpoint.h"
-#include "common/chunk_download.h"
 #include "common/grpc_status.h"
+#include "rpc/chunk_stream.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/agent.h"
 #include "worker/agent_internal.h"
@@ -188,29 +188,23 @@ absl::Status Agent::UploadCheckpoint(RunningJob& job, const v1::TrainingProgress
     }
   }
   if (step <= job.uploaded_step.load()) return absl::OkStatus();
-  std::ifstream in(snapshot, std::ios::binary);
-  if (!in) return absl::NotFoundError(snapshot);
   auto context = Context(absl::Minutes(10));
   v1::UploadCheckpointResponse response;
   auto writer = stub_->UploadCheckpoint(context.get(), &response);
-  v1::CheckpointChunk chunk;
-  chunk.set_worker_id(options_.worker_id);
-  chunk.set_job_id(job.assignment.job_id());
-  chunk.set_attempt(job.assignment.attempt());
-  chunk.set_rank(job.assignment.rank());
-  chunk.set_step(step);
-  chunk.set_epoch(epoch);
-  std::error_code size_error;
-  const uintmax_t size = std::filesystem::file_size(snapshot, size_error);
-  if (!size_error) chunk.set_total_bytes(static_cast<int64_t>(size));
-  std::string buffer(1 << 20, '\0');
-  bool sent = true;
-  do {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    chunk.set_data(buffer.data(), static_cast<size_t>(in.gcount()));
-    sent = writer->Write(chunk);
-    chunk.Clear();
-  } while (sent && in);
+  v1::CheckpointChunk header;
+  header.set_worker_id(options_.worker_id);
+  header.set_job_id(job.assignment.job_id());
+  header.set_attempt(job.assignment.attempt());
+  header.set_rank(job.assignment.rank());
+  header.set_step(step);
+  header.set_epoch(epoch);
+  const absl::Status sent = SendFileChunks(
+      snapshot, header, [&writer](const v1::CheckpointChunk& chunk) { return writer->Write(chunk); });
+  if (!sent.ok() && !absl::IsCancelled(sent)) {
+    context->TryCancel();  // a local read error: the server must not store what it got
+    (void)writer->Finish();
+    return sent;
+  }
   writer->WritesDone();
   grpc::Status status = writer->Finish();
   if (status.ok()) {
@@ -233,7 +227,10 @@ absl::Status Agent::DownloadCheckpoint(const v1::Assignment& assignment, const s
   request.set_rank(assignment.rank());
   auto context = Context(absl::Minutes(10));
   auto reader = stub_->DownloadCheckpoint(context.get(), request);
-  return DownloadChunksToFile(*reader, path).status();
+  return ReceiveChunksToFile(
+             [&reader](v1::CheckpointChunk* chunk) { return reader->Read(chunk); },
+             [&reader] { return FromGrpcStatus(reader->Finish()); }, path)
+      .status();
 }
 
 void Agent::RunJob(RunningJob* job) {

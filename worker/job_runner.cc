@@ -311,116 +311,175 @@ JobRunner::StatsSnapshot JobRunner::Snapshot() {
   return snapshot;
 }
 
-AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
-  const std::string& dir = dir_;
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error) return Failed(absl::StrCat("cannot create ", dir, ": ", error.message()), false);
+namespace {
 
-  v1::JobSpec spec = assignment_.spec();
-  if (absl::Status s = ValidateJobSpec(spec); !s.ok())
-    return Failed(std::string(s.message()), true);
-  if (absl::Status s = ResolveDatasetPaths(options_.data_root, &spec); !s.ok()) {
-    return Failed(absl::StrCat("on this worker: ", s.message()), true);
-  }
-  resolved_spec_ = spec;
-  // The prepared training set (decoded samples, or an image index) goes when the attempt ends:
-  // the loaders are gone by then, and it may be as large as the dataset. So does what a trainer
-  // killed while decoding an image test split left of it (test.samples and its temporary files;
-  // a trainer that finished unlinked it itself).
-  struct RemoveAttemptData {
-    std::string dir;
-    std::string training_set;
-    ~RemoveAttemptData() {
-      std::error_code ignored;
-      std::filesystem::remove(training_set, ignored);
-      for (std::filesystem::directory_iterator it(dir, ignored), end; !ignored && it != end;
-           it.increment(ignored)) {
-        const std::string name = it->path().filename().string();
-        // Also the decoded cache (train.samples.decoded) and its temporary files.
-        if (name.rfind("test.samples", 0) == 0 || name.rfind("train.samples", 0) == 0) {
-          std::error_code also_ignored;
-          std::filesystem::remove(it->path(), also_ignored);
-        }
+// The attempt's data, removed when it ends: the prepared training set (decoded samples, or an
+// image index), as large as the dataset, which only the loaders use (gone by then); and what a
+// trainer killed while decoding an image test split left of it (test.samples and its temporary
+// files; a trainer that finished unlinked it itself), and the decoded cache.
+struct RemoveAttemptData {
+  std::string dir;
+  std::string training_set;
+  ~RemoveAttemptData() {
+    std::error_code ignored;
+    std::filesystem::remove(training_set, ignored);
+    for (std::filesystem::directory_iterator it(dir, ignored), end; !ignored && it != end;
+         it.increment(ignored)) {
+      const std::string name = it->path().filename().string();
+      if (name.rfind("test.samples", 0) == 0 || name.rfind("train.samples", 0) == 0) {
+        std::error_code also_ignored;
+        std::filesystem::remove(it->path(), also_ignored);
       }
     }
-  } remove_attempt_data{dir_, training_set_path()};
+  }
+};
+
+AttemptOutcome Cancelled() {
+  AttemptOutcome outcome;
+  outcome.state = v1::JOB_STATE_CANCELLED;
+  outcome.error = "cancelled";
+  return outcome;
+}
+
+}  // namespace
+
+AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
+  AttemptOutcome ended;
+  std::optional<v1::JobSpec> spec = ResolveJob(&ended);
+  if (!spec) return ended;
+  RemoveAttemptData remove_attempt_data{dir_, training_set_path()};
+  std::optional<PipelinePlan> plan = PlanPipeline(*spec, &ended);
+  if (!plan) return ended;
+  std::optional<PreparedInfo> prepared = PrepareData(*spec, *plan, &ended);
+  if (!prepared) return ended;
+  if (cancel_requested_.load()) return Cancelled();
+  std::unique_ptr<JobRegion> region =
+      CreateRegion(*spec, prepared->summary, *plan, resume_checkpoint, &ended);
+  if (region == nullptr) return ended;
+  std::optional<std::string> job_file = WriteJobFile(*spec, &ended);
+  if (!job_file) return ended;
+  LogPipeline(prepared->summary, *plan, region->geometry());
+  {
+    absl::MutexLock lock(&region_mu_);
+    region_ = region.get();
+  }
+  AttemptOutcome outcome = Supervise(*region, *job_file, resume_checkpoint, plan->loader_count,
+                                     prepared->summary.classes, prepared->summary.count);
+  // Loader and trainer errors name the files as the job wrote them, not under the data root.
+  outcome.error = DatasetPathsAsWritten(outcome.error, assignment_.spec(), *spec);
+  {
+    absl::MutexLock lock(&region_mu_);
+    region_ = nullptr;
+  }
+  return outcome;
+}
+
+std::optional<v1::JobSpec> JobRunner::ResolveJob(AttemptOutcome* ended) {
+  std::error_code error;
+  std::filesystem::create_directories(dir_, error);
+  if (error) {
+    *ended = Failed(absl::StrCat("cannot create ", dir_, ": ", error.message()), false);
+    return std::nullopt;
+  }
+  v1::JobSpec spec = assignment_.spec();
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) {
+    *ended = Failed(std::string(s.message()), true);
+    return std::nullopt;
+  }
+  if (absl::Status s = ResolveDatasetPaths(options_.data_root, &spec); !s.ok()) {
+    *ended = Failed(absl::StrCat("on this worker: ", s.message()), true);
+    return std::nullopt;
+  }
+  resolved_spec_ = spec;
+  return spec;
+}
+
+std::optional<JobRunner::PipelinePlan> JobRunner::PlanPipeline(const v1::JobSpec& spec,
+                                                               AttemptOutcome* ended) {
+  PipelinePlan plan;
   // Image datasets: the index is the probe (it is what knows the count and the classes), built
   // once, here.
-  const bool images = IsImageFormat(spec.dataset().format());
-  std::optional<absl::StatusOr<PreparedInfo>> image_index;
-  if (images) image_index = IndexTrainingImagesLogged(spec);
+  plan.images = IsImageFormat(spec.dataset().format());
+  if (plan.images) plan.image_index = IndexTrainingImagesLogged(spec);
   absl::StatusOr<DatasetSummary> shape =
-      images ? (image_index->ok() ? absl::StatusOr<DatasetSummary>((*image_index)->summary)
-                                  : absl::StatusOr<DatasetSummary>(image_index->status()))
-             : ProbeDatasetFiles(TrainDatasetFiles(spec), spec.dataset().train_limit());
+      plan.images
+          ? (plan.image_index->ok() ? absl::StatusOr<DatasetSummary>((*plan.image_index)->summary)
+                                    : absl::StatusOr<DatasetSummary>(plan.image_index->status()))
+          : ProbeDatasetFiles(TrainDatasetFiles(spec), spec.dataset().train_limit());
   if (!shape.ok()) {
     // A dataset the agent cannot read fails the job; an index it cannot write only the attempt.
-    return Failed(DatasetPathsAsWritten(shape.status().message(), assignment_.spec(), spec),
-                  !absl::IsUnavailable(shape.status()));
+    *ended = Failed(DatasetPathsAsWritten(shape.status().message(), assignment_.spec(), spec),
+                    !absl::IsUnavailable(shape.status()));
+    return std::nullopt;
   }
-
   // `auto` starts with one loader and grows while the trainer waits for data (see Supervise).
-  const bool autotune = spec.loader().processes() == 0;
-  int loader_count = autotune ? AutoLoaderLimit(options_.cpu_count) : spec.loader().processes();
-  // A data-parallel rank's ring holds its slices of the global batches.
-  const int replicas = std::max(1, assignment_.replicas());
-  uint64_t total_batches =
-      RankTotalBatches(shape->count, spec.train().batch_size(), replicas, spec.train().epochs());
+  plan.autotune = spec.loader().processes() == 0;
+  plan.loader_count =
+      plan.autotune ? AutoLoaderLimit(options_.cpu_count) : spec.loader().processes();
+  plan.replicas = std::max(1, assignment_.replicas());
   // Memory: the ring, each loader's own memory, and preparing the training set; not a copy of the
   // training set per loader (they share one mapping). They may take half of what is available;
   // the trainer sizes its model against what is left when it starts.
-  if (absl::StatusOr<int64_t> available = AvailableSystemMemoryBytes(); available.ok()) {
-    // The job may use what its placement gives it, if the machine has that much.
-    const bool limited =
-        options_.memory_limit_bytes > 0 && options_.memory_limit_bytes < *available;
-    if (limited) *available = options_.memory_limit_bytes;
-    const absl::StatusOr<SamplesStorage> storage =
-        images ? absl::StatusOr<SamplesStorage>(SamplesStorage::kSource)
-               : ChooseSamplesStorage(TrainDatasetFiles(spec));
-    const PipelineMemory memory =
-        EstimatePipelineMemory(*shape, spec.train().batch_size(),
-                               std::min<uint64_t>(spec.loader().ring_slots(), total_batches),
-                               !storage.ok() || *storage == SamplesStorage::kCopy);
-    absl::StatusOr<int> fitted = FitLoadersInMemory(memory, loader_count, autotune, *available);
-    if (!fitted.ok()) {
-      return Failed(limited ? absl::StrCat(fitted.status().message(),
+  absl::StatusOr<int64_t> available = AvailableSystemMemoryBytes();
+  if (!available.ok()) return plan;
+  // The job may use what its placement gives it, if the machine has that much.
+  const bool limited = options_.memory_limit_bytes > 0 && options_.memory_limit_bytes < *available;
+  if (limited) *available = options_.memory_limit_bytes;
+  const uint64_t total_batches = RankTotalBatches(shape->count, spec.train().batch_size(),
+                                                  plan.replicas, spec.train().epochs());
+  const absl::StatusOr<SamplesStorage> storage =
+      plan.images ? absl::StatusOr<SamplesStorage>(SamplesStorage::kSource)
+                  : ChooseSamplesStorage(TrainDatasetFiles(spec));
+  const PipelineMemory memory =
+      EstimatePipelineMemory(*shape, spec.train().batch_size(),
+                             std::min<uint64_t>(spec.loader().ring_slots(), total_batches),
+                             !storage.ok() || *storage == SamplesStorage::kCopy);
+  absl::StatusOr<int> fitted =
+      FitLoadersInMemory(memory, plan.loader_count, plan.autotune, *available);
+  if (!fitted.ok()) {
+    *ended = Failed(limited ? absl::StrCat(fitted.status().message(),
                                            " (the machine's available memory "
                                            "here is this job's share of the worker: raise "
                                            "resources.memory_mib)")
                             : std::string(fitted.status().message()),
                     true);
-    }
-    loader_count = *fitted;
+    return std::nullopt;
   }
-  // Decoded once, here, for every loader of the attempt (image datasets: indexed above).
+  plan.loader_count = *fitted;
+  return plan;
+}
+
+std::optional<PreparedInfo> JobRunner::PrepareData(const v1::JobSpec& spec, PipelinePlan& plan,
+                                                   AttemptOutcome* ended) {
+  // Decoded once, here, for every loader of the attempt (image datasets: indexed already).
   absl::StatusOr<PreparedInfo> prepared =
-      images ? std::move(*image_index) : PrepareTrainingSetLogged(spec);
+      plan.images ? std::move(*plan.image_index) : PrepareTrainingSetLogged(spec);
   if (!prepared.ok()) {
     // A dataset the agent cannot read fails the job; a file it cannot write (a full disk) only
     // this attempt.
-    return Failed(DatasetPathsAsWritten(prepared.status().message(), assignment_.spec(), spec),
-                  !absl::IsUnavailable(prepared.status()));
+    *ended = Failed(DatasetPathsAsWritten(prepared.status().message(), assignment_.spec(), spec),
+                    !absl::IsUnavailable(prepared.status()));
+    return std::nullopt;
   }
-  if (cancel_requested_.load()) {
-    AttemptOutcome outcome;
-    outcome.state = v1::JOB_STATE_CANCELLED;
-    outcome.error = "cancelled";
-    return outcome;
-  }
-  // From here on the prepared set is the training set (the same as probed, unless the files
-  // changed meanwhile).
-  const DatasetSummary& train = prepared->summary;
-  total_batches =
-      RankTotalBatches(train.count, spec.train().batch_size(), replicas, spec.train().epochs());
+  return *std::move(prepared);
+}
+
+std::unique_ptr<JobRegion> JobRunner::CreateRegion(const v1::JobSpec& spec,
+                                                   const DatasetSummary& train,
+                                                   const PipelinePlan& plan,
+                                                   const std::string& resume_checkpoint,
+                                                   AttemptOutcome* ended) {
+  // The prepared set is the training set (the same as probed, unless the files changed
+  // meanwhile); a data-parallel rank's ring holds its slices of the global batches.
   RingGeometry geometry;
   geometry.slot_count = spec.loader().ring_slots();
   geometry.batch_size = spec.train().batch_size();
   geometry.sample_bytes = train.sample_bytes;
   geometry.sample_type = train.sample_type;
-  geometry.loader_count = loader_count;
-  geometry.initial_loaders = autotune ? 1 : loader_count;
-  geometry.total_batches = total_batches;
+  geometry.loader_count = plan.loader_count;
+  geometry.initial_loaders = plan.autotune ? 1 : plan.loader_count;
+  geometry.total_batches =
+      RankTotalBatches(train.count, spec.train().batch_size(), plan.replicas, spec.train().epochs());
   // The shape the job was resolved to (an image job's {C, H, W} from ImageSampleShape): the
   // trainer and the loaders read it from the header (a shape of more than 4 dimensions, possible
   // only for NPY, is not carried; nothing reads it for NPY).
@@ -428,7 +487,10 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
     geometry.sample_dims.assign(train.sample_dims.begin(), train.sample_dims.end());
   }
   absl::StatusOr<std::unique_ptr<JobRegion>> region = JobRegion::Create(geometry);
-  if (!region.ok()) return Failed(absl::StrCat("ring buffer: ", region.status().message()), false);
+  if (!region.ok()) {
+    *ended = Failed(absl::StrCat("ring buffer: ", region.status().message()), false);
+    return nullptr;
+  }
   if (!resume_checkpoint.empty()) {
     // Resume: the batch stream starts at the step the checkpoint holds. That may be the last
     // step: the final weights were stored but the attempt that wrote them ended before its
@@ -439,41 +501,38 @@ AttemptOutcome JobRunner::Run(const std::string& resume_checkpoint) {
     uint64_t step = 0;
     if (!metadata.ok() || !metadata->contains("step") ||
         !absl::SimpleAtoi(metadata->at("step"), &step) || step > geometry.total_batches) {
-      return Failed(
+      *ended = Failed(
           absl::StrCat("cannot resume from ", resume_checkpoint, ": ",
                        metadata.ok() ? "bad or missing step" : metadata.status().message()),
           false);
+      return nullptr;
     }
     (*region)->StartAt(step);
   }
+  return *std::move(region);
+}
 
+std::optional<std::string> JobRunner::WriteJobFile(const v1::JobSpec& spec, AttemptOutcome* ended) {
   // The trainer and loaders read the spec, with absolute paths, from this file.
-  const std::string job_file = dir + "/job.pb";
-  {
-    std::ofstream out(job_file, std::ios::binary | std::ios::trunc);
-    if (!spec.SerializeToOstream(&out)) return Failed("cannot write " + job_file, false);
+  const std::string job_file = dir_ + "/job.pb";
+  std::ofstream out(job_file, std::ios::binary | std::ios::trunc);
+  if (!spec.SerializeToOstream(&out)) {
+    *ended = Failed("cannot write " + job_file, false);
+    return std::nullopt;
   }
-  on_event_(LogEvent(absl::StrCat("dataset: ", train.count, " training samples of ",
-                                  images ? absl::StrCat(absl::StrJoin(train.sample_dims, "x"), " ")
-                                         : absl::StrCat(train.features, " "),
-                                  SampleTypeName(train.sample_type),
-                                  images ? " pixels, " : " features, ", train.classes, " classes; ",
-                                  geometry.initial_loaders, " loader process(es)",
-                                  autotune ? absl::StrCat(" (auto, up to ", loader_count, ")") : "",
-                                  ", ", geometry.slot_count, " ring slots")));
-  {
-    absl::MutexLock lock(&region_mu_);
-    region_ = region->get();
-  }
-  AttemptOutcome outcome =
-      Supervise(**region, job_file, resume_checkpoint, loader_count, train.classes, train.count);
-  // Loader and trainer errors name the files as the job wrote them, not under the data root.
-  outcome.error = DatasetPathsAsWritten(outcome.error, assignment_.spec(), spec);
-  {
-    absl::MutexLock lock(&region_mu_);
-    region_ = nullptr;
-  }
-  return outcome;
+  return job_file;
+}
+
+void JobRunner::LogPipeline(const DatasetSummary& train, const PipelinePlan& plan,
+                            const RingGeometry& geometry) {
+  on_event_(LogEvent(absl::StrCat(
+      "dataset: ", train.count, " training samples of ",
+      plan.images ? absl::StrCat(absl::StrJoin(train.sample_dims, "x"), " ")
+                  : absl::StrCat(train.features, " "),
+      SampleTypeName(train.sample_type), plan.images ? " pixels, " : " features, ", train.classes,
+      " classes; ", geometry.initial_loaders, " loader process(es)",
+      plan.autotune ? absl::StrCat(" (auto, up to ", plan.loader_count, ")") : "", ", ",
+      geometry.slot_count, " ring slots")));
 }
 
 absl::StatusOr<pid_t> JobRunner::StartTrainer(JobRegion& region, int events_fd,

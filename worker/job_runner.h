@@ -14,6 +14,8 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -173,6 +175,34 @@ class JobRunner {
   std::string training_set_path() const { return dir_ + "/train.samples"; }
 
  private:
+  // Run's steps, in order. Each returns what the next needs, or nothing with the outcome that ends
+  // the attempt in `ended`.
+  // The spec validated and its dataset paths resolved on this worker (resolved_spec_).
+  std::optional<v1::JobSpec> ResolveJob(AttemptOutcome* ended);
+  // What the pipeline will be: the training set probed (an image dataset indexed), the loader
+  // count fitted into the memory the job may use.
+  struct PipelinePlan {
+    bool images = false;
+    std::optional<absl::StatusOr<PreparedInfo>> image_index;  // image datasets
+    bool autotune = false;  // loader.processes: auto
+    int loader_count = 1;   // auto: the most it may grow to
+    int replicas = 1;
+  };
+  std::optional<PipelinePlan> PlanPipeline(const v1::JobSpec& spec, AttemptOutcome* ended);
+  // The training set prepared in training_set_path() (an image dataset's index, from the plan).
+  std::optional<PreparedInfo> PrepareData(const v1::JobSpec& spec, PipelinePlan& plan,
+                                          AttemptOutcome* ended);
+  // The job's region, its header holding the resolved geometry; started at the checkpoint's step
+  // when resuming.
+  std::unique_ptr<JobRegion> CreateRegion(const v1::JobSpec& spec, const DatasetSummary& train,
+                                          const PipelinePlan& plan,
+                                          const std::string& resume_checkpoint,
+                                          AttemptOutcome* ended);
+  // job.pb, the resolved spec the trainer and the loaders read.
+  std::optional<std::string> WriteJobFile(const v1::JobSpec& spec, AttemptOutcome* ended);
+  void LogPipeline(const DatasetSummary& train, const PipelinePlan& plan,
+                   const RingGeometry& geometry);
+
   // Starts stoker-trainer with the region, the event pipe's write end and its flags.
   absl::StatusOr<pid_t> StartTrainer(JobRegion& region, int events_fd, const std::string& job_file,
                                      const std::string& resume_checkpoint, int classes,
