@@ -19,16 +19,8 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-bench="${1:-}"
-if [[ -z "$bench" ]]; then
-  for candidate in "$root"/build/bench/image_pipeline_bench "$root"/build-*/bench/image_pipeline_bench; do
-    if [[ -x "$candidate" ]]; then bench="$candidate"; break; fi
-  done
-fi
-if [[ -z "$bench" || ! -x "$bench" ]]; then
-  echo "image_pipeline_bench not found: build it (cmake --build build --target image_pipeline_bench stoker-dataset) or pass its path" >&2
-  exit 1
-fi
+source "$here/lib.sh"
+EXTRA_TARGETS=stoker-dataset find_bench image_pipeline_bench "${1:-}"
 dataset_tool="$(dirname "$bench")/../data/index/stoker-dataset"
 if [[ ! -x "$dataset_tool" ]]; then
   echo "stoker-dataset not found at $dataset_tool: build it (target stoker-dataset)" >&2

@@ -17,18 +17,8 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-bin="${1:-}"
-if [[ -n "$bin" ]]; then
-  server_bin="$bin/stoker-server" worker_bin="$bin/stoker-worker" cli="$bin/stoker"
-  trainer_bin="$bin/stoker-trainer" loader_bin="$bin/stoker-loader"
-else
-  server_bin="$root/build/server/stoker-server" worker_bin="$root/build/worker/stoker-worker"
-  cli="$root/build/client/stoker"
-  trainer_bin="$root/build/worker/stoker-trainer" loader_bin="$root/build/worker/stoker-loader"
-fi
-for b in "$server_bin" "$worker_bin" "$cli" "$trainer_bin" "$loader_bin"; do
-  [[ -x "$b" ]] || { echo "not found: $b (build it, or pass a BIN_DIR)" >&2; exit 1; }
-done
+source "$here/lib.sh"
+find_programs "${1:-}"
 data_root="${DATA_ROOT:-/usr/share/datasets}"
 [[ -f "$data_root/fashion-mnist/train-images-idx3-ubyte.gz" ]] ||
   { echo "no Fashion-MNIST under $data_root (apt install dataset-fashion-mnist)" >&2; exit 1; }

@@ -28,19 +28,8 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-bin="${1:-}"
-if [[ -n "$bin" ]]; then
-  server_bin="$bin/stoker-server" worker_bin="$bin/stoker-worker" cli="$bin/stoker"
-  trainer_bin="$bin/stoker-trainer" loader_bin="$bin/stoker-loader"
-  dataset_bin="$bin/stoker-dataset"
-else
-  server_bin="$root/build/server/stoker-server" worker_bin="$root/build/worker/stoker-worker"
-  cli="$root/build/client/stoker" dataset_bin="$root/build/data/index/stoker-dataset"
-  trainer_bin="$root/build/worker/stoker-trainer" loader_bin="$root/build/worker/stoker-loader"
-fi
-for b in "$server_bin" "$worker_bin" "$cli" "$trainer_bin" "$loader_bin" "$dataset_bin"; do
-  [[ -x "$b" ]] || { echo "not found: $b (build it, or pass a BIN_DIR)" >&2; exit 1; }
-done
+source "$here/lib.sh"
+NEED_DATASET_TOOL=1 find_programs "${1:-}"
 dataset_mib=${DATASET_MIB:-3584}
 cgroup_mib=${CGROUP_MIB:-512}
 loaders=${LOADERS:-"1 2 4"}

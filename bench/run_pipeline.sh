@@ -11,16 +11,8 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-bench="${1:-}"
-if [[ -z "$bench" ]]; then
-  for candidate in "$root"/build/bench/pipeline_bench "$root"/build-*/bench/pipeline_bench; do
-    if [[ -x "$candidate" ]]; then bench="$candidate"; break; fi
-  done
-fi
-if [[ -z "$bench" || ! -x "$bench" ]]; then
-  echo "pipeline_bench not found: build it (cmake --build build --target pipeline_bench) or pass its path" >&2
-  exit 1
-fi
+source "$here/lib.sh"
+find_bench pipeline_bench "${1:-}"
 export OPENBLAS_NUM_THREADS=1
 
 log="$(mktemp)"

@@ -15,16 +15,8 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-bench="${1:-}"
-if [[ -z "$bench" ]]; then
-  for candidate in "$root"/build/bench/train_bench "$root"/build-*/bench/train_bench; do
-    if [[ -x "$candidate" ]]; then bench="$candidate"; break; fi
-  done
-fi
-if [[ -z "$bench" || ! -x "$bench" ]]; then
-  echo "train_bench not found: build it (cmake --build build --target train_bench) or pass its path" >&2
-  exit 1
-fi
+source "$here/lib.sh"
+find_bench train_bench "${1:-}"
 seconds="${SECONDS_PER_CONFIG:-3}"
 repeats="${REPEATS:-3}"
 thread_counts="${THREADS:-2}"

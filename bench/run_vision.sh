@@ -26,16 +26,8 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-bench="${1:-}"
-if [[ -z "$bench" ]]; then
-  for candidate in "$root"/build/bench/vision_bench "$root"/build-*/bench/vision_bench; do
-    if [[ -x "$candidate" ]]; then bench="$candidate"; break; fi
-  done
-fi
-if [[ -z "$bench" || ! -x "$bench" ]]; then
-  echo "vision_bench not found: build it (cmake --build build --target vision_bench) or pass its path" >&2
-  exit 1
-fi
+source "$here/lib.sh"
+find_bench vision_bench "${1:-}"
 jobs="${JOBS:-$root/examples/fashion-mnist-cnn.yaml $root/examples/fashion-mnist-resnet.yaml}"
 precisions="${PRECISIONS:-fp32 bf16}"
 seconds="${SECONDS_PER_CONFIG:-4}"

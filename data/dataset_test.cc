@@ -15,13 +15,7 @@
 namespace stoker {
 namespace {
 
-using ::stoker::testing::BytesOf;
-using ::stoker::testing::IdxBytes;
-using ::stoker::testing::NpyBytes;
-using ::stoker::testing::TempDir;
-using ::stoker::testing::WriteGzip;
-using ::stoker::testing::WriteRaw;
-using ::stoker::testing::WriteText;
+using namespace ::stoker::testing;  // NOLINT: the test helpers
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 

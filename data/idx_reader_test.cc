@@ -12,10 +12,7 @@
 namespace stoker {
 namespace {
 
-using ::stoker::testing::IdxBytes;
-using ::stoker::testing::TempDir;
-using ::stoker::testing::WriteGzip;
-using ::stoker::testing::WriteRaw;
+using namespace ::stoker::testing;  // NOLINT: the test helpers
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 

@@ -11,10 +11,7 @@
 namespace stoker {
 namespace {
 
-using ::stoker::testing::BytesOf;
-using ::stoker::testing::NpyBytes;
-using ::stoker::testing::TempDir;
-using ::stoker::testing::WriteRaw;
+using namespace ::stoker::testing;  // NOLINT: the test helpers
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/enum_names.h"
 #include "engine/backend_helpers.h"
 #include "engine/layer_kinds.h"
 
@@ -63,13 +64,8 @@ const char* LayerKindName(LayerConfig::Kind kind) {
 }
 
 const char* OptimizerTypeName(OptimizerType type) {
-  switch (type) {
-    case OptimizerType::kSgd:
-      return "sgd";
-    case OptimizerType::kAdamW:
-      return "adamw";
-  }
-  return "unknown";
+  static constexpr const char* kNames[] = {"sgd", "adamw"};
+  return EnumName(type, kNames);
 }
 
 namespace {

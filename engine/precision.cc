@@ -1,17 +1,12 @@
 #include "engine/model_config.h"
 
+#include "common/enum_names.h"
+
 namespace stoker {
 
 const char* PrecisionName(Precision precision) {
-  switch (precision) {
-    case Precision::kFp32:
-      return "fp32";
-    case Precision::kBf16:
-      return "bf16";
-    case Precision::kFp16:
-      return "fp16";
-  }
-  return "unknown";
+  static constexpr const char* kNames[] = {"fp32", "bf16", "fp16"};
+  return EnumName(precision, kNames);
 }
 
 }  // namespace stoker

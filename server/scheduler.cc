@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/enum_names.h"
 
 namespace stoker {
 namespace {
@@ -15,15 +16,8 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 enum class Resource { kGpus = 0, kCpus = 1, kMemory = 2 };
 
 const char* ResourceName(Resource r) {
-  switch (r) {
-    case Resource::kGpus:
-      return "GPUs";
-    case Resource::kCpus:
-      return "cpus";
-    case Resource::kMemory:
-      return "memory";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"GPUs", "cpus", "memory"};
+  return EnumName(r, kNames, "?");
 }
 
 std::string Amount(Resource r, int64_t amount) {

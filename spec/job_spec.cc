@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/enum_names.h"
 #include "common/status_macros.h"
 #include "common/utf8.h"
 #include "engine/layer_kinds.h"
@@ -598,20 +599,10 @@ std::string DatasetPathsAsWritten(absl::string_view message, const v1::JobSpec& 
 }
 
 std::string JobStateName(v1::JobState state) {
-  switch (state) {
-    case v1::JOB_STATE_QUEUED:
-      return "queued";
-    case v1::JOB_STATE_RUNNING:
-      return "running";
-    case v1::JOB_STATE_SUCCEEDED:
-      return "succeeded";
-    case v1::JOB_STATE_FAILED:
-      return "failed";
-    case v1::JOB_STATE_CANCELLED:
-      return "cancelled";
-    default:
-      return "unknown";
-  }
+  // In the proto's order, from JOB_STATE_UNSPECIFIED (0).
+  static constexpr const char* kNames[] = {"unknown",   "queued", "running",
+                                           "succeeded", "failed", "cancelled"};
+  return EnumName(state, kNames);
 }
 
 bool IsFinal(v1::JobState state) {

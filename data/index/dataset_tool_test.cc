@@ -22,11 +22,7 @@
 namespace stoker {
 namespace {
 
-using ::stoker::testing::IdxBytes;
-using ::stoker::testing::ReadString;
-using ::stoker::testing::RunShell;
-using ::stoker::testing::SampleBytes;
-using ::stoker::testing::TempDir;
+using namespace ::stoker::testing;  // NOLINT: the test helpers
 using ::testing::HasSubstr;
 
 constexpr int kImages = 23;

@@ -23,13 +23,7 @@
 namespace stoker {
 namespace {
 
-using ::stoker::testing::MakeTar;
-using ::stoker::testing::ReadString;
-using ::stoker::testing::RunShell;
-using ::stoker::testing::SampleBytes;
-using ::stoker::testing::TarMember;
-using ::stoker::testing::TempDir;
-using ::stoker::testing::WriteString;
+using namespace ::stoker::testing;  // NOLINT: the test helpers
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 

@@ -26,12 +26,6 @@
 
 namespace stoker::cpu_network_internal {
 
-using dnnl::memory;
-using DataType = memory::data_type;
-using Tag = memory::format_tag;
-using Kind = LayerConfig::Kind;
-using Dims = memory::dims;
-
 CpuNetwork::CpuNetwork(const NetworkConfig& config, ParameterNaming naming)
     : ModelBase(/*gradient_test_hook=*/true),
       config_(config),

@@ -24,12 +24,6 @@
 
 namespace stoker::cpu_network_internal {
 
-using dnnl::memory;
-using DataType = memory::data_type;
-using Tag = memory::format_tag;
-using Kind = LayerConfig::Kind;
-using Dims = memory::dims;
-
 CpuNetwork::WeightedPrimitives CpuNetwork::PlanConv2d(Layer& layer, const LayerIo& io,
                                                       const dnnl::primitive_attr& attr) {
   const LayerConfig& c = layer.config;

@@ -24,12 +24,6 @@
 
 namespace stoker::cpu_network_internal {
 
-using dnnl::memory;
-using DataType = memory::data_type;
-using Tag = memory::format_tag;
-using Kind = LayerConfig::Kind;
-using Dims = memory::dims;
-
 memory::desc CpuNetwork::ActivationMd(size_t index, int batch, DataType type) const {
   // Laid out as its origin (oneDNN's elementwise and normalisation primitives write in their
   // source's layout, and Flatten is an alias): NHWC for images a layer made, the caller's NCHW for

@@ -23,12 +23,6 @@
 
 namespace stoker::cpu_network_internal {
 
-using dnnl::memory;
-using DataType = memory::data_type;
-using Tag = memory::format_tag;
-using Kind = LayerConfig::Kind;
-using Dims = memory::dims;
-
 std::vector<NamedTensor> CpuNetwork::Parameters() const {
   std::vector<NamedTensor> result;
   for (const Param& param : params_) {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/enum_names.h"
 #include "engine/cuda/cuda_check.h"
 
 namespace stoker::cuda {
@@ -39,31 +40,14 @@ cublasLtEpilogue_t LtEpilogue(GemmEpilogue kind) {
 }
 
 const char* EpilogueName(GemmEpilogue kind) {
-  switch (kind) {
-    case GemmEpilogue::kNone:
-      return "none";
-    case GemmEpilogue::kBias:
-      return "BIAS";
-    case GemmEpilogue::kReluAuxBias:
-      return "RELU_AUX_BIAS";
-    case GemmEpilogue::kDReluBGrad:
-      return "DRELU_BGRAD";
-    case GemmEpilogue::kBGradB:
-      return "BGRADB";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"none", "BIAS", "RELU_AUX_BIAS", "DRELU_BGRAD",
+                                           "BGRADB"};
+  return EnumName(kind, kNames, "?");
 }
 
 const char* DTypeName(DType type) {
-  switch (type) {
-    case DType::kF32:
-      return "f32";
-    case DType::kBf16:
-      return "bf16";
-    case DType::kF16:
-      return "f16";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"f32", "bf16", "f16"};
+  return EnumName(type, kNames, "?");
 }
 
 template <typename T>
