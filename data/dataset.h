@@ -5,6 +5,7 @@
 #define STOKER_DATA_DATASET_H_
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,11 @@ absl::StatusOr<LabeledSamples> LoadIdxDataset(const std::string& images_path,
 
 // Sample order of one epoch: a permutation of [0, count) that depends only on (seed, epoch).
 std::vector<uint32_t> EpochPermutation(int64_t count, uint64_t seed, uint64_t epoch);
+
+// A uniform integer in [0, bound), bound > 0, without modulo bias (Lemire's multiply-and-reject),
+// specified by epoch_order.cc rather than by the standard library (std::uniform_int_distribution's
+// algorithm is implementation-defined): every shuffle of the pipeline draws through it.
+uint64_t UniformBelow(std::mt19937_64& rng, uint64_t bound);
 
 // Number of batches per epoch (the last one may be partial). `batch_size` > 0 (a data-parallel
 // job's global batch, replicas x batch_size, for its batches per epoch).

@@ -7,10 +7,7 @@
 #include "data/dataset.h"
 
 namespace stoker {
-namespace {
 
-// A uniform integer in [0, bound), bound > 0, without modulo bias (Lemire's multiply-and-reject).
-// std::uniform_int_distribution is not used: its algorithm is implementation-defined.
 uint64_t UniformBelow(std::mt19937_64& rng, uint64_t bound) {
   unsigned __int128 product = static_cast<unsigned __int128>(rng()) * bound;
   uint64_t low = static_cast<uint64_t>(product);
@@ -23,8 +20,6 @@ uint64_t UniformBelow(std::mt19937_64& rng, uint64_t bound) {
   }
   return static_cast<uint64_t>(product >> 64);
 }
-
-}  // namespace
 
 std::vector<uint32_t> EpochPermutation(int64_t count, uint64_t seed, uint64_t epoch) {
   if (count <= 0) return {};

@@ -474,33 +474,37 @@ absl::StatusOr<BuiltModel> BuildModel(Backend& backend, const v1::JobSpec& spec,
   return built;
 }
 
-std::string ArchitectureJson(const MlpConfig& config) {
-  nlohmann::json json = {{"type", "mlp"},
-                         {"input_features", config.input_features},
-                         {"input_channels", config.input_channels},
-                         {"hidden", config.hidden},
-                         {"classes", config.classes},
-                         {"input_scale", NormalizationJson(config.input_scale)},
-                         {"input_shift", NormalizationJson(config.input_shift)}};
+namespace {
+
+// What both architectures end with: the classes, the input normalisation and, when not 0, the
+// label smoothing.
+template <typename Config>
+std::string FinishArchitecture(nlohmann::json json, const Config& config) {
+  json["classes"] = config.classes;
+  json["input_scale"] = NormalizationJson(config.input_scale);
+  json["input_shift"] = NormalizationJson(config.input_shift);
   if (config.label_smoothing != 0) {
     json["label_smoothing"] = ShortestDouble(config.label_smoothing);
   }
   return json.dump();
 }
 
+}  // namespace
+
+std::string ArchitectureJson(const MlpConfig& config) {
+  return FinishArchitecture({{"type", "mlp"},
+                             {"input_features", config.input_features},
+                             {"input_channels", config.input_channels},
+                             {"hidden", config.hidden}},
+                            config);
+}
+
 std::string ArchitectureJson(const NetworkConfig& config) {
   nlohmann::json layers = nlohmann::json::array();
   for (const LayerConfig& layer : config.layers) layers.push_back(LayerJson(layer));
-  nlohmann::json json = {{"type", "cnn"},
-                         {"input_shape", config.input_shape},
-                         {"layers", std::move(layers)},
-                         {"classes", config.classes},
-                         {"input_scale", NormalizationJson(config.input_scale)},
-                         {"input_shift", NormalizationJson(config.input_shift)}};
-  if (config.label_smoothing != 0) {
-    json["label_smoothing"] = ShortestDouble(config.label_smoothing);
-  }
-  return json.dump();
+  return FinishArchitecture(
+      {{"type", "cnn"}, {"input_shape", config.input_shape}, {"layers", std::move(layers)}},
+      config);
 }
 
 int64_t NetworkParameterCount(const NetworkConfig& config) {

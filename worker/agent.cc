@@ -25,12 +25,7 @@
 namespace stoker {
 namespace {
 
-using agent_internal::Backoff;
-using agent_internal::IsStorageFailure;
-using agent_internal::IsUnreachable;
-using agent_internal::Log;
-using agent_internal::Random;
-using agent_internal::SleepUnlessStopped;
+using namespace agent_internal;  // NOLINT: what agent.cc and agent_jobs.cc share
 
 // The channel reconnects within 200 ms to 2 s of the server coming back (gRPC's default backoff
 // starts at 1 s and grows by 1.6 to 2 minutes: a restarted server waited ~5 s for its workers).

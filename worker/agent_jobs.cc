@@ -17,21 +17,14 @@
 #include "common/auth.h"
 #include "common/checkpoint.h"
 #include "common/grpc_status.h"
-#include "rpc/chunk_stream.h"
 #include "grpcpp/grpcpp.h"
+#include "rpc/chunk_stream.h"
 #include "worker/agent.h"
 #include "worker/agent_internal.h"
 
 namespace stoker {
-namespace {
 
-using agent_internal::Backoff;
-using agent_internal::IsStorageFailure;
-using agent_internal::IsUnreachable;
-using agent_internal::Log;
-using agent_internal::SleepUnlessStopped;
-
-}  // namespace
+using namespace agent_internal;  // NOLINT: what agent.cc and agent_jobs.cc share
 
 void Agent::StartJob(const v1::Assignment& assignment) {
   absl::MutexLock lock(&mu_);

@@ -9,21 +9,6 @@
 namespace stoker {
 namespace {
 
-// A uniform integer in [0, bound), bound > 0, by multiply-and-reject (no modulo bias); the same
-// mapping as data/epoch_order.cc uses.
-uint64_t UniformBelow(std::mt19937_64& rng, uint64_t bound) {
-  unsigned __int128 product = static_cast<unsigned __int128>(rng()) * bound;
-  uint64_t low = static_cast<uint64_t>(product);
-  if (low < bound) {
-    const uint64_t threshold = (0 - bound) % bound;
-    while (low < threshold) {
-      product = static_cast<unsigned __int128>(rng()) * bound;
-      low = static_cast<uint64_t>(product);
-    }
-  }
-  return static_cast<uint64_t>(product >> 64);
-}
-
 // Distinguishes the buffer's random stream from EpochPermutation's for the same (seed, epoch).
 constexpr uint32_t kShuffleBufferStream = 0x5348'5546;  // "SHUF"
 

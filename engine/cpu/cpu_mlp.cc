@@ -158,9 +158,7 @@ CpuMlp::CpuMlp(const MlpConfig& config)
 }
 
 absl::Status CpuMlp::Init() {
-  absl::StatusOr<std::unique_ptr<Plan>> plan = BuildPlan(config_.max_batch);
-  if (!plan.ok()) return plan.status();
-  full_plan_ = *std::move(plan);
+  STOKER_ASSIGN_OR_RETURN(full_plan_, BuildPlan(config_.max_batch));
   return SetParameters(InitialMlpParameters(config_));
 }
 
@@ -280,15 +278,12 @@ void CpuMlp::LoadInput(const BatchView& batch) {
 }
 
 absl::StatusOr<StepResult> CpuMlp::TrainStep(const BatchView& batch, double learning_rate) {
-  if (absl::Status status = ValidateBatch(config_, batch); !status.ok()) return status;
-  if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
+  STOKER_RETURN_IF_ERROR(ValidateBatch(config_, batch));
+  STOKER_RETURN_IF_ERROR(ValidateLearningRate(learning_rate));
   // This rank's part of the global batch's mean.
-  absl::StatusOr<float> share_or = LocalGradientShare(reducer_);
-  if (!share_or.ok()) return share_or.status();
-  const float share = *share_or;
-  absl::StatusOr<Plan*> plan_or = PlanFor(batch.count);
-  if (!plan_or.ok()) return plan_or.status();
-  Plan& plan = **plan_or;
+  STOKER_ASSIGN_OR_RETURN(const float share, LocalGradientShare(reducer_));
+  STOKER_ASSIGN_OR_RETURN(Plan * plan_pointer, PlanFor(batch.count));
+  Plan& plan = *plan_pointer;
   const int rows = batch.count;
   StepResult result;
   try {

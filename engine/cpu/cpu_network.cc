@@ -435,12 +435,9 @@ absl::StatusOr<StepResult> CpuNetwork::TrainStep(const BatchView& batch, double 
   STOKER_RETURN_IF_ERROR(CheckBatchNormValues(batch.count));
   // This rank's part of the global batch's mean: folded into the loss scale's multiply below
   // (one product, exact for fp32 and bf16 whose scale is 1).
-  absl::StatusOr<float> share_or = LocalGradientShare(reducer_);
-  if (!share_or.ok()) return share_or.status();
-  const float share = *share_or;
-  absl::StatusOr<Plan*> plan_or = PlanFor(batch.count);
-  if (!plan_or.ok()) return plan_or.status();
-  Plan& plan = **plan_or;
+  STOKER_ASSIGN_OR_RETURN(const float share, LocalGradientShare(reducer_));
+  STOKER_ASSIGN_OR_RETURN(Plan * plan_pointer, PlanFor(batch.count));
+  Plan& plan = *plan_pointer;
   const int rows = batch.count;
   const int64_t logit_count = static_cast<int64_t>(rows) * config_.classes;
   StepResult result;

@@ -274,9 +274,7 @@ absl::Status CudaMlp::Init(int device) {
         cudaMemsetAsync(layer.bias_velocity.get(), 0, layer.bias_velocity.bytes(), stream));
   }
 
-  absl::StatusOr<std::unique_ptr<Plan>> plan = BuildPlan(config_.max_batch);
-  if (!plan.ok()) return plan.status();
-  full_plan_ = *std::move(plan);
+  STOKER_ASSIGN_OR_RETURN(full_plan_, BuildPlan(config_.max_batch));
   return SetParameters(InitialMlpParameters(config_));
 }
 
@@ -583,10 +581,9 @@ absl::StatusOr<StepResult> CudaMlp::StepWithoutSamples(double learning_rate) {
 }
 
 absl::StatusOr<EvalResult> CudaMlp::Evaluate(const BatchView& batch) {
-  if (absl::Status status = ValidateBatch(config_, batch); !status.ok()) return status;
+  STOKER_RETURN_IF_ERROR(ValidateBatch(config_, batch));
   STOKER_RETURN_IF_ERROR(context_->Activate());
-  absl::StatusOr<Plan*> plan = PlanFor(batch.count);
-  if (!plan.ok()) return plan.status();
+  STOKER_ASSIGN_OR_RETURN(Plan * plan, PlanFor(batch.count));
   const cudaStream_t stream = context_->compute_stream();
   STOKER_RETURN_IF_ERROR(state_.EnqueueReset(stream));
   absl::StatusOr<int> slot =
@@ -594,7 +591,7 @@ absl::StatusOr<EvalResult> CudaMlp::Evaluate(const BatchView& batch) {
   if (!slot.ok()) return slot.status();
   STOKER_RETURN_IF_ERROR(NormalizeStaged(*slot, batch.count, batch.features != nullptr));
   pending_gemms_ = {};
-  STOKER_RETURN_IF_ERROR(Forward(**plan, batch.count));
+  STOKER_RETURN_IF_ERROR(Forward(*plan, batch.count));
   CountGemms(pending_gemms_);
   pending_gemms_ = {};
   const Layer& last = layers_.back();
