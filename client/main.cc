@@ -24,6 +24,7 @@
 #include "client/render.h"
 #include "common/auth.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "rpc/chunk_stream.h"
 #include "common/utf8.h"
 #include "google/protobuf/util/json_util.h"
@@ -404,16 +405,9 @@ int DryRun(const Commands& c, const Options& options) {
 // The client for `options`: the token read, the channel's credentials made. INVALID_ARGUMENT
 // (bad input) naming the file otherwise.
 absl::StatusOr<std::unique_ptr<Client>> Connect(const Options& options) {
-  std::string token;
-  if (!options.token_file.empty()) {
-    absl::StatusOr<std::string> read = ReadTokenFile(options.token_file);
-    if (!read.ok()) return absl::InvalidArgumentError(read.status().message());
-    token = *read;
-  }
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      MakeChannelCredentials({.cert = "", .key = "", .ca = options.tls_ca});
-  if (!credentials.ok()) return absl::InvalidArgumentError(credentials.status().message());
-  return std::make_unique<Client>(options, *credentials, token);
+  STOKER_ASSIGN_OR_RETURN(const ClientCredentials credentials,
+                          LoadClientCredentials(options.token_file, options.tls_ca));
+  return std::make_unique<Client>(options, credentials.channel, credentials.token);
 }
 
 int RunCommand(Client& client, Commands& c) {

@@ -89,6 +89,21 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   return grpc::SslCredentials(options);
 }
 
+absl::StatusOr<ClientCredentials> LoadClientCredentials(const std::string& token_file,
+                                                        const std::string& tls_ca) {
+  ClientCredentials credentials;
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile(token_file);
+    if (!token.ok()) return absl::InvalidArgumentError(token.status().message());
+    credentials.token = *std::move(token);
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> channel =
+      MakeChannelCredentials({.cert = "", .key = "", .ca = tls_ca});
+  if (!channel.ok()) return absl::InvalidArgumentError(channel.status().message());
+  credentials.channel = *std::move(channel);
+  return credentials;
+}
+
 bool IsLoopbackAddress(const std::string& address) {
   return absl::StartsWith(address, "127.") || absl::StartsWith(address, "localhost:") ||
          absl::StartsWith(address, "[::1]:") || address == "localhost";

@@ -43,6 +43,16 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(c
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const TlsFiles& tls);
 
+// What a client of the server (the CLI, the agent, a data-parallel trainer) brings to its calls:
+// the token read from `token_file` (empty: none) and the channel's credentials (TLS trusting
+// `tls_ca`; plaintext when it is empty). INVALID_ARGUMENT naming the file that cannot be used.
+struct ClientCredentials {
+  std::string token;
+  std::shared_ptr<grpc::ChannelCredentials> channel;
+};
+absl::StatusOr<ClientCredentials> LoadClientCredentials(const std::string& token_file,
+                                                        const std::string& tls_ca);
+
 // True for 127.0.0.0/8, [::1] and localhost addresses ("host:port").
 bool IsLoopbackAddress(const std::string& address);
 

@@ -1,27 +1,18 @@
 // Fault tolerance with real processes on loopback, checkpoints: the artifact and exact resume, a
 // worker's shutdown mid-epoch, uploads at every step, a full server disk, uploads cut short, and
 // the server's fencing of worker instances.
-#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
-#include <map>
-#include <mutex>
-#include <random>
-#include <set>
-#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/checkpoint.h"
-#include "common/http_get_for_test.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "spec/job_spec.h"
 #include "tests/faults_util.h"
 #include "tests/test_cluster.h"
 

@@ -1,26 +1,16 @@
 // Fault tolerance with real processes on loopback, the queue: jobs spread over workers, a job that
 // keeps failing, retried and concurrent submits stored exactly once.
 #include <dirent.h>
-#include <signal.h>
-#include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
-#include <random>
 #include <set>
 #include <thread>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "common/checkpoint.h"
-#include "common/http_get_for_test.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "spec/job_spec.h"
 #include "tests/faults_util.h"
 #include "tests/test_cluster.h"
 

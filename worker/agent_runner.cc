@@ -41,18 +41,16 @@ absl::Status ApplyFlags(const WorkerFlags& flags, AgentOptions& options) {
   options.runner.drain_timeout = absl::Seconds(flags.drain_seconds);
   options.runner.trainer_stall_timeout =
       flags.stall_seconds > 0 ? absl::Seconds(flags.stall_seconds) : absl::InfiniteDuration();
+  absl::StatusOr<ClientCredentials> credentials =
+      LoadClientCredentials(flags.token_file, flags.tls_ca);
+  if (!credentials.ok()) return credentials.status();
+  options.token = credentials->token;
+  options.credentials = credentials->channel;
+  // Data-parallel trainers read the token and the CA from the files themselves.
   if (!flags.token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadTokenFile(flags.token_file);
-    if (!token.ok()) return absl::InvalidArgumentError(token.status().message());
-    options.token = *token;
-    // Data-parallel trainers read the token from the file themselves.
     options.runner.token_file = std::filesystem::absolute(flags.token_file).string();
   }
   if (!flags.tls_ca.empty()) options.runner.tls_ca = std::filesystem::absolute(flags.tls_ca).string();
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      MakeChannelCredentials({.cert = "", .key = "", .ca = flags.tls_ca});
-  if (!credentials.ok()) return absl::InvalidArgumentError(credentials.status().message());
-  options.credentials = *credentials;
   return absl::OkStatus();
 }
 

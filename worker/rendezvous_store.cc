@@ -125,17 +125,11 @@ class RendezvousStore : public KeyValueStore {
 
 absl::StatusOr<std::unique_ptr<KeyValueStore>> CreateRendezvousStore(
     const RendezvousStoreOptions& options) {
-  std::string token;
-  if (!options.token_file.empty()) {
-    absl::StatusOr<std::string> read = ReadTokenFile(options.token_file);
-    if (!read.ok()) return absl::InvalidArgumentError(read.status().message());
-    token = *read;
-  }
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      MakeChannelCredentials({.cert = "", .key = "", .ca = options.tls_ca});
-  if (!credentials.ok()) return absl::InvalidArgumentError(credentials.status().message());
-  return std::unique_ptr<KeyValueStore>(
-      new RendezvousStore(options, std::move(token), std::move(*credentials)));
+  absl::StatusOr<ClientCredentials> credentials =
+      LoadClientCredentials(options.token_file, options.tls_ca);
+  if (!credentials.ok()) return credentials.status();
+  return std::unique_ptr<KeyValueStore>(new RendezvousStore(
+      options, std::move(credentials->token), std::move(credentials->channel)));
 }
 
 }  // namespace stoker
