@@ -151,21 +151,19 @@ TEST(BatchNormResumeTest, ALastBatchOfOneSampleIsDroppedNotFatal) {
   spec.set_name("bn-last-batch-of-one");
   spec.mutable_dataset()->set_train_limit(97);
   spec.mutable_loader()->set_delay_ms(0);
-  absl::StatusOr<v1::Job> job = cluster.Submit(spec);
-  ASSERT_TRUE(job.ok()) << job.status();
-  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(120));
+  absl::StatusOr<v1::Job> done = cluster.RunJob(spec, absl::Seconds(120));
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
   EXPECT_EQ(done->attempt(), 1);
   int dropped_lines = 0;
-  for (const v1::JobEvent& event : cluster.History(job->id())) {
+  for (const v1::JobEvent& event : cluster.History(done->id())) {
     if (absl::StrContains(event.message(), "a training batch of 1 sample is dropped")) {
       ++dropped_lines;
     }
   }
   EXPECT_EQ(dropped_lines, 1) << "logged once";
   const std::string file = cluster.dir() + "/dropped.safetensors";
-  CommandResult artifact = cluster.Cli("artifact " + job->id() + " -o " + file);
+  CommandResult artifact = cluster.Cli("artifact " + done->id() + " -o " + file);
   ASSERT_EQ(artifact.exit_code, 0) << artifact.output;
   absl::StatusOr<Checkpoint> weights = ReadCheckpoint(file);
   ASSERT_TRUE(weights.ok()) << weights.status();

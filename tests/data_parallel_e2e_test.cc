@@ -139,9 +139,8 @@ TEST(DataParallelE2eTest, AGangStartsWholeOrWaitsHoldingNothing) {
   // and says why; a job of one rank behind it runs meanwhile.
   absl::StatusOr<v1::Job> big = cluster.Submit(DataParallelJob(3, 32, 1));
   ASSERT_TRUE(big.ok()) << big.status();
-  absl::StatusOr<v1::Job> small = cluster.Submit(DataParallelJob(1, 64, 1));
-  ASSERT_TRUE(small.ok()) << small.status();
-  absl::StatusOr<v1::Job> small_done = cluster.WaitForFinal(small->id(), absl::Seconds(120));
+  absl::StatusOr<v1::Job> small_done =
+      cluster.RunJob(DataParallelJob(1, 64, 1), absl::Seconds(120));
   ASSERT_TRUE(small_done.ok()) << small_done.status();
   EXPECT_EQ(small_done->state(), v1::JOB_STATE_SUCCEEDED) << small_done->error();
 
@@ -253,9 +252,7 @@ TEST(DataParallelE2eTest, OneGpuPerRankRunsWithADistinctDeviceForEachRank) {
   cluster.StartWorker("w1", {"--fake-gpus-for-tests", "2", "--cpus", "2"});
   v1::JobSpec spec = DataParallelJob(2, 32, 1);
   spec.mutable_resources()->set_gpus(1);
-  absl::StatusOr<v1::Job> job = cluster.Submit(spec);
-  ASSERT_TRUE(job.ok()) << job.status();
-  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(120));
+  absl::StatusOr<v1::Job> done = cluster.RunJob(spec, absl::Seconds(120));
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
   ASSERT_EQ(done->rank_placements_size(), 2);
@@ -269,12 +266,12 @@ TEST(DataParallelE2eTest, OneGpuPerRankRunsWithADistinctDeviceForEachRank) {
   // Each rank's trainer was told its own GPU, and summed over Gloo (the cpu backend trains).
   for (int gpu : {0, 1}) {
     EXPECT_TRUE(HistoryMentions(
-        cluster, job->id(),
+        cluster, done->id(),
         absl::StrCat("devices: CUDA_VISIBLE_DEVICES=", gpu, " (fake GPUs for tests")))
         << "no rank was given GPU " << gpu;
   }
-  EXPECT_TRUE(HistoryMentions(cluster, job->id(), "rank 1 of 2, gloo over"));
-  EXPECT_TRUE(HistoryMentions(cluster, job->id(), "training on cpu"));
+  EXPECT_TRUE(HistoryMentions(cluster, done->id(), "rank 1 of 2, gloo over"));
+  EXPECT_TRUE(HistoryMentions(cluster, done->id(), "training on cpu"));
   EXPECT_GT(done->progress().test_accuracy(), 0.6);
 }
 

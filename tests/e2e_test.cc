@@ -43,9 +43,8 @@ class EndToEndTest : public ::testing::Test {
 
 TEST_F(EndToEndTest, TrainsFashionMnistSubsetToUsefulAccuracy) {
   cluster_.StartWorker("w1");
-  absl::StatusOr<v1::Job> submitted = cluster_.Submit(SmallFashionMnistJob(3, 12000, 2000));
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  absl::StatusOr<v1::Job> job = cluster_.WaitForFinal(submitted->id(), absl::Minutes(3));
+  absl::StatusOr<v1::Job> job =
+      cluster_.RunJob(SmallFashionMnistJob(3, 12000, 2000), absl::Minutes(3));
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->error();
   // 12k samples, 3 epochs: a linear model reaches ~0.80; the MLP must do better than chance by far.
@@ -86,17 +85,12 @@ TEST_F(EndToEndTest, TrainsFashionMnistSubsetToUsefulAccuracy) {
 
 TEST_F(EndToEndTest, CliSubmitFollowPrintsAccuracy) {
   cluster_.StartWorker("w1");
-  const std::string job_text = R"(name: cli-follow
-dataset:
-  train_images: fashion-mnist/train-images-idx3-ubyte.gz
-  train_labels: fashion-mnist/train-labels-idx1-ubyte.gz
-  test_images: fashion-mnist/t10k-images-idx3-ubyte.gz
-  test_labels: fashion-mnist/t10k-labels-idx1-ubyte.gz
-  train_limit: 6000
+  const std::string job_text =
+      absl::StrCat("name: cli-follow\n", kFashionMnistDatasetYaml, R"(  train_limit: 6000
   test_limit: 1000
 model: {type: mlp, hidden: [64]}
 train: {epochs: 2, batch_size: 64, precision: fp32}
-)";
+)");
   const std::string job_file = WriteFile("job.yaml", job_text);
   // Registered first, so that the job can start at once (else submit says it waits for a
   // worker, as it should).
@@ -216,13 +210,8 @@ TEST_F(EndToEndTest, BadJobFilesAreRefusedAndTheServerKeepsServing) {
 // max_bad_samples), an explicit 0 stays 0 and an unset field takes the default; an mlp's hidden
 // list defaults unless the client asks for none.
 TEST_F(EndToEndTest, AnUnsetFieldOfARawSpecTakesTheDefaultTheCliGives) {
-  const std::string file = WriteFile("smallest.yaml", R"(dataset:
-  train_images: fashion-mnist/train-images-idx3-ubyte.gz
-  train_labels: fashion-mnist/train-labels-idx1-ubyte.gz
-  test_images: fashion-mnist/t10k-images-idx3-ubyte.gz
-  test_labels: fashion-mnist/t10k-labels-idx1-ubyte.gz
-model: {type: mlp}
-)");
+  const std::string file =
+      WriteFile("smallest.yaml", absl::StrCat(kFashionMnistDatasetYaml, "model: {type: mlp}\n"));
   const CommandResult cli = cluster_.Cli("submit " + file);
   ASSERT_EQ(cli.exit_code, 0) << cli.output;
 
@@ -272,15 +261,11 @@ model: {type: mlp}
   EXPECT_EQ(kept.max_retries(), 0);
   EXPECT_EQ(kept.dataset().max_bad_samples(), 0);
   EXPECT_TRUE(kept.model().hidden().empty());
-  const std::string none = WriteFile("none.yaml", R"(dataset:
-  train_images: fashion-mnist/train-images-idx3-ubyte.gz
-  train_labels: fashion-mnist/train-labels-idx1-ubyte.gz
-  test_images: fashion-mnist/t10k-images-idx3-ubyte.gz
-  test_labels: fashion-mnist/t10k-labels-idx1-ubyte.gz
+  const std::string none = WriteFile("none.yaml", absl::StrCat(kFashionMnistDatasetYaml, R"(
 model: {type: mlp, hidden: []}
 train: {seed: 0, optimizer: {momentum: 0}}
 max_retries: 0
-)");
+)"));
   const CommandResult cli_none = cluster_.Cli("submit -o json " + none);
   ASSERT_EQ(cli_none.exit_code, 0) << cli_none.output;
   const v1::JobSpec cli_kept = stored("j-000004");
@@ -360,9 +345,7 @@ TEST_F(EndToEndTest, AModelOrRingTooBigForTheMachineFailsAtOnceWithoutRetries) {
   v1::JobSpec huge = SmallFashionMnistJob(1, 2000, 500);
   huge.mutable_model()->clear_hidden();
   for (int i = 0; i < 16; ++i) huge.mutable_model()->add_hidden(16384);
-  absl::StatusOr<v1::Job> submitted = cluster_.Submit(huge);
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  absl::StatusOr<v1::Job> failed = cluster_.WaitForFinal(submitted->id(), absl::Seconds(60));
+  absl::StatusOr<v1::Job> failed = cluster_.RunJob(huge, absl::Seconds(60));
   ASSERT_TRUE(failed.ok()) << failed.status();
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(failed->attempt(), 1) << "retrying cannot make it fit";
@@ -376,9 +359,7 @@ TEST_F(EndToEndTest, AModelOrRingTooBigForTheMachineFailsAtOnceWithoutRetries) {
   v1::JobSpec big_ring = SmallFashionMnistJob(10000, 0, 500);
   big_ring.mutable_train()->set_batch_size(65536);
   big_ring.mutable_loader()->set_ring_slots(1024);
-  absl::StatusOr<v1::Job> ring_job = cluster_.Submit(big_ring);
-  ASSERT_TRUE(ring_job.ok()) << ring_job.status();
-  absl::StatusOr<v1::Job> ring_failed = cluster_.WaitForFinal(ring_job->id(), absl::Seconds(60));
+  absl::StatusOr<v1::Job> ring_failed = cluster_.RunJob(big_ring, absl::Seconds(60));
   ASSERT_TRUE(ring_failed.ok()) << ring_failed.status();
   EXPECT_EQ(ring_failed->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(ring_failed->attempt(), 1);
@@ -388,9 +369,8 @@ TEST_F(EndToEndTest, AModelOrRingTooBigForTheMachineFailsAtOnceWithoutRetries) {
       << ring_failed->error();
 
   // The worker is fine and takes the next job.
-  absl::StatusOr<v1::Job> next = cluster_.Submit(SmallFashionMnistJob(1, 2000, 500));
-  ASSERT_TRUE(next.ok()) << next.status();
-  absl::StatusOr<v1::Job> done = cluster_.WaitForFinal(next->id(), absl::Seconds(60));
+  absl::StatusOr<v1::Job> done =
+      cluster_.RunJob(SmallFashionMnistJob(1, 2000, 500), absl::Seconds(60));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
 }
@@ -436,9 +416,8 @@ TEST_F(EndToEndTest, CorruptDataFailsTheJobAndTheWorkerSurvives) {
   cluster_.StartServer({"--data-root", root});
   cluster_.StartWorker("w1", {"--data-root", root});
 
-  absl::StatusOr<v1::Job> broken = cluster_.Submit(SmallFashionMnistJob(1, 0, 500));
-  ASSERT_TRUE(broken.ok()) << broken.status();
-  absl::StatusOr<v1::Job> failed = cluster_.WaitForFinal(broken->id(), absl::Seconds(60));
+  absl::StatusOr<v1::Job> failed =
+      cluster_.RunJob(SmallFashionMnistJob(1, 0, 500), absl::Seconds(60));
   ASSERT_TRUE(failed.ok()) << failed.status();
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(failed->attempt(), 1) << "bad data is not retried";
@@ -452,9 +431,7 @@ TEST_F(EndToEndTest, CorruptDataFailsTheJobAndTheWorkerSurvives) {
   v1::JobSpec good = SmallFashionMnistJob(1, 0, 500);
   good.mutable_dataset()->set_train_images("fashion-mnist/t10k-images-idx3-ubyte.gz");
   good.mutable_dataset()->set_train_labels("fashion-mnist/t10k-labels-idx1-ubyte.gz");
-  absl::StatusOr<v1::Job> next = cluster_.Submit(good);
-  ASSERT_TRUE(next.ok()) << next.status();
-  absl::StatusOr<v1::Job> done = cluster_.WaitForFinal(next->id(), absl::Seconds(60));
+  absl::StatusOr<v1::Job> done = cluster_.RunJob(good, absl::Seconds(60));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
   EXPECT_EQ(done->worker_id(), "w1");
@@ -578,9 +555,7 @@ TEST_F(EndToEndTest, TrainsOnCsvAndNpyFloatFeatures) {
   std::ofstream(root + "/ragged.csv") << "label,a,b\n0,1,2\n1,3\n";
   v1::JobSpec ragged = csv;
   ragged.mutable_dataset()->set_train_images("ragged.csv");
-  absl::StatusOr<v1::Job> bad = cluster_.Submit(ragged);
-  ASSERT_TRUE(bad.ok()) << bad.status();
-  absl::StatusOr<v1::Job> failed = cluster_.WaitForFinal(bad->id(), absl::Seconds(30));
+  absl::StatusOr<v1::Job> failed = cluster_.RunJob(ragged, absl::Seconds(30));
   ASSERT_TRUE(failed.ok());
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(failed->error().find("ragged.csv:3"), std::string::npos) << failed->error();
@@ -606,9 +581,7 @@ TEST_F(EndToEndTest, TrainsACnnAndAdamWInFp16) {
   adamw.mutable_train()->mutable_optimizer()->set_lr(0.002);
   adamw.mutable_train()->mutable_optimizer()->set_weight_decay(0.01);
   adamw.mutable_train()->mutable_optimizer()->set_clip_grad_norm(5);
-  absl::StatusOr<v1::Job> submitted = cluster_.Submit(adamw);
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  absl::StatusOr<v1::Job> done = cluster_.WaitForFinal(submitted->id(), absl::Minutes(2));
+  absl::StatusOr<v1::Job> done = cluster_.RunJob(adamw, absl::Minutes(2));
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
   EXPECT_GT(done->progress().test_accuracy(), 0.75);

@@ -303,9 +303,7 @@ TEST(FaultsTest, AJobUnderRandomKillsEndsAsAnUninterruptedRunDoes) {
   v1::JobSpec spec = SlowJob(10);
   spec.mutable_checkpoint()->set_every_steps(10);
   spec.set_max_retries(100);
-  absl::StatusOr<v1::Job> quiet = cluster.Submit(spec);
-  ASSERT_TRUE(quiet.ok()) << quiet.status();
-  absl::StatusOr<v1::Job> reference = cluster.WaitForFinal(quiet->id(), absl::Seconds(120));
+  absl::StatusOr<v1::Job> reference = cluster.RunJob(spec, absl::Seconds(120));
   ASSERT_TRUE(reference.ok()) << reference.status();
   ASSERT_EQ(reference->state(), v1::JOB_STATE_SUCCEEDED) << reference->error();
 

@@ -504,9 +504,7 @@ TEST_F(MemoryCgroupTest, ShardsSeveralTimesLargerThanTheCgroupTrainToTheEnd) {
 
   MemorySampler sampler(cluster_.dir(), worker, (*cgroup)->relative_path());
   const absl::Time train_start = absl::Now();
-  absl::StatusOr<v1::Job> submitted = cluster_.Submit(spec);
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  absl::StatusOr<v1::Job> done = cluster_.WaitForFinal(submitted->id(), absl::Minutes(4));
+  absl::StatusOr<v1::Job> done = cluster_.RunJob(spec, absl::Minutes(4));
   const absl::Duration train_time = absl::Now() - train_start;
   sampler.Stop();
   ASSERT_TRUE(done.ok()) << done.status();

@@ -123,17 +123,13 @@ TEST(SecurityTest, TlsWithAThrowawayCaAndTokensRunsAJob) {
   CommandResult plaintext = cluster.Cli("--token-file " + token_file + " list");
   EXPECT_EQ(plaintext.exit_code, 3) << "a plaintext client cannot talk to a TLS server\n"
                                     << plaintext.output;
-  const std::string job_file = WriteFile(d + "/job.yaml", R"(name: tls-job
-dataset:
-  train_images: fashion-mnist/train-images-idx3-ubyte.gz
-  train_labels: fashion-mnist/train-labels-idx1-ubyte.gz
-  test_images: fashion-mnist/t10k-images-idx3-ubyte.gz
-  test_labels: fashion-mnist/t10k-labels-idx1-ubyte.gz
-  train_limit: 4000
+  const std::string job_file = WriteFile(d + "/job.yaml", absl::StrCat("name: tls-job\n",
+                                                                      kFashionMnistDatasetYaml,
+                                                                      R"(  train_limit: 4000
   test_limit: 500
 model: {type: mlp, hidden: [64]}
 train: {epochs: 1, batch_size: 64}
-)");
+)"));
   CommandResult run = cluster.Cli(secure + "submit --follow " + job_file);
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("succeeded: test accuracy"), std::string::npos) << run.output;

@@ -178,6 +178,12 @@ absl::StatusOr<v1::Job> TestCluster::WaitFor(const std::string& job_id,
   }
 }
 
+absl::StatusOr<v1::Job> TestCluster::RunJob(const v1::JobSpec& spec, absl::Duration timeout) {
+  absl::StatusOr<v1::Job> job = Submit(spec);
+  if (!job.ok()) return job.status();
+  return WaitForFinal(job->id(), timeout);
+}
+
 absl::StatusOr<v1::Job> TestCluster::WaitForFinal(const std::string& job_id,
                                                   absl::Duration timeout) {
   return WaitFor(

@@ -54,6 +54,9 @@ class TestCluster {
 
   // Polls GetJob until the job is in a final state or `timeout` passes.
   absl::StatusOr<v1::Job> WaitForFinal(const std::string& job_id, absl::Duration timeout);
+  // Submits `spec` and waits up to `timeout` for the job to end: the job as it ended, or the
+  // submit's or the wait's error.
+  absl::StatusOr<v1::Job> RunJob(const v1::JobSpec& spec, absl::Duration timeout);
   // Polls GetJob until `predicate` holds or `timeout` passes.
   // Waits until the job has done at least `step` training steps.
   absl::StatusOr<v1::Job> WaitForStep(const std::string& job_id, int64_t step,
@@ -76,6 +79,15 @@ class TestCluster {
 
 // Pids of the processes whose command line contains every one of `needles` (through /proc).
 std::vector<pid_t> FindProcesses(const std::vector<std::string>& needles);
+
+// The dataset section of a job file for Debian's Fashion-MNIST (paths under the default data
+// root); more `dataset` keys may follow, indented by two spaces.
+inline constexpr char kFashionMnistDatasetYaml[] = R"(dataset:
+  train_images: fashion-mnist/train-images-idx3-ubyte.gz
+  train_labels: fashion-mnist/train-labels-idx1-ubyte.gz
+  test_images: fashion-mnist/t10k-images-idx3-ubyte.gz
+  test_labels: fashion-mnist/t10k-labels-idx1-ubyte.gz
+)";
 
 // A Fashion-MNIST MLP job small enough for a test (subset of the data, few epochs).
 v1::JobSpec SmallFashionMnistJob(int epochs, int train_limit, int test_limit);
