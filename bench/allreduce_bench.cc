@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -26,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_main.h"
 #include "comm/collective.h"
 
 ABSL_FLAG(int, ranks, 2, "ranks (threads), each pinned to core rank % cores");
@@ -76,7 +76,9 @@ std::string Human(double bytes) {
   return absl::StrCat(bytes, " B");
 }
 
-int Main() {
+}  // namespace
+
+int BenchMain() {
   const int size = absl::GetFlag(FLAGS_ranks);
   std::vector<int64_t> sizes;
   for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_sizes), ',')) {
@@ -246,10 +248,4 @@ int Main() {
   return 0;
 }
 
-}  // namespace
 }  // namespace stoker
-
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  return stoker::Main();
-}

@@ -37,7 +37,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -46,6 +45,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_main.h"
 #include "comm/collective.h"
 #include "engine/backend.h"
 #include "nlohmann/json.hpp"
@@ -279,7 +279,9 @@ absl::StatusOr<Options> ParseOptions() {
   return options;
 }
 
-int Main() {
+}  // namespace
+
+int BenchMain() {
   absl::StatusOr<Options> parsed = ParseOptions();
   if (!parsed.ok()) {
     std::fprintf(stderr, "%s\n", parsed.status().ToString().c_str());
@@ -382,10 +384,4 @@ int Main() {
   return 0;
 }
 
-}  // namespace
 }  // namespace stoker
-
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  return stoker::Main();
-}

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_main.h"
 #include "engine/backend.h"
 #include "engine/model_shapes.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -134,7 +134,9 @@ int BenchTraining(Precision precision, absl::string_view path, const std::vector
   return 0;
 }
 
-int Main() {
+}  // namespace
+
+int BenchMain() {
   omp_set_num_threads(absl::GetFlag(FLAGS_threads));
   const int batch = absl::GetFlag(FLAGS_batch);
   const double seconds = absl::GetFlag(FLAGS_seconds);
@@ -182,10 +184,4 @@ int Main() {
   return 0;
 }
 
-}  // namespace
 }  // namespace stoker
-
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  return stoker::Main();
-}

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_main.h"
 #include "data/dataset.h"
 #include "engine/backend.h"
 #include "engine/model_shapes.h"
@@ -140,7 +140,9 @@ Precision ParsePrecision(const std::string& text) {
   return Precision::kBf16;
 }
 
-int Run() {
+}  // namespace
+
+int BenchMain() {
   const std::string dir = absl::GetFlag(FLAGS_data_dir);
   absl::StatusOr<LabeledSamples> train =
       LoadIdxDataset(dir + "/train-images-idx3-ubyte.gz", dir + "/train-labels-idx1-ubyte.gz",
@@ -242,10 +244,4 @@ int Run() {
   return 0;
 }
 
-}  // namespace
 }  // namespace stoker
-
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  return stoker::Run();
-}
