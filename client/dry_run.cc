@@ -57,7 +57,7 @@ class FolderProbe {
     STOKER_ASSIGN_OR_RETURN(const std::string root,
                             ResolveUnderDataRoot(options_.data_root, data.train_images(),
                                                  "dataset.train_images", PathKind::kDirectory));
-    return ProbeImageDataset(data.format(), root);
+    return ProbeImageDataset(data.format(), root, options_.data_root);
   }
 
   const v1::JobSpec& spec_;

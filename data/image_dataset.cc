@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "data/index/beneath.h"
 #include "data/index/brace.h"
 #include "data/index/index_format.h"
 #include "data/prepared_dataset.h"
@@ -82,7 +83,8 @@ uint64_t SampleRandomBits(uint64_t seed, uint64_t batch, uint32_t position) {
 }
 
 absl::StatusOr<SampleIndex> BuildImageIndex(const std::string& format, const std::string& path,
-                                            const std::function<void(const std::string&)>& log) {
+                                            const std::function<void(const std::string&)>& log,
+                                            const std::string& data_root) {
   // A line for the first, every 10th, and the last class or shard, and at most every 10 s.
   absl::Time last_line = absl::InfinitePast();
   const ProgressFn progress = [&](const IndexProgress& p) {
@@ -95,22 +97,57 @@ absl::StatusOr<SampleIndex> BuildImageIndex(const std::string& format, const std
                         format == "shards" ? "shards" : "classes", p.samples,
                         p.bytes / (1024.0 * 1024.0)));
   };
-  if (format == "image_folder") return BuildImageFolderIndex(path, progress);
-  if (format == "shards") return BuildShardIndex(path, progress);
-  return absl::InvalidArgumentError(
-      absl::StrCat("dataset format '", format, "' is not an image format"));
+  Confinement confinement;
+  if (!data_root.empty()) {
+    STOKER_ASSIGN_OR_RETURN(confinement.real_root, RealRoot(data_root));
+  }
+  int64_t left_out = 0;
+  confinement.left_out = [&](const std::string& entry) {
+    if (log && left_out++ < 10) {
+      log(absl::StrCat("left out (leads outside the data root through a symbolic link): ", entry));
+    }
+  };
+  absl::StatusOr<SampleIndex> index =
+      format == "image_folder" ? BuildImageFolderIndex(path, progress, confinement)
+      : format == "shards"
+          ? BuildShardIndex(path, progress, confinement)
+          : absl::InvalidArgumentError(
+                absl::StrCat("dataset format '", format, "' is not an image format"));
+  if (index.ok() && index->outside() > 0 && log) {
+    log(absl::StrCat(index->outside(), " entr", index->outside() == 1 ? "y" : "ies", " of ", path,
+                     " left out: they lead outside the data root through symbolic links"));
+  }
+  return index;
 }
 
 absl::StatusOr<ImageDatasetProbe> ProbeImageDataset(const std::string& format,
-                                                    const std::string& path) {
+                                                    const std::string& path,
+                                                    const std::string& data_root) {
   ImageDatasetProbe probe;
+  std::string real_root;
+  if (!data_root.empty()) {
+    STOKER_ASSIGN_OR_RETURN(real_root, RealRoot(data_root));
+  }
+  // An entry that leads outside the data root through a symbolic link: left out, as the index
+  // leaves it out.
+  auto outside = [&](const std::filesystem::directory_entry& entry) {
+    std::error_code link_error;
+    return !real_root.empty() && entry.is_symlink(link_error) &&
+           !ResolvesBeneath(entry.path().string(), real_root);
+  };
   if (format == "shards") {
     STOKER_ASSIGN_OR_RETURN(const std::vector<std::string> shards, ExpandBraces(path, kMaxShards));
     std::string first_missing;
     size_t missing = 0;
     for (const std::string& shard : shards) {
       std::error_code error;
-      if (std::filesystem::is_regular_file(shard, error)) continue;
+      if (std::filesystem::is_regular_file(shard, error)) {
+        if (!ResolvesBeneath(shard, real_root)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("shard ", shard, " leads outside the data root (a symbolic link)"));
+        }
+        continue;
+      }
       if (missing++ == 0) first_missing = shard;
     }
     if (missing > 0) {
@@ -131,7 +168,9 @@ absl::StatusOr<ImageDatasetProbe> ProbeImageDataset(const std::string& format,
   for (std::filesystem::directory_iterator it(path, error), end; !error && it != end;
        it.increment(error)) {
     std::error_code dir_error;
-    if (it->is_directory(dir_error)) probe.class_names.push_back(it->path().filename().string());
+    if (it->is_directory(dir_error) && !outside(*it)) {
+      probe.class_names.push_back(it->path().filename().string());
+    }
   }
   if (error) return absl::InvalidArgumentError(absl::StrCat(path, ": ", error.message()));
   if (probe.class_names.empty()) {
@@ -155,6 +194,10 @@ absl::StatusOr<ImageDatasetProbe> ProbeImageDataset(const std::string& format,
          end;
          !walk_error && it != end && !found && looked < kMaxClassProbeEntries;
          it.increment(walk_error), ++looked) {
+      if (outside(*it)) {
+        it.disable_recursion_pending();
+        continue;
+      }
       found = IsImageFile(*it);
     }
     // An unreadable directory or a long search is left to the worker's index.
@@ -176,7 +219,7 @@ absl::StatusOr<ImageDatasetProbe> ProbeImageDataset(const std::string& format,
     for (std::filesystem::directory_iterator it(std::filesystem::path(path) / name, list_error),
          end;
          !list_error && it != end; it.increment(list_error)) {
-      if (IsImageFile(*it)) in_class.push_back(it->path().string());
+      if (IsImageFile(*it) && !outside(*it)) in_class.push_back(it->path().string());
     }
     std::sort(in_class.begin(), in_class.end());
     for (std::string& file : in_class) {
@@ -187,8 +230,7 @@ absl::StatusOr<ImageDatasetProbe> ProbeImageDataset(const std::string& format,
   std::vector<uint8_t> head(1 << 18);  // headers (EXIF, ICC) fit in 256 KiB
   absl::StatusOr<ImageHeader> first =
       DecideFirstHeader(files.size(), [&](size_t i) -> absl::StatusOr<ImageHeader> {
-        const int fd = open(files[i].c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0) return absl::NotFoundError(absl::StrCat(files[i], ": cannot open"));
+        STOKER_ASSIGN_OR_RETURN(const int fd, OpenBeneath(files[i], real_root));
         const ssize_t n = pread(fd, head.data(), head.size(), 0);
         close(fd);
         if (n <= 0) return absl::InvalidArgumentError(absl::StrCat(files[i], ": cannot read"));
@@ -202,14 +244,12 @@ FileCache::~FileCache() {
   for (const auto& [source, fd] : open_) close(fd);
 }
 
-absl::StatusOr<int> FileCache::Get(uint32_t source, absl::string_view path) {
+absl::StatusOr<int> FileCache::Get(uint32_t source, absl::string_view path,
+                                   absl::string_view real_root) {
   for (const auto& [s, fd] : open_) {
     if (s == source) return fd;
   }
-  const int fd = open(std::string(path).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  }
+  STOKER_ASSIGN_OR_RETURN(const int fd, OpenBeneath(std::string(path), std::string(real_root)));
   if (open_.size() >= capacity_) {
     close(open_.front().second);
     open_.erase(open_.begin());
@@ -221,7 +261,8 @@ absl::StatusOr<int> FileCache::Get(uint32_t source, absl::string_view path) {
 absl::Status ReadSampleBytes(const SampleIndex& index, int64_t i, FileCache& files,
                              std::vector<uint8_t>& bytes) {
   const IndexedSample& sample = index.sample(i);
-  STOKER_ASSIGN_OR_RETURN(const int fd, files.Get(sample.source, index.source_path(sample.source)));
+  STOKER_ASSIGN_OR_RETURN(const int fd,
+                          files.Get(sample.source, index.source_path(sample.source), index.root()));
   bytes.resize(sample.size);
   size_t done = 0;
   while (done < sample.size) {
@@ -331,7 +372,7 @@ absl::StatusOr<uint32_t> ImageBatchSource::Make(uint64_t batch, uint8_t* samples
   // requests while the first images decode.
   for (int64_t i = first; i < end && index_.sharded() && options_.decoded_cache == nullptr; ++i) {
     const IndexedSample& s = index_.sample(order_[static_cast<size_t>(i)]);
-    absl::StatusOr<int> fd = files_.Get(s.source, index_.source_path(s.source));
+    absl::StatusOr<int> fd = files_.Get(s.source, index_.source_path(s.source), index_.root());
     if (fd.ok()) {
       posix_fadvise(*fd, static_cast<off_t>(s.offset), static_cast<off_t>(s.size),
                     POSIX_FADV_WILLNEED);

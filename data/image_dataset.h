@@ -42,9 +42,12 @@ namespace stoker {
 
 // The training split's index, built from the job's path: a directory (image_folder) or a shard
 // pattern (shards). `log` receives progress lines (the first and last class or shard, and one
-// every 10 s between).
+// every 10 s between). `data_root` confines it (Confinement; "" = none): an image folder's entries
+// that lead outside it through symbolic links are left out, the first ten named to `log` and all
+// counted in a line at the end; a shard outside it is refused.
 absl::StatusOr<SampleIndex> BuildImageIndex(const std::string& format, const std::string& path,
-                                            const std::function<void(const std::string&)>& log);
+                                            const std::function<void(const std::string&)>& log,
+                                            const std::string& data_root = "");
 
 // What the server can learn about an image dataset at submit, cheaply (no index is built):
 // image_folder: the class directories (sorted; INVALID_ARGUMENT when there are none or one holds
@@ -52,7 +55,9 @@ absl::StatusOr<SampleIndex> BuildImageIndex(const std::string& format, const std
 // the header of the first image file, if one reads (3 channels if any of the first 16 images, by
 // class and name at each class's top level, is in colour, as FirstImageHeader decides); shards:
 // that every shard the pattern names exists as a regular file (NOT_FOUND naming the first missing
-// one and how many are), and their number.
+// one and how many are), and their number. With `data_root`, what the index would leave out (an
+// entry that leads outside it through a symbolic link) is left out here too, and a shard outside it
+// is refused (INVALID_ARGUMENT); images are opened beneath it.
 inline constexpr int kMaxClassProbeEntries = 10000;
 struct ImageDatasetProbe {
   std::vector<std::string> class_names;  // image_folder
@@ -60,7 +65,8 @@ struct ImageDatasetProbe {
   size_t shards = 0;                     // shards
 };
 absl::StatusOr<ImageDatasetProbe> ProbeImageDataset(const std::string& format,
-                                                    const std::string& path);
+                                                    const std::string& path,
+                                                    const std::string& data_root = "");
 
 // What decides a job's sample geometry when dataset.image leaves it open: the size of the first
 // sample of `index` whose header can be read, and 3 channels if any of the first 16 readable
@@ -76,8 +82,10 @@ class FileCache {
   ~FileCache();
   FileCache(const FileCache&) = delete;
   FileCache& operator=(const FileCache&) = delete;
-  // An open descriptor of `path` (source number `source`), or an error naming the path.
-  absl::StatusOr<int> Get(uint32_t source, absl::string_view path);
+  // An open descriptor of `path` (source number `source`), or an error naming the path; opened
+  // beneath `real_root` (OpenBeneath; empty: anywhere): PERMISSION_DENIED for a file that leads
+  // outside it.
+  absl::StatusOr<int> Get(uint32_t source, absl::string_view path, absl::string_view real_root = "");
 
  private:
   size_t capacity_;

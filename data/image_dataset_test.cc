@@ -1,5 +1,7 @@
 #include "data/image_dataset.h"
 
+#include <limits.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -12,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "data/index/index_test_util.h"
 #include "data/job_region.h"
 #include "data/prepared_dataset.h"
@@ -137,6 +140,61 @@ TEST(ImageDatasetTest, BatchesAreTheSameFromEverySourceAndCoverTheEpoch) {
     }
   }
   EXPECT_EQ(seen, std::vector<int>(15, 1)) << "every sample exactly once per epoch";
+}
+
+// Confined to a data root: a class directory and an image leading outside it through symbolic
+// links are left out (named to the log, counted in the index), a link inside it is followed, the
+// index keeps the root, and a file swapped for a link to the outside after indexing is refused
+// when it is read (PERMISSION_DENIED), not only when it was indexed.
+TEST(ImageDatasetTest, AnIndexConfinedToTheDataRootLeavesOutAndRefusesWhatLeadsOutside) {
+  ImageFolder data_root(3, 2, 8, 1);
+  ImageFolder outside(1, 2, 8, 1);
+  const std::string folder = data_root.root() + "/folder";
+  std::filesystem::create_directories(folder);
+  std::filesystem::rename(data_root.root() + "/class0", folder + "/a");
+  std::filesystem::rename(data_root.root() + "/class1", folder + "/b");
+  std::filesystem::create_directory_symlink(outside.root() + "/class0", folder + "/c");
+  std::filesystem::create_symlink(outside.root() + "/class0/img0.png", folder + "/a/zz.png");
+  std::filesystem::create_directory_symlink(data_root.root() + "/class2", folder + "/d");
+
+  std::vector<std::string> lines;
+  absl::StatusOr<SampleIndex> index = BuildImageIndex(
+      "image_folder", folder, [&](const std::string& line) { lines.push_back(line); },
+      data_root.root());
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_EQ(index->class_names(), (std::vector<std::string>{"a", "b", "d"}));
+  EXPECT_EQ(index->count(), 6);  // a, b and the inside link d: 2 each
+  EXPECT_EQ(index->outside(), 2);
+  char real[PATH_MAX];
+  ASSERT_NE(realpath(data_root.root().c_str(), real), nullptr);
+  EXPECT_EQ(index->root(), real);
+  const std::string log = absl::StrJoin(lines, "\n");
+  EXPECT_TRUE(absl::StrContains(log, folder + "/c")) << log;
+  EXPECT_TRUE(absl::StrContains(log, folder + "/a/zz.png")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "2 entries of " + folder + " left out")) << log;
+  EXPECT_FALSE(absl::StrContains(log, outside.root())) << log;
+
+  // Unconfined, the same folder follows every link (torchvision's behaviour).
+  absl::StatusOr<SampleIndex> open = BuildImageIndex("image_folder", folder, nullptr);
+  ASSERT_TRUE(open.ok()) << open.status();
+  EXPECT_EQ(open->count(), 9);
+  EXPECT_EQ(open->root(), "");
+
+  // Swapped after indexing: the first sample of "a" now leads outside.
+  const std::string first = std::string(index->source_path(index->sample(0).source));
+  std::filesystem::remove(first);
+  std::filesystem::create_symlink(outside.root() + "/class0/img1.png", first);
+  FileCache files;
+  std::vector<uint8_t> bytes;
+  const absl::Status read = ReadSampleBytes(*index, 0, files, bytes);
+  EXPECT_TRUE(absl::IsPermissionDenied(read)) << read;
+  EXPECT_TRUE(absl::StrContains(read.message(), "leads outside the data root")) << read;
+  EXPECT_TRUE(ReadSampleBytes(*index, 1, files, bytes).ok());
+  // The probe the server runs at submit leaves out the same class.
+  absl::StatusOr<ImageDatasetProbe> probe =
+      ProbeImageDataset("image_folder", folder, data_root.root());
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  EXPECT_EQ(probe->class_names, (std::vector<std::string>{"a", "b", "d"}));
 }
 
 TEST(ImageDatasetTest, BadImagesAreSkippedCountedAndNamedUntilTooMany) {

@@ -91,7 +91,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(const v1::SubmitJobReq
   // The paths must exist under the server's data root (which deploy/ shares with the workers).
   v1::JobSpec resolved = spec;
   STOKER_RETURN_IF_ERROR(ResolveDatasetPaths(options_.data_root, &resolved));
-  STOKER_RETURN_IF_ERROR(CheckModelAgainstData(spec, resolved));
+  STOKER_RETURN_IF_ERROR(CheckModelAgainstData(spec, resolved, options_.data_root));
 
   PendingSubmit me{&request, &spec};
   submit_mu_.Lock();

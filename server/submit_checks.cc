@@ -16,12 +16,13 @@
 namespace stoker {
 namespace {
 
-absl::Status CheckImageDataset(const v1::JobSpec& written, const v1::JobSpec& resolved) {
+absl::Status CheckImageDataset(const v1::JobSpec& written, const v1::JobSpec& resolved,
+                               const std::string& data_root) {
   const v1::DatasetSpec& data = resolved.dataset();
   ImageDatasetProbe train;
   for (auto [field, path] : {std::pair{"dataset.train_images", &data.train_images()},
                              std::pair{"dataset.test_images", &data.test_images()}}) {
-    absl::StatusOr<ImageDatasetProbe> probe = ProbeImageDataset(data.format(), *path);
+    absl::StatusOr<ImageDatasetProbe> probe = ProbeImageDataset(data.format(), *path, data_root);
     if (!probe.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ": ", DatasetPathsAsWritten(probe.status().message(), written, resolved)));
@@ -68,9 +69,10 @@ absl::Status CheckImageDataset(const v1::JobSpec& written, const v1::JobSpec& re
 
 }  // namespace
 
-absl::Status CheckModelAgainstData(const v1::JobSpec& written, const v1::JobSpec& resolved) {
+absl::Status CheckModelAgainstData(const v1::JobSpec& written, const v1::JobSpec& resolved,
+                                   const std::string& data_root) {
   const std::string& format = resolved.dataset().format();
-  if (IsImageFormat(format)) return CheckImageDataset(written, resolved);
+  if (IsImageFormat(format)) return CheckImageDataset(written, resolved, data_root);
   if (format != "idx" && format != "npy") return absl::OkStatus();
   if (resolved.model().type() == "mlp" && resolved.dataset().classes() == 0) {
     return absl::OkStatus();

@@ -4,6 +4,8 @@
 #ifndef STOKER_SERVER_SUBMIT_CHECKS_H_
 #define STOKER_SERVER_SUBMIT_CHECKS_H_
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "stoker.pb.h"
 
@@ -24,7 +26,10 @@ namespace stoker {
 // `written` is the spec as submitted, `resolved` the same with its dataset paths resolved under
 // the data root (ResolveDatasetPaths); errors name the paths as written. INVALID_ARGUMENT names
 // the field.
-absl::Status CheckModelAgainstData(const v1::JobSpec& written, const v1::JobSpec& resolved);
+// `data_root` confines an image dataset's probe (ProbeImageDataset): entries that lead outside it
+// are left out as the worker's index leaves them out.
+absl::Status CheckModelAgainstData(const v1::JobSpec& written, const v1::JobSpec& resolved,
+                                   const std::string& data_root = "");
 
 }  // namespace stoker
 

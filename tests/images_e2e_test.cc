@@ -95,6 +95,57 @@ TEST_F(ImagesEndToEndTest, TrainsFromAPngFolderAndFromShards) {
   }
 }
 
+// The data root confines what a job reads (issue 28): an image folder's class directory and an
+// image that lead outside it through symbolic links are left out of the index, named in the job's
+// log and counted; a link that stays inside it is followed as before; the server's submit check
+// leaves out the same classes (the model is checked against 10, not 11); a shard outside the root
+// is refused at submit.
+TEST_F(ImagesEndToEndTest, SymbolicLinksOutOfTheDataRootAreLeftOut) {
+  // Outside the root: a whole class directory and one image.
+  const std::string outside = cluster_.dir() + "/outside";
+  std::filesystem::create_directories(outside + "/intruder");
+  std::filesystem::copy_file(root_ + "/png/train/0/" +
+                                 std::filesystem::directory_iterator(root_ + "/png/train/0")
+                                     ->path()
+                                     .filename()
+                                     .string(),
+                             outside + "/intruder/x.png");
+  std::filesystem::copy_file(outside + "/intruder/x.png", outside + "/secret.png");
+  std::filesystem::create_directory_symlink(outside + "/intruder", root_ + "/png/train/intruder");
+  std::filesystem::create_symlink(outside + "/secret.png", root_ + "/png/train/1/secret.png");
+  // Inside the root: a link to an image of the same folder is followed.
+  std::filesystem::create_symlink(
+      root_ + "/png/train/2/" +
+          std::filesystem::directory_iterator(root_ + "/png/train/2")->path().filename().string(),
+      root_ + "/png/train/2/again.png");
+  std::filesystem::create_symlink(outside + "/secret.png", root_ + "/shards/train-000003.tar");
+
+  cluster_.StartWorker("w1", {"--data-root", root_});
+  v1::JobSpec spec = ImageJob("image_folder", "png/train");
+  spec.mutable_train()->set_epochs(1);
+  spec.mutable_dataset()->set_classes(10);  // refused at submit if the outside class counted
+  absl::StatusOr<v1::Job> done = cluster_.RunJob(spec, absl::Minutes(3));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+  const std::string log = Log(done->id());
+  // 3000 images, one more through the inside link, none from outside.
+  EXPECT_TRUE(absl::StrContains(log, "3001 training samples")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "left out (leads outside the data root through a symbolic "
+                                     "link): png/train/intruder"))
+      << log;
+  EXPECT_TRUE(absl::StrContains(log, "png/train/1/secret.png")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "2 entries of png/train left out")) << log;
+  // Nothing names where the links lead.
+  EXPECT_FALSE(absl::StrContains(log, outside)) << log;
+
+  v1::JobSpec shards = ImageJob("shards", "shards/train-{000000..000003}.tar");
+  absl::StatusOr<v1::Job> refused = cluster_.Submit(shards);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "leads outside the data root"))
+      << refused.status();
+  EXPECT_FALSE(absl::StrContains(refused.status().message(), outside)) << refused.status();
+}
+
 TEST_F(ImagesEndToEndTest, BadImagesAreSkippedAndCountedUntilThereAreTooMany) {
   // Three training images damaged: truncated, zeroed, not an image at all.
   const std::string train = root_ + "/png/train";

@@ -51,7 +51,7 @@ absl::StatusOr<PreparedInfo> JobRunner::IndexTrainingImagesLogged(const v1::JobS
     on_event_(LogEvent(DatasetPathsAsWritten(line, assignment_.spec(), resolved_spec_)));
   };
   absl::StatusOr<SampleIndex> index = WithProgressTicker("indexing the training images", [&] {
-    return BuildImageIndex(data.format(), data.train_images(), log);
+    return BuildImageIndex(data.format(), data.train_images(), log, options_.data_root);
   });
   if (!index.ok()) return index.status();
   STOKER_ASSIGN_OR_RETURN(const ImageHeader first, FirstImageHeader(*index));

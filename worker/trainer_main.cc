@@ -171,7 +171,8 @@ absl::StatusOr<std::unique_ptr<MappedSamples>> LoadImageTestSet(const v1::JobSpe
   STOKER_ASSIGN_OR_RETURN(const SampleIndex train, OpenSampleIndex(train_data));
   auto log = [](const std::string& line) { std::cerr << "stoker-trainer: " << line << "\n"; };
   STOKER_ASSIGN_OR_RETURN(const SampleIndex test,
-                          BuildImageIndex(data.format(), data.test_images(), log));
+                          BuildImageIndex(data.format(), data.test_images(), log,
+                                          std::string(train.root())));
   const int classes = std::max({2, train_classes, data.classes()});
   // The job's cpus (--threads, which OpenMP was given in main), not the whole machine's: other
   // jobs may share this worker.

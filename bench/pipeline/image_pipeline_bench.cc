@@ -381,7 +381,7 @@ void Read(const stoker::SampleIndex& index) {
     const size_t end = std::min(order.size(), first + batch);
     for (size_t i = first; i < end && index.sharded(); ++i) {
       const stoker::IndexedSample& s = index.sample(order[i]);
-      absl::StatusOr<int> fd = files.Get(s.source, index.source_path(s.source));
+      absl::StatusOr<int> fd = files.Get(s.source, index.source_path(s.source), index.root());
       if (fd.ok()) {
         posix_fadvise(*fd, static_cast<off_t>(s.offset), static_cast<off_t>(s.size),
                       POSIX_FADV_WILLNEED);

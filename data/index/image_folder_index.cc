@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "data/index/beneath.h"
 #include "data/index/index_format.h"
 #include "data/index/sample_index.h"
 
@@ -39,6 +40,7 @@ struct Listing {
   std::vector<std::string> subdirectories;  // names
   std::vector<ImageFile> images;
   int64_t skipped = 0;  // other files
+  int64_t outside = 0;  // symbolic links leading outside the confinement root (left out)
 };
 
 absl::Status PathError(const std::string& path, absl::string_view what, int error = 0) {
@@ -56,8 +58,10 @@ struct DirCloser {
 };
 
 // The entries of one directory: subdirectories (links followed, as os.walk's is_dir()), and with
-// `files`, image files with their lengths and a count of other files.
-absl::StatusOr<Listing> ListDirectory(const std::string& path, bool files) {
+// `files`, image files with their lengths and a count of other files. A symbolic link that leads
+// outside `confinement`'s root is left out (counted, named to left_out), whatever it names.
+absl::StatusOr<Listing> ListDirectory(const std::string& path, bool files,
+                                      const Confinement& confinement) {
   std::unique_ptr<DIR, DirCloser> dir(opendir(path.c_str()));
   if (dir == nullptr) return PathError(path, "cannot read directory", errno);
   const int fd = dirfd(dir.get());
@@ -74,6 +78,15 @@ absl::StatusOr<Listing> ListDirectory(const std::string& path, bool files) {
     bool is_directory = entry->d_type == DT_DIR;
     struct stat st;
     bool have_stat = false;
+    if (!confinement.real_root.empty() &&
+        (entry->d_type == DT_LNK ||
+         (entry->d_type == DT_UNKNOWN && fstatat(fd, entry->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+          S_ISLNK(st.st_mode))) &&
+        !ResolvesBeneath(Join(path, name), confinement.real_root)) {
+      ++listing.outside;
+      if (confinement.left_out) confinement.left_out(Join(path, name));
+      continue;
+    }
     if (entry->d_type == DT_LNK || entry->d_type == DT_UNKNOWN) {
       have_stat = fstatat(fd, entry->d_name, &st, 0) == 0;
       is_directory = have_stat && S_ISDIR(st.st_mode);
@@ -107,7 +120,8 @@ class FolderWalker {
  public:
   // Every directory under `class_path` (itself included), each with its image files; in no
   // particular order. Counts other files in `skipped`.
-  absl::StatusOr<std::vector<Directory>> Walk(const std::string& class_path, int64_t& skipped) {
+  absl::StatusOr<std::vector<Directory>> Walk(const std::string& class_path, int64_t& skipped,
+                                              int64_t& outside, const Confinement& confinement) {
     std::vector<Directory> directories;
     std::vector<std::string> pending = {class_path};
     while (!pending.empty()) {
@@ -121,8 +135,9 @@ class FolderWalker {
                          "this directory is reached twice through symbolic links (a loop, or "
                          "two names for one directory): its images would be listed twice");
       }
-      STOKER_ASSIGN_OR_RETURN(Listing listing, ListDirectory(path, /*files=*/true));
+      STOKER_ASSIGN_OR_RETURN(Listing listing, ListDirectory(path, /*files=*/true, confinement));
       skipped += listing.skipped;
+      outside += listing.outside;
       for (const std::string& name : listing.subdirectories) pending.push_back(Join(path, name));
       directories.push_back({std::move(path), std::move(listing.images)});
     }
@@ -146,7 +161,8 @@ std::string AbsolutePath(const std::string& path) {
 }  // namespace
 
 absl::StatusOr<SampleIndex> BuildImageFolderIndex(const std::string& root_arg,
-                                                  const ProgressFn& progress) {
+                                                  const ProgressFn& progress,
+                                                  const Confinement& confinement) {
   if (root_arg.empty()) return absl::InvalidArgumentError("image folder: empty root path");
   const std::string root = AbsolutePath(root_arg);
   struct stat st;
@@ -159,7 +175,10 @@ absl::StatusOr<SampleIndex> BuildImageFolderIndex(const std::string& root_arg,
   }
   if (!S_ISDIR(st.st_mode)) return PathError(root, "image folder root is not a directory");
 
-  STOKER_ASSIGN_OR_RETURN(Listing top, ListDirectory(root, /*files=*/false));
+  if (!ResolvesBeneath(root, confinement.real_root)) {
+    return PathError(root, "the image folder leads outside the data root");
+  }
+  STOKER_ASSIGN_OR_RETURN(Listing top, ListDirectory(root, /*files=*/false, confinement));
   std::vector<std::string> classes = std::move(top.subdirectories);
   std::sort(classes.begin(), classes.end());  // bytewise, as Python sorts UTF-8 names
   if (classes.empty()) {
@@ -173,14 +192,20 @@ absl::StatusOr<SampleIndex> BuildImageFolderIndex(const std::string& root_arg,
   }
 
   IndexBuilder builder(/*sharded=*/false);
+  builder.AddOutside(top.outside);
+  if (!confinement.real_root.empty()) {
+    STOKER_RETURN_IF_ERROR(builder.SetRoot(confinement.real_root));
+  }
   FolderWalker walker;
   for (size_t label = 0; label < classes.size(); ++label) {
     STOKER_ASSIGN_OR_RETURN(const uint32_t class_name, builder.AddString(classes[label]));
     builder.AddClassName(class_name);
     const std::string class_path = Join(root, classes[label]);
-    int64_t skipped = 0;
-    STOKER_ASSIGN_OR_RETURN(std::vector<Directory> directories, walker.Walk(class_path, skipped));
+    int64_t skipped = 0, outside = 0;
+    STOKER_ASSIGN_OR_RETURN(std::vector<Directory> directories,
+                            walker.Walk(class_path, skipped, outside, confinement));
     builder.AddSkipped(skipped);
+    builder.AddOutside(outside);
     std::sort(directories.begin(), directories.end(),
               [](const Directory& a, const Directory& b) { return a.path < b.path; });
     const int64_t before = builder.sample_count();

@@ -100,6 +100,13 @@ absl::Status IndexBuilder::AddSample(const IndexedSample& sample) {
   return absl::OkStatus();
 }
 
+absl::Status IndexBuilder::SetRoot(absl::string_view real_root) {
+  absl::StatusOr<uint32_t> offset = AddString(real_root);
+  if (!offset.ok()) return offset.status();
+  root_ = *offset;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<SampleIndex> IndexBuilder::Finish(int classes, const std::string& what) {
   if (samples_.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": no samples"));
   if (classes == 0) classes = max_label_ + 1;
@@ -114,6 +121,9 @@ absl::StatusOr<SampleIndex> IndexBuilder::Finish(int classes, const std::string&
   header.class_name_count = static_cast<uint32_t>(class_names_.size());
   header.strings_bytes = strings_.size();
   header.skipped = static_cast<uint64_t>(skipped_);
+  header.outside = static_cast<uint64_t>(outside_);
+  header.root_set = root_.has_value() ? 1 : 0;
+  header.root = root_.value_or(0);
   header.sample_record_bytes = sizeof(IndexedSample);
   header.source_record_bytes = sizeof(SourceRecord);
   const IndexLayout layout = ComputeIndexLayout(header.sample_count, header.source_count,
@@ -194,6 +204,10 @@ absl::Status ValidateIndexBytes(const uint8_t* bytes, uint64_t length, const std
                                          layout.end - 1));
   }
   auto name_ok = [&](uint32_t offset) { return offset < h.strings_bytes && strings[offset] != 0; };
+  if (h.root_set > 1 || (h.root_set == 1 && (!name_ok(h.root) || strings[h.root] != '/'))) {
+    return Corrupt(what, absl::StrFormat("confinement root %d at string offset %d", h.root_set,
+                                         h.root));
+  }
 
   const auto* sources = reinterpret_cast<const SourceRecord*>(bytes + layout.sources);
   for (uint32_t s = 0; s < h.source_count; ++s) {

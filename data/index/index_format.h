@@ -13,6 +13,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,7 @@ namespace stoker {
 static_assert(std::endian::native == std::endian::little, "the index file is little-endian");
 
 inline constexpr char kIndexMagic[8] = {'S', 'T', 'K', 'I', 'N', 'D', 'E', 'X'};
-inline constexpr uint32_t kIndexVersion = 1;
+inline constexpr uint32_t kIndexVersion = 2;  // 2: the confinement root, entries left out
 inline constexpr uint32_t kIndexKindImageFolder = 1;
 inline constexpr uint32_t kIndexKindShards = 2;
 // The string table is addressed with uint32 offsets.
@@ -46,7 +47,10 @@ struct IndexFileHeader {
   uint64_t skipped;
   uint32_t sample_record_bytes;  // sizeof(IndexedSample)
   uint32_t source_record_bytes;  // sizeof(SourceRecord)
-  uint8_t reserved[56];
+  uint32_t root;                 // string offset of the confinement root (root_set == 1)
+  uint32_t root_set;             // 1: sources must stay beneath `root`; 0: no confinement
+  uint64_t outside;              // entries left out because they lead outside the root
+  uint8_t reserved[40];
 };
 static_assert(sizeof(IndexFileHeader) == 128);
 
@@ -77,6 +81,10 @@ class IndexBuilder {
   absl::Status AddSample(const IndexedSample& sample);
   void AddClassName(uint32_t name) { class_names_.push_back(name); }
   void AddSkipped(int64_t n) { skipped_ += n; }
+  // The directory every source must stay beneath (its real path), kept in the index for the
+  // readers' opens (FileCache).
+  absl::Status SetRoot(absl::string_view real_root);
+  void AddOutside(int64_t n) { outside_ += n; }
 
   int64_t sample_count() const { return static_cast<int64_t>(samples_.size()); }
   uint32_t source_count() const { return static_cast<uint32_t>(sources_.size()); }
@@ -93,6 +101,8 @@ class IndexBuilder {
   std::vector<uint32_t> class_names_;
   std::string strings_;
   int64_t skipped_ = 0;
+  int64_t outside_ = 0;
+  std::optional<uint32_t> root_;
   uint64_t sample_bytes_ = 0;
   int max_label_ = -1;
 };

@@ -73,6 +73,10 @@ const IndexedSample& SampleIndex::sample(int64_t i) const { return samples_[i]; 
 uint32_t SampleIndex::source_count() const { return Header(bytes_).source_count; }
 int SampleIndex::classes() const { return static_cast<int>(Header(bytes_).classes); }
 int64_t SampleIndex::skipped() const { return static_cast<int64_t>(Header(bytes_).skipped); }
+int64_t SampleIndex::outside() const { return static_cast<int64_t>(Header(bytes_).outside); }
+absl::string_view SampleIndex::root() const {
+  return Header(bytes_).root_set == 1 ? absl::string_view(strings_ + Header(bytes_).root) : "";
+}
 uint64_t SampleIndex::index_bytes() const { return length_; }
 
 absl::string_view SampleIndex::source_path(uint32_t source) const {

@@ -85,6 +85,12 @@ class SampleIndex {
   // not end in .jpg, .jpeg or .png (any case). Shards: regular members whose extension is none of
   // jpg, jpeg, png and cls (e.g. KEY.json), and members without an extension.
   int64_t skipped() const;
+  // Entries left out because they lead outside the confinement root (Confinement).
+  int64_t outside() const;
+  // The real path of the directory every source must stay beneath ("" = none): readers open
+  // through OpenBeneath with it (FileCache), so a file swapped for a link after indexing is still
+  // refused.
+  absl::string_view root() const;
   // Length of the index in bytes (as written by WriteSampleIndex).
   uint64_t index_bytes() const;
 
@@ -117,6 +123,17 @@ struct IndexProgress {
 };
 using ProgressFn = std::function<void(const IndexProgress&)>;  // may be empty
 
+// Where an index's files must stay (the job's data root; data/index/beneath.h). Image folders:
+// an entry that leads outside the root through a symbolic link (a class directory, a directory
+// within a class, an image) is left out, counted (SampleIndex::outside) and named to `left_out`;
+// links that stay beneath the root are followed as before. Shards, which a job names one by one:
+// a shard outside the root is refused (INVALID_ARGUMENT naming it as the pattern gave it). The
+// root is kept in the index for the readers' opens.
+struct Confinement {
+  std::string real_root;  // RealRoot(data root); "" = no confinement
+  std::function<void(const std::string& path)> left_out;  // may be empty
+};
+
 // torchvision's ImageFolder: classes are the subdirectories of `root` (symbolic links followed)
 // sorted bytewise (Python's sorted() on UTF-8 names), label k for the k-th; the samples of a class
 // are the .jpg/.jpeg/.png files (case-insensitive) found by walking its directory recursively,
@@ -129,7 +146,8 @@ using ProgressFn = std::function<void(const IndexProgress&)>;  // may be empty
 // a directory reached twice through symbolic links (a loop; torchvision would walk it forever or
 // list its files twice), all INVALID_ARGUMENT unless said otherwise.
 absl::StatusOr<SampleIndex> BuildImageFolderIndex(const std::string& root,
-                                                  const ProgressFn& progress);
+                                                  const ProgressFn& progress,
+                                                  const Confinement& confinement = {});
 
 // WebDataset tar shards named by `pattern` (a path or a brace pattern, data/index/brace.h; relative
 // paths are taken from the working directory). A sample is a member KEY.jpg, KEY.jpeg or KEY.png
@@ -154,7 +172,8 @@ absl::StatusOr<SampleIndex> BuildImageFolderIndex(const std::string& root,
 // which index_test checks against Python's TarInfo.offset_data for all three formats with long
 // names; each offset is also checked to lie past its header on a 512-byte block and within the
 // file.
-absl::StatusOr<SampleIndex> BuildShardIndex(const std::string& pattern, const ProgressFn& progress);
+absl::StatusOr<SampleIndex> BuildShardIndex(const std::string& pattern, const ProgressFn& progress,
+                                            const Confinement& confinement = {});
 
 // Writes `index` to `path` atomically: a temporary file beside it, fsync, then rename. Errors name
 // the file.

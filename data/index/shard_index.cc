@@ -27,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "data/index/brace.h"
+#include "data/index/beneath.h"
 #include "data/index/index_format.h"
 #include "data/index/sample_index.h"
 
@@ -89,12 +90,24 @@ struct Group {
 class ShardReader {
  public:
   // `path_offset`: the shard's path in the builder's string table.
-  ShardReader(IndexBuilder& builder, const std::string& path, uint32_t path_offset, uint32_t source)
-      : builder_(builder), path_(path), path_offset_(path_offset), source_(source) {}
+  ShardReader(IndexBuilder& builder, const std::string& path, uint32_t path_offset, uint32_t source,
+              const std::string& real_root)
+      : builder_(builder),
+        path_(path),
+        path_offset_(path_offset),
+        source_(source),
+        real_root_(real_root) {}
 
   absl::Status Read() {
-    FileDescriptor fd(open(path_.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0) return Error(absl::StrCat("cannot open: ", std::strerror(errno)));
+    // Opened beneath the data root: a shard that is a link to elsewhere is refused here, as it
+    // is when a loader opens it.
+    absl::StatusOr<int> opened = OpenBeneath(path_, real_root_);
+    if (!opened.ok()) {
+      return absl::IsPermissionDenied(opened.status())
+                 ? Error("leads outside the data root (a symbolic link)")
+                 : Error(absl::StrCat("cannot open: ", std::strerror(errno)));
+    }
+    FileDescriptor fd(*opened);
     struct stat st;
     if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return Error("not a regular file");
     file_bytes_ = static_cast<uint64_t>(st.st_size);
@@ -281,6 +294,7 @@ class ShardReader {
   const std::string& path_;
   const uint32_t path_offset_;
   const uint32_t source_;
+  const std::string real_root_;  // "" = no confinement
   uint64_t file_bytes_ = 0;
   Group group_;
   absl::flat_hash_set<std::string> finished_keys_;
@@ -289,7 +303,8 @@ class ShardReader {
 }  // namespace
 
 absl::StatusOr<SampleIndex> BuildShardIndex(const std::string& pattern,
-                                            const ProgressFn& progress) {
+                                            const ProgressFn& progress,
+                                            const Confinement& confinement) {
   if (pattern.empty()) return absl::InvalidArgumentError("shards: empty pattern");
   STOKER_ASSIGN_OR_RETURN(const std::vector<std::string> names, ExpandBraces(pattern, kMaxShards));
   std::vector<std::string> paths;
@@ -312,9 +327,12 @@ absl::StatusOr<SampleIndex> BuildShardIndex(const std::string& pattern,
         first_missing, missing, paths.size(), pattern));
   }
   IndexBuilder builder(/*sharded=*/true);
+  if (!confinement.real_root.empty()) {
+    STOKER_RETURN_IF_ERROR(builder.SetRoot(confinement.real_root));
+  }
   for (size_t s = 0; s < paths.size(); ++s) {
     STOKER_ASSIGN_OR_RETURN(const uint32_t path, builder.AddString(paths[s]));
-    ShardReader reader(builder, paths[s], path, static_cast<uint32_t>(s));
+    ShardReader reader(builder, paths[s], path, static_cast<uint32_t>(s), confinement.real_root);
     STOKER_RETURN_IF_ERROR(reader.Read());
     if (progress) {
       IndexProgress report;
