@@ -61,16 +61,9 @@ int64_t RoundHalfEven(double x) {
   return r;
 }
 
-// One axis of a crop/resize in the full-size image's coordinates (see AxisSpec).
-struct AxisPlan {
-  int window_lo = 0;
-  int window_hi = 0;
-  double in0 = 0;
-  double in1 = 0;
-  int out_full = 0;
-  int out_begin = 0;
-  int out_count = 0;
-};
+// One axis of a crop/resize in the full-size image's coordinates: an AxisSpec whose image_size
+// ScaleAxis fills in for the decoded (possibly DCT-scaled) image.
+using AxisPlan = image_internal::AxisSpec;
 
 AxisPlan CropAxis(int lo, int extent, int out_size) {
   return AxisPlan{lo, lo + extent, 0.0, static_cast<double>(extent), out_size, 0, out_size};
