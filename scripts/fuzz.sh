@@ -70,7 +70,7 @@ image_sources=(data/image/image_decoder.cc data/image/image_codec.cc data/image/
   -ljpeg -lpng16 -o "$out/image_fuzz"
 targets+=(image)
 # Sample indexes (data/index): tar shards through libarchive and index files; brace patterns.
-index_sources=(data/index/brace.cc data/index/index_format.cc data/index/sample_index.cc
+index_sources=(data/index/beneath.cc data/index/brace.cc data/index/index_format.cc data/index/sample_index.cc
   data/index/epoch_sample_order.cc data/index/image_folder_index.cc data/index/shard_index.cc
   data/epoch_order.cc)
 read -r -a index_libs <<<"$(pkg-config --libs absl_flat_hash_set)"
