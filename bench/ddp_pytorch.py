@@ -32,14 +32,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 
-
-def build_model(hidden):
-    layers, width = [], 784
-    for h in hidden:
-        layers += [nn.Linear(width, h), nn.ReLU()]
-        width = h
-    layers.append(nn.Linear(width, 10))
-    return nn.Sequential(*layers)
+from train_pytorch import build_model  # the same MLP as bench/train_pytorch.py
 
 
 def loaded_blas():
