@@ -267,17 +267,14 @@ absl::StatusOr<JobFile> ParseJobYaml(absl::string_view yaml, const std::string& 
   // An mlp whose file names no `hidden` list gets the documented default; `hidden: []` asks for
   // none (softmax regression). A repeated field cannot carry this default itself.
   bool hidden_given = false;
-  if (const YAML::Node& top = root; top.IsMap()) {
-    const YAML::Node model = top["model"];
+  if (root.IsMap()) {
+    const YAML::Node model = root["model"];
     hidden_given = model.IsDefined() && model.IsMap() && model["hidden"].IsDefined();
   }
-  if (file.spec.model().type() == "mlp") {
-    if (!hidden_given) {
-      for (int width : kDefaultMlpHidden) file.spec.mutable_model()->add_hidden(width);
-    } else if (file.spec.model().hidden().empty()) {
-      file.spec.mutable_model()->set_no_hidden_layers(true);  // `hidden: []` on the wire
-    }
+  if (hidden_given && file.spec.model().type() == "mlp" && file.spec.model().hidden().empty()) {
+    file.spec.mutable_model()->set_no_hidden_layers(true);  // `hidden: []` on the wire
   }
+  ApplyMlpHiddenDefault(file.spec.mutable_model());
   return file;
 }
 

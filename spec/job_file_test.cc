@@ -141,6 +141,10 @@ TEST(JobFileTest, MlpHiddenDefaultsOnlyWhenLeftOut) {
   file = ParseJobYaml("model: {type: mlp, hidden: []}\n", "d.yaml");
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_TRUE(file->spec.model().hidden().empty());
+  // no_hidden_layers (what `hidden: []` sends) written out asks for none too.
+  file = ParseJobYaml("model: {type: mlp, no_hidden_layers: true}\n", "d.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE(file->spec.model().hidden().empty());
   file = ParseJobYaml("model: {type: mlp, hidden: [32]}\n", "d.yaml");
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_THAT(file->spec.model().hidden(), testing::ElementsAre(32));

@@ -456,9 +456,7 @@ void ApplyJobDefaults(v1::JobSpec* spec) {
   if (data->shuffle_buffer() == 0) data->set_shuffle_buffer(10000);
   v1::ModelSpec* model = spec->mutable_model();
   if (model->type().empty()) model->set_type("mlp");
-  if (model->type() == "mlp" && model->hidden().empty() && !model->no_hidden_layers()) {
-    for (int width : kDefaultMlpHidden) model->add_hidden(width);
-  }
+  ApplyMlpHiddenDefault(model);
   v1::TrainSpec* train = spec->mutable_train();
   if (train->epochs() == 0) train->set_epochs(10);
   if (train->batch_size() == 0) train->set_batch_size(128);
@@ -473,11 +471,16 @@ void ApplyJobDefaults(v1::JobSpec* spec) {
   if (!spec->has_max_retries()) spec->set_max_retries(2);
 }
 
+void ApplyMlpHiddenDefault(v1::ModelSpec* model) {
+  if (model->type() == "mlp" && model->hidden().empty() && !model->no_hidden_layers()) {
+    for (int width : kDefaultMlpHidden) model->add_hidden(width);
+  }
+}
+
 v1::JobSpec DefaultJobSpec() {
   v1::JobSpec spec;
-  spec.mutable_model()->set_no_hidden_layers(true);  // the file's hidden list, or ParseJobYaml's
   ApplyJobDefaults(&spec);
-  spec.mutable_model()->set_no_hidden_layers(false);
+  spec.mutable_model()->clear_hidden();  // the file's hidden list, or ParseJobYaml's default
   return spec;
 }
 

@@ -23,6 +23,10 @@ namespace stoker {
 // default a job file's user gets.
 void ApplyJobDefaults(v1::JobSpec* spec);
 
+// An mlp's hidden widths when it names none: kDefaultMlpHidden, unless no_hidden_layers asks for
+// none (a repeated field has no presence of its own). ApplyJobDefaults and ParseJobYaml use it.
+void ApplyMlpHiddenDefault(v1::ModelSpec* model);
+
 // The spec a job file starts from (ApplyJobDefaults of an empty spec, an mlp's hidden list left
 // empty for the file to give): every key a job file leaves out takes its value from here.
 v1::JobSpec DefaultJobSpec();
@@ -33,7 +37,7 @@ inline bool IsImageFormat(absl::string_view format) {
   return format == "image_folder" || format == "shards";
 }
 
-// The hidden widths of an mlp whose job file names none (ParseJobYaml fills them in).
+// The hidden widths of an mlp that names none (ApplyMlpHiddenDefault).
 inline constexpr int kDefaultMlpHidden[] = {256, 128};
 
 // Checks ranges, names and that every string is UTF-8. Returns INVALID_ARGUMENT whose message
