@@ -1,8 +1,5 @@
 #include "common/auth.h"
 
-#include <openssl/crypto.h>
-#include <openssl/sha.h>
-
 #include <fstream>
 #include <sstream>
 
@@ -21,15 +18,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) 
   return text.str();
 }
 
-// SHA-256 both sides, then compare the digests in constant time: neither the content nor the
-// length of the expected token leaks through timing.
-bool TokensEqual(const std::string& a, const std::string& b) {
-  unsigned char da[SHA256_DIGEST_LENGTH], db[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(a.data()), a.size(), da);
-  SHA256(reinterpret_cast<const unsigned char*>(b.data()), b.size(), db);
-  return CRYPTO_memcmp(da, db, SHA256_DIGEST_LENGTH) == 0;
-}
-
 }  // namespace
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
@@ -42,22 +30,6 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
                      " characters; use a random token of at least 16 (e.g. openssl rand -hex 32)"));
   }
   return token;
-}
-
-grpc::Status ServerAuth::Check(const grpc::ServerContext& context) const {
-  if (token_.empty()) return grpc::Status::OK;
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing bearer token (pass --token-file)");
-  }
-  const std::string value(it->second.data(), it->second.size());
-  constexpr absl::string_view kPrefix = "Bearer ";
-  if (!absl::StartsWith(value, kPrefix) || !TokensEqual(value.substr(kPrefix.size()), token_)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
-  }
-  return grpc::Status::OK;
 }
 
 void AddToken(grpc::ClientContext& context, const std::string& token) {

@@ -1,6 +1,7 @@
-// Shared-secret bearer tokens and TLS settings for the three programs. gRPC does not run an
-// AuthMetadataProcessor on plaintext connections, so the server checks the "authorization"
-// header itself (ServerAuth) and clients attach it to every call (AddToken).
+// Bearer tokens and TLS settings for the clients (CLI, agent, trainer) and the server's TLS. gRPC
+// does not run an AuthMetadataProcessor on plaintext connections, so clients attach the
+// "authorization" header to every call (AddToken) and the server checks it itself
+// (server/access/authenticator.h).
 #ifndef STOKER_COMMON_AUTH_H_
 #define STOKER_COMMON_AUTH_H_
 
@@ -15,18 +16,6 @@ namespace stoker {
 // Reads a token file: the token is its content with surrounding whitespace removed. Refuses a
 // missing or empty file, and a token shorter than 16 characters.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
-
-// Checks the bearer token of incoming calls. With no token configured every call passes.
-class ServerAuth {
- public:
-  explicit ServerAuth(std::string token) : token_(std::move(token)) {}
-  // OK, or UNAUTHENTICATED (missing or wrong token). Compares in constant time.
-  grpc::Status Check(const grpc::ServerContext& context) const;
-  bool enabled() const { return !token_.empty(); }
-
- private:
-  std::string token_;
-};
 
 // Adds "authorization: Bearer <token>" to a call (nothing when the token is empty).
 void AddToken(grpc::ClientContext& context, const std::string& token);

@@ -73,13 +73,16 @@ absl::Status Coordinator::Recover() {
   return absl::OkStatus();
 }
 
-absl::Status Coordinator::SaveAndNotify(const v1::Job& job, std::vector<v1::JobEvent> events) {
-  absl::Status status = store_->Save(job, std::move(events));
+absl::Status Coordinator::SaveAndNotify(const v1::Job& job, std::vector<v1::JobEvent> events,
+                                        const std::optional<v1::AuditRecord>& audit) {
+  absl::Status status = store_->Save(job, std::move(events), audit);
   events_changed_.SignalAll();
   return status;
 }
 
-absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(const v1::SubmitJobRequest& request) {
+absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(
+    const v1::SubmitJobRequest& request, const std::string& owner,
+    const std::optional<v1::AuditRecord>& audit) {
   if (request.request_id().size() > 256) {
     return absl::InvalidArgumentError("request_id: longer than 256 characters");
   }
@@ -93,7 +96,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(const v1::SubmitJobReq
   STOKER_RETURN_IF_ERROR(ResolveDatasetPaths(options_.data_root, &resolved));
   STOKER_RETURN_IF_ERROR(CheckModelAgainstData(spec, resolved, options_.data_root));
 
-  PendingSubmit me{&request, &spec};
+  PendingSubmit me{&request, &spec, &owner, &audit};
   submit_mu_.Lock();
   submit_queue_.push_back(&me);
   struct Turn {
@@ -110,7 +113,11 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(const v1::SubmitJobReq
     std::vector<JobStore::NewJob> new_jobs;
     for (PendingSubmit* pending : group) {
       new_jobs.push_back({pending->spec, pending->request->request_id(), NowMs(),
-                          MakeEvent(v1::EVENT_TYPE_LOG, "submitted")});
+                          MakeEvent(v1::EVENT_TYPE_LOG,
+                                    pending->owner->empty()
+                                        ? std::string("submitted")
+                                        : absl::StrCat("submitted by ", *pending->owner)),
+                          *pending->owner, *pending->audit});
     }
     absl::StatusOr<std::vector<JobStore::Inserted>> inserted;
     {
@@ -172,15 +179,19 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
   return job;
 }
 
-absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request,
+                                                           JobFilter filter) {
   if (request.limit() < 0 || request.limit() > 10000) {
     return absl::InvalidArgumentError("limit: must be between 0 and 10000");
   }
   std::vector<v1::JobState> states;
   for (int state : request.states()) states.push_back(static_cast<v1::JobState>(state));
+  if (!request.team().empty()) filter.team = request.team();
+  if (!request.user().empty()) filter.owner = request.user();
   absl::MutexLock lock(&mu_);
-  STOKER_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs,
-                          store_->List(states, request.limit() == 0 ? 100 : request.limit()));
+  STOKER_ASSIGN_OR_RETURN(
+      std::vector<v1::Job> jobs,
+      store_->List(states, request.limit() == 0 ? 100 : request.limit(), filter));
   v1::ListJobsResponse response;
   for (v1::Job& job : jobs) {
     FillQueueInfo(&job);  // queued jobs: position and why they wait
@@ -189,7 +200,8 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   return response;
 }
 
-absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
+absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id,
+                                            const std::optional<v1::AuditRecord>& audit) {
   STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));
   absl::MutexLock lock(&mu_);
   STOKER_ASSIGN_OR_RETURN(v1::Job job, store_->Get(job_id));
@@ -200,11 +212,14 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
   // The worker learns of it from its next heartbeat or progress report and stops the trainer.
   job.set_state(v1::JOB_STATE_CANCELLED);
   job.set_end_time_unix_ms(NowMs());
-  job.set_error("cancelled by user");
+  const std::string why = audit.has_value() && audit->principal() != "open"
+                              ? absl::StrCat("cancelled by user (", audit->principal(), ")")
+                              : std::string("cancelled by user");
+  job.set_error(why);
   // Delivered ranks keep what they hold until their workers stopped them.
   EndAttempt(job, "", -1);
   STOKER_RETURN_IF_ERROR(
-      SaveAndNotify(job, {MakeEvent(v1::EVENT_TYPE_FINISHED, "cancelled by user", job.attempt())}));
+      SaveAndNotify(job, {MakeEvent(v1::EVENT_TYPE_FINISHED, why, job.attempt())}, audit));
   return job;
 }
 

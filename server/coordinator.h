@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -93,11 +94,17 @@ class Coordinator {
   // are requeued.
   absl::Status Recover();
 
-  // --- JobService
-  absl::StatusOr<v1::SubmitJobResponse> Submit(const v1::SubmitJobRequest& request);
+  // --- JobService. The caller has authorized the request (server/access/authorize.h); `owner`
+  // becomes Job.owner, and `audit` (when given) is stored in the change's transaction.
+  absl::StatusOr<v1::SubmitJobResponse> Submit(
+      const v1::SubmitJobRequest& request, const std::string& owner = "",
+      const std::optional<v1::AuditRecord>& audit = std::nullopt);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
-  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
-  absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
+  // request.team and request.user narrow `filter` (request.all is the caller's to check).
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request,
+                                                JobFilter filter = {});
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id,
+                                 const std::optional<v1::AuditRecord>& audit = std::nullopt);
   v1::ListWorkersResponse ListWorkers();
 
   // Events of `job_id` after `after_seq`. If there are none yet, waits up to `wait` for some.
@@ -215,7 +222,8 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rank 0 of the job's current attempt holds its placement on a live worker (delivered).
   bool RankZeroStillRuns(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status SaveAndNotify(const v1::Job& job, std::vector<v1::JobEvent> events)
+  absl::Status SaveAndNotify(const v1::Job& job, std::vector<v1::JobEvent> events,
+                             const std::optional<v1::AuditRecord>& audit = std::nullopt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Places queued jobs in scheduling order: single jobs on the calling worker while they fit its
   // free resources and slots, gangs on the live workers. Returns the caller's assignments.
@@ -244,6 +252,8 @@ class Coordinator {
   struct PendingSubmit {
     const v1::SubmitJobRequest* request;
     const v1::JobSpec* spec;  // the request's, defaults applied
+    const std::string* owner;
+    const std::optional<v1::AuditRecord>* audit;
     absl::StatusOr<JobStore::Inserted> result = absl::UnknownError("not committed");
     bool done = false;
   };

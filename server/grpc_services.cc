@@ -5,49 +5,15 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
-#include "common/utf8.h"
-#include "google/protobuf/descriptor.h"
-#include "grpcpp/support/method_handler.h"
 #include "rpc/chunk_stream.h"
+#include "server/audit_log.h"
+#include "server/checked_calls.h"
 #include "server/checkpoint_store.h"
 
 namespace stoker {
 namespace {
-
-// Index of `method` in JobService, as the generated service numbers them.
-int JobMethodIndex(const char* method) {
-  const google::protobuf::ServiceDescriptor* service =
-      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
-          v1::JobService::service_full_name());
-  return service->FindMethodByName(method)->index();
-}
-
-// The one request of a streamed call, read as bytes: its strings are checked (naming the field)
-// before it is parsed, which would fail on the first one that is not UTF-8 without saying where.
-template <typename Request, typename Stream>
-grpc::Status ReadCheckedRequest(const ServerAuth& auth, grpc::ServerContext* context,
-                                Stream* stream, Request* request) {
-  // The token first: a caller without it learns nothing about its request.
-  if (grpc::Status denied = auth.Check(*context); !denied.ok()) return denied;
-  grpc::ByteBuffer buffer;
-  if (!stream->Read(&buffer)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message");
-  }
-  grpc::Slice slice;
-  if (!buffer.DumpToSingleSlice(&slice).ok()) {
-    return grpc::Status(grpc::StatusCode::INTERNAL, "cannot read the request");
-  }
-  const absl::string_view bytes(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  if (absl::Status s = CheckUtf8OnWire(bytes, Request::descriptor()); !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  if (!request->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("request: not a valid ", Request::descriptor()->full_name()));
-  }
-  return grpc::Status::OK;
-}
 
 // Copies a StatusOr's value into `response`, or converts its error.
 template <typename T>
@@ -66,6 +32,27 @@ grpc::Status StreamFile(const std::string& path, Writer* writer) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND, "checkpoint file is missing");
   }
   return ToGrpcStatus(sent);
+}
+
+v1::AuditRecord AuditFor(const Principal& who, const char* action, const std::string& target,
+                         const std::string& team = "") {
+  return AuditOf(who.Name(), who.token_id, action, target, team);
+}
+
+v1::AuditRecord Decided(v1::AuditRecord audit, const absl::Status& status) {
+  audit.set_decision(status.ok() ? "allowed" : "denied");
+  if (!status.ok()) {
+    audit.set_reason(absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
+  }
+  return audit;
+}
+
+Resource JobResource(const v1::Job& job) {
+  Resource r;
+  r.id = job.id();
+  r.owner = job.owner();
+  r.team = job.spec().team();
+  return r;
 }
 
 }  // namespace
@@ -104,93 +91,130 @@ std::string StreamSlots::ClientOf(const std::string& peer) {
   return colon > 5 ? peer.substr(0, colon) : peer;
 }
 
-JobServiceImpl::JobServiceImpl(Coordinator* coordinator, const ServerAuth* auth,
-                               StreamLimits limits)
-    : coordinator_(coordinator), auth_(auth), streams_(limits) {
-  // Unary calls as streamed unary, and server streams as split streams: the same calls on the
-  // wire, but the handler reads the request itself (see ReadCheckedRequest).
-  auto unary = [this]<typename Request, typename Response>(
-                   const char* method, grpc::Status (JobServiceImpl::*handler)(
-                                           grpc::ServerContext*, const Request*, Response*)) {
-    MarkMethodStreamed(
-        JobMethodIndex(method),
-        new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, Response>(
-            [this, handler](grpc::ServerContext* context,
-                            grpc::ServerUnaryStreamer<grpc::ByteBuffer, Response>* stream) {
-              Request request;
-              if (grpc::Status s = ReadCheckedRequest(*auth_, context, stream, &request); !s.ok()) {
-                return s;
-              }
-              Response response;
-              grpc::Status status = (this->*handler)(context, &request, &response);
-              if (status.ok()) stream->Write(response);
-              return status;
-            }));
-  };
-  unary.operator()<v1::SubmitJobRequest, v1::SubmitJobResponse>("SubmitJob",
-                                                                &JobServiceImpl::SubmitJob);
-  unary.operator()<v1::GetJobRequest, v1::Job>("GetJob", &JobServiceImpl::GetJob);
-  unary.operator()<v1::CancelJobRequest, v1::Job>("CancelJob", &JobServiceImpl::CancelJob);
-  MarkMethodStreamed(
-      JobMethodIndex("WatchJob"),
-      new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer, v1::JobEvent>(
-          [this](grpc::ServerContext* context,
-                 grpc::ServerSplitStreamer<grpc::ByteBuffer, v1::JobEvent>* stream) {
-            v1::WatchJobRequest request;
-            if (grpc::Status s = ReadCheckedRequest(*auth_, context, stream, &request); !s.ok()) {
-              return s;
-            }
-            return Watch(context, request, stream);
-          }));
-  MarkMethodStreamed(
-      JobMethodIndex("GetArtifact"),
-      new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer, v1::CheckpointChunk>(
-          [this](grpc::ServerContext* context,
-                 grpc::ServerSplitStreamer<grpc::ByteBuffer, v1::CheckpointChunk>* stream) {
-            v1::GetArtifactRequest request;
-            if (grpc::Status s = ReadCheckedRequest(*auth_, context, stream, &request); !s.ok()) {
-              return s;
-            }
-            return Artifact(context, request, stream);
-          }));
+JobServiceImpl::JobServiceImpl(Coordinator* coordinator, Authenticator* auth,
+                               AccessStore* access, StreamLimits limits)
+    : coordinator_(coordinator), auth_(auth), access_(access), streams_(limits) {
+  const char* service = v1::JobService::service_full_name();
+  MarkMethodStreamed(MethodIndex(service, "SubmitJob"),
+                     CheckedUnary(this, auth_, &JobServiceImpl::Submit));
+  MarkMethodStreamed(MethodIndex(service, "GetJob"), CheckedUnary(this, auth_, &JobServiceImpl::Get));
+  MarkMethodStreamed(MethodIndex(service, "ListJobs"),
+                     CheckedUnary(this, auth_, &JobServiceImpl::List));
+  MarkMethodStreamed(MethodIndex(service, "CancelJob"),
+                     CheckedUnary(this, auth_, &JobServiceImpl::Cancel));
+  MarkMethodStreamed(MethodIndex(service, "WatchJob"),
+                     CheckedServerStream(this, auth_, &JobServiceImpl::Watch));
+  MarkMethodStreamed(MethodIndex(service, "GetArtifact"),
+                     CheckedServerStream(this, auth_, &JobServiceImpl::Artifact));
 }
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
-                                       const v1::SubmitJobRequest* request,
-                                       v1::SubmitJobResponse* response) {
-  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
-  return Answer(coordinator_->Submit(*request), response);
+void JobServiceImpl::AuditDenied(v1::AuditRecord audit, const absl::Status& why) {
+  if (absl::Status s = access_->Audit(Decided(std::move(audit), why)); !s.ok()) {
+    ServerLog(absl::StrCat("cannot write an audit row: ", s.message()));
+  }
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
-                                    v1::Job* response) {
-  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
-  return Answer(coordinator_->GetJob(request->job_id()), response);
+absl::StatusOr<std::string> JobServiceImpl::SubmitTeam(const Principal& who,
+                                                       const v1::JobSpec& spec) {
+  if (!spec.team().empty() || who.kind != Principal::Kind::kUser) return spec.team();
+  if (who.teams.size() == 1) return who.teams.begin()->first;
+  if (who.teams.empty()) {
+    if (who.cluster_admin) return std::string();
+    return absl::PermissionDeniedError(absl::StrCat(
+        "user '", who.user, "' is in no team; a team admin adds it (stoker team add TEAM ",
+        who.user, ")"));
+  }
+  std::vector<std::string> names;
+  for (const auto& [team, role] : who.teams) names.push_back(team);
+  return absl::InvalidArgumentError(
+      absl::StrCat("team: user '", who.user, "' is in several teams (", absl::StrJoin(names, ", "),
+                   "); name one with `team:` in the job file or stoker submit --team"));
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
-                                      const v1::ListJobsRequest* request,
-                                      v1::ListJobsResponse* response) {
-  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
-  return Answer(coordinator_->ListJobs(*request), response);
+grpc::Status JobServiceImpl::Submit(const Principal& who, grpc::ServerContext*,
+                                    const v1::SubmitJobRequest& request,
+                                    v1::SubmitJobResponse* response) {
+  v1::AuditRecord audit = AuditFor(who, "job.submit", "", request.spec().team());
+  absl::StatusOr<std::string> team = SubmitTeam(who, request.spec());
+  absl::Status allowed = team.status();
+  Resource resource;
+  if (allowed.ok()) {
+    audit.set_team(*team);
+    resource.team = *team;
+    resource.priority = request.spec().priority();
+    if (!team->empty()) {
+      absl::StatusOr<v1::Team> found = access_->GetTeam(*team);
+      if (absl::IsNotFound(found.status())) {
+        allowed = absl::InvalidArgumentError(absl::StrCat("team: no team '", *team, "'"));
+      } else if (!found.ok()) {
+        allowed = found.status();
+      } else {
+        resource.max_priority = found->max_priority();
+      }
+    }
+  }
+  if (allowed.ok()) allowed = Authorize(who, Action::kSubmitJob, resource);
+  if (!allowed.ok()) {
+    AuditDenied(audit, allowed);
+    return ToGrpcStatus(allowed);
+  }
+  v1::SubmitJobRequest owned = request;
+  owned.mutable_spec()->set_team(*team);
+  const std::string owner = who.kind == Principal::Kind::kOpen ? "" : who.Name();
+  absl::StatusOr<v1::SubmitJobResponse> submitted =
+      coordinator_->Submit(owned, owner, Decided(audit, absl::OkStatus()));
+  if (!submitted.ok()) AuditDenied(audit, submitted.status());
+  return Answer(std::move(submitted), response);
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
-                                       const v1::CancelJobRequest* request, v1::Job* response) {
-  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
-  return Answer(coordinator_->Cancel(request->job_id()), response);
+absl::StatusOr<v1::Job> JobServiceImpl::AuthorizedJob(const Principal& who, Action action,
+                                                      const std::string& job_id) {
+  absl::StatusOr<v1::Job> job = coordinator_->GetJob(job_id);
+  if (!job.ok()) return job.status();
+  if (absl::Status s = Authorize(who, action, JobResource(*job)); !s.ok()) return s;
+  return job;
 }
 
-grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
-                                      const v1::WatchJobRequest* request,
-                                      grpc::ServerWriter<v1::JobEvent>* writer) {
-  return Watch(context, *request, writer);
+grpc::Status JobServiceImpl::Get(const Principal& who, grpc::ServerContext*,
+                                 const v1::GetJobRequest& request, v1::Job* response) {
+  return Answer(AuthorizedJob(who, Action::kViewJob, request.job_id()), response);
 }
 
-template <typename Writer>
-grpc::Status JobServiceImpl::Watch(grpc::ServerContext* context, const v1::WatchJobRequest& request,
-                                   Writer* writer) {
-  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
+grpc::Status JobServiceImpl::List(const Principal& who, grpc::ServerContext*,
+                                  const v1::ListJobsRequest& request,
+                                  v1::ListJobsResponse* response) {
+  JobFilter filter;
+  if (request.all() && !who.IsClusterAdmin()) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "only cluster admins may list every job (--all)");
+  }
+  // Open and legacy callers are the whole cluster; a user sees its teams' jobs and its own.
+  if (who.kind == Principal::Kind::kUser && !request.all()) {
+    filter.everything = false;
+    filter.visible_owner = who.Name();
+    for (const auto& [team, role] : who.teams) filter.visible_teams.push_back(team);
+  }
+  return Answer(coordinator_->ListJobs(request, filter), response);
+}
+
+grpc::Status JobServiceImpl::Cancel(const Principal& who, grpc::ServerContext*,
+                                    const v1::CancelJobRequest& request, v1::Job* response) {
+  v1::AuditRecord audit = AuditFor(who, "job.cancel", request.job_id());
+  absl::StatusOr<v1::Job> job = AuthorizedJob(who, Action::kCancelJob, request.job_id());
+  if (job.ok()) audit.set_team(job->spec().team());
+  absl::StatusOr<v1::Job> cancelled =
+      job.ok() ? coordinator_->Cancel(request.job_id(), Decided(audit, absl::OkStatus()))
+               : job.status();
+  if (!cancelled.ok()) AuditDenied(audit, cancelled.status());
+  return Answer(std::move(cancelled), response);
+}
+
+grpc::Status JobServiceImpl::Watch(const Principal& who, grpc::ServerContext* context,
+                                   const v1::WatchJobRequest& request, EventStream* writer) {
+  if (absl::StatusOr<v1::Job> job = AuthorizedJob(who, Action::kReadJob, request.job_id());
+      !job.ok()) {
+    return ToGrpcStatus(job.status());
+  }
   absl::StatusOr<StreamSlots::Slot> slot = streams_.Acquire(StreamSlots::ClientOf(context->peer()));
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   int64_t after_seq = request.after_seq();
@@ -211,21 +235,42 @@ grpc::Status JobServiceImpl::Watch(grpc::ServerContext* context, const v1::Watch
 grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* context,
                                          const v1::ListWorkersRequest*,
                                          v1::ListWorkersResponse* response) {
-  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
+  absl::StatusOr<Principal> who = auth_->Authenticate(*context);
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  if (absl::Status s = Authorize(*who, Action::kListWorkers, {}); !s.ok()) return ToGrpcStatus(s);
   *response = coordinator_->ListWorkers();
+  if (who->IsClusterAdmin()) return grpc::Status::OK;
+  // Other teams' jobs show as occupied capacity: counted, never named.
+  std::map<std::string, bool> visible;
+  auto may_see = [&](const std::string& job_id) {
+    auto [it, fresh] = visible.emplace(job_id, false);
+    if (fresh) it->second = AuthorizedJob(*who, Action::kViewJob, job_id).ok();
+    return it->second;
+  };
+  for (v1::WorkerStatus& worker : *response->mutable_workers()) {
+    std::vector<std::string> shown;
+    for (const std::string& id : worker.job_ids()) {
+      if (may_see(id)) {
+        shown.push_back(id);
+      } else {
+        worker.set_hidden_jobs(worker.hidden_jobs() + 1);
+      }
+    }
+    worker.clear_job_ids();
+    for (std::string& id : shown) worker.add_job_ids(std::move(id));
+    for (v1::Placement& placement : *worker.mutable_placements()) {
+      if (!may_see(placement.job_id())) placement.clear_job_id();
+    }
+  }
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::GetArtifact(grpc::ServerContext* context,
-                                         const v1::GetArtifactRequest* request,
-                                         grpc::ServerWriter<v1::CheckpointChunk>* writer) {
-  return Artifact(context, *request, writer);
-}
-
-template <typename Writer>
-grpc::Status JobServiceImpl::Artifact(grpc::ServerContext* context,
-                                      const v1::GetArtifactRequest& request, Writer* writer) {
-  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
+grpc::Status JobServiceImpl::Artifact(const Principal& who, grpc::ServerContext* context,
+                                      const v1::GetArtifactRequest& request, ChunkStream* writer) {
+  if (absl::StatusOr<v1::Job> job = AuthorizedJob(who, Action::kReadJob, request.job_id());
+      !job.ok()) {
+    return ToGrpcStatus(job.status());
+  }
   absl::StatusOr<StreamSlots::Slot> slot = streams_.Acquire(StreamSlots::ClientOf(context->peer()));
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   absl::StatusOr<std::string> path = coordinator_->ArtifactPath(request.job_id());
@@ -233,13 +278,38 @@ grpc::Status JobServiceImpl::Artifact(grpc::ServerContext* context,
   return StreamFile(*path, writer);
 }
 
+absl::StatusOr<Principal> WorkerServiceImpl::Admit(const grpc::ServerContext& context,
+                                                   const std::string& worker_id) {
+  absl::StatusOr<Principal> who = auth_->Authenticate(context);
+  if (!who.ok()) return who.status();
+  Resource resource;
+  resource.worker_id = worker_id;
+  if (absl::Status s = Authorize(*who, Action::kWorkerCall, resource); !s.ok()) return s;
+  return who;
+}
+
 grpc::Status WorkerServiceImpl::UploadCheckpoint(grpc::ServerContext* context,
                                                  grpc::ServerReader<v1::CheckpointChunk>* reader,
                                                  v1::UploadCheckpointResponse* response) {
-  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
+  absl::StatusOr<Principal> who = auth_->Authenticate(*context);
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  // The worker id is in the first chunk: the stream stops there for a token that may not use it.
+  absl::Status refused;
+  bool first = true;
   absl::StatusOr<int64_t> bytes = coordinator_->ReceiveCheckpoint(
-      [reader](v1::CheckpointChunk* chunk) { return reader->Read(chunk); },
+      [&](v1::CheckpointChunk* chunk) {
+        if (!reader->Read(chunk)) return false;
+        if (first) {
+          first = false;
+          Resource resource;
+          resource.worker_id = chunk->worker_id();
+          refused = Authorize(*who, Action::kWorkerCall, resource);
+          if (!refused.ok()) return false;
+        }
+        return true;
+      },
       [context] { return context->IsCancelled(); });
+  if (!refused.ok()) return ToGrpcStatus(refused);
   if (!bytes.ok()) return ToGrpcStatus(bytes.status());
   response->set_bytes(*bytes);
   return grpc::Status::OK;
@@ -248,7 +318,9 @@ grpc::Status WorkerServiceImpl::UploadCheckpoint(grpc::ServerContext* context,
 grpc::Status WorkerServiceImpl::DownloadCheckpoint(
     grpc::ServerContext* context, const v1::DownloadCheckpointRequest* request,
     grpc::ServerWriter<v1::CheckpointChunk>* writer) {
-  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
+  if (absl::StatusOr<Principal> who = Admit(*context, request->worker_id()); !who.ok()) {
+    return ToGrpcStatus(who.status());
+  }
   absl::StatusOr<std::string> path = coordinator_->CheckpointForAttempt(
       request->worker_id(), request->job_id(), request->attempt(), request->rank());
   if (!path.ok()) return ToGrpcStatus(path.status());
@@ -258,42 +330,93 @@ grpc::Status WorkerServiceImpl::DownloadCheckpoint(
 grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext* context,
                                                const v1::RegisterWorkerRequest* request,
                                                v1::RegisterWorkerResponse* response) {
-  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
-  return Answer(coordinator_->RegisterWorker(*request), response);
+  absl::StatusOr<Principal> who = auth_->Authenticate(*context);
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  v1::AuditRecord audit = AuditFor(*who, "worker.register", request->worker_id());
+  Resource resource;
+  resource.worker_id = request->worker_id();
+  absl::Status allowed = Authorize(*who, Action::kWorkerCall, resource);
+  absl::StatusOr<v1::RegisterWorkerResponse> registered =
+      allowed.ok() ? coordinator_->RegisterWorker(*request)
+                   : absl::StatusOr<v1::RegisterWorkerResponse>(allowed);
+  // The registration itself lives in memory: its row follows it.
+  if (absl::Status s = access_->Audit(Decided(audit, registered.status())); !s.ok()) {
+    ServerLog(absl::StrCat("cannot write an audit row: ", s.message()));
+  }
+  return Answer(std::move(registered), response);
+}
+
+grpc::Status WorkerServiceImpl::JoinWorker(grpc::ServerContext* context,
+                                           const v1::JoinWorkerRequest* request,
+                                           v1::JoinWorkerResponse* response) {
+  absl::StatusOr<Principal> who = auth_->Authenticate(*context);
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  v1::AuditRecord audit = AuditFor(*who, "worker.join", request->worker_id());
+  absl::Status allowed = RequireId(request->worker_id(), "worker_id");
+  if (allowed.ok() && who->kind != Principal::Kind::kJoin) {
+    allowed = absl::PermissionDeniedError(
+        "JoinWorker needs a join token (stoker worker join-token) as its bearer token");
+  }
+  Resource resource;
+  resource.worker_id = request->worker_id();
+  if (allowed.ok()) allowed = Authorize(*who, Action::kJoinWorker, resource);
+  absl::StatusOr<AccessStore::NewToken> token =
+      allowed.ok() ? access_->RedeemJoinToken(who->token_id, audit)
+                   : absl::StatusOr<AccessStore::NewToken>(allowed);
+  if (!token.ok()) {
+    if (absl::Status s = access_->Audit(Decided(audit, token.status())); !s.ok()) {
+      ServerLog(absl::StrCat("cannot write an audit row: ", s.message()));
+    }
+    return ToGrpcStatus(token.status());
+  }
+  response->set_worker_token(token->secret);
+  response->set_token_id(token->info.id());
+  response->set_worker_ids(token->info.worker_ids());
+  return grpc::Status::OK;
 }
 
 grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext* context,
                                           const v1::HeartbeatRequest* request,
                                           v1::HeartbeatResponse* response) {
-  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
+  if (absl::StatusOr<Principal> who = Admit(*context, request->worker_id()); !who.ok()) {
+    return ToGrpcStatus(who.status());
+  }
   return Answer(coordinator_->Heartbeat(*request), response);
 }
 
 grpc::Status WorkerServiceImpl::ReportProgress(grpc::ServerContext* context,
                                                const v1::ReportProgressRequest* request,
                                                v1::ReportProgressResponse* response) {
-  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
+  if (absl::StatusOr<Principal> who = Admit(*context, request->worker_id()); !who.ok()) {
+    return ToGrpcStatus(who.status());
+  }
   return Answer(coordinator_->ReportProgress(*request), response);
 }
 
 grpc::Status WorkerServiceImpl::CompleteJob(grpc::ServerContext* context,
                                             const v1::CompleteJobRequest* request,
                                             v1::CompleteJobResponse*) {
-  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
+  if (absl::StatusOr<Principal> who = Admit(*context, request->worker_id()); !who.ok()) {
+    return ToGrpcStatus(who.status());
+  }
   return ToGrpcStatus(coordinator_->CompleteJob(*request));
 }
 
 grpc::Status WorkerServiceImpl::RendezvousSet(grpc::ServerContext* context,
                                               const v1::RendezvousSetRequest* request,
                                               v1::RendezvousSetResponse*) {
-  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
+  if (absl::StatusOr<Principal> who = Admit(*context, request->worker_id()); !who.ok()) {
+    return ToGrpcStatus(who.status());
+  }
   return ToGrpcStatus(coordinator_->RendezvousSet(*request));
 }
 
 grpc::Status WorkerServiceImpl::RendezvousGet(grpc::ServerContext* context,
                                               const v1::RendezvousGetRequest* request,
                                               v1::RendezvousGetResponse* response) {
-  if (grpc::Status denied = auth_->Check(*context); !denied.ok()) return denied;
+  if (absl::StatusOr<Principal> who = Admit(*context, request->worker_id()); !who.ok()) {
+    return ToGrpcStatus(who.status());
+  }
   return Answer(coordinator_->RendezvousGet(*request), response);
 }
 

@@ -1,5 +1,5 @@
 // gRPC front of the Coordinator: JobService for users, WorkerService for worker agents. Handlers
-// only translate between grpc::Status and absl::Status.
+// authenticate, authorize and translate between grpc::Status and absl::Status.
 #ifndef STOKER_SERVER_GRPC_SERVICES_H_
 #define STOKER_SERVER_GRPC_SERVICES_H_
 
@@ -9,7 +9,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/auth.h"
+#include "server/access/access_store.h"
+#include "server/access/authenticator.h"
+#include "server/access/authorize.h"
 #include "server/coordinator.h"
 #include "stoker.grpc.pb.h"
 
@@ -61,46 +63,53 @@ class StreamSlots {
   int total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// SubmitJob, GetJob, CancelJob, WatchJob and GetArtifact read their request as bytes and check
-// its strings before parsing it: proto3 refuses a string that is not UTF-8 while parsing, which
-// gRPC answered with INTERNAL and an empty message; this answers INVALID_ARGUMENT naming the
-// field ("spec.name: not valid UTF-8 (byte 0xff at offset 3)").
+// Every call is authenticated (server/access/authenticator.h) and authorized by the one table
+// (server/access/authorize.h). SubmitJob, GetJob, ListJobs, CancelJob, WatchJob and GetArtifact
+// read their request through server/checked_calls.h. A job the caller may not see answers
+// NOT_FOUND exactly as a missing one. Submit and cancel, allowed or denied, leave an audit row;
+// an allowed one in the change's own transaction.
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  JobServiceImpl(Coordinator* coordinator, const ServerAuth* auth, StreamLimits limits = {});
+  JobServiceImpl(Coordinator* coordinator, Authenticator* auth, AccessStore* access,
+                 StreamLimits limits = {});
 
-  grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
-                         v1::SubmitJobResponse* response) override;
-  grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
-                      v1::Job* response) override;
-  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
-                        v1::ListJobsResponse* response) override;
-  grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
-                         v1::Job* response) override;
-  grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
-                        grpc::ServerWriter<v1::JobEvent>* writer) override;
   grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
                            v1::ListWorkersResponse* response) override;
-  grpc::Status GetArtifact(grpc::ServerContext* context, const v1::GetArtifactRequest* request,
-                           grpc::ServerWriter<v1::CheckpointChunk>* writer) override;
 
  private:
-  template <typename Writer>
-  grpc::Status Watch(grpc::ServerContext* context, const v1::WatchJobRequest& request,
-                     Writer* writer);
-  template <typename Writer>
-  grpc::Status Artifact(grpc::ServerContext* context, const v1::GetArtifactRequest& request,
-                        Writer* writer);
+  using EventStream = grpc::ServerSplitStreamer<grpc::ByteBuffer, v1::JobEvent>;
+  using ChunkStream = grpc::ServerSplitStreamer<grpc::ByteBuffer, v1::CheckpointChunk>;
+  grpc::Status Submit(const Principal& who, grpc::ServerContext* context,
+                      const v1::SubmitJobRequest& request, v1::SubmitJobResponse* response);
+  grpc::Status Get(const Principal& who, grpc::ServerContext* context,
+                   const v1::GetJobRequest& request, v1::Job* response);
+  grpc::Status List(const Principal& who, grpc::ServerContext* context,
+                    const v1::ListJobsRequest& request, v1::ListJobsResponse* response);
+  grpc::Status Cancel(const Principal& who, grpc::ServerContext* context,
+                      const v1::CancelJobRequest& request, v1::Job* response);
+  grpc::Status Watch(const Principal& who, grpc::ServerContext* context,
+                     const v1::WatchJobRequest& request, EventStream* stream);
+  grpc::Status Artifact(const Principal& who, grpc::ServerContext* context,
+                        const v1::GetArtifactRequest& request, ChunkStream* stream);
+  // The job, if `who` may do `action` to it; NOT_FOUND for a job it may not see.
+  absl::StatusOr<v1::Job> AuthorizedJob(const Principal& who, Action action,
+                                        const std::string& job_id);
+  // The team a submit is for: the spec's, else the caller's only team.
+  absl::StatusOr<std::string> SubmitTeam(const Principal& who, const v1::JobSpec& spec);
+  void AuditDenied(v1::AuditRecord audit, const absl::Status& why);
 
   Coordinator* coordinator_;
-  const ServerAuth* auth_;
+  Authenticator* auth_;
+  AccessStore* access_;
   StreamSlots streams_;
 };
 
+// Worker agents and their trainers: a worker token (or the legacy token) whose worker ids allow
+// the request's worker_id. Registration and join are audited.
 class WorkerServiceImpl final : public v1::WorkerService::Service {
  public:
-  WorkerServiceImpl(Coordinator* coordinator, const ServerAuth* auth)
-      : coordinator_(coordinator), auth_(auth) {}
+  WorkerServiceImpl(Coordinator* coordinator, Authenticator* auth, AccessStore* access)
+      : coordinator_(coordinator), auth_(auth), access_(access) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const v1::RegisterWorkerRequest* request,
@@ -122,10 +131,17 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
                              v1::RendezvousSetResponse* response) override;
   grpc::Status RendezvousGet(grpc::ServerContext* context, const v1::RendezvousGetRequest* request,
                              v1::RendezvousGetResponse* response) override;
+  grpc::Status JoinWorker(grpc::ServerContext* context, const v1::JoinWorkerRequest* request,
+                          v1::JoinWorkerResponse* response) override;
 
  private:
+  // The caller, if its token may act as `worker_id`.
+  absl::StatusOr<Principal> Admit(const grpc::ServerContext& context,
+                                  const std::string& worker_id);
+
   Coordinator* coordinator_;
-  const ServerAuth* auth_;
+  Authenticator* auth_;
+  AccessStore* access_;
 };
 
 }  // namespace stoker

@@ -6,58 +6,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "server/audit_log.h"
+#include "server/sqlite_util.h"
 
 namespace stoker {
 namespace {
-
-// Finalizes a prepared statement when it goes out of scope.
-class Statement {
- public:
-  Statement(sqlite3* db, const std::string& sql) {
-    rc_ = sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt_, nullptr);
-  }
-  ~Statement() { sqlite3_finalize(stmt_); }
-  Statement(const Statement&) = delete;
-  Statement& operator=(const Statement&) = delete;
-  bool ok() const { return rc_ == SQLITE_OK; }
-  sqlite3_stmt* get() { return stmt_; }
-  void BindText(int index, const std::string& text) {
-    sqlite3_bind_text(stmt_, index, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
-  }
-  void BindBlob(int index, const std::string& bytes) {
-    sqlite3_bind_blob(stmt_, index, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
-  }
-  void BindInt(int index, int64_t value) { sqlite3_bind_int64(stmt_, index, value); }
-  std::string ColumnBlob(int column) {
-    const void* data = sqlite3_column_blob(stmt_, column);
-    return std::string(static_cast<const char*>(data), sqlite3_column_bytes(stmt_, column));
-  }
-
- private:
-  sqlite3_stmt* stmt_ = nullptr;
-  int rc_;
-};
-
-// Rolls back unless Commit() succeeded.
-class Transaction {
- public:
-  explicit Transaction(sqlite3* db) : db_(db) {
-    began_ = sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) == SQLITE_OK;
-  }
-  ~Transaction() {
-    if (began_ && !committed_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-  }
-  bool began() const { return began_; }
-  bool Commit() {
-    committed_ = sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) == SQLITE_OK;
-    return committed_;
-  }
-
- private:
-  sqlite3* db_;
-  bool began_ = false;
-  bool committed_ = false;
-};
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE IF NOT EXISTS jobs (
@@ -95,10 +48,24 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
     STOKER_RETURN_IF_ERROR(store->Exec(pragma));
   }
   STOKER_RETURN_IF_ERROR(store->Exec(kSchema));
+  STOKER_RETURN_IF_ERROR(store->AddOwnerColumns());
+  STOKER_RETURN_IF_ERROR(CreateAuditTable(db));
   return store;
 }
 
 JobStore::~JobStore() { sqlite3_close(db_); }
+
+absl::Status JobStore::AddOwnerColumns() {
+  // Stores from before users existed lack them; their jobs get owner '' and team ''.
+  Statement info(db_, "SELECT COUNT(*) FROM pragma_table_info('jobs') WHERE name = 'owner'");
+  if (!info.ok() || info.Step() != SQLITE_ROW) return Error("read the jobs table's columns");
+  if (info.ColumnInt(0) > 0) return absl::OkStatus();
+  return Exec(
+      "ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';"
+      "ALTER TABLE jobs ADD COLUMN team TEXT NOT NULL DEFAULT '';"
+      "CREATE INDEX IF NOT EXISTS jobs_by_team ON jobs (team, seq);"
+      "CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, seq);");
+}
 
 absl::Status JobStore::Error(const char* what) const {
   return absl::InternalError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db_)));
@@ -118,7 +85,7 @@ absl::StatusOr<JobStore::Inserted> JobStore::Insert(const v1::JobSpec& spec,
                                                     const std::string& request_id,
                                                     int64_t now_unix_ms, v1::JobEvent first_event) {
   std::vector<NewJob> jobs;
-  jobs.push_back({&spec, request_id, now_unix_ms, std::move(first_event)});
+  jobs.push_back({&spec, request_id, now_unix_ms, std::move(first_event), "", std::nullopt});
   absl::StatusOr<std::vector<Inserted>> inserted = InsertMany(std::move(jobs));
   if (!inserted.ok()) return inserted.status();
   return std::move(inserted->front());
@@ -148,12 +115,13 @@ absl::StatusOr<JobStore::Inserted> JobStore::InsertInTransaction(NewJob& new_job
       Inserted existing;
       if (!existing.job.ParseFromString(find.ColumnBlob(0))) return Error("corrupt job row");
       existing.deduplicated = true;
+      STOKER_RETURN_IF_ERROR(AuditInTransaction(new_job.audit, existing.job.id()));
       return existing;
     }
   }
   Statement insert(db_,
-                   "INSERT INTO jobs (id, request_id, state, priority, job) "
-                   "VALUES ('pending-' || hex(randomblob(8)), ?, ?, ?, x'')");
+                   "INSERT INTO jobs (id, request_id, state, priority, job, owner, team) "
+                   "VALUES ('pending-' || hex(randomblob(8)), ?, ?, ?, x'', ?, ?)");
   if (!insert.ok()) return Error("prepare insert");
   if (request_id.empty()) {
     sqlite3_bind_null(insert.get(), 1);
@@ -162,6 +130,8 @@ absl::StatusOr<JobStore::Inserted> JobStore::InsertInTransaction(NewJob& new_job
   }
   insert.BindInt(2, v1::JOB_STATE_QUEUED);
   insert.BindInt(3, spec.priority());
+  insert.BindText(4, new_job.owner);
+  insert.BindText(5, spec.team());
   if (sqlite3_step(insert.get()) != SQLITE_DONE) return Error("insert job");
   const int64_t seq = sqlite3_last_insert_rowid(db_);
 
@@ -171,6 +141,7 @@ absl::StatusOr<JobStore::Inserted> JobStore::InsertInTransaction(NewJob& new_job
   *job.mutable_spec() = spec;
   job.set_state(v1::JOB_STATE_QUEUED);
   job.set_submit_time_unix_ms(new_job.now_unix_ms);
+  job.set_owner(new_job.owner);
   job.mutable_progress()->set_test_accuracy(-1);
   job.mutable_progress()->set_test_loss(-1);
   Statement update(db_, "UPDATE jobs SET id = ?, job = ? WHERE seq = ?");
@@ -180,6 +151,7 @@ absl::StatusOr<JobStore::Inserted> JobStore::InsertInTransaction(NewJob& new_job
   if (sqlite3_step(update.get()) != SQLITE_DONE) return Error("name job");
   std::vector<v1::JobEvent> events = {new_job.first_event};
   STOKER_RETURN_IF_ERROR(AppendEvents(job, events));
+  STOKER_RETURN_IF_ERROR(AuditInTransaction(new_job.audit, job.id()));
   return result;
 }
 
@@ -215,7 +187,16 @@ absl::Status JobStore::AppendEvents(const v1::Job& job, std::vector<v1::JobEvent
   return absl::OkStatus();
 }
 
-absl::Status JobStore::Save(const v1::Job& job, std::vector<v1::JobEvent> events) {
+absl::Status JobStore::AuditInTransaction(const std::optional<v1::AuditRecord>& audit,
+                                          const std::string& job_id) {
+  if (!audit.has_value()) return absl::OkStatus();
+  v1::AuditRecord record = *audit;
+  if (record.target().empty()) record.set_target(job_id);
+  return AppendAudit(db_, record);
+}
+
+absl::Status JobStore::Save(const v1::Job& job, std::vector<v1::JobEvent> events,
+                            const std::optional<v1::AuditRecord>& audit) {
   Transaction transaction(db_);
   if (!transaction.began()) return Error("begin");
   Statement update(db_, "UPDATE jobs SET state = ?, priority = ?, job = ? WHERE id = ?");
@@ -228,16 +209,31 @@ absl::Status JobStore::Save(const v1::Job& job, std::vector<v1::JobEvent> events
   if (sqlite3_changes(db_) != 1)
     return absl::NotFoundError(absl::StrCat("no job '", job.id(), "'"));
   STOKER_RETURN_IF_ERROR(AppendEvents(job, events));
+  STOKER_RETURN_IF_ERROR(AuditInTransaction(audit, job.id()));
+  if (!transaction.Commit()) return Error("commit");
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Audit(const v1::AuditRecord& record) {
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  STOKER_RETURN_IF_ERROR(AppendAudit(db_, record));
   if (!transaction.Commit()) return Error("commit");
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::QueryJobs(const std::string& sql,
-                                                         const std::vector<int64_t>& int_params) {
+                                                         const std::vector<SqlValue>& params) {
   Statement query(db_, sql);
   if (!query.ok()) return Error("prepare query");
-  for (size_t i = 0; i < int_params.size(); ++i)
-    query.BindInt(static_cast<int>(i) + 1, int_params[i]);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int index = static_cast<int>(i) + 1;
+    if (const int64_t* value = std::get_if<int64_t>(&params[i])) {
+      query.BindInt(index, *value);
+    } else {
+      query.BindText(index, std::get<std::string>(params[i]));
+    }
+  }
   std::vector<v1::Job> jobs;
   int rc;
   while ((rc = sqlite3_step(query.get())) == SQLITE_ROW) {
@@ -248,25 +244,44 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::QueryJobs(const std::string& sql,
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<v1::JobState>& states,
-                                                    int limit) {
-  std::string sql = "SELECT job FROM jobs";
-  std::vector<int64_t> params;
+                                                    int limit, const JobFilter& filter) {
+  std::string sql = "SELECT job FROM jobs WHERE 1";
+  std::vector<SqlValue> params;
+  auto slots = [](size_t n) {
+    return absl::StrJoin(std::vector<std::string>(n, "?"), ",");
+  };
   if (!states.empty()) {
-    sql += absl::StrCat(" WHERE state IN (",
-                        absl::StrJoin(std::vector<std::string>(states.size(), "?"), ","), ")");
-    for (v1::JobState state : states) params.push_back(state);
+    sql += absl::StrCat(" AND state IN (", slots(states.size()), ")");
+    for (v1::JobState state : states) params.push_back(int64_t{state});
+  }
+  if (!filter.everything) {
+    sql += absl::StrCat(" AND (owner = ?",
+                        filter.visible_teams.empty()
+                            ? ""
+                            : absl::StrCat(" OR team IN (", slots(filter.visible_teams.size()), ")"),
+                        ")");
+    params.push_back(filter.visible_owner);
+    for (const std::string& team : filter.visible_teams) params.push_back(team);
+  }
+  if (filter.team.has_value()) {
+    sql += " AND team = ?";
+    params.push_back(*filter.team);
+  }
+  if (filter.owner.has_value()) {
+    sql += " AND owner = ?";
+    params.push_back(*filter.owner);
   }
   sql += " ORDER BY seq DESC";
   if (limit > 0) {
     sql += " LIMIT ?";
-    params.push_back(limit);
+    params.push_back(int64_t{limit});
   }
   return QueryJobs(sql, params);
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::QueuedInOrder() {
   return QueryJobs("SELECT job FROM jobs WHERE state = ? ORDER BY priority DESC, seq ASC",
-                   {v1::JOB_STATE_QUEUED});
+                   {int64_t{v1::JOB_STATE_QUEUED}});
 }
 
 absl::StatusOr<std::map<v1::JobState, int64_t>> JobStore::CountByState() {
@@ -284,7 +299,7 @@ absl::StatusOr<std::map<v1::JobState, int64_t>> JobStore::CountByState() {
 
 absl::StatusOr<int64_t> JobStore::OldestQueuedSubmitMs() {
   absl::StatusOr<std::vector<v1::Job>> oldest = QueryJobs(
-      "SELECT job FROM jobs WHERE state = ? ORDER BY seq LIMIT 1", {v1::JOB_STATE_QUEUED});
+      "SELECT job FROM jobs WHERE state = ? ORDER BY seq LIMIT 1", {int64_t{v1::JOB_STATE_QUEUED}});
   if (!oldest.ok()) return oldest.status();
   return oldest->empty() ? 0 : oldest->front().submit_time_unix_ms();
 }
@@ -303,7 +318,7 @@ absl::StatusOr<int> JobStore::QueuePosition(const std::string& job_id) {
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::InState(v1::JobState state) {
-  return QueryJobs("SELECT job FROM jobs WHERE state = ?", {state});
+  return QueryJobs("SELECT job FROM jobs WHERE state = ?", {int64_t{state}});
 }
 
 absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& job_id,

@@ -1,12 +1,15 @@
 // Durable job store on SQLite (WAL). Each job is one row (the whole v1::Job as a protobuf blob plus
-// the columns the queue is ordered by) and an append-only list of events. Every write is a single
-// transaction, committed (fsynced) before the call returns.
+// the columns the queue is ordered and listings are filtered by) and an append-only list of
+// events. Every write is a single transaction, committed (fsynced) before the call returns; a
+// write that a user asked for carries its audit row (server/audit_log.h) in that transaction.
 #ifndef STOKER_SERVER_JOB_STORE_H_
 #define STOKER_SERVER_JOB_STORE_H_
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -16,6 +19,16 @@
 struct sqlite3;
 
 namespace stoker {
+
+// Which jobs a listing may return: `everything`, or those owned by `visible_owner` or of one of
+// `visible_teams`; then only `team`'s and only `owner`'s when they are set.
+struct JobFilter {
+  bool everything = true;
+  std::string visible_owner;
+  std::vector<std::string> visible_teams;
+  std::optional<std::string> team;
+  std::optional<std::string> owner;
+};
 
 class JobStore {
  public:
@@ -39,6 +52,10 @@ class JobStore {
     std::string request_id;
     int64_t now_unix_ms;
     v1::JobEvent first_event;
+    // Job.owner: the submitting user ("" on a server without users).
+    std::string owner;
+    // Appended in the insert's transaction, its target set to the new (or deduplicated) job's id.
+    std::optional<v1::AuditRecord> audit;
   };
   absl::StatusOr<std::vector<Inserted>> InsertMany(std::vector<NewJob> jobs);
 
@@ -47,10 +64,15 @@ class JobStore {
 
   // Replaces the stored job (matched by id) and appends `events` in one transaction. Sets each
   // event's seq (and its state from the job).
-  absl::Status Save(const v1::Job& job, std::vector<v1::JobEvent> events);
+  // `audit`, when given, is appended in the same transaction (its target defaults to the job id).
+  absl::Status Save(const v1::Job& job, std::vector<v1::JobEvent> events,
+                    const std::optional<v1::AuditRecord>& audit = std::nullopt);
+  // Appends an audit row on its own (a denied request, which changes nothing else).
+  absl::Status Audit(const v1::AuditRecord& record);
 
   // Newest first; empty `states` means all states; limit <= 0 means no limit.
-  absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states, int limit);
+  absl::StatusOr<std::vector<v1::Job>> List(const std::vector<v1::JobState>& states, int limit,
+                                            const JobFilter& filter = {});
   // Queued jobs in scheduling order: priority (high first), then submit order.
   absl::StatusOr<std::vector<v1::Job>> QueuedInOrder();
   // Queued jobs ahead of `job_id` in scheduling order (0 = next); NOT_FOUND if not queued.
@@ -67,10 +89,15 @@ class JobStore {
                                                    int limit);
 
  private:
+  using SqlValue = std::variant<int64_t, std::string>;
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::Status Exec(const char* sql);
+  // Adds the owner and team columns to a store created before they existed.
+  absl::Status AddOwnerColumns();
+  absl::Status AuditInTransaction(const std::optional<v1::AuditRecord>& audit,
+                                  const std::string& job_id);
   absl::StatusOr<std::vector<v1::Job>> QueryJobs(const std::string& sql,
-                                                 const std::vector<int64_t>& int_params);
+                                                 const std::vector<SqlValue>& params);
   absl::Status AppendEvents(const v1::Job& job, std::vector<v1::JobEvent>& events);
   // The body of Insert, inside a transaction the caller holds.
   absl::StatusOr<Inserted> InsertInTransaction(NewJob& job);

@@ -1,14 +1,66 @@
 // stoker-server: the job service. Parses flags, locks the state directory and serves gRPC until
 // SIGINT/SIGTERM (RunServer). Exit codes: 2 for a bad configuration (token file, TLS files, an
 // unprotected non-loopback address), 1 when the server cannot start, 0 after a signal.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
 #include <iostream>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "common/auth.h"
 #include "common/exit_codes.h"
+#include "server/access/access_store.h"
 #include "server/server_runner.h"
 #include "server/state_dir_lock.h"
+
+namespace {
+
+// `stoker-server bootstrap-admin`: the first cluster admin and its token, straight into the
+// state directory's store (the server may be running: SQLite serialises the writers). The secret
+// goes to stdout (or --token-out, mode 0600) and nowhere else.
+int BootstrapAdmin(const std::string& state_dir, const std::string& user,
+                   const std::string& token_out) {
+  std::error_code error;
+  std::filesystem::create_directories(state_dir, error);
+  absl::StatusOr<std::unique_ptr<stoker::AccessStore>> store =
+      stoker::AccessStore::Open(state_dir + "/jobs.db");
+  if (!store.ok()) {
+    std::cerr << "stoker-server: " << store.status().message() << "\n";
+    return 1;
+  }
+  absl::StatusOr<stoker::AccessStore::NewToken> created = (*store)->Bootstrap(user);
+  if (!created.ok()) {
+    std::cerr << "stoker-server: bootstrap-admin: " << created.status().message() << "\n";
+    return absl::IsInvalidArgument(created.status()) ? stoker::kExitBadInput : 1;
+  }
+  if (!token_out.empty()) {
+    const int fd = open(token_out.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    const std::string line = created->secret + "\n";
+    if (fd < 0 || write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()) ||
+        fsync(fd) != 0) {
+      std::cerr << "stoker-server: cannot write the new token to " << token_out
+                << " (it must not exist yet); the admin was created: revoke token "
+                << created->info.id() << " and make another with `stoker token create`\n";
+      if (fd >= 0) close(fd);
+      return 1;
+    }
+    close(fd);
+    std::cerr << "stoker-server: cluster admin '" << user << "' created; its token ("
+              << created->info.id() << ") is in " << token_out
+              << ". Tokens are now required: pass it with stoker --token-file.\n";
+    return 0;
+  }
+  std::cerr << "stoker-server: cluster admin '" << user << "' created, token "
+            << created->info.id()
+            << ". The secret below is shown once; keep it in a file only you can read and pass "
+               "it with stoker --token-file. Tokens are now required.\n";
+  std::cout << created->secret << "\n";
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"stoker-server: accepts training jobs and schedules them onto workers"};
@@ -46,7 +98,9 @@ int main(int argc, char** argv) {
   stoker::TlsFiles tls;
   bool insecure = false;
   app.add_option("--token-file", token_file,
-                 "require this shared bearer token from users and workers");
+                 "legacy mode: accept this shared bearer token as a cluster admin and as a worker "
+                 "(every use audited as 'legacy'); drop the flag once users and worker join "
+                 "tokens are in place");
   app.add_option("--tls-cert", tls.cert, "serve TLS with this certificate chain (PEM)");
   app.add_option("--tls-key", tls.key, "private key of --tls-cert (PEM)");
   app.add_flag("--insecure", insecure,
@@ -60,11 +114,23 @@ int main(int argc, char** argv) {
                  "open WatchJob/GetArtifact streams on the whole server")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
+  std::string bootstrap_user;
+  std::string bootstrap_token_out;
+  CLI::App* bootstrap = app.add_subcommand(
+      "bootstrap-admin",
+      "create the first cluster admin in --state-dir and print its token once (then every call "
+      "needs a token); works while the server runs");
+  bootstrap->add_option("--user", bootstrap_user, "the admin's user name")->required();
+  bootstrap->add_option("--token-out", bootstrap_token_out,
+                        "write the token to this new file (mode 0600) instead of stdout");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help exits 0; a bad flag exits 2 (bad input), as the stoker CLI does.
     return app.exit(e) == 0 ? 0 : stoker::kExitBadInput;
+  }
+  if (bootstrap->parsed()) {
+    return BootstrapAdmin(options.state_dir, bootstrap_user, bootstrap_token_out);
   }
   options.lease = absl::Seconds(lease_seconds);
   options.restart_grace = absl::Seconds(restart_grace_seconds);
@@ -86,13 +152,14 @@ int main(int argc, char** argv) {
   }
   options.credentials = *credentials;
   options.tls = !tls.cert.empty();
-  if (!stoker::IsLoopbackAddress(options.listen) && (tls.cert.empty() || options.token.empty()) &&
-      !insecure) {
-    std::cerr << "stoker-server: refusing to serve " << options.listen << " without "
-              << (tls.cert.empty() ? "TLS (--tls-cert/--tls-key)" : "a token (--token-file)")
-              << "; pass --insecure to allow it on a trusted network\n";
+  if (!stoker::IsLoopbackAddress(options.listen) && tls.cert.empty() && !insecure) {
+    std::cerr << "stoker-server: refusing to serve " << options.listen
+              << " without TLS (--tls-cert/--tls-key); pass --insecure to allow it on a trusted "
+                 "network\n";
     return 2;
   }
+  // Tokens: the legacy --token-file, or users in the store (checked once it is open).
+  options.require_tokens = !stoker::IsLoopbackAddress(options.listen) && !insecure;
 
   stoker::BlockShutdownSignals();  // before any thread starts
   // Held until the process exits (however it exits).
@@ -103,7 +170,7 @@ int main(int argc, char** argv) {
   }
   if (absl::Status served = stoker::RunServer(options); !served.ok()) {
     std::cerr << "stoker-server: " << served.message() << "\n";
-    return 1;
+    return absl::IsInvalidArgument(served) ? stoker::kExitBadInput : 1;
   }
   return 0;
 }

@@ -16,6 +16,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
+#include "server/access/access_store.h"
+#include "server/access/authenticator.h"
+#include "server/access_service.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "server/checkpoint_store.h"
@@ -110,9 +113,18 @@ absl::Status RunServer(const ServerOptions& options) {
     std::cerr << "stoker-server: metrics on port " << metrics->Port() << "\n";
   }
 
-  const ServerAuth auth(options.token);
-  JobServiceImpl job_service(&coordinator, &auth, options.stream_limits);
-  WorkerServiceImpl worker_service(&coordinator, &auth);
+  STOKER_ASSIGN_OR_RETURN(std::unique_ptr<AccessStore> access,
+                          AccessStore::Open(options.state_dir + "/jobs.db"));
+  Authenticator auth(access.get(), options.token);
+  if (options.require_tokens && !auth.required()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "refusing to serve ", options.listen,
+        " without tokens: create the first admin (stoker-server bootstrap-admin) or pass "
+        "--token-file; pass --insecure to allow it on a trusted network"));
+  }
+  JobServiceImpl job_service(&coordinator, &auth, access.get(), options.stream_limits);
+  WorkerServiceImpl worker_service(&coordinator, &auth, access.get());
+  AccessServiceImpl access_service(&auth, access.get());
   grpc::ServerBuilder builder;
   int bound_port = 0;
   // Without this gRPC sets SO_REUSEPORT, and a second server on the same port starts "fine" and
@@ -121,6 +133,7 @@ absl::Status RunServer(const ServerOptions& options) {
   builder.AddListeningPort(options.listen, options.credentials, &bound_port);
   builder.RegisterService(&job_service);
   builder.RegisterService(&worker_service);
+  builder.RegisterService(&access_service);
   // Checkpoint chunks are 1 MiB; job specs are far smaller.
   builder.SetMaxReceiveMessageSize(4 << 20);
   if (metrics != nullptr) {
@@ -137,7 +150,10 @@ absl::Status RunServer(const ServerOptions& options) {
   }
   std::cerr << "stoker-server: serving on port " << bound_port
             << (options.tls ? " (TLS" : " (plaintext")
-            << (auth.enabled() ? ", token required)" : ", no token)") << ", store "
+            << (auth.legacy()     ? ", tokens required, legacy token accepted)"
+                : auth.required() ? ", tokens required)"
+                                  : ", no token: open to anyone who reaches it)")
+            << ", store "
             << options.state_dir << "/jobs.db, data root " << options.data_root << "\n";
   if (!options.port_file.empty()) WritePortFile(options.port_file, bound_port);
 

@@ -30,8 +30,11 @@ struct ServerOptions {
   absl::Duration gang_backfill_limit = absl::Minutes(2);
   // HOST:PORT for Prometheus /metrics; empty = no metrics.
   std::string metrics_listen;
-  // Bearer token users and workers must send; empty = none.
+  // The legacy shared bearer token (--token-file): a cluster admin and a worker; empty = none.
   std::string token;
+  // Refuse to serve (INVALID_ARGUMENT) unless calls need a token: a non-loopback address without
+  // --insecure.
+  bool require_tokens = false;
   std::shared_ptr<grpc::ServerCredentials> credentials;
   // Whether `credentials` are TLS (for the startup line).
   bool tls = false;

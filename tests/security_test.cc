@@ -63,7 +63,8 @@ TEST(SecurityTest, EveryRpcNeedsTheToken) {
   const google::protobuf::DescriptorPool* pool = google::protobuf::DescriptorPool::generated_pool();
   for (const google::protobuf::ServiceDescriptor* service :
        {pool->FindServiceByName("stoker.v1.JobService"),
-        pool->FindServiceByName("stoker.v1.WorkerService")}) {
+        pool->FindServiceByName("stoker.v1.WorkerService"),
+        pool->FindServiceByName("stoker.v1.AccessService")}) {
     ASSERT_NE(service, nullptr);
     for (int i = 0; i < service->method_count(); ++i) {
       const std::string method =
@@ -80,7 +81,8 @@ TEST(SecurityTest, EveryRpcNeedsTheToken) {
           << method << " with the token";
     }
   }
-  EXPECT_EQ(methods, 15);  // JobService 7, WorkerService 8 (the rendezvous pair included)
+  // JobService 7, WorkerService 9 (the rendezvous pair and the join included), AccessService 13.
+  EXPECT_EQ(methods, 29);
 
   CommandResult denied = cluster.Cli("list");
   EXPECT_EQ(denied.exit_code, 1);

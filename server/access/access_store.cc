@@ -1,0 +1,571 @@
+#include "server/access/access_store.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "server/access/token_secret.h"
+#include "server/sqlite_util.h"
+
+namespace stoker {
+namespace {
+
+constexpr char kSchema[] = R"sql(
+CREATE TABLE IF NOT EXISTS users (
+  name TEXT PRIMARY KEY,
+  cluster_admin INTEGER NOT NULL,
+  disabled INTEGER NOT NULL DEFAULT 0,
+  created_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS teams (
+  name TEXT PRIMARY KEY,
+  max_priority INTEGER NOT NULL,
+  created_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS members (
+  team TEXT NOT NULL REFERENCES teams (name),
+  user TEXT NOT NULL REFERENCES users (name),
+  role INTEGER NOT NULL,
+  PRIMARY KEY (team, user)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tokens (
+  id TEXT PRIMARY KEY,
+  kind TEXT NOT NULL,              -- user | worker | join
+  user TEXT NOT NULL,              -- acts as (user) or was created by (worker, join)
+  name TEXT NOT NULL,
+  hash BLOB NOT NULL UNIQUE,       -- SHA-256 of the secret; the secret is never stored
+  created_ms INTEGER NOT NULL,
+  expires_ms INTEGER NOT NULL,     -- 0 = never
+  last_used_ms INTEGER NOT NULL DEFAULT 0,
+  revoked_ms INTEGER NOT NULL DEFAULT 0,
+  worker_ids TEXT NOT NULL DEFAULT '',
+  used_ms INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS tokens_by_user ON tokens (user);
+)sql";
+
+constexpr char kTokenColumns[] =
+    "id, kind, user, name, created_ms, expires_ms, last_used_ms, revoked_ms, worker_ids, used_ms";
+
+v1::TokenInfo TokenFromRow(Statement& row) {
+  v1::TokenInfo token;
+  token.set_id(row.ColumnText(0));
+  token.set_kind(row.ColumnText(1));
+  token.set_user(row.ColumnText(2));
+  token.set_name(row.ColumnText(3));
+  token.set_created_unix_ms(row.ColumnInt(4));
+  token.set_expires_unix_ms(row.ColumnInt(5));
+  token.set_last_used_unix_ms(row.ColumnInt(6));
+  token.set_revoked_unix_ms(row.ColumnInt(7));
+  token.set_worker_ids(row.ColumnText(8));
+  token.set_used_unix_ms(row.ColumnInt(9));
+  return token;
+}
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+v1::AuditRecord Allowed(v1::AuditRecord audit) {
+  audit.set_decision("allowed");
+  return audit;
+}
+
+}  // namespace
+
+absl::Status ValidateName(absl::string_view what, const std::string& name) {
+  if (name.empty() || name.size() > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", name, "': 1 to 64 characters"));
+  }
+  for (size_t i = 0; i < name.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(name[i]);
+    const bool alnum = absl::ascii_isdigit(c) || (c >= 'a' && c <= 'z');
+    if (!alnum && (i == 0 || (c != '.' && c != '_' && c != '-'))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " '", name,
+                       "': use lower-case letters, digits, '.', '_' and '-', starting with a "
+                       "letter or digit"));
+    }
+  }
+  if (name == "legacy" || name == "open") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", name, "' is reserved (the server's own principals)"));
+  }
+  return absl::OkStatus();
+}
+
+std::string RoleName(v1::TeamRole role) {
+  switch (role) {
+    case v1::TEAM_ROLE_VIEWER:
+      return "viewer";
+    case v1::TEAM_ROLE_MEMBER:
+      return "member";
+    case v1::TEAM_ROLE_ADMIN:
+      return "admin";
+    default:
+      return "none";
+  }
+}
+
+absl::StatusOr<v1::TeamRole> ParseRole(const std::string& name) {
+  if (name == "viewer") return v1::TEAM_ROLE_VIEWER;
+  if (name == "member" || name.empty()) return v1::TEAM_ROLE_MEMBER;
+  if (name == "admin") return v1::TEAM_ROLE_ADMIN;
+  return absl::InvalidArgumentError(
+      absl::StrCat("role '", name, "': one of viewer, member, admin"));
+}
+
+absl::StatusOr<std::unique_ptr<AccessStore>> AccessStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
+      SQLITE_OK) {
+    std::string message = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat("cannot open access store '", path, "': ", message));
+  }
+  std::unique_ptr<AccessStore> store(new AccessStore(db));
+  sqlite3_busy_timeout(db, 10000);
+  for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
+                          "PRAGMA foreign_keys=ON", static_cast<const char*>(kSchema)}) {
+    char* message = nullptr;
+    if (sqlite3_exec(db, sql, nullptr, nullptr, &message) != SQLITE_OK) {
+      std::string text = message ? message : "unknown error";
+      sqlite3_free(message);
+      return absl::InternalError(absl::StrCat("access store: ", text));
+    }
+  }
+  if (absl::Status s = CreateAuditTable(db); !s.ok()) return s;
+  return store;
+}
+
+AccessStore::~AccessStore() { sqlite3_close(db_); }
+
+absl::Status AccessStore::Error(const char* what) const {
+  return absl::InternalError(absl::StrCat("access store: ", what, ": ", sqlite3_errmsg(db_)));
+}
+
+absl::StatusOr<bool> AccessStore::HasUsers() {
+  absl::MutexLock lock(&mu_);
+  Statement query(db_, "SELECT EXISTS (SELECT 1 FROM users)");
+  if (!query.ok() || query.Step() != SQLITE_ROW) return Error("count users");
+  return query.ColumnInt(0) != 0;
+}
+
+absl::StatusOr<v1::TokenInfo> AccessStore::QueryToken(const char* where, absl::string_view value) {
+  Statement query(db_, absl::StrCat("SELECT ", kTokenColumns, " FROM tokens WHERE ", where, " = ?"));
+  if (!query.ok()) return Error("prepare token query");
+  query.BindBlob(1, std::string(value));
+  const int rc = query.Step();
+  if (rc == SQLITE_DONE) return absl::NotFoundError("no such token");
+  if (rc != SQLITE_ROW) return Error("read token");
+  return TokenFromRow(query);
+}
+
+absl::StatusOr<v1::TokenInfo> AccessStore::FindToken(absl::string_view hash) {
+  absl::MutexLock lock(&mu_);
+  return QueryToken("hash", hash);
+}
+
+absl::StatusOr<v1::TokenInfo> AccessStore::GetToken(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  // Ids are stored as text; bind as text for the comparison.
+  Statement query(db_, absl::StrCat("SELECT ", kTokenColumns, " FROM tokens WHERE id = ?"));
+  if (!query.ok()) return Error("prepare token query");
+  query.BindText(1, id);
+  const int rc = query.Step();
+  if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("no token '", id, "'"));
+  if (rc != SQLITE_ROW) return Error("read token");
+  return TokenFromRow(query);
+}
+
+absl::StatusOr<v1::User> AccessStore::GetUserLocked(const std::string& name) {
+  Statement query(db_, "SELECT cluster_admin, disabled, created_ms FROM users WHERE name = ?");
+  if (!query.ok()) return Error("prepare user query");
+  query.BindText(1, name);
+  const int rc = query.Step();
+  if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("no user '", name, "'"));
+  if (rc != SQLITE_ROW) return Error("read user");
+  v1::User user;
+  user.set_name(name);
+  user.set_cluster_admin(query.ColumnInt(0) != 0);
+  user.set_disabled(query.ColumnInt(1) != 0);
+  user.set_created_unix_ms(query.ColumnInt(2));
+  Statement teams(db_, "SELECT team, role FROM members WHERE user = ? ORDER BY team");
+  if (!teams.ok()) return Error("prepare membership query");
+  teams.BindText(1, name);
+  int step;
+  while ((step = teams.Step()) == SQLITE_ROW) {
+    v1::Membership* m = user.add_teams();
+    m->set_team(teams.ColumnText(0));
+    m->set_role(static_cast<v1::TeamRole>(teams.ColumnInt(1)));
+  }
+  if (step != SQLITE_DONE) return Error("read memberships");
+  return user;
+}
+
+absl::StatusOr<v1::User> AccessStore::GetUser(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  return GetUserLocked(name);
+}
+
+absl::StatusOr<v1::Team> AccessStore::GetTeamLocked(const std::string& name) {
+  Statement query(db_, "SELECT max_priority FROM teams WHERE name = ?");
+  if (!query.ok()) return Error("prepare team query");
+  query.BindText(1, name);
+  const int rc = query.Step();
+  if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("no team '", name, "'"));
+  if (rc != SQLITE_ROW) return Error("read team");
+  v1::Team team;
+  team.set_name(name);
+  team.set_max_priority(static_cast<int32_t>(query.ColumnInt(0)));
+  Statement members(db_, "SELECT user, role FROM members WHERE team = ? ORDER BY user");
+  if (!members.ok()) return Error("prepare member query");
+  members.BindText(1, name);
+  int step;
+  while ((step = members.Step()) == SQLITE_ROW) {
+    team.add_members(absl::StrCat(members.ColumnText(0), ":",
+                                  RoleName(static_cast<v1::TeamRole>(members.ColumnInt(1)))));
+  }
+  if (step != SQLITE_DONE) return Error("read members");
+  return team;
+}
+
+absl::StatusOr<v1::Team> AccessStore::GetTeam(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  return GetTeamLocked(name);
+}
+
+absl::StatusOr<v1::ListUsersResponse> AccessStore::ListUsers() {
+  absl::MutexLock lock(&mu_);
+  v1::ListUsersResponse response;
+  std::vector<std::string> names;
+  {
+    Statement users(db_, "SELECT name FROM users ORDER BY name");
+    if (!users.ok()) return Error("prepare user list");
+    while (users.Step() == SQLITE_ROW) names.push_back(users.ColumnText(0));
+  }
+  for (const std::string& name : names) {
+    STOKER_ASSIGN_OR_RETURN(*response.add_users(), GetUserLocked(name));
+  }
+  names.clear();
+  {
+    Statement teams(db_, "SELECT name FROM teams ORDER BY name");
+    if (!teams.ok()) return Error("prepare team list");
+    while (teams.Step() == SQLITE_ROW) names.push_back(teams.ColumnText(0));
+  }
+  for (const std::string& name : names) {
+    STOKER_ASSIGN_OR_RETURN(*response.add_teams(), GetTeamLocked(name));
+  }
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::TokenInfo>> AccessStore::ListTokens(const std::string& user) {
+  absl::MutexLock lock(&mu_);
+  Statement query(db_, absl::StrCat("SELECT ", kTokenColumns, " FROM tokens",
+                                    user.empty() ? "" : " WHERE user = ?",
+                                    " ORDER BY created_ms DESC, id"));
+  if (!query.ok()) return Error("prepare token list");
+  if (!user.empty()) query.BindText(1, user);
+  std::vector<v1::TokenInfo> tokens;
+  int rc;
+  while ((rc = query.Step()) == SQLITE_ROW) tokens.push_back(TokenFromRow(query));
+  if (rc != SQLITE_DONE) return Error("list tokens");
+  return tokens;
+}
+
+absl::StatusOr<std::vector<v1::AuditRecord>> AccessStore::ReadAudit(const AuditQuery& query) {
+  absl::MutexLock lock(&mu_);
+  return stoker::ReadAudit(db_, query);
+}
+
+absl::Status AccessStore::TouchToken(const std::string& id, int64_t now_unix_ms) {
+  absl::MutexLock lock(&mu_);
+  Statement update(db_, "UPDATE tokens SET last_used_ms = ? WHERE id = ?");
+  if (!update.ok()) return Error("prepare token use");
+  update.BindInt(1, now_unix_ms);
+  update.BindText(2, id);
+  if (update.Step() != SQLITE_DONE) return Error("record token use");
+  return absl::OkStatus();
+}
+
+absl::Status AccessStore::AddMemberLocked(const std::string& team, const std::string& user,
+                                          v1::TeamRole role) {
+  Statement upsert(db_,
+                   "INSERT INTO members (team, user, role) VALUES (?, ?, ?) "
+                   "ON CONFLICT (team, user) DO UPDATE SET role = excluded.role");
+  if (!upsert.ok()) return Error("prepare membership");
+  upsert.BindText(1, team);
+  upsert.BindText(2, user);
+  upsert.BindInt(3, role);
+  if (upsert.Step() != SQLITE_DONE) return Error("add member");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::User> AccessStore::AddUser(const v1::AddUserRequest& request,
+                                              v1::AuditRecord audit) {
+  STOKER_RETURN_IF_ERROR(ValidateName("user name", request.name()));
+  absl::MutexLock lock(&mu_);
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  if (GetUserLocked(request.name()).ok()) {
+    return absl::AlreadyExistsError(absl::StrCat("user '", request.name(), "' exists already"));
+  }
+  if (!request.team().empty()) {
+    if (absl::StatusOr<v1::Team> team = GetTeamLocked(request.team()); !team.ok()) {
+      return team.status();
+    }
+  }
+  Statement insert(db_, "INSERT INTO users (name, cluster_admin, created_ms) VALUES (?, ?, ?)");
+  if (!insert.ok()) return Error("prepare user insert");
+  insert.BindText(1, request.name());
+  insert.BindInt(2, request.cluster_admin() ? 1 : 0);
+  insert.BindInt(3, NowMs());
+  if (insert.Step() != SQLITE_DONE) return Error("add user");
+  if (!request.team().empty()) {
+    const v1::TeamRole role =
+        request.role() == v1::TEAM_ROLE_UNSPECIFIED ? v1::TEAM_ROLE_MEMBER : request.role();
+    STOKER_RETURN_IF_ERROR(AddMemberLocked(request.team(), request.name(), role));
+  }
+  STOKER_RETURN_IF_ERROR(AppendAudit(db_, Allowed(std::move(audit))));
+  STOKER_ASSIGN_OR_RETURN(v1::User user, GetUserLocked(request.name()));
+  if (!transaction.Commit()) return Error("commit");
+  return user;
+}
+
+absl::StatusOr<v1::User> AccessStore::DisableUser(const std::string& name, v1::AuditRecord audit) {
+  absl::MutexLock lock(&mu_);
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  STOKER_RETURN_IF_ERROR(GetUserLocked(name).status());
+  Statement update(db_, "UPDATE users SET disabled = 1 WHERE name = ?");
+  if (!update.ok()) return Error("prepare disable");
+  update.BindText(1, name);
+  if (update.Step() != SQLITE_DONE) return Error("disable user");
+  STOKER_RETURN_IF_ERROR(AppendAudit(db_, Allowed(std::move(audit))));
+  STOKER_ASSIGN_OR_RETURN(v1::User user, GetUserLocked(name));
+  if (!transaction.Commit()) return Error("commit");
+  return user;
+}
+
+absl::StatusOr<v1::Team> AccessStore::CreateTeam(const v1::CreateTeamRequest& request,
+                                                 v1::AuditRecord audit) {
+  STOKER_RETURN_IF_ERROR(ValidateName("team name", request.name()));
+  if (request.max_priority() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max priority ", request.max_priority(), ": must be 0 or more"));
+  }
+  absl::MutexLock lock(&mu_);
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  if (GetTeamLocked(request.name()).ok()) {
+    return absl::AlreadyExistsError(absl::StrCat("team '", request.name(), "' exists already"));
+  }
+  Statement insert(db_, "INSERT INTO teams (name, max_priority, created_ms) VALUES (?, ?, ?)");
+  if (!insert.ok()) return Error("prepare team insert");
+  insert.BindText(1, request.name());
+  insert.BindInt(2, request.max_priority());
+  insert.BindInt(3, NowMs());
+  if (insert.Step() != SQLITE_DONE) return Error("create team");
+  STOKER_RETURN_IF_ERROR(AppendAudit(db_, Allowed(std::move(audit))));
+  STOKER_ASSIGN_OR_RETURN(v1::Team team, GetTeamLocked(request.name()));
+  if (!transaction.Commit()) return Error("commit");
+  return team;
+}
+
+absl::StatusOr<v1::Team> AccessStore::SetTeamCap(const v1::CreateTeamRequest& request,
+                                                 v1::AuditRecord audit) {
+  if (request.max_priority() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max priority ", request.max_priority(), ": must be 0 or more"));
+  }
+  absl::MutexLock lock(&mu_);
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  STOKER_RETURN_IF_ERROR(GetTeamLocked(request.name()).status());
+  Statement update(db_, "UPDATE teams SET max_priority = ? WHERE name = ?");
+  if (!update.ok()) return Error("prepare cap");
+  update.BindInt(1, request.max_priority());
+  update.BindText(2, request.name());
+  if (update.Step() != SQLITE_DONE) return Error("set cap");
+  STOKER_RETURN_IF_ERROR(AppendAudit(db_, Allowed(std::move(audit))));
+  STOKER_ASSIGN_OR_RETURN(v1::Team team, GetTeamLocked(request.name()));
+  if (!transaction.Commit()) return Error("commit");
+  return team;
+}
+
+absl::StatusOr<v1::Team> AccessStore::SetMember(const v1::SetMemberRequest& request,
+                                                v1::AuditRecord audit) {
+  absl::MutexLock lock(&mu_);
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  STOKER_RETURN_IF_ERROR(GetTeamLocked(request.team()).status());
+  STOKER_RETURN_IF_ERROR(GetUserLocked(request.user()).status());
+  const v1::TeamRole role =
+      request.role() == v1::TEAM_ROLE_UNSPECIFIED ? v1::TEAM_ROLE_MEMBER : request.role();
+  STOKER_RETURN_IF_ERROR(AddMemberLocked(request.team(), request.user(), role));
+  STOKER_RETURN_IF_ERROR(AppendAudit(db_, Allowed(std::move(audit))));
+  STOKER_ASSIGN_OR_RETURN(v1::Team team, GetTeamLocked(request.team()));
+  if (!transaction.Commit()) return Error("commit");
+  return team;
+}
+
+absl::StatusOr<v1::Team> AccessStore::RemoveMember(const v1::RemoveMemberRequest& request,
+                                                   v1::AuditRecord audit) {
+  absl::MutexLock lock(&mu_);
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  STOKER_RETURN_IF_ERROR(GetTeamLocked(request.team()).status());
+  Statement remove(db_, "DELETE FROM members WHERE team = ? AND user = ?");
+  if (!remove.ok()) return Error("prepare member removal");
+  remove.BindText(1, request.team());
+  remove.BindText(2, request.user());
+  if (remove.Step() != SQLITE_DONE) return Error("remove member");
+  if (sqlite3_changes(db_) == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("user '", request.user(), "' is not in team '", request.team(), "'"));
+  }
+  STOKER_RETURN_IF_ERROR(AppendAudit(db_, Allowed(std::move(audit))));
+  STOKER_ASSIGN_OR_RETURN(v1::Team team, GetTeamLocked(request.team()));
+  if (!transaction.Commit()) return Error("commit");
+  return team;
+}
+
+absl::StatusOr<AccessStore::NewToken> AccessStore::InsertToken(v1::TokenInfo token) {
+  absl::string_view prefix = token.kind() == "user"     ? kUserTokenPrefix
+                             : token.kind() == "worker" ? kWorkerTokenPrefix
+                                                        : kJoinTokenPrefix;
+  STOKER_ASSIGN_OR_RETURN(std::string secret, NewTokenSecret(prefix));
+  STOKER_ASSIGN_OR_RETURN(std::string id, NewTokenId());
+  token.set_id(id);
+  token.set_created_unix_ms(NowMs());
+  Statement insert(db_,
+                   "INSERT INTO tokens (id, kind, user, name, hash, created_ms, expires_ms, "
+                   "worker_ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+  if (!insert.ok()) return Error("prepare token insert");
+  insert.BindText(1, token.id());
+  insert.BindText(2, token.kind());
+  insert.BindText(3, token.user());
+  insert.BindText(4, token.name());
+  insert.BindBlob(5, HashSecret(secret));
+  insert.BindInt(6, token.created_unix_ms());
+  insert.BindInt(7, token.expires_unix_ms());
+  insert.BindText(8, token.worker_ids());
+  if (insert.Step() != SQLITE_DONE) return Error("store token");
+  return NewToken{std::move(secret), std::move(token)};
+}
+
+absl::StatusOr<AccessStore::NewToken> AccessStore::CreateToken(const v1::TokenInfo& token,
+                                                               v1::AuditRecord audit) {
+  if (token.name().size() > 128) {
+    return absl::InvalidArgumentError("token name: at most 128 characters");
+  }
+  absl::MutexLock lock(&mu_);
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  STOKER_ASSIGN_OR_RETURN(NewToken created, InsertToken(token));
+  if (audit.target().empty()) audit.set_target(created.info.id());
+  STOKER_RETURN_IF_ERROR(AppendAudit(db_, Allowed(std::move(audit))));
+  if (!transaction.Commit()) return Error("commit");
+  return created;
+}
+
+absl::StatusOr<v1::TokenInfo> AccessStore::RevokeToken(const std::string& id,
+                                                       v1::AuditRecord audit) {
+  absl::MutexLock lock(&mu_);
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  Statement update(db_, "UPDATE tokens SET revoked_ms = ? WHERE id = ? AND revoked_ms = 0");
+  if (!update.ok()) return Error("prepare revoke");
+  update.BindInt(1, NowMs());
+  update.BindText(2, id);
+  if (update.Step() != SQLITE_DONE) return Error("revoke token");
+  if (sqlite3_changes(db_) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("token '", id, "' is already revoked"));
+  }
+  STOKER_RETURN_IF_ERROR(AppendAudit(db_, Allowed(std::move(audit))));
+  Statement query(db_, absl::StrCat("SELECT ", kTokenColumns, " FROM tokens WHERE id = ?"));
+  query.BindText(1, id);
+  if (!query.ok() || query.Step() != SQLITE_ROW) return Error("read revoked token");
+  v1::TokenInfo token = TokenFromRow(query);
+  if (!transaction.Commit()) return Error("commit");
+  return token;
+}
+
+absl::StatusOr<AccessStore::NewToken> AccessStore::RedeemJoinToken(const std::string& join_id,
+                                                                   v1::AuditRecord audit) {
+  absl::MutexLock lock(&mu_);
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  const int64_t now = NowMs();
+  Statement use(db_,
+                "UPDATE tokens SET used_ms = ?, last_used_ms = ? WHERE id = ? AND kind = 'join' "
+                "AND used_ms = 0 AND revoked_ms = 0");
+  if (!use.ok()) return Error("prepare join");
+  use.BindInt(1, now);
+  use.BindInt(2, now);
+  use.BindText(3, join_id);
+  if (use.Step() != SQLITE_DONE) return Error("use join token");
+  if (sqlite3_changes(db_) == 0) {
+    return absl::FailedPreconditionError("join token already used: ask an admin for a new one "
+                                         "(stoker worker join-token)");
+  }
+  Statement query(db_, absl::StrCat("SELECT ", kTokenColumns, " FROM tokens WHERE id = ?"));
+  query.BindText(1, join_id);
+  if (!query.ok() || query.Step() != SQLITE_ROW) return Error("read join token");
+  const v1::TokenInfo join = TokenFromRow(query);
+  v1::TokenInfo worker;
+  worker.set_kind("worker");
+  worker.set_user(join.user());
+  worker.set_name(absl::StrCat("joined with ", join.id(), join.name().empty() ? "" : " (",
+                               join.name(), join.name().empty() ? "" : ")"));
+  worker.set_worker_ids(join.worker_ids());
+  STOKER_ASSIGN_OR_RETURN(NewToken created, InsertToken(std::move(worker)));
+  audit.set_reason(absl::StrCat("worker token ", created.info.id()));
+  STOKER_RETURN_IF_ERROR(AppendAudit(db_, Allowed(std::move(audit))));
+  if (!transaction.Commit()) return Error("commit");
+  return created;
+}
+
+absl::StatusOr<AccessStore::NewToken> AccessStore::Bootstrap(const std::string& admin) {
+  STOKER_RETURN_IF_ERROR(ValidateName("user name", admin));
+  absl::MutexLock lock(&mu_);
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  Statement admins(db_, "SELECT name FROM users WHERE cluster_admin = 1 LIMIT 1");
+  if (!admins.ok()) return Error("prepare admin query");
+  if (admins.Step() == SQLITE_ROW) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a cluster admin exists already ('", admins.ColumnText(0),
+                     "'): it adds users with `stoker user add`"));
+  }
+  if (GetUserLocked(admin).ok()) {
+    Statement promote(db_, "UPDATE users SET cluster_admin = 1, disabled = 0 WHERE name = ?");
+    promote.BindText(1, admin);
+    if (!promote.ok() || promote.Step() != SQLITE_DONE) return Error("make admin");
+  } else {
+    Statement insert(db_, "INSERT INTO users (name, cluster_admin, created_ms) VALUES (?, 1, ?)");
+    if (!insert.ok()) return Error("prepare user insert");
+    insert.BindText(1, admin);
+    insert.BindInt(2, NowMs());
+    if (insert.Step() != SQLITE_DONE) return Error("add admin");
+  }
+  v1::TokenInfo token;
+  token.set_kind("user");
+  token.set_user(admin);
+  token.set_name("bootstrap");
+  STOKER_ASSIGN_OR_RETURN(NewToken created, InsertToken(std::move(token)));
+  v1::AuditRecord audit = AuditOf("bootstrap", "", "user.bootstrap", admin);
+  audit.set_reason(absl::StrCat("first cluster admin, token ", created.info.id()));
+  STOKER_RETURN_IF_ERROR(AppendAudit(db_, Allowed(std::move(audit))));
+  if (!transaction.Commit()) return Error("commit");
+  return created;
+}
+
+absl::Status AccessStore::Audit(const v1::AuditRecord& record) {
+  absl::MutexLock lock(&mu_);
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  STOKER_RETURN_IF_ERROR(AppendAudit(db_, record));
+  if (!transaction.Commit()) return Error("commit");
+  return absl::OkStatus();
+}
+
+}  // namespace stoker
