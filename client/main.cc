@@ -20,6 +20,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/access_commands.h"
+#include "client/cli_common.h"
 #include "client/dry_run.h"
 #include "client/render.h"
 #include "common/auth.h"
@@ -35,42 +37,6 @@
 
 namespace stoker {
 namespace {
-
-constexpr int kExitOk = 0;
-constexpr int kExitFailed = 1;
-constexpr int kExitBadInput = 2;
-constexpr int kExitUnreachable = 3;
-
-struct Options {
-  std::string server = "127.0.0.1:50051";
-  std::string output = "table";
-  std::string token_file;
-  std::string tls_ca;
-  bool json() const { return output == "json"; }
-};
-
-std::string ToJson(const google::protobuf::Message& message, bool multiline) {
-  std::string json;
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = multiline;
-  options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
-  if (multiline && !json.empty() && json.back() == '\n') json.pop_back();
-  return json;
-}
-
-// Prints an RPC error for people and maps it to an exit code.
-int ReportRpcError(const Options& options, const grpc::Status& status, const std::string& what) {
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-    std::cerr << "stoker: cannot reach stoker-server at " << options.server << " ("
-              << status.error_message()
-              << "). Is it running? Set the address with --server or STOKER_SERVER.\n";
-    return kExitUnreachable;
-  }
-  std::cerr << "stoker: " << what << ": " << status.error_message() << "\n";
-  return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? kExitBadInput : kExitFailed;
-}
 
 class Client {
  public:
@@ -88,7 +54,11 @@ class Client {
     return context;
   }
 
-  int Submit(const std::string& path, bool follow, const std::string& request_id) {
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  const std::string& token() const { return token_; }
+
+  int Submit(const std::string& path, bool follow, const std::string& request_id,
+             const std::string& team) {
     if (absl::Status s = CheckUtf8("--request-id", request_id); !s.ok()) {
       std::cerr << "stoker: " << s.message() << "\n";
       return kExitBadInput;
@@ -104,6 +74,7 @@ class Client {
     }
     v1::SubmitJobRequest request;
     *request.mutable_spec() = file->spec;
+    if (!team.empty()) request.mutable_spec()->set_team(team);
     request.set_request_id(request_id);
     v1::SubmitJobResponse response;
     grpc::Status status = jobs_->SubmitJob(Context().get(), request, &response);
@@ -211,9 +182,13 @@ class Client {
     return job.state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitFailed;
   }
 
-  int List(const std::vector<std::string>& states, int limit) {
+  int List(const std::vector<std::string>& states, int limit, const std::string& team,
+           const std::string& user, bool all) {
     v1::ListJobsRequest request;
     request.set_limit(limit);
+    request.set_team(team);
+    request.set_user(user);
+    request.set_all(all);
     for (const std::string& name : states) {
       v1::JobState state;
       if (!v1::JobState_Parse("JOB_STATE_" + absl::AsciiStrToUpper(name), &state) ||
@@ -327,7 +302,8 @@ struct Commands {
   CLI::App* logs = nullptr;
   CLI::App* cancel = nullptr;
   CLI::App* artifact = nullptr;
-  std::string job_file, job_id, request_id, artifact_output;
+  std::string job_file, job_id, request_id, artifact_output, team, user;
+  bool all = false;
   bool follow = false;
   bool dry_run = false;
   DryRunOptions dry_run_options;
@@ -340,6 +316,9 @@ void AddCommands(CLI::App& app, Commands& c) {
   c.submit = app.add_subcommand("submit", "validate a job file and queue the job");
   c.submit->add_option("job_file", c.job_file, "YAML job file")->required();
   c.submit->add_flag("-f,--follow", c.follow, "stream progress until the job finishes");
+  c.submit->add_option("--team", c.team,
+                       "the team the job runs for (overrides the job file's team:; default: "
+                       "your only team)");
   c.submit->add_option("--request-id", c.request_id,
                        "idempotency key: a retried submit with the same id returns the same job");
   c.submit->add_flag("--dry-run", c.dry_run,
@@ -359,6 +338,9 @@ void AddCommands(CLI::App& app, Commands& c) {
   c.list->add_option("--limit", c.limit, "at most this many")
       ->check(CLI::Range(1, 10000))
       ->capture_default_str();
+  c.list->add_option("--team", c.team, "only this team's jobs");
+  c.list->add_option("--user", c.user, "only this user's jobs");
+  c.list->add_flag("--all", c.all, "every job, whoever may see it (cluster admins)");
   c.status = app.add_subcommand("status", "show one job");
   c.status->add_option("job_id", c.job_id, "job id, e.g. j-000001")->required();
   c.logs = app.add_subcommand("logs", "print a job's event history");
@@ -411,8 +393,8 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const Options& options) {
 }
 
 int RunCommand(Client& client, Commands& c) {
-  if (c.submit->parsed()) return client.Submit(c.job_file, c.follow, c.request_id);
-  if (c.list->parsed()) return client.List(c.states, c.limit);
+  if (c.submit->parsed()) return client.Submit(c.job_file, c.follow, c.request_id, c.team);
+  if (c.list->parsed()) return client.List(c.states, c.limit, c.team, c.user, c.all);
   if (c.status->parsed()) return client.Status(c.job_id);
   if (c.logs->parsed()) return client.Watch(c.job_id, c.follow);
   if (c.cancel->parsed()) return client.Cancel(c.job_id);
@@ -435,8 +417,10 @@ int Main(int argc, char** argv) {
   app.fallthrough();
   Options options;
   Commands commands;
+  AccessCommands access;
   AddGlobalFlags(app, options);
   AddCommands(app, commands);
+  AddAccessCommands(app, access);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -444,14 +428,22 @@ int Main(int argc, char** argv) {
   }
   if (commands.submit->parsed() && commands.dry_run) return DryRun(commands, options);
   // Job ids travel as protobuf strings, which must be UTF-8.
-  if (absl::Status s = CheckUtf8("job id", commands.job_id); !s.ok()) {
-    std::cerr << "stoker: " << s.message() << "\n";
-    return kExitBadInput;
+  for (const auto& [what, text] :
+       {std::pair<const char*, const std::string&>{"job id", commands.job_id},
+        {"--team", commands.team},
+        {"--user", commands.user}}) {
+    if (absl::Status s = CheckUtf8(what, text); !s.ok()) {
+      std::cerr << "stoker: " << s.message() << "\n";
+      return kExitBadInput;
+    }
   }
   absl::StatusOr<std::unique_ptr<Client>> client = Connect(options);
   if (!client.ok()) {
     std::cerr << "stoker: " << client.status().message() << "\n";
     return kExitBadInput;
+  }
+  if (access.Parsed()) {
+    return RunAccessCommand(access, options, (*client)->channel(), (*client)->token());
   }
   return RunCommand(**client, commands);
 }

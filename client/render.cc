@@ -92,6 +92,8 @@ std::set<std::string> DataParallelJobs(const v1::ListWorkersResponse& workers) {
 
 // "j-000007", or "j-000007/r1" for rank 1 of a data-parallel job.
 std::string Holder(const v1::Placement& placement, const std::set<std::string>& data_parallel) {
+  // Another team's job: the server leaves its id out.
+  if (placement.job_id().empty()) return "occupied";
   if (!data_parallel.contains(placement.job_id())) return placement.job_id();
   return absl::StrCat(placement.job_id(), "/r", placement.rank());
 }
@@ -208,6 +210,10 @@ std::string WorkerTable(const v1::ListWorkersResponse& workers) {
       for (const v1::Placement& placement : worker.placements()) {
         if (placement.job_id() == job_id) jobs.push_back(Holder(placement, data_parallel));
       }
+    }
+    if (worker.hidden_jobs() > 0) {
+      jobs.push_back(absl::StrCat(worker.hidden_jobs(), " other team",
+                                  worker.hidden_jobs() == 1 ? "'s job" : "s' jobs"));
     }
     rows.push_back(
         {worker.worker_id(), worker.state(),

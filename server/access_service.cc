@@ -93,16 +93,27 @@ grpc::Status AccessServiceImpl::WhoAmI(const Principal& who, grpc::ServerContext
 grpc::Status AccessServiceImpl::CreateToken(const Principal& who, grpc::ServerContext*,
                                             const v1::CreateTokenRequest& request,
                                             v1::CreateTokenResponse* response) {
-  absl::Status allowed = Authorize(who, Action::kOwnTokens, {});
-  if (allowed.ok()) allowed = NeedsUser(who, "own tokens");
+  const bool other = !request.user().empty() && request.user() != who.user;
+  absl::Status allowed = Authorize(who, other ? Action::kOtherTokens : Action::kOwnTokens, {});
+  if (allowed.ok() && !other) allowed = NeedsUser(who, "own tokens");
+  const std::string user = other ? request.user() : who.user;
+  if (allowed.ok() && other) {
+    absl::StatusOr<v1::User> found = store_->GetUser(user);
+    allowed = found.status();
+    if (found.ok() && found->disabled()) {
+      allowed = absl::FailedPreconditionError(absl::StrCat("user '", user, "' is disabled"));
+    }
+  }
   absl::StatusOr<int64_t> expires = ExpiryMs(request.expires_in_seconds(), 0);
   if (allowed.ok()) allowed = expires.status();
+  v1::AuditRecord audit = AuditFor(who, "token.create", "");
+  audit.set_reason(absl::StrCat("for ", user));
   return Audited<v1::CreateTokenResponse>(
-      AuditFor(who, "token.create", ""), allowed,
+      audit, allowed,
       [&](v1::AuditRecord audit) -> absl::StatusOr<v1::CreateTokenResponse> {
         v1::TokenInfo token;
         token.set_kind("user");
-        token.set_user(who.user);
+        token.set_user(user);
         token.set_name(request.name());
         token.set_expires_unix_ms(*expires);
         absl::StatusOr<AccessStore::NewToken> created = store_->CreateToken(token, audit);
@@ -134,7 +145,8 @@ grpc::Status AccessServiceImpl::RevokeToken(const Principal& who, grpc::ServerCo
                                             const v1::RevokeTokenRequest& request,
                                             v1::TokenInfo* response) {
   absl::StatusOr<v1::TokenInfo> token = store_->GetToken(request.id());
-  absl::Status allowed = token.status();
+  absl::Status allowed = Authorize(who, Action::kOwnTokens, {});
+  if (allowed.ok()) allowed = token.status();
   if (allowed.ok()) {
     const bool own = token->kind() == "user" && who.kind == Principal::Kind::kUser &&
                      token->user() == who.user;
@@ -150,7 +162,8 @@ grpc::Status AccessServiceImpl::RevokeToken(const Principal& who, grpc::ServerCo
 }
 
 grpc::Status AccessServiceImpl::AddUser(const Principal& who, grpc::ServerContext*,
-                                        const v1::AddUserRequest& request, v1::User* response) {
+                                        const v1::AddUserRequest& request,
+                                        v1::AddUserResponse* response) {
   Resource resource;
   resource.team = request.team();
   absl::Status allowed = Authorize(who, Action::kAddUser, resource);
@@ -160,9 +173,12 @@ grpc::Status AccessServiceImpl::AddUser(const Principal& who, grpc::ServerContex
   if (allowed.ok() && request.team().empty() && request.role() != v1::TEAM_ROLE_UNSPECIFIED) {
     allowed = absl::InvalidArgumentError("a role needs a team (--team)");
   }
-  return Audited<v1::User>(
+  absl::StatusOr<int64_t> expires = ExpiryMs(request.token_expires_in_seconds(), 0);
+  if (allowed.ok()) allowed = expires.status();
+  return Audited<v1::AddUserResponse>(
       AuditFor(who, "user.add", request.name(), request.team()), allowed,
-      [&](v1::AuditRecord audit) { return store_->AddUser(request, audit); }, response);
+      [&](v1::AuditRecord audit) { return store_->AddUser(request, *expires, audit); },
+      response);
 }
 
 grpc::Status AccessServiceImpl::DisableUser(const Principal& who, grpc::ServerContext*,

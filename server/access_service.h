@@ -29,7 +29,7 @@ class AccessServiceImpl final : public v1::AccessService::Service {
   grpc::Status RevokeToken(const Principal& who, grpc::ServerContext*,
                            const v1::RevokeTokenRequest& request, v1::TokenInfo* response);
   grpc::Status AddUser(const Principal& who, grpc::ServerContext*,
-                       const v1::AddUserRequest& request, v1::User* response);
+                       const v1::AddUserRequest& request, v1::AddUserResponse* response);
   grpc::Status DisableUser(const Principal& who, grpc::ServerContext*,
                            const v1::DisableUserRequest& request, v1::User* response);
   grpc::Status ListUsers(const Principal& who, grpc::ServerContext*, const v1::ListUsersRequest&,

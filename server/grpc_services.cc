@@ -135,7 +135,10 @@ grpc::Status JobServiceImpl::Submit(const Principal& who, grpc::ServerContext*,
                                     const v1::SubmitJobRequest& request,
                                     v1::SubmitJobResponse* response) {
   v1::AuditRecord audit = AuditFor(who, "job.submit", "", request.spec().team());
-  absl::StatusOr<std::string> team = SubmitTeam(who, request.spec());
+  // A worker or join token is refused before anything is looked up for it.
+  const absl::Status kind = Authorize(who, Action::kListJobs, {});
+  absl::StatusOr<std::string> team =
+      kind.ok() ? SubmitTeam(who, request.spec()) : absl::StatusOr<std::string>(kind);
   absl::Status allowed = team.status();
   Resource resource;
   if (allowed.ok()) {
@@ -169,6 +172,8 @@ grpc::Status JobServiceImpl::Submit(const Principal& who, grpc::ServerContext*,
 
 absl::StatusOr<v1::Job> JobServiceImpl::AuthorizedJob(const Principal& who, Action action,
                                                       const std::string& job_id) {
+  // The token's kind first: a worker token learns nothing about which jobs exist.
+  if (absl::Status s = Authorize(who, Action::kListJobs, {}); !s.ok()) return s;
   absl::StatusOr<v1::Job> job = coordinator_->GetJob(job_id);
   if (!job.ok()) return job.status();
   if (absl::Status s = Authorize(who, action, JobResource(*job)); !s.ok()) return s;
@@ -183,6 +188,7 @@ grpc::Status JobServiceImpl::Get(const Principal& who, grpc::ServerContext*,
 grpc::Status JobServiceImpl::List(const Principal& who, grpc::ServerContext*,
                                   const v1::ListJobsRequest& request,
                                   v1::ListJobsResponse* response) {
+  if (absl::Status s = Authorize(who, Action::kListJobs, {}); !s.ok()) return ToGrpcStatus(s);
   JobFilter filter;
   if (request.all() && !who.IsClusterAdmin()) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,

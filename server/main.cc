@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
       "create the first cluster admin in --state-dir and print its token once (then every call "
       "needs a token); works while the server runs");
   bootstrap->add_option("--user", bootstrap_user, "the admin's user name")->required();
+  bootstrap->fallthrough();  // --state-dir after the command too
   bootstrap->add_option("--token-out", bootstrap_token_out,
                         "write the token to this new file (mode 0600) instead of stdout");
   try {

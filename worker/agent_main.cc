@@ -67,7 +67,12 @@ void AddWorkerFlags(CLI::App& app, stoker::WorkerFlags& flags) {
                  "CUDA_VISIBLE_DEVICES and trains on the cpu backend. Refused on a machine with "
                  "real GPUs and with a server that is not on loopback")
       ->check(CLI::Range(0, 64));
-  app.add_option("--token-file", flags.token_file, "file holding the server's bearer token");
+  app.add_option("--join-token-file", flags.join_token_file,
+                 "file holding a single-use join token (stoker worker join-token): exchanged at "
+                 "the first start for a worker token kept in WORK_DIR/worker.token (0600), used "
+                 "from then on");
+  app.add_option("--token-file", flags.token_file,
+                 "file holding the server's legacy shared bearer token");
   app.add_option("--tls-ca", flags.tls_ca, "connect with TLS, trusting this CA certificate (PEM)");
   app.add_option("--metrics-listen", flags.metrics_listen,
                  "serve Prometheus /metrics on HOST:PORT (port 0 picks one; empty = off)")

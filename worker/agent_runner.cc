@@ -1,5 +1,6 @@
 #include "worker/agent_runner.h"
 
+#include <fcntl.h>
 #include <limits.h>
 #include <unistd.h>
 
@@ -12,7 +13,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "stoker.grpc.pb.h"
 #include "common/auth.h"
 #include "common/exit_codes.h"
 #include "common/system_memory.h"
@@ -57,6 +61,82 @@ absl::Status ApplyFlags(const WorkerFlags& flags, AgentOptions& options) {
 // The programs beside the agent, the work directory created and claimed for this worker id (one
 // live process per id and directory), and what a killed earlier process under this id left there
 // removed (its attempts are requeued by the server).
+// Writes `secret` to `path` (mode 0600) through a temporary file and a rename: a crash leaves the
+// old file or the new one, never a torn one.
+absl::Status WriteSecretFile(const std::string& path, const std::string& secret) {
+  const std::string temporary = path + ".tmp";
+  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const std::string line = secret + "\n";
+  const bool written = fd >= 0 &&
+                       write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) &&
+                       fsync(fd) == 0;
+  if (fd >= 0) close(fd);
+  if (!written || rename(temporary.c_str(), path.c_str()) != 0) {
+    unlink(temporary.c_str());
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+// The worker's credential. A worker token kept in the work directory (worker.token, 0600) is
+// used when there is one; else --join-token-file is exchanged for one once (JoinWorker) and kept
+// there; else --token-file (the legacy shared token) or none. Trainers read the same file.
+absl::Status ResolveWorkerToken(const WorkerFlags& flags, AgentOptions& options) {
+  const std::string path = options.runner.work_dir + "/worker.token";
+  std::error_code error;
+  if (std::filesystem::exists(path, error)) {
+    absl::StatusOr<std::string> token = ReadTokenFile(path);
+    if (!token.ok()) return token.status();
+    std::filesystem::permissions(path, std::filesystem::perms::owner_read |
+                                           std::filesystem::perms::owner_write,
+                                 error);
+    options.token = *token;
+    options.runner.token_file = path;
+    std::cerr << "stoker-worker: using the worker token in " << path << "\n";
+    return absl::OkStatus();
+  }
+  if (flags.join_token_file.empty()) return absl::OkStatus();
+  absl::StatusOr<std::string> join = ReadTokenFile(flags.join_token_file);
+  if (!join.ok()) return join.status();
+  auto stub = v1::WorkerService::NewStub(
+      grpc::CreateChannel(options.server_address, options.credentials));
+  v1::JoinWorkerRequest request;
+  request.set_worker_id(options.worker_id);
+  v1::JoinWorkerResponse response;
+  const absl::Time give_up = absl::Now() + absl::Minutes(5);
+  for (int tries = 0;; ++tries) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    AddToken(context, *join);
+    const grpc::Status status = stub->JoinWorker(&context, request, &response);
+    if (status.ok()) break;
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("joining ", options.server_address, " as ", options.worker_id,
+                       " with the join token in ", flags.join_token_file,
+                       " was refused: ", status.error_message()));
+    }
+    if (absl::Now() > give_up) {
+      return absl::UnavailableError(absl::StrCat("cannot reach ", options.server_address,
+                                                 " to join: ", status.error_message()));
+    }
+    if (tries % 10 == 0) {
+      std::cerr << "stoker-worker: waiting for " << options.server_address << " to join ("
+                << status.error_message() << ")\n";
+    }
+    absl::SleepFor(absl::Seconds(1));
+  }
+  if (absl::Status s = WriteSecretFile(path, response.worker_token()); !s.ok()) return s;
+  options.token = response.worker_token();
+  options.runner.token_file = path;
+  std::cerr << "stoker-worker: joined as " << options.worker_id << "; worker token "
+            << response.token_id() << " (worker ids '" << response.worker_ids()
+            << "') kept in " << path << "\n";
+  return absl::OkStatus();
+}
+
 absl::Status PrepareWorkDirectory(AgentOptions& options) {
   for (const std::string& path : {options.runner.trainer_path, options.runner.loader_path}) {
     if (access(path.c_str(), X_OK) != 0) {
@@ -169,7 +249,9 @@ WorkerFlags DefaultWorkerFlags() {
   gethostname(hostname, sizeof(hostname) - 1);
   flags.hostname = hostname;
   AgentOptions& options = flags.agent;
-  options.worker_id = absl::StrCat(hostname, "-", getpid());
+  // Stable across restarts, so that a restarted worker re-attaches and a join token's pattern
+  // can name it; a second worker on one host needs its own --worker-id.
+  options.worker_id = hostname[0] != '\0' ? std::string(hostname) : absl::StrCat("worker-", getpid());
   options.runner.work_dir = ".stoker/worker";
   options.runner.data_root = "/usr/share/datasets";
   const std::string self_dir = SelfDirectory();
@@ -187,6 +269,7 @@ int RunWorker(WorkerFlags flags, const sigset_t& signals) {
   AgentOptions& options = flags.agent;
   if (absl::Status s = ApplyFlags(flags, options); !s.ok()) return Exit(s);
   if (absl::Status s = PrepareWorkDirectory(options); !s.ok()) return Exit(s);
+  if (absl::Status s = ResolveWorkerToken(flags, options); !s.ok()) return Exit(s);
   // Static: the signal thread outlives this call.
   static std::atomic<bool> stop{false};
   WatchShutdownSignals(signals, stop);

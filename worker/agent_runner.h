@@ -19,6 +19,8 @@ struct WorkerFlags {
   AgentOptions agent;  // --server, --worker-id, --data-root, --work-dir, --trainer, --loader
   std::string hostname;
   std::string token_file, tls_ca, metrics_listen, collective_host;
+  // A single-use join token, exchanged once for a worker token kept in the work directory.
+  std::string join_token_file;
   double drain_seconds = 0;
   double stall_seconds = 0;  // 0: never
   double collective_timeout_seconds = 0;
@@ -27,7 +29,7 @@ struct WorkerFlags {
   int fake_gpus = 0;
 };
 
-// The defaults: this host's name and pid as the worker id, the trainer and loader beside this
+// The defaults: this host's name as the worker id, the trainer and loader beside this
 // executable, every core, the runner's default timeouts.
 WorkerFlags DefaultWorkerFlags();
 

@@ -299,8 +299,9 @@ absl::Status AccessStore::AddMemberLocked(const std::string& team, const std::st
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::User> AccessStore::AddUser(const v1::AddUserRequest& request,
-                                              v1::AuditRecord audit) {
+absl::StatusOr<v1::AddUserResponse> AccessStore::AddUser(const v1::AddUserRequest& request,
+                                                         int64_t token_expires_unix_ms,
+                                                         v1::AuditRecord audit) {
   STOKER_RETURN_IF_ERROR(ValidateName("user name", request.name()));
   absl::MutexLock lock(&mu_);
   Transaction transaction(db_);
@@ -324,10 +325,20 @@ absl::StatusOr<v1::User> AccessStore::AddUser(const v1::AddUserRequest& request,
         request.role() == v1::TEAM_ROLE_UNSPECIFIED ? v1::TEAM_ROLE_MEMBER : request.role();
     STOKER_RETURN_IF_ERROR(AddMemberLocked(request.team(), request.name(), role));
   }
+  v1::TokenInfo token;
+  token.set_kind("user");
+  token.set_user(request.name());
+  token.set_name("first");
+  token.set_expires_unix_ms(token_expires_unix_ms);
+  STOKER_ASSIGN_OR_RETURN(NewToken created, InsertToken(std::move(token)));
+  audit.set_reason(absl::StrCat("first token ", created.info.id()));
   STOKER_RETURN_IF_ERROR(AppendAudit(db_, Allowed(std::move(audit))));
-  STOKER_ASSIGN_OR_RETURN(v1::User user, GetUserLocked(request.name()));
+  v1::AddUserResponse response;
+  STOKER_ASSIGN_OR_RETURN(*response.mutable_user(), GetUserLocked(request.name()));
+  response.mutable_first_token()->set_secret(std::move(created.secret));
+  *response.mutable_first_token()->mutable_token() = std::move(created.info);
   if (!transaction.Commit()) return Error("commit");
-  return user;
+  return response;
 }
 
 absl::StatusOr<v1::User> AccessStore::DisableUser(const std::string& name, v1::AuditRecord audit) {

@@ -58,7 +58,9 @@ class AccessStore {
 
   // --- Changes: each writes `audit` (decision "allowed") in its transaction, or changes nothing
   // and returns why (INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION).
-  absl::StatusOr<v1::User> AddUser(const v1::AddUserRequest& request, v1::AuditRecord audit);
+  // The user (and its membership) with a first token, in one transaction.
+  absl::StatusOr<v1::AddUserResponse> AddUser(const v1::AddUserRequest& request,
+                                              int64_t token_expires_unix_ms, v1::AuditRecord audit);
   absl::StatusOr<v1::User> DisableUser(const std::string& name, v1::AuditRecord audit);
   absl::StatusOr<v1::Team> CreateTeam(const v1::CreateTeamRequest& request,
                                       v1::AuditRecord audit);

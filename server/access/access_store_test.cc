@@ -103,7 +103,7 @@ TEST_F(AccessStoreTest, BadInputChangesNothingAndChangesAreAudited) {
   v1::AddUserRequest add;
   add.set_name("bob");
   add.set_team("no-such-team");
-  EXPECT_TRUE(absl::IsNotFound(store_->AddUser(add, Audit("user.add")).status()));
+  EXPECT_TRUE(absl::IsNotFound(store_->AddUser(add, 0, Audit("user.add")).status()));
   EXPECT_TRUE(absl::IsNotFound(store_->GetUser("bob").status())) << "nothing half-done";
   v1::CreateTeamRequest team;
   team.set_name("vision");
@@ -112,10 +112,15 @@ TEST_F(AccessStoreTest, BadInputChangesNothingAndChangesAreAudited) {
   EXPECT_EQ(store_->CreateTeam(team, Audit("team.create")).status().code(),
             absl::StatusCode::kAlreadyExists);
   add.set_team("vision");
-  absl::StatusOr<v1::User> bob = store_->AddUser(add, Audit("user.add"));
+  absl::StatusOr<v1::AddUserResponse> bob = store_->AddUser(add, 0, Audit("user.add"));
   ASSERT_TRUE(bob.ok()) << bob.status();
-  ASSERT_EQ(bob->teams_size(), 1);
-  EXPECT_EQ(bob->teams(0).role(), v1::TEAM_ROLE_MEMBER);
+  ASSERT_EQ(bob->user().teams_size(), 1);
+  EXPECT_EQ(bob->user().teams(0).role(), v1::TEAM_ROLE_MEMBER);
+  // Its first token acts as bob.
+  absl::StatusOr<v1::TokenInfo> first =
+      store_->FindToken(HashSecret(bob->first_token().secret()));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->user(), "bob");
   v1::SetMemberRequest member;
   member.set_team("vision");
   member.set_user("nobody");

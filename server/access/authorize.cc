@@ -143,6 +143,7 @@ absl::Status Authorize(const Principal& who, Action action, const Resource& r) {
     case Action::kReadJob:
     case Action::kCancelJob:
       return JobAction(who, action, r);
+    case Action::kListJobs:
     case Action::kListWorkers:
     case Action::kWhoAmI:
     case Action::kOwnTokens:

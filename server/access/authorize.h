@@ -44,6 +44,7 @@ enum class Action {
   kViewJob,       // status, list: resource: id, owner, team
   kReadJob,       // logs, events, artifacts
   kCancelJob,
+  kListJobs,      // what is listed is filtered by the service (MaySee's rule)
   kListWorkers,
   kWhoAmI,
   kOwnTokens,     // create, list, revoke one's own tokens

@@ -136,7 +136,7 @@ TEST(AuthorizeTest, TokenKindsAreKeptApart) {
   const Principal w = Worker("gpu-node-*");
   EXPECT_EQ(Code(w, Action::kWorkerCall, worker), C::kOk);
   for (Action user_action : {Action::kSubmitJob, Action::kViewJob, Action::kCancelJob,
-                             Action::kListWorkers, Action::kWhoAmI, Action::kOwnTokens,
+                             Action::kListJobs, Action::kListWorkers, Action::kWhoAmI, Action::kOwnTokens,
                              Action::kJoinWorker}) {
     EXPECT_EQ(Code(w, user_action, BobsVisionJob()), C::kPermissionDenied);
   }
