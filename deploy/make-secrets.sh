@@ -1,15 +1,19 @@
 #!/bin/sh
-# Creates deploy/secrets/ (mode 0700) with a random bearer token, Grafana admin password and a
-# self-signed TLS pair, unless they exist. The files are 0444 so the non-root containers can read
+# Creates deploy/secrets/ (mode 0700) with the first cluster admin's token (stoker_admin_token),
+# a worker join token (stoker_join_token; the server makes both known at its first start, the join
+# token usable for an hour), Grafana's admin password and a self-signed TLS pair, unless they
+# exist. The files are 0444 so the non-root containers can read
 # their bind mounts; the directory's 0700 keeps other host users out.
 # STOKER_SECRETS_DIR writes them elsewhere (compose reads the same variable).
 set -eu
 dir="${STOKER_SECRETS_DIR:-$(cd "$(dirname "$0")" && pwd)/secrets}"
 mkdir -p "$dir"
 chmod 0700 "$dir"
-for name in stoker_token grafana_admin_password; do
+# 256 random bits in hex behind the kind's prefix (docs/authorization.md).
+for entry in stoker_admin_token:stku_ stoker_join_token:stkj_ grafana_admin_password:; do
+  name=${entry%%:*} prefix=${entry#*:}
   if [ ! -s "$dir/$name" ]; then
-    head -c 32 /dev/urandom | base64 | tr -d '/+=\n' > "$dir/$name"
+    printf '%s%s\n' "$prefix" "$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')" > "$dir/$name"
     chmod 0444 "$dir/$name"
     echo "wrote $dir/$name"
   fi

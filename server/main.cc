@@ -114,6 +114,15 @@ int main(int argc, char** argv) {
                  "open WatchJob/GetArtifact streams on the whole server")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
+  std::string bootstrap_token_file, bootstrap_join_token_file;
+  app.add_option("--bootstrap-admin", options.bootstrap_admin,
+                 "deployments: at start, when the store has no cluster admin, create this one "
+                 "with the token in --bootstrap-token-file (ignored once an admin exists)");
+  app.add_option("--bootstrap-token-file", bootstrap_token_file,
+                 "the first admin's token (stku_ and 64 hex digits, e.g. from make-secrets.sh)");
+  app.add_option("--bootstrap-join-token-file", bootstrap_join_token_file,
+                 "also a join token for workers (stkj_...), usable for an hour after the start "
+                 "that creates the admin");
   std::string bootstrap_user;
   std::string bootstrap_token_out;
   CLI::App* bootstrap = app.add_subcommand(
@@ -137,6 +146,23 @@ int main(int argc, char** argv) {
   options.restart_grace = absl::Seconds(restart_grace_seconds);
   options.gang_backfill_limit = absl::Seconds(gang_backfill_seconds);
 
+  for (auto [file, secret] : {std::pair<const std::string*, std::string*>{
+                                  &bootstrap_token_file, &options.bootstrap_token},
+                              {&bootstrap_join_token_file, &options.bootstrap_join_token}}) {
+    if (file->empty()) continue;
+    absl::StatusOr<std::string> read = stoker::ReadTokenFile(*file);
+    if (!read.ok()) {
+      std::cerr << "stoker-server: " << read.status().message() << "\n";
+      return 2;
+    }
+    *secret = *read;
+  }
+  if (options.bootstrap_admin.empty() != options.bootstrap_token.empty() ||
+      (options.bootstrap_admin.empty() && !options.bootstrap_join_token.empty())) {
+    std::cerr << "stoker-server: --bootstrap-admin and --bootstrap-token-file go together (and "
+                 "--bootstrap-join-token-file needs them)\n";
+    return 2;
+  }
   if (!token_file.empty()) {
     absl::StatusOr<std::string> read = stoker::ReadTokenFile(token_file);
     if (!read.ok()) {

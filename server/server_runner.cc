@@ -115,6 +115,25 @@ absl::Status RunServer(const ServerOptions& options) {
 
   STOKER_ASSIGN_OR_RETURN(std::unique_ptr<AccessStore> access,
                           AccessStore::Open(options.state_dir + "/jobs.db"));
+  if (!options.bootstrap_admin.empty()) {
+    absl::StatusOr<AccessStore::NewToken> created = access->Bootstrap(
+        options.bootstrap_admin, options.bootstrap_token, options.bootstrap_join_token,
+        absl::ToUnixMillis(absl::Now() + absl::Hours(1)));
+    if (created.ok()) {
+      std::cerr << "stoker-server: created the first cluster admin '" << options.bootstrap_admin
+                << "' with the token of --bootstrap-token-file (" << created->info.id() << ")"
+                << (options.bootstrap_join_token.empty()
+                        ? ""
+                        : " and a join token for workers, usable for an hour")
+                << "\n";
+    } else if (absl::IsFailedPrecondition(created.status())) {
+      std::cerr << "stoker-server: --bootstrap-admin ignored: " << created.status().message()
+                << "\n";
+    } else {
+      return absl::Status(created.status().code(),
+                          absl::StrCat("--bootstrap-admin: ", created.status().message()));
+    }
+  }
   Authenticator auth(access.get(), options.token);
   if (options.require_tokens && !auth.required()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -35,6 +35,12 @@ struct ServerOptions {
   // Refuse to serve (INVALID_ARGUMENT) unless calls need a token: a non-loopback address without
   // --insecure.
   bool require_tokens = false;
+  // Deployments: when the store has no cluster admin yet, create `bootstrap_admin` with the token
+  // `bootstrap_token` (a secret made by deploy/make-secrets.sh) and, when set, a join token
+  // `bootstrap_join_token` for any worker id, usable for an hour. Ignored once an admin exists.
+  std::string bootstrap_admin;
+  std::string bootstrap_token;
+  std::string bootstrap_join_token;
   std::shared_ptr<grpc::ServerCredentials> credentials;
   // Whether `credentials` are TLS (for the startup line).
   bool tls = false;

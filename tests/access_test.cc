@@ -574,5 +574,42 @@ TEST(AccessUpgradeTest, ASingleTokenStateDirectoryKeepsWorkingThenMigrates) {
   EXPECT_TRUE(absl::StrContains(boot.output, "a cluster admin exists already")) << boot.output;
 }
 
+// What deploy/ does: secrets made outside the server, made known by its first start.
+TEST(AccessBootstrapFlagsTest, AFirstStartCreatesTheAdminAndAJoinTokenFromFiles) {
+  TestCluster cluster;
+  const std::string admin = "stku_" + std::string(64, 'a');
+  const std::string join = "stkj_" + std::string(64, 'b');
+  const std::string admin_file = WriteFile(cluster.dir() + "/admin.token", admin + "\n");
+  const std::string join_file = WriteFile(cluster.dir() + "/join.token", join + "\n");
+  const std::vector<std::string> flags = {"--bootstrap-admin", "admin", "--bootstrap-token-file",
+                                          admin_file, "--bootstrap-join-token-file", join_file};
+  cluster.StartServer(flags);
+  v1::WhoAmIResponse me;
+  ASSERT_TRUE(Caller(cluster.address(), admin).WhoAmI(&me).ok());
+  EXPECT_TRUE(me.user().cluster_admin());
+  EXPECT_EQ(Caller(cluster.address(), "").WhoAmI(&me).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  const pid_t worker = cluster.StartWorker("w-1", {"--join-token-file", join_file});
+  const std::string kept = cluster.dir() + "/w-1/worker.token";
+  for (int i = 0; i < 300 && !std::filesystem::exists(kept); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(std::filesystem::exists(kept)) << ReadAll(cluster.dir() + "/w-1.log");
+  cluster.KillWorker(worker, SIGTERM);
+  // A second start with the same flags changes nothing and says so.
+  cluster.KillServer(SIGTERM);
+  cluster.StartServer(flags);
+  ASSERT_TRUE(Caller(cluster.address(), admin).WhoAmI(&me).ok());
+  EXPECT_TRUE(absl::StrContains(ReadAll(cluster.dir() + "/server.log"),
+                                "--bootstrap-admin ignored: a cluster admin exists already"));
+  // A malformed secret is refused before serving.
+  const std::string bad_file = WriteFile(cluster.dir() + "/bad.token", "not-a-user-token-at-all\n");
+  CommandResult bad = RunCommand(absl::StrCat(
+      "timeout 20 ", STOKER_SERVER_PATH_FOR_TEST, " --listen 127.0.0.1:0 --state-dir ", cluster.dir(),
+      "/fresh --bootstrap-admin admin --bootstrap-token-file ", bad_file));
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_TRUE(absl::StrContains(bad.output, "must start with 'stku_'")) << bad.output;
+}
+
 }  // namespace
 }  // namespace stoker::testing

@@ -1,6 +1,7 @@
 #include "server/access/access_store.h"
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
@@ -439,11 +440,18 @@ absl::StatusOr<v1::Team> AccessStore::RemoveMember(const v1::RemoveMemberRequest
   return team;
 }
 
-absl::StatusOr<AccessStore::NewToken> AccessStore::InsertToken(v1::TokenInfo token) {
+absl::StatusOr<AccessStore::NewToken> AccessStore::InsertToken(v1::TokenInfo token,
+                                                               std::string secret) {
   absl::string_view prefix = token.kind() == "user"     ? kUserTokenPrefix
                              : token.kind() == "worker" ? kWorkerTokenPrefix
                                                         : kJoinTokenPrefix;
-  STOKER_ASSIGN_OR_RETURN(std::string secret, NewTokenSecret(prefix));
+  if (secret.empty()) {
+    STOKER_ASSIGN_OR_RETURN(secret, NewTokenSecret(prefix));
+  } else if (!absl::StartsWith(secret, prefix) || secret.size() < prefix.size() + 32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ", token.kind(), " token given as a secret must start with '", prefix,
+        "' and have at least 32 more characters (e.g. ", prefix, "$(openssl rand -hex 32))"));
+  }
   STOKER_ASSIGN_OR_RETURN(std::string id, NewTokenId());
   token.set_id(id);
   token.set_created_unix_ms(NowMs());
@@ -535,7 +543,10 @@ absl::StatusOr<AccessStore::NewToken> AccessStore::RedeemJoinToken(const std::st
   return created;
 }
 
-absl::StatusOr<AccessStore::NewToken> AccessStore::Bootstrap(const std::string& admin) {
+absl::StatusOr<AccessStore::NewToken> AccessStore::Bootstrap(const std::string& admin,
+                                                             const std::string& admin_secret,
+                                                             const std::string& join_secret,
+                                                             int64_t join_expires_unix_ms) {
   STOKER_RETURN_IF_ERROR(ValidateName("user name", admin));
   absl::MutexLock lock(&mu_);
   Transaction transaction(db_);
@@ -562,10 +573,22 @@ absl::StatusOr<AccessStore::NewToken> AccessStore::Bootstrap(const std::string& 
   token.set_kind("user");
   token.set_user(admin);
   token.set_name("bootstrap");
-  STOKER_ASSIGN_OR_RETURN(NewToken created, InsertToken(std::move(token)));
+  STOKER_ASSIGN_OR_RETURN(NewToken created, InsertToken(std::move(token), admin_secret));
   v1::AuditRecord audit = AuditOf("bootstrap", "", "user.bootstrap", admin);
   audit.set_reason(absl::StrCat("first cluster admin, token ", created.info.id()));
   STOKER_RETURN_IF_ERROR(AppendAudit(db_, Allowed(std::move(audit))));
+  if (!join_secret.empty()) {
+    v1::TokenInfo join;
+    join.set_kind("join");
+    join.set_user(admin);
+    join.set_name("bootstrap");
+    join.set_worker_ids("*");
+    join.set_expires_unix_ms(join_expires_unix_ms);
+    STOKER_ASSIGN_OR_RETURN(NewToken joined, InsertToken(std::move(join), join_secret));
+    v1::AuditRecord join_audit = AuditOf("bootstrap", "", "worker.join-token", joined.info.id());
+    join_audit.set_reason("worker ids '*'");
+    STOKER_RETURN_IF_ERROR(AppendAudit(db_, Allowed(std::move(join_audit))));
+  }
   if (!transaction.Commit()) return Error("commit");
   return created;
 }

@@ -77,9 +77,14 @@ class AccessStore {
   // Marks the join token `join_id` used and creates a worker token with its worker_ids, in one
   // transaction: of two workers racing with one join token, one gets FAILED_PRECONDITION.
   absl::StatusOr<NewToken> RedeemJoinToken(const std::string& join_id, v1::AuditRecord audit);
-  // The first cluster admin `admin` and a token for it. FAILED_PRECONDITION when a cluster admin
-  // exists already.
-  absl::StatusOr<NewToken> Bootstrap(const std::string& admin);
+  // The first cluster admin `admin` and a token for it: new, or `admin_secret` when given (a
+  // deployment's secret file, "stku_" and at least 32 more characters). With `join_secret`
+  // ("stkj_..."), also a join token for any worker id, usable until `join_expires_unix_ms`.
+  // FAILED_PRECONDITION when a cluster admin exists already; INVALID_ARGUMENT for a bad name or
+  // secret.
+  absl::StatusOr<NewToken> Bootstrap(const std::string& admin, const std::string& admin_secret = "",
+                                     const std::string& join_secret = "",
+                                     int64_t join_expires_unix_ms = 0);
   // A row on its own: a denied or failed request, which changed nothing.
   absl::Status Audit(const v1::AuditRecord& record);
 
@@ -90,7 +95,9 @@ class AccessStore {
   absl::StatusOr<v1::Team> GetTeamLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::TokenInfo> QueryToken(const char* where, absl::string_view value)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<NewToken> InsertToken(v1::TokenInfo token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `secret` empty: a new one.
+  absl::StatusOr<NewToken> InsertToken(v1::TokenInfo token, std::string secret = "")
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AddMemberLocked(const std::string& team, const std::string& user,
                                v1::TeamRole role) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

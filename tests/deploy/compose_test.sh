@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The deployment, for real: builds the images with podman (deploy/podman-build.sh), starts the
 # server, a CPU worker and Prometheus (Debian's package) with docker-compose through podman's
-# Docker-compatible socket, with TLS and the token from deploy/make-secrets.sh, then from the
-# host's CLI:
+# Docker-compatible socket, with TLS, the admin token and the worker's join token from
+# deploy/make-secrets.sh, then from the host's CLI:
 #   1. submits the Fashion-MNIST MLP example; once it has trained a few epochs, stops the worker
 #      container (`docker-compose stop`: SIGTERM, the agent drains) and checks that the job is
 #      back in the queue with a checkpoint; starts the worker again and checks that the job
@@ -98,7 +98,7 @@ step "secrets (deploy/make-secrets.sh into $STOKER_SECRETS_DIR)"
 "$repo/deploy/make-secrets.sh"
 stoker() {
   "$cli" --server "127.0.0.1:$STOKER_GRPC_PORT" --tls-ca "$STOKER_SECRETS_DIR/stoker_tls_cert.pem" \
-    --token-file "$STOKER_SECRETS_DIR/stoker_token" "$@"
+    --token-file "$STOKER_SECRETS_DIR/stoker_admin_token" "$@"
 }
 # FIELD of a job's protobuf JSON (the CLI keeps the proto field names), e.g. state,
 # checkpoint_step, progress.test_accuracy; 0 when absent (proto3 JSON leaves out zero values).
@@ -148,7 +148,7 @@ done
 worker log: $(compose logs --no-color --tail 5 worker-cpu 2>&1)"
 stoker workers
 # Plaintext or a wrong token must be refused.
-if "$cli" --server "127.0.0.1:$STOKER_GRPC_PORT" --token-file "$STOKER_SECRETS_DIR/stoker_token" \
+if "$cli" --server "127.0.0.1:$STOKER_GRPC_PORT" --token-file "$STOKER_SECRETS_DIR/stoker_admin_token" \
      workers >/dev/null 2>&1; then
   fail "the server answered a plaintext connection"
 fi
@@ -156,6 +156,17 @@ echo wrong-token > "$tmp/wrong_token"
 if "$cli" --server "127.0.0.1:$STOKER_GRPC_PORT" --tls-ca "$STOKER_SECRETS_DIR/stoker_tls_cert.pem" \
      --token-file "$tmp/wrong_token" workers >/dev/null 2>&1; then
   fail "the server accepted a wrong token"
+fi
+
+# The worker joined with the join token; it cannot be used twice, and the admin is a cluster
+# admin that sees the join in the audit log.
+compose logs --no-color worker-cpu 2>&1 | grep -q "joined as" ||
+  fail "the worker did not join with the join token: $(compose logs --no-color --tail 5 worker-cpu 2>&1)"
+stoker whoami | grep -q "admin (cluster admin)" || fail "whoami: $(stoker whoami 2>&1)"
+stoker audit | grep -q "worker.join " || fail "no worker.join row in: $(stoker audit 2>&1)"
+if "$cli" --server "127.0.0.1:$STOKER_GRPC_PORT" --tls-ca "$STOKER_SECRETS_DIR/stoker_tls_cert.pem" \
+     --token-file "$STOKER_SECRETS_DIR/stoker_join_token" workers >/dev/null 2>&1; then
+  fail "the join token acted as a user"
 fi
 
 step "healthchecks"
