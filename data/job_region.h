@@ -41,6 +41,10 @@ struct RingGeometry {
   // trainer and the loaders take it from here instead of working it out again. Empty: not given
   // (tests of the ring alone).
   std::vector<uint32_t> sample_dims;
+
+  // An image job's sample shape {C, H, W} from sample_dims, or FAILED_PRECONDITION saying that the
+  // agent and `reader` ("loader", "trainer") come from different builds.
+  absl::StatusOr<std::vector<int>> ImageDims(const char* reader) const;
 };
 
 // The distinct training samples the loaders found bad, as an open-addressing set of sample index

@@ -156,14 +156,10 @@ absl::StatusOr<std::unique_ptr<stoker::BatchSource>> OpenImageSource(
   absl::StatusOr<stoker::SampleIndex> index = stoker::OpenSampleIndex(args.data_path);
   if (!index.ok()) return index.status();
   // The sample shape the agent resolved (ImageSampleShape), from the region header.
-  const std::vector<uint32_t>& dims = region.geometry().sample_dims;
-  if (dims.size() != 3) {
-    return absl::FailedPreconditionError(
-        "the region header gives no image sample shape (C, H, W): the agent and this loader come "
-        "from different builds");
-  }
-  stoker::ImageSourceOptions options = stoker::ImageSourceOptionsFromSpec(
-      spec, std::vector<int>(dims.begin(), dims.end()), &region.stats().bad_samples_total);
+  absl::StatusOr<std::vector<int>> dims = region.geometry().ImageDims("loader");
+  if (!dims.ok()) return dims.status();
+  stoker::ImageSourceOptions options =
+      stoker::ImageSourceOptionsFromSpec(spec, *dims, &region.stats().bad_samples_total);
   options.bad_samples = &region.stats().bad_samples;
   options.rank = static_cast<uint32_t>(args.rank);
   options.replicas = static_cast<uint32_t>(args.replicas);

@@ -154,7 +154,7 @@ struct TrainingSetup {
 // time, and mapped read-only. The file is removed once mapped: the mapping keeps its pages, and
 // nothing is left behind when the trainer ends. `train_data` is the training index the agent
 // built (the loaders' --data): its classes give the labels. `shape` is the sample shape the agent
-// resolved (the region header's).
+// resolved (the region header's, RingGeometry::ImageDims).
 absl::StatusOr<std::unique_ptr<MappedSamples>> LoadImageTestSet(const v1::JobSpec& spec,
                                                                 const std::string& train_data,
                                                                 const std::string& test_data,
@@ -163,11 +163,6 @@ absl::StatusOr<std::unique_ptr<MappedSamples>> LoadImageTestSet(const v1::JobSpe
   const v1::DatasetSpec& data = spec.dataset();
   if (train_data.empty()) return absl::InvalidArgumentError("--train-data is required for images");
   if (test_data.empty()) return absl::InvalidArgumentError("--test-data is required for images");
-  if (shape.size() != 3) {
-    return absl::FailedPreconditionError(
-        "the region header gives no image sample shape (C, H, W): the agent and this trainer come "
-        "from different builds");
-  }
   STOKER_ASSIGN_OR_RETURN(const SampleIndex train, OpenSampleIndex(train_data));
   auto log = [](const std::string& line) { std::cerr << "stoker-trainer: " << line << "\n"; };
   STOKER_ASSIGN_OR_RETURN(const SampleIndex test,
@@ -201,9 +196,10 @@ absl::Status SetUp(const v1::JobSpec& spec, int train_classes, const std::string
   const v1::DatasetSpec& data = spec.dataset();
   absl::Status loaded;
   if (IsImageFormat(data.format())) {
-    const std::vector<uint32_t>& dims = geometry.sample_dims;
-    absl::StatusOr<std::unique_ptr<MappedSamples>> mapped = LoadImageTestSet(
-        spec, train_data, test_data, train_classes, std::vector<int>(dims.begin(), dims.end()));
+    absl::StatusOr<std::vector<int>> dims = geometry.ImageDims("trainer");
+    absl::StatusOr<std::unique_ptr<MappedSamples>> mapped =
+        dims.ok() ? LoadImageTestSet(spec, train_data, test_data, train_classes, *dims)
+                  : absl::StatusOr<std::unique_ptr<MappedSamples>>(dims.status());
     if (mapped.ok()) {
       setup.test_file = std::move(*mapped);
       setup.test = setup.test_file->view();

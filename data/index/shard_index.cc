@@ -24,6 +24,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "data/index/brace.h"
@@ -105,7 +106,7 @@ class ShardReader {
     if (!opened.ok()) {
       return absl::IsPermissionDenied(opened.status())
                  ? Error("leads outside the data root (a symbolic link)")
-                 : Error(absl::StrCat("cannot open: ", std::strerror(errno)));
+                 : Error(std::string(absl::StripPrefix(opened.status().message(), path_ + ": ")));
     }
     FileDescriptor fd(*opened);
     struct stat st;
