@@ -10,30 +10,16 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
+#include "spec/team_role.h"
 #include "stoker.grpc.pb.h"
 
 namespace stoker {
 namespace {
 
-std::string RoleName(v1::TeamRole role) {
-  switch (role) {
-    case v1::TEAM_ROLE_VIEWER:
-      return "viewer";
-    case v1::TEAM_ROLE_MEMBER:
-      return "member";
-    case v1::TEAM_ROLE_ADMIN:
-      return "admin";
-    default:
-      return "?";
-  }
-}
-
 absl::StatusOr<v1::TeamRole> ParseRoleFlag(const std::string& role) {
-  if (role.empty() || role == "member") return v1::TEAM_ROLE_MEMBER;
-  if (role == "viewer") return v1::TEAM_ROLE_VIEWER;
-  if (role == "admin") return v1::TEAM_ROLE_ADMIN;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--role '", role, "': one of viewer, member, admin"));
+  absl::StatusOr<v1::TeamRole> parsed = ParseRole(role);
+  if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("--", parsed.status().message()));
+  return parsed;
 }
 
 std::string Time(int64_t unix_ms, const char* none) {

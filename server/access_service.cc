@@ -6,6 +6,7 @@
 #include "server/audit_log.h"
 #include "server/checked_calls.h"
 #include "server/coordinator.h"
+#include "spec/team_role.h"
 
 namespace stoker {
 namespace {
@@ -31,6 +32,15 @@ absl::Status NeedsUser(const Principal& who, const char* what) {
   return absl::FailedPreconditionError(absl::StrCat(
       "the ", who.KindName(), " caller is no user and cannot ", what,
       "; create the first admin with `stoker-server bootstrap-admin` and use its token"));
+}
+
+// A new token as the caller gets it: the secret (once) and what it is.
+absl::StatusOr<v1::CreateTokenResponse> Handed(absl::StatusOr<AccessStore::NewToken> created) {
+  if (!created.ok()) return created.status();
+  v1::CreateTokenResponse out;
+  out.set_secret(std::move(created->secret));
+  *out.mutable_token() = std::move(created->info);
+  return out;
 }
 
 }  // namespace
@@ -116,12 +126,7 @@ grpc::Status AccessServiceImpl::CreateToken(const Principal& who, grpc::ServerCo
         token.set_user(user);
         token.set_name(request.name());
         token.set_expires_unix_ms(*expires);
-        absl::StatusOr<AccessStore::NewToken> created = store_->CreateToken(token, audit);
-        if (!created.ok()) return created.status();
-        v1::CreateTokenResponse out;
-        out.set_secret(created->secret);
-        *out.mutable_token() = created->info;
-        return out;
+        return Handed(store_->CreateToken(token, audit));
       },
       response);
 }
@@ -269,12 +274,7 @@ grpc::Status AccessServiceImpl::CreateJoinToken(const Principal& who, grpc::Serv
         token.set_name(request.name());
         token.set_expires_unix_ms(*expires);
         token.set_worker_ids(pattern);
-        absl::StatusOr<AccessStore::NewToken> created = store_->CreateToken(token, audit);
-        if (!created.ok()) return created.status();
-        v1::CreateTokenResponse out;
-        out.set_secret(created->secret);
-        *out.mutable_token() = created->info;
-        return out;
+        return Handed(store_->CreateToken(token, audit));
       },
       response);
 }

@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "server/access/token_secret.h"
 #include "server/sqlite_util.h"
+#include "spec/team_role.h"
 
 namespace stoker {
 namespace {
@@ -93,27 +94,6 @@ absl::Status ValidateName(absl::string_view what, const std::string& name) {
   return absl::OkStatus();
 }
 
-std::string RoleName(v1::TeamRole role) {
-  switch (role) {
-    case v1::TEAM_ROLE_VIEWER:
-      return "viewer";
-    case v1::TEAM_ROLE_MEMBER:
-      return "member";
-    case v1::TEAM_ROLE_ADMIN:
-      return "admin";
-    default:
-      return "none";
-  }
-}
-
-absl::StatusOr<v1::TeamRole> ParseRole(const std::string& name) {
-  if (name == "viewer") return v1::TEAM_ROLE_VIEWER;
-  if (name == "member" || name.empty()) return v1::TEAM_ROLE_MEMBER;
-  if (name == "admin") return v1::TEAM_ROLE_ADMIN;
-  return absl::InvalidArgumentError(
-      absl::StrCat("role '", name, "': one of viewer, member, admin"));
-}
-
 absl::StatusOr<std::unique_ptr<AccessStore>> AccessStore::Open(const std::string& path) {
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
@@ -150,13 +130,19 @@ absl::StatusOr<bool> AccessStore::HasUsers() {
   return query.ColumnInt(0) != 0;
 }
 
+absl::Status AccessStore::StepToRow(Statement& query, absl::string_view what,
+                                    absl::string_view key) {
+  if (!query.ok()) return Error("prepare query");
+  const int rc = query.Step();
+  if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("no ", what, " '", key, "'"));
+  if (rc != SQLITE_ROW) return Error("read row");
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::TokenInfo> AccessStore::QueryToken(const char* where, absl::string_view value) {
   Statement query(db_, absl::StrCat("SELECT ", kTokenColumns, " FROM tokens WHERE ", where, " = ?"));
-  if (!query.ok()) return Error("prepare token query");
   query.BindBlob(1, std::string(value));
-  const int rc = query.Step();
-  if (rc == SQLITE_DONE) return absl::NotFoundError("no such token");
-  if (rc != SQLITE_ROW) return Error("read token");
+  if (absl::Status s = StepToRow(query, "token", "(by digest)"); !s.ok()) return s;
   return TokenFromRow(query);
 }
 
@@ -169,21 +155,15 @@ absl::StatusOr<v1::TokenInfo> AccessStore::GetToken(const std::string& id) {
   absl::MutexLock lock(&mu_);
   // Ids are stored as text; bind as text for the comparison.
   Statement query(db_, absl::StrCat("SELECT ", kTokenColumns, " FROM tokens WHERE id = ?"));
-  if (!query.ok()) return Error("prepare token query");
   query.BindText(1, id);
-  const int rc = query.Step();
-  if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("no token '", id, "'"));
-  if (rc != SQLITE_ROW) return Error("read token");
+  STOKER_RETURN_IF_ERROR(StepToRow(query, "token", id));
   return TokenFromRow(query);
 }
 
 absl::StatusOr<v1::User> AccessStore::GetUserLocked(const std::string& name) {
   Statement query(db_, "SELECT cluster_admin, disabled, created_ms FROM users WHERE name = ?");
-  if (!query.ok()) return Error("prepare user query");
   query.BindText(1, name);
-  const int rc = query.Step();
-  if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("no user '", name, "'"));
-  if (rc != SQLITE_ROW) return Error("read user");
+  STOKER_RETURN_IF_ERROR(StepToRow(query, "user", name));
   v1::User user;
   user.set_name(name);
   user.set_cluster_admin(query.ColumnInt(0) != 0);
@@ -209,11 +189,8 @@ absl::StatusOr<v1::User> AccessStore::GetUser(const std::string& name) {
 
 absl::StatusOr<v1::Team> AccessStore::GetTeamLocked(const std::string& name) {
   Statement query(db_, "SELECT max_priority FROM teams WHERE name = ?");
-  if (!query.ok()) return Error("prepare team query");
   query.BindText(1, name);
-  const int rc = query.Step();
-  if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("no team '", name, "'"));
-  if (rc != SQLITE_ROW) return Error("read team");
+  STOKER_RETURN_IF_ERROR(StepToRow(query, "team", name));
   v1::Team team;
   team.set_name(name);
   team.set_max_priority(static_cast<int32_t>(query.ColumnInt(0)));

@@ -20,14 +20,12 @@
 
 namespace stoker {
 
+class Statement;
+
 // INVALID_ARGUMENT unless `name` is 1 to 64 characters of [a-z0-9._-] starting with a letter or
 // digit, and not one of the principal names the server uses itself ("legacy", "open").
 // `what` names it in the message ("user name").
 absl::Status ValidateName(absl::string_view what, const std::string& name);
-
-// "viewer", "member", "admin"; and back (INVALID_ARGUMENT naming the choices).
-std::string RoleName(v1::TeamRole role);
-absl::StatusOr<v1::TeamRole> ParseRole(const std::string& name);
 
 class AccessStore {
  public:
@@ -91,6 +89,9 @@ class AccessStore {
  private:
   explicit AccessStore(sqlite3* db) : db_(db) {}
   absl::Status Error(const char* what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Steps `query` to its one row: NOT_FOUND "no `what` '`key`'" when there is none.
+  absl::Status StepToRow(Statement& query, absl::string_view what, absl::string_view key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::User> GetUserLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::Team> GetTeamLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::TokenInfo> QueryToken(const char* where, absl::string_view value)

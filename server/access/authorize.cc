@@ -96,17 +96,14 @@ absl::Status ClusterAdminOnly(const Principal& who, const char* what) {
 
 std::string Principal::Name() const {
   switch (kind) {
-    case Kind::kOpen:
-      return "open";
-    case Kind::kLegacy:
-      return "legacy";
     case Kind::kUser:
       return user;
     case Kind::kWorker:
     case Kind::kJoin:
       return absl::StrCat("worker:", token_id);
+    default:
+      return KindName();  // "open", "legacy"
   }
-  return "";
 }
 
 std::string Principal::KindName() const {
