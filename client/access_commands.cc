@@ -408,13 +408,13 @@ void AddAccessCommands(CLI::App& app, AccessCommands& c) {
   c.team_create->add_option("team", c.team, "team name")->required();
   c.team_create->add_option("--max-priority", c.max_priority,
                             "highest job priority its members may ask for")
-      ->check(CLI::Range(0, 1000000))
+      ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   c.team_cap = team->add_subcommand("cap", "set a team's highest job priority (cluster admins)");
   c.team_cap->add_option("team", c.team, "team name")->required();
   c.team_cap->add_option("max_priority", c.max_priority, "the cap")
       ->required()
-      ->check(CLI::Range(0, 1000000));
+      ->check(CLI::Range(0, 1000));
   c.team_add = team->add_subcommand("add", "add a user to a team, or change its role");
   c.team_add->add_option("team", c.team, "team name")->required();
   c.team_add->add_option("user", c.user, "user name")->required();

@@ -71,6 +71,15 @@ v1::AuditRecord Allowed(v1::AuditRecord audit) {
   return audit;
 }
 
+// A team's priority cap: 0..1000 (job priorities run from -1000 to 1000).
+absl::Status ValidateCap(int max_priority) {
+  if (max_priority < 0 || max_priority > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max priority ", max_priority, ": between 0 and 1000"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateName(absl::string_view what, const std::string& name) {
@@ -337,10 +346,7 @@ absl::StatusOr<v1::User> AccessStore::DisableUser(const std::string& name, v1::A
 absl::StatusOr<v1::Team> AccessStore::CreateTeam(const v1::CreateTeamRequest& request,
                                                  v1::AuditRecord audit) {
   STOKER_RETURN_IF_ERROR(ValidateName("team name", request.name()));
-  if (request.max_priority() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max priority ", request.max_priority(), ": must be 0 or more"));
-  }
+  STOKER_RETURN_IF_ERROR(ValidateCap(request.max_priority()));
   absl::MutexLock lock(&mu_);
   Transaction transaction(db_);
   if (!transaction.began()) return Error("begin");
@@ -361,10 +367,7 @@ absl::StatusOr<v1::Team> AccessStore::CreateTeam(const v1::CreateTeamRequest& re
 
 absl::StatusOr<v1::Team> AccessStore::SetTeamCap(const v1::CreateTeamRequest& request,
                                                  v1::AuditRecord audit) {
-  if (request.max_priority() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max priority ", request.max_priority(), ": must be 0 or more"));
-  }
+  STOKER_RETURN_IF_ERROR(ValidateCap(request.max_priority()));
   absl::MutexLock lock(&mu_);
   Transaction transaction(db_);
   if (!transaction.began()) return Error("begin");
