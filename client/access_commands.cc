@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -53,6 +54,8 @@ class AccessClient {
     if (c_.team_create->parsed() || c_.team_cap->parsed()) return TeamCreateOrCap();
     if (c_.team_add->parsed() || c_.team_remove->parsed()) return TeamMember();
     if (c_.join_token->parsed()) return JoinToken();
+    if (c_.quota_set->parsed()) return QuotaSet();
+    if (c_.quota_list->parsed()) return QuotaList();
     return Audit();
   }
 
@@ -296,6 +299,89 @@ class AccessClient {
                                            response.token().worker_ids(), "':"));
   }
 
+  // "64GiB", "512MiB", "1TiB" or bytes for memory; a count for gpus and cpus.
+  static absl::StatusOr<int64_t> Amount(const std::string& resource, const std::string& text,
+                                        const char* what) {
+    int64_t value = 0;
+    int64_t unit = 1;
+    std::string digits = text;
+    if (resource == "memory") {
+      for (const auto& [suffix, size] :
+           {std::pair<const char*, int64_t>{"TiB", int64_t{1} << 40},
+            {"GiB", int64_t{1} << 30},
+            {"MiB", int64_t{1} << 20}}) {
+        if (absl::EndsWith(text, suffix)) {
+          unit = size;
+          digits = text.substr(0, text.size() - 3);
+          break;
+        }
+      }
+    }
+    if (!absl::SimpleAtoi(digits, &value) || value < 0 || value > (int64_t{1} << 50) / unit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " '", text, "': a count of 0 or more",
+          resource == "memory" ? " (bytes, or with MiB, GiB or TiB)" : ""));
+    }
+    return value * unit;
+  }
+
+  int QuotaSet() {
+    const size_t eq = c_.quota.find('=');
+    const std::string resource = c_.quota.substr(0, eq);
+    if (eq == std::string::npos ||
+        (resource != "gpus" && resource != "cpus" && resource != "memory")) {
+      return BadInput(absl::InvalidArgumentError(
+          absl::StrCat("'", c_.quota, "': RESOURCE=AMOUNT with gpus, cpus or memory (e.g. gpus=4, "
+                                      "memory=256GiB), or RESOURCE=none to remove it")));
+    }
+    v1::SetQuotaRequest request;
+    request.set_team(c_.team);
+    request.mutable_quota()->set_resource(resource);
+    const std::string amount = c_.quota.substr(eq + 1);
+    if (amount == "none") {
+      request.mutable_quota()->set_nominal(-1);
+    } else {
+      absl::StatusOr<int64_t> nominal = Amount(resource, amount, resource.c_str());
+      if (!nominal.ok()) return BadInput(nominal.status());
+      request.mutable_quota()->set_nominal(*nominal);
+      absl::StatusOr<int64_t> borrow =
+          c_.borrow.empty() ? 0 : Amount(resource, c_.borrow, "--borrow");
+      if (!borrow.ok()) return BadInput(borrow.status());
+      request.mutable_quota()->set_borrow(*borrow);
+    }
+    v1::TeamQuota response;
+    grpc::Status status = stub_->SetQuota(Context().get(), request, &response);
+    if (!status.ok()) return ReportRpcError(options_, status, "quota set");
+    if (options_.json()) {
+      std::cout << ToJson(response, true) << "\n";
+      return kExitOk;
+    }
+    return QuotaList();
+  }
+
+  int QuotaList() {
+    v1::ListQuotasResponse response;
+    grpc::Status status = stub_->ListQuotas(Context().get(), {}, &response);
+    if (!status.ok()) return ReportRpcError(options_, status, "quota list");
+    if (options_.json()) {
+      std::cout << ToJson(response, true) << "\n";
+      return kExitOk;
+    }
+    std::cout << absl::StrFormat("%-16s %-8s %-12s %-12s %s\n", "TEAM", "RESOURCE", "NOMINAL",
+                                 "BORROW", "USED");
+    auto show = [](const v1::ResourceQuota& q, int64_t value) {
+      return q.resource() == "memory" ? absl::StrFormat("%.1f GiB", value / double(1 << 30))
+                                      : absl::StrCat(value);
+    };
+    for (const v1::TeamQuota& team : response.teams()) {
+      for (const v1::ResourceQuota& q : team.quotas()) {
+        std::cout << absl::StrFormat("%-16s %-8s %-12s %-12s %s\n", team.team(), q.resource(),
+                                     show(q, q.nominal()), show(q, q.borrow()), show(q, q.used()));
+      }
+    }
+    return kExitOk;
+  }
+
   int Audit() {
     v1::ListAuditRequest request;
     if (!c_.since.empty()) {
@@ -364,7 +450,7 @@ absl::StatusOr<int64_t> ParseDurationFlag(const std::string& flag, const std::st
 bool AccessCommands::Parsed() const {
   for (const CLI::App* command :
        {whoami, token_create, token_list, token_revoke, user_add, user_disable, user_list,
-        team_create, team_cap, team_add, team_remove, join_token, audit}) {
+        team_create, team_cap, team_add, team_remove, join_token, audit, quota_set, quota_list}) {
     if (command != nullptr && command->parsed()) return true;
   }
   return false;
@@ -433,6 +519,20 @@ void AddAccessCommands(CLI::App& app, AccessCommands& c) {
   c.join_token->add_option("--name", c.name, "what it is for");
   c.join_token->add_option("--token-out", c.token_out,
                            "write it to this new file (mode 0600) instead of stdout");
+
+  CLI::App* quota = app.add_subcommand("quota", "team quotas on gpus, cpus and memory");
+  quota->require_subcommand(1);
+  c.quota_set = quota->add_subcommand(
+      "set", "set a team's nominal quota on one resource and how much more it may borrow while "
+             "idle (cluster admins)");
+  c.quota_set->add_option("team", c.team, "team name")->required();
+  c.quota_set->add_option("quota", c.quota, "RESOURCE=AMOUNT: gpus=4, cpus=64, memory=256GiB; "
+                                            "RESOURCE=none removes it")
+      ->required();
+  c.quota_set->add_option("--borrow", c.borrow,
+                          "how much past the nominal quota it may run on idle capacity "
+                          "(default 0)");
+  c.quota_list = quota->add_subcommand("list", "every team's quotas and what it uses now");
 
   c.audit = app.add_subcommand("audit", "who changed what, allowed or denied (admins)");
   c.audit->add_option("--since", c.since, "from this long ago (24h, 7d) or an RFC 3339 time");

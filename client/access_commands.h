@@ -26,8 +26,10 @@ struct AccessCommands {
   CLI::App* team_remove = nullptr;
   CLI::App* join_token = nullptr;
   CLI::App* audit = nullptr;
+  CLI::App* quota_set = nullptr;
+  CLI::App* quota_list = nullptr;
   // What they were given.
-  std::string name, user, team, role, expires, token_out, id, ids, since;
+  std::string name, user, team, role, expires, token_out, id, ids, since, quota, borrow;
   int max_priority = 0;
   int limit = 200;
   bool all = false;

@@ -45,8 +45,9 @@ absl::StatusOr<v1::CreateTokenResponse> Handed(absl::StatusOr<AccessStore::NewTo
 
 }  // namespace
 
-AccessServiceImpl::AccessServiceImpl(Authenticator* auth, AccessStore* store)
-    : auth_(auth), store_(store) {
+AccessServiceImpl::AccessServiceImpl(Authenticator* auth, AccessStore* store,
+                                     Coordinator* coordinator)
+    : auth_(auth), store_(store), coordinator_(coordinator) {
   const char* service = v1::AccessService::service_full_name();
   auto mark = [&](const char* method, grpc::internal::MethodHandler* handler) {
     MarkMethodStreamed(MethodIndex(service, method), handler);
@@ -64,6 +65,8 @@ AccessServiceImpl::AccessServiceImpl(Authenticator* auth, AccessStore* store)
   mark("RemoveMember", CheckedUnary(this, auth_, &AccessServiceImpl::RemoveMember));
   mark("CreateJoinToken", CheckedUnary(this, auth_, &AccessServiceImpl::CreateJoinToken));
   mark("ListAudit", CheckedUnary(this, auth_, &AccessServiceImpl::ListAudit));
+  mark("SetQuota", CheckedUnary(this, auth_, &AccessServiceImpl::SetQuota));
+  mark("ListQuotas", CheckedUnary(this, auth_, &AccessServiceImpl::ListQuotas));
 }
 
 template <typename T>
@@ -301,6 +304,44 @@ grpc::Status AccessServiceImpl::ListAudit(const Principal& who, grpc::ServerCont
   absl::StatusOr<std::vector<v1::AuditRecord>> records = store_->ReadAudit(query);
   if (!records.ok()) return ToGrpcStatus(records.status());
   for (v1::AuditRecord& record : *records) *response->add_records() = std::move(record);
+  return grpc::Status::OK;
+}
+
+grpc::Status AccessServiceImpl::SetQuota(const Principal& who, grpc::ServerContext*,
+                                         const v1::SetQuotaRequest& request,
+                                         v1::TeamQuota* response) {
+  v1::AuditRecord audit = AuditFor(who, "quota.set", request.team(), request.team());
+  audit.set_reason(absl::StrCat(request.quota().resource(), " nominal ", request.quota().nominal(),
+                                " borrow ", request.quota().borrow()));
+  return Audited<v1::TeamQuota>(
+      audit, Authorize(who, Action::kCreateTeam, {}),
+      [&](v1::AuditRecord audit) { return store_->SetQuota(request, audit); }, response);
+}
+
+grpc::Status AccessServiceImpl::ListQuotas(const Principal& who, grpc::ServerContext*,
+                                           const v1::ListQuotasRequest&,
+                                           v1::ListQuotasResponse* response) {
+  if (absl::Status s = Authorize(who, Action::kListUsers, {}); !s.ok()) return ToGrpcStatus(s);
+  const std::map<std::string, ResourceAmounts> usage = coordinator_->TeamUsage();
+  for (auto& [team, quota] : store_->AllQuotas()) {
+    if (quota.empty()) continue;
+    v1::TeamQuota* out = response->add_teams();
+    out->set_team(team);
+    const auto used = usage.find(team);
+    const ResourceAmounts amounts = used == usage.end() ? ResourceAmounts() : used->second;
+    for (const auto& [resource, in_use] :
+         {std::pair<const char*, int64_t>{"gpus", amounts.gpus},
+          {"cpus", amounts.cpus},
+          {"memory", amounts.memory_bytes}}) {
+      const std::optional<QuotaLimit>& limit = *LimitOf(quota, resource);
+      if (!limit.has_value()) continue;
+      v1::ResourceQuota* q = out->add_quotas();
+      q->set_resource(resource);
+      q->set_nominal(limit->nominal);
+      q->set_borrow(limit->borrow);
+      q->set_used(in_use);
+    }
+  }
   return grpc::Status::OK;
 }
 

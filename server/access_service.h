@@ -10,13 +10,15 @@
 #include "server/access/access_store.h"
 #include "server/access/authenticator.h"
 #include "server/access/authorize.h"
+#include "server/coordinator.h"
 #include "stoker.grpc.pb.h"
 
 namespace stoker {
 
 class AccessServiceImpl final : public v1::AccessService::Service {
  public:
-  AccessServiceImpl(Authenticator* auth, AccessStore* store);
+  // `coordinator` gives the teams' usage for ListQuotas.
+  AccessServiceImpl(Authenticator* auth, AccessStore* store, Coordinator* coordinator);
 
  private:
   grpc::Status WhoAmI(const Principal& who, grpc::ServerContext*, const v1::WhoAmIRequest&,
@@ -47,6 +49,10 @@ class AccessServiceImpl final : public v1::AccessService::Service {
                                v1::CreateTokenResponse* response);
   grpc::Status ListAudit(const Principal& who, grpc::ServerContext*,
                          const v1::ListAuditRequest& request, v1::ListAuditResponse* response);
+  grpc::Status SetQuota(const Principal& who, grpc::ServerContext*,
+                        const v1::SetQuotaRequest& request, v1::TeamQuota* response);
+  grpc::Status ListQuotas(const Principal& who, grpc::ServerContext*,
+                          const v1::ListQuotasRequest& request, v1::ListQuotasResponse* response);
 
   // Runs `change` with `audit` if `allowed` is OK; otherwise, or when the change fails, appends
   // `audit` as denied with the reason. The answer either way.
@@ -57,6 +63,7 @@ class AccessServiceImpl final : public v1::AccessService::Service {
 
   Authenticator* auth_;
   AccessStore* store_;
+  Coordinator* coordinator_;
 };
 
 }  // namespace stoker

@@ -158,6 +158,20 @@ void Coordinator::FillQueueInfo(v1::Job* job) {
   }
   job->set_queue_position(*position);
   job->set_waiting_reason(WaitingReason(*job, *position, alive));
+  // Its team's quota holds it back before anything else does.
+  if (quota_source_) {
+    const std::string& team = job->spec().team();
+    const Quotas quotas = quota_source_();
+    if (auto quota = quotas.find(team); quota != quotas.end()) {
+      std::map<std::string, ResourceAmounts> usage = TeamUsageLocked();
+      if (absl::Status admitted =
+              QuotaAdmits(team, quota->second, usage[team], LeastChargeOf(job->spec()));
+          !admitted.ok()) {
+        job->set_waiting_reason(std::string(admitted.message()));
+        return;
+      }
+    }
+  }
   // A gang ahead of it that waited too long keeps it from starting (see gang_backfill_limit).
   const absl::Time now = absl::Now();
   for (const auto& [gang_id, since] : gang_waiting_since_) {

@@ -37,6 +37,7 @@
 #include "server/checkpoint_store.h"
 #include "server/gang.h"
 #include "server/job_store.h"
+#include "server/policy/quota.h"
 #include "server/rendezvous.h"
 #include "server/scheduler.h"
 #include "stoker.pb.h"
@@ -165,6 +166,11 @@ class Coordinator {
 
   // Set once before serving; may be null.
   void SetObserver(CoordinatorObserver* observer) { observer_ = observer; }
+  // Where the teams' quotas come from (server/policy/quota.h); set once before serving. Without
+  // one, no team has a quota.
+  void SetQuotaSource(std::function<Quotas()> source) { quota_source_ = std::move(source); }
+  // What each team's running jobs are granted now (every rank's placement), by team.
+  std::map<std::string, ResourceAmounts> TeamUsage();
   CoordinatorSnapshot Snapshot();
 
   // Requeues the jobs of workers whose lease ran out. Called periodically.
@@ -232,10 +238,18 @@ class Coordinator {
   // Places every rank of the queued gang `job` on `views` (the live workers, by id), or returns
   // false with the job untouched and PlaceGang's reason in `why_not`. Ranks for `caller` are
   // appended to `assignments`; the others wait in their workers' ledgers for delivery.
+  // A gang its team's quota does not admit is not placed (FAILED_PRECONDITION in why_not, so it
+  // does not hold back the jobs behind it); a placed one is added to `usage`.
   absl::StatusOr<bool> PlaceGangJob(v1::Job job, const std::string& caller,
                                     std::map<std::string, WorkerView>& views,
-                                    std::vector<v1::Assignment>& assignments, absl::Status* why_not)
+                                    std::vector<v1::Assignment>& assignments, absl::Status* why_not,
+                                    const Quotas& quotas,
+                                    std::map<std::string, ResourceAmounts>& usage)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // TeamUsage with the lock held.
+  std::map<std::string, ResourceAmounts> TeamUsageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The team of a running job (cached: a job's team never changes).
+  std::string TeamOfJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the attempts of gangs with a rank that waited longer than a lease for its (live)
   // worker's heartbeat, e.g. a worker that drains while its other jobs' reports keep its lease.
   // The gang never ran whole, so the attempt is not counted against max_retries.
@@ -275,7 +289,10 @@ class Coordinator {
   // When each job last got an event for a failed checkpoint write (one a minute at most).
   std::map<std::string, absl::Time> write_failure_event_time_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  // The teams of jobs with placements (TeamOfJob), pruned by TeamUsageLocked.
+  std::map<std::string, std::string> job_teams_ ABSL_GUARDED_BY(mu_);
   CoordinatorObserver* observer_ = nullptr;
+  std::function<Quotas()> quota_source_;
 };
 
 // INVALID_ARGUMENT naming `field` when an id is empty or longer than 256 characters.

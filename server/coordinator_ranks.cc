@@ -35,10 +35,13 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
                 [&](const auto& entry) { return !queued.contains(entry.first); });
   WorkerView& view = views.at(worker_id);
   const absl::Time now = absl::Now();
+  const Quotas quotas = quota_source_ ? quota_source_() : Quotas();
+  std::map<std::string, ResourceAmounts> usage = TeamUsageLocked();
   for (v1::Job& job : *queue) {
     if (IsGang(job.spec())) {
       absl::Status why_not;
-      absl::StatusOr<bool> placed = PlaceGangJob(job, worker_id, views, assignments, &why_not);
+      absl::StatusOr<bool> placed =
+          PlaceGangJob(job, worker_id, views, assignments, &why_not, quotas, usage);
       if (!placed.ok()) return placed.status();
       if (*placed) {
         gang_waiting_since_.erase(job.id());
@@ -55,6 +58,15 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
     absl::StatusOr<v1::Placement> placed = PlaceOnWorker(job.spec().resources(), view);
     if (!placed.ok()) continue;
     const v1::Placement placement = std::move(*placed);
+    // Charged what it is granted; past its team's quota it waits (FillQueueInfo says so).
+    const std::string& team = job.spec().team();
+    if (auto quota = quotas.find(team);
+        quota != quotas.end() &&
+        !QuotaAdmits(team, quota->second, usage[team], ChargeOf(placement)).ok()) {
+      continue;
+    }
+    usage[team] += ChargeOf(placement);
+    job_teams_[job.id()] = team;
     if (observer_ != nullptr) {
       observer_->JobAssigned(std::max<int64_t>(0, NowMs() - job.submit_time_unix_ms()) / 1000.0);
     }
@@ -80,6 +92,32 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
   return assignments;
 }
 
+std::string Coordinator::TeamOfJob(const std::string& job_id) {
+  if (auto it = job_teams_.find(job_id); it != job_teams_.end()) return it->second;
+  absl::StatusOr<v1::Job> job = store_->Get(job_id);
+  std::string team = job.ok() ? job->spec().team() : "";
+  job_teams_[job_id] = team;
+  return team;
+}
+
+std::map<std::string, ResourceAmounts> Coordinator::TeamUsageLocked() {
+  std::map<std::string, ResourceAmounts> usage;
+  std::set<std::string> placed;
+  for (const auto& [id, worker] : workers_) {
+    for (const auto& [key, held] : worker.running) {
+      usage[TeamOfJob(key.job_id)] += ChargeOf(held.placement);
+      placed.insert(key.job_id);
+    }
+  }
+  std::erase_if(job_teams_, [&](const auto& entry) { return !placed.contains(entry.first); });
+  return usage;
+}
+
+std::map<std::string, ResourceAmounts> Coordinator::TeamUsage() {
+  absl::MutexLock lock(&mu_);
+  return TeamUsageLocked();
+}
+
 v1::Assignment Coordinator::AssignmentFor(const v1::Job& job, const v1::Placement& placement,
                                           int rank) const {
   v1::Assignment assignment;
@@ -96,7 +134,8 @@ v1::Assignment Coordinator::AssignmentFor(const v1::Job& job, const v1::Placemen
 absl::StatusOr<bool> Coordinator::PlaceGangJob(v1::Job job, const std::string& caller,
                                                std::map<std::string, WorkerView>& views,
                                                std::vector<v1::Assignment>& assignments,
-                                               absl::Status* why_not) {
+                                               absl::Status* why_not, const Quotas& quotas,
+                                               std::map<std::string, ResourceAmounts>& usage) {
   std::vector<WorkerView> live;
   for (const auto& [id, view] : views) live.push_back(view);
   absl::StatusOr<std::vector<v1::Placement>> gang =
@@ -105,6 +144,18 @@ absl::StatusOr<bool> Coordinator::PlaceGangJob(v1::Job job, const std::string& c
     *why_not = gang.status();
     return false;  // nothing is held: the gang waits whole
   }
+  const std::string& team = job.spec().team();
+  ResourceAmounts charge;
+  for (const v1::Placement& placement : *gang) charge += ChargeOf(placement);
+  if (auto quota = quotas.find(team); quota != quotas.end()) {
+    if (absl::Status admitted = QuotaAdmits(team, quota->second, usage[team], charge);
+        !admitted.ok()) {
+      *why_not = absl::FailedPreconditionError(admitted.message());
+      return false;
+    }
+  }
+  usage[team] += charge;
+  job_teams_[job.id()] = team;
   if (observer_ != nullptr) {
     observer_->JobAssigned(
         std::max<int64_t>(0, absl::ToUnixMillis(absl::Now()) - job.submit_time_unix_ms()) / 1000.0);

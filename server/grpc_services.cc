@@ -157,6 +157,13 @@ grpc::Status JobServiceImpl::Submit(const Principal& who, grpc::ServerContext*,
     }
   }
   if (allowed.ok()) allowed = Authorize(who, Action::kSubmitJob, resource);
+  // A job its team's quota and borrowing limit could never hold is refused now, not queued.
+  if (allowed.ok() && !team->empty()) {
+    const Quotas quotas = access_->AllQuotas();
+    if (auto quota = quotas.find(*team); quota != quotas.end()) {
+      allowed = QuotaCanHold(*team, quota->second, LeastChargeOf(request.spec()));
+    }
+  }
   if (!allowed.ok()) {
     AuditDenied(audit, allowed);
     return ToGrpcStatus(allowed);

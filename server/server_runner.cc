@@ -143,7 +143,8 @@ absl::Status RunServer(const ServerOptions& options) {
   }
   JobServiceImpl job_service(&coordinator, &auth, access.get(), options.stream_limits);
   WorkerServiceImpl worker_service(&coordinator, &auth, access.get());
-  AccessServiceImpl access_service(&auth, access.get());
+  AccessServiceImpl access_service(&auth, access.get(), &coordinator);
+  coordinator.SetQuotaSource([store = access.get()] { return store->AllQuotas(); });
   grpc::ServerBuilder builder;
   int bound_port = 0;
   // Without this gRPC sets SO_REUSEPORT, and a second server on the same port starts "fine" and

@@ -485,6 +485,107 @@ TEST_F(AccessTest, OtherTeamsJobsShowAsOccupiedOnTheWorkersTable) {
   EXPECT_TRUE(As("bob").Cancel(job.id()).ok());
 }
 
+// Team quotas (issue 29, first slice): vision may hold 1 GPU and borrow 1 more; nlp has no quota.
+TEST_F(AccessTest, QuotasHoldJobsBackRefuseWhatNeverFitsAndLetTeamsBorrow) {
+  ASSERT_EQ(Admin("worker join-token --token-out " + cluster_.dir() + "/join.token").exit_code,
+            0);
+  cluster_.StartWorker("w-1", {"--join-token-file", cluster_.dir() + "/join.token",
+                               "--fake-gpus-for-tests", "4", "--cpus", "8"});
+  CommandResult set = Admin("quota set vision gpus=1 --borrow 1");
+  ASSERT_EQ(set.exit_code, 0) << set.output;
+  auto gpu_job = [](const std::string& name, int gpus) {
+    v1::JobSpec spec = Job(name);
+    spec.mutable_train()->set_epochs(50);
+    spec.mutable_dataset()->set_train_limit(6000);
+    spec.mutable_loader()->set_processes(1);
+    spec.mutable_loader()->set_delay_ms(15);
+    spec.mutable_resources()->set_gpus(gpus);
+    spec.mutable_resources()->set_cpus(1);
+    return spec;
+  };
+  // Never fits the quota and its borrowing: refused at submit, nothing stored.
+  grpc::Status s = As("bob").Submit(gpu_job("too-big", 3));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "could never run")) << s.error_message();
+  std::vector<v1::Job> jobs(3);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(As("bob").Submit(gpu_job(absl::StrCat("g", i), 1), &jobs[i]).ok());
+  }
+  v1::Job daves;
+  ASSERT_TRUE(As("dave").Submit(gpu_job("nlp", 2), &daves).ok());
+  // Two of vision's run (nominal 1 + borrowed 1), nlp's 2-GPU job runs beside them; the third
+  // vision job waits on the quota although a worker... has no free GPU either way: the quota is
+  // what it names, before the resources.
+  auto state = [&](const v1::Job& job) {
+    v1::Job now;
+    EXPECT_TRUE(Root().Get(job.id(), &now).ok());
+    return now;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  int running = 0;
+  while (absl::Now() < deadline) {
+    running = 0;
+    for (const v1::Job& job : jobs) running += state(job).state() == v1::JOB_STATE_RUNNING;
+    if (running == 2 && state(daves).state() == v1::JOB_STATE_RUNNING) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  ASSERT_EQ(running, 2);
+  ASSERT_EQ(state(daves).state(), v1::JOB_STATE_RUNNING);
+  std::string waiting_id;
+  for (const v1::Job& job : jobs) {
+    if (state(job).state() == v1::JOB_STATE_QUEUED) waiting_id = job.id();
+  }
+  ASSERT_FALSE(waiting_id.empty());
+  v1::Job waiting;
+  ASSERT_TRUE(As("bob").Get(waiting_id, &waiting).ok());
+  EXPECT_EQ(waiting.waiting_reason(),
+            "quota: team vision uses 1 of 1 GPUs, borrowing 1 of 1; the job needs 1");
+  CommandResult list = As("bob", "quota list");
+  EXPECT_EQ(list.exit_code, 0) << list.output;
+  EXPECT_TRUE(absl::StrContains(list.output, "vision")) << list.output;
+  EXPECT_TRUE(absl::StrContains(list.output, "gpus")) << list.output;
+
+  // A quota below what the team uses now is allowed: the running jobs go on, nothing new starts.
+  ASSERT_EQ(Admin("quota set vision gpus=0").exit_code, 0);
+  absl::SleepFor(absl::Seconds(2));
+  running = 0;
+  for (const v1::Job& job : jobs) running += state(job).state() == v1::JOB_STATE_RUNNING;
+  EXPECT_EQ(running, 2);
+  ASSERT_TRUE(As("bob").Get(waiting_id, &waiting).ok());
+  EXPECT_EQ(waiting.waiting_reason(),
+            "quota: team vision uses 0 of 0 GPUs, borrowing 2 of 0; the job needs 1");
+  // Back to 1 + 1 and one of vision's jobs cancelled: the waiting one starts.
+  ASSERT_EQ(Admin("quota set vision gpus=1 --borrow 1").exit_code, 0);
+  for (const v1::Job& job : jobs) {
+    if (job.id() != waiting_id) {
+      ASSERT_TRUE(As("bob").Cancel(job.id()).ok());
+      break;
+    }
+  }
+  v1::Job started;
+  for (int i = 0; i < 150; ++i) {
+    started = state(waiting);
+    if (started.state() == v1::JOB_STATE_RUNNING) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_EQ(started.state(), v1::JOB_STATE_RUNNING) << started.waiting_reason();
+
+  // Bad input: clear errors, nothing changed.
+  CommandResult bad = Admin("quota set vision tpus=4");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  bad = Admin("quota set no-such-team gpus=1");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(bad.output, "no team 'no-such-team'")) << bad.output;
+  bad = Admin("quota set vision gpus=-3");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  bad = Admin("quota set vision memory=12XB");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  bad = As("alice", "quota set vision gpus=100");
+  EXPECT_EQ(bad.exit_code, 1) << "cluster admins only: " << bad.output;
+  for (const v1::Job& job : jobs) (void)As("bob").Cancel(job.id());
+  (void)As("dave").Cancel(daves.id());
+}
+
 // kill -9 of the server while users submit and cancel: every job that exists has its submit row,
 // every cancelled job its cancel row.
 TEST_F(AccessTest, NoChangeWithoutItsAuditRowAcrossKillMinus9) {

@@ -44,6 +44,13 @@ CREATE TABLE IF NOT EXISTS tokens (
   used_ms INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS tokens_by_user ON tokens (user);
+CREATE TABLE IF NOT EXISTS team_quotas (
+  team TEXT NOT NULL REFERENCES teams (name),
+  resource TEXT NOT NULL,          -- gpus | cpus | memory (bytes)
+  nominal INTEGER NOT NULL,
+  borrow INTEGER NOT NULL,
+  PRIMARY KEY (team, resource)
+) WITHOUT ROWID;
 )sql";
 
 constexpr char kTokenColumns[] =
@@ -123,7 +130,78 @@ absl::StatusOr<std::unique_ptr<AccessStore>> AccessStore::Open(const std::string
     }
   }
   if (absl::Status s = CreateAuditTable(db); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&store->mu_);
+    if (absl::Status s = store->LoadQuotas(); !s.ok()) return s;
+  }
   return store;
+}
+
+absl::Status AccessStore::LoadQuotas() {
+  Statement rows(db_, "SELECT team, resource, nominal, borrow FROM team_quotas");
+  if (!rows.ok()) return Error("prepare quota query");
+  Quotas quotas;
+  int rc;
+  while ((rc = rows.Step()) == SQLITE_ROW) {
+    std::optional<QuotaLimit>* limit = LimitOf(quotas[rows.ColumnText(0)], rows.ColumnText(1));
+    if (limit != nullptr) *limit = QuotaLimit{rows.ColumnInt(2), rows.ColumnInt(3)};
+  }
+  if (rc != SQLITE_DONE) return Error("read quotas");
+  quotas_ = std::move(quotas);
+  return absl::OkStatus();
+}
+
+Quotas AccessStore::AllQuotas() {
+  absl::MutexLock lock(&mu_);
+  return quotas_;
+}
+
+absl::StatusOr<v1::TeamQuota> AccessStore::SetQuota(const v1::SetQuotaRequest& request,
+                                                    v1::AuditRecord audit) {
+  const v1::ResourceQuota& q = request.quota();
+  TeamQuota probe;
+  if (LimitOf(probe, q.resource()) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resource '", q.resource(), "': one of gpus, cpus, memory"));
+  }
+  if (q.borrow() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("borrow ", q.borrow(), ": must be 0 or more"));
+  }
+  absl::MutexLock lock(&mu_);
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  STOKER_RETURN_IF_ERROR(GetTeamLocked(request.team()).status());
+  if (q.nominal() < 0) {
+    Statement remove(db_, "DELETE FROM team_quotas WHERE team = ? AND resource = ?");
+    remove.BindText(1, request.team());
+    remove.BindText(2, q.resource());
+    if (!remove.ok() || remove.Step() != SQLITE_DONE) return Error("remove quota");
+  } else {
+    Statement upsert(db_,
+                     "INSERT INTO team_quotas (team, resource, nominal, borrow) VALUES (?, ?, ?, ?) "
+                     "ON CONFLICT (team, resource) DO UPDATE SET nominal = excluded.nominal, "
+                     "borrow = excluded.borrow");
+    upsert.BindText(1, request.team());
+    upsert.BindText(2, q.resource());
+    upsert.BindInt(3, q.nominal());
+    upsert.BindInt(4, q.borrow());
+    if (!upsert.ok() || upsert.Step() != SQLITE_DONE) return Error("set quota");
+  }
+  STOKER_RETURN_IF_ERROR(AppendAudit(db_, Allowed(std::move(audit))));
+  if (!transaction.Commit()) return Error("commit");
+  STOKER_RETURN_IF_ERROR(LoadQuotas());
+  v1::TeamQuota team;
+  team.set_team(request.team());
+  TeamQuota& quota = quotas_[request.team()];
+  for (const char* resource : {"gpus", "cpus", "memory"}) {
+    if (const std::optional<QuotaLimit>& limit = *LimitOf(quota, resource); limit.has_value()) {
+      v1::ResourceQuota* out = team.add_quotas();
+      out->set_resource(resource);
+      out->set_nominal(limit->nominal);
+      out->set_borrow(limit->borrow);
+    }
+  }
+  return team;
 }
 
 AccessStore::~AccessStore() { sqlite3_close(db_); }

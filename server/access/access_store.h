@@ -16,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/audit_log.h"
+#include "server/policy/quota.h"
 #include "stoker.pb.h"
 
 namespace stoker {
@@ -83,6 +84,15 @@ class AccessStore {
   absl::StatusOr<NewToken> Bootstrap(const std::string& admin, const std::string& admin_secret = "",
                                      const std::string& join_secret = "",
                                      int64_t join_expires_unix_ms = 0);
+  // Sets (or with a negative nominal removes) `team`'s quota on `request.quota().resource()`.
+  // INVALID_ARGUMENT for an unknown resource or a negative borrowing limit, NOT_FOUND for an
+  // unknown team. A quota below what the team uses now is allowed: its running jobs go on, and
+  // no new job of the team starts until it is back under.
+  absl::StatusOr<v1::TeamQuota> SetQuota(const v1::SetQuotaRequest& request,
+                                         v1::AuditRecord audit);
+  // Every team's quotas (kept in memory, read from the store at Open and updated by SetQuota).
+  Quotas AllQuotas();
+
   // A row on its own: a denied or failed request, which changed nothing.
   absl::Status Audit(const v1::AuditRecord& record);
 
@@ -102,8 +112,11 @@ class AccessStore {
   absl::Status AddMemberLocked(const std::string& team, const std::string& user,
                                v1::TeamRole role) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  absl::Status LoadQuotas() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   absl::Mutex mu_;
   sqlite3* db_ ABSL_PT_GUARDED_BY(mu_);
+  Quotas quotas_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace stoker
