@@ -81,8 +81,8 @@ TEST(SecurityTest, EveryRpcNeedsTheToken) {
           << method << " with the token";
     }
   }
-  // JobService 7, WorkerService 9 (the rendezvous pair and the join included), AccessService 13.
-  EXPECT_EQ(methods, 29);
+  // JobService 7, WorkerService 9 (the rendezvous pair and the join included), AccessService 15.
+  EXPECT_EQ(methods, 31);
 
   CommandResult denied = cluster.Cli("list");
   EXPECT_EQ(denied.exit_code, 1);
