@@ -114,6 +114,11 @@ absl::StatusOr<JobStore::Inserted> JobStore::InsertInTransaction(NewJob& new_job
     if (sqlite3_step(find.get()) == SQLITE_ROW) {
       Inserted existing;
       if (!existing.job.ParseFromString(find.ColumnBlob(0))) return Error("corrupt job row");
+      // Another user's request id: refused without a word about that user's job.
+      if (existing.job.owner() != new_job.owner) {
+        return absl::AlreadyExistsError(
+            "request_id: already used by another user's submit; choose another");
+      }
       existing.deduplicated = true;
       STOKER_RETURN_IF_ERROR(AuditInTransaction(new_job.audit, existing.job.id()));
       return existing;

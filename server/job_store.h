@@ -41,7 +41,8 @@ class JobStore {
     bool deduplicated = false;  // request_id matched an earlier job, which is returned
   };
   // Stores a new QUEUED job with `first_event` as its first event. A non-empty `request_id` seen
-  // before returns that job instead of creating one.
+  // before returns that job instead of creating one (the same owner's; another owner's is
+  // ALREADY_EXISTS).
   absl::StatusOr<Inserted> Insert(const v1::JobSpec& spec, const std::string& request_id,
                                   int64_t now_unix_ms, v1::JobEvent first_event);
 

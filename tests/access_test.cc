@@ -259,6 +259,29 @@ TEST_F(AccessTest, TheRoleActionResourceMatrixThroughGrpc) {
   As("bob").List(true, "", &all_status);
   EXPECT_EQ(all_status.error_code(), C::PERMISSION_DENIED);
 
+  // A request id is deduplicated per owner: another user's is refused, never answered with the job.
+  {
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = Job("retried");
+    request.set_request_id("req-42");
+    v1::SubmitJobResponse first, again, other;
+    grpc::ClientContext c1, c2, c3;
+    const std::string bob = "Bearer " + Token("bob"), dave = "Bearer " + Token("dave");
+    c1.AddMetadata("authorization", bob);
+    c2.AddMetadata("authorization", bob);
+    c3.AddMetadata("authorization", dave);
+    auto stub = v1::JobService::NewStub(
+        grpc::CreateChannel(cluster_.address(), grpc::InsecureChannelCredentials()));
+    ASSERT_TRUE(stub->SubmitJob(&c1, request, &first).ok());
+    ASSERT_TRUE(stub->SubmitJob(&c2, request, &again).ok());
+    EXPECT_TRUE(again.deduplicated());
+    EXPECT_EQ(again.job().id(), first.job().id());
+    const grpc::Status taken = stub->SubmitJob(&c3, request, &other);
+    EXPECT_EQ(taken.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+    EXPECT_FALSE(absl::StrContains(taken.error_message(), first.job().id()));
+    ASSERT_TRUE(As("bob").Cancel(first.job().id()).ok());
+  }
+
   // Submit: roles, the default team, the cap, unknown teams.
   grpc::Status s = As("carol").Submit(Job("x", "vision"));
   EXPECT_EQ(s.error_code(), C::PERMISSION_DENIED) << s.error_message();
@@ -299,7 +322,7 @@ TEST_F(AccessTest, TheRoleActionResourceMatrixThroughGrpc) {
   EXPECT_EQ(seen["job.submit allowed"], (std::set<std::string>{"bob", "carol", "dave"}));
   EXPECT_EQ(seen["job.submit denied"], (std::set<std::string>{"bob", "carol", "dave"}));
   EXPECT_EQ(seen["job.cancel denied"], (std::set<std::string>{"carol", "dave"}));
-  EXPECT_EQ(seen["job.cancel allowed"], (std::set<std::string>{"alice", "dave", "root"}));
+  EXPECT_EQ(seen["job.cancel allowed"], (std::set<std::string>{"alice", "bob", "dave", "root"}));
   EXPECT_EQ(seen["user.add allowed"].size(), 1u);
   EXPECT_EQ(seen["team.create allowed"].size(), 1u);
   EXPECT_EQ(seen["team.add allowed"], (std::set<std::string>{"root"}));
