@@ -19,7 +19,8 @@ namespace {
 
 absl::StatusOr<v1::TeamRole> ParseRoleFlag(const std::string& role) {
   absl::StatusOr<v1::TeamRole> parsed = ParseRole(role);
-  if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("--", parsed.status().message()));
+  if (!parsed.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--", parsed.status().message()));
   return parsed;
 }
 
@@ -40,7 +41,9 @@ class AccessClient {
  public:
   AccessClient(const AccessCommands& c, const Options& options,
                const std::shared_ptr<grpc::Channel>& channel, std::string token)
-      : c_(c), options_(options), stub_(v1::AccessService::NewStub(channel)),
+      : c_(c),
+        options_(options),
+        stub_(v1::AccessService::NewStub(channel)),
         token_(std::move(token)) {}
 
   int Run() {
@@ -81,9 +84,9 @@ class AccessClient {
   // its line; what it is goes to stderr.
   int HandOver(const v1::CreateTokenResponse& created, const std::string& what) {
     const v1::TokenInfo& token = created.token();
-    const std::string expiry =
-        token.expires_unix_ms() == 0 ? "never expires"
-                                     : absl::StrCat("expires ", Time(token.expires_unix_ms(), ""));
+    const std::string expiry = token.expires_unix_ms() == 0
+                                   ? "never expires"
+                                   : absl::StrCat("expires ", Time(token.expires_unix_ms(), ""));
     if (!c_.token_out.empty()) {
       const int fd = open(c_.token_out.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
       const std::string line = created.secret() + "\n";
@@ -92,9 +95,9 @@ class AccessClient {
           fsync(fd) == 0;
       if (fd >= 0) close(fd);
       if (!written) {
-        std::cerr << "stoker: cannot create " << c_.token_out
-                  << " (it must not exist yet); token " << token.id()
-                  << " was made: revoke it (stoker token revoke " << token.id() << ")\n";
+        std::cerr << "stoker: cannot create " << c_.token_out << " (it must not exist yet); token "
+                  << token.id() << " was made: revoke it (stoker token revoke " << token.id()
+                  << ")\n";
         return kExitFailed;
       }
       std::cerr << what << " " << token.id() << " (" << expiry << ") written to " << c_.token_out
@@ -214,9 +217,9 @@ class AccessClient {
     v1::User response;
     grpc::Status status = stub_->DisableUser(Context().get(), request, &response);
     if (!status.ok()) return ReportRpcError(options_, status, "user disable");
-    std::cout << (options_.json() ? ToJson(response, true)
-                                  : absl::StrCat("disabled ", c_.name,
-                                                 "; its tokens are refused from now on"))
+    std::cout << (options_.json()
+                      ? ToJson(response, true)
+                      : absl::StrCat("disabled ", c_.name, "; its tokens are refused from now on"))
               << "\n";
     return kExitOk;
   }
@@ -247,10 +250,10 @@ class AccessClient {
     if (!status.ok()) return ReportRpcError(options_, status, what);
     std::cout << (options_.json()
                       ? ToJson(team, true)
-                      : absl::StrCat("team ", team.name(), ": max priority ", team.max_priority(),
-                                     "; members: ",
-                                     team.members().empty() ? "none"
-                                                            : absl::StrJoin(team.members(), ", ")))
+                      : absl::StrCat(
+                            "team ", team.name(), ": max priority ", team.max_priority(),
+                            "; members: ",
+                            team.members().empty() ? "none" : absl::StrJoin(team.members(), ", ")))
               << "\n";
     return kExitOk;
   }
@@ -306,10 +309,9 @@ class AccessClient {
     int64_t unit = 1;
     std::string digits = text;
     if (resource == "memory") {
-      for (const auto& [suffix, size] :
-           {std::pair<const char*, int64_t>{"TiB", int64_t{1} << 40},
-            {"GiB", int64_t{1} << 30},
-            {"MiB", int64_t{1} << 20}}) {
+      for (const auto& [suffix, size] : {std::pair<const char*, int64_t>{"TiB", int64_t{1} << 40},
+                                         {"GiB", int64_t{1} << 30},
+                                         {"MiB", int64_t{1} << 20}}) {
         if (absl::EndsWith(text, suffix)) {
           unit = size;
           digits = text.substr(0, text.size() - 3);
@@ -318,9 +320,9 @@ class AccessClient {
       }
     }
     if (!absl::SimpleAtoi(digits, &value) || value < 0 || value > (int64_t{1} << 50) / unit) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " '", text, "': a count of 0 or more",
-          resource == "memory" ? " (bytes, or with MiB, GiB or TiB)" : ""));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " '", text, "': a count of 0 or more",
+                       resource == "memory" ? " (bytes, or with MiB, GiB or TiB)" : ""));
     }
     return value * unit;
   }
@@ -331,8 +333,9 @@ class AccessClient {
     if (eq == std::string::npos ||
         (resource != "gpus" && resource != "cpus" && resource != "memory")) {
       return BadInput(absl::InvalidArgumentError(
-          absl::StrCat("'", c_.quota, "': RESOURCE=AMOUNT with gpus, cpus or memory (e.g. gpus=4, "
-                                      "memory=256GiB), or RESOURCE=none to remove it")));
+          absl::StrCat("'", c_.quota,
+                       "': RESOURCE=AMOUNT with gpus, cpus or memory (e.g. gpus=4, "
+                       "memory=256GiB), or RESOURCE=none to remove it")));
     }
     v1::SetQuotaRequest request;
     request.set_team(c_.team);
@@ -440,9 +443,10 @@ absl::StatusOr<int64_t> ParseDurationFlag(const std::string& flag, const std::st
                                         : 0;
   if (seconds == 0 || !absl::SimpleAtoi(text.substr(0, text.size() - 1), &count) || count <= 0 ||
       count > 3650 * 86400 / seconds) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flag, " '", text, "': a positive count with a unit s, m, h, d or w (e.g. 30d), at most "
-                          "10 years"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " '", text,
+                     "': a positive count with a unit s, m, h, d or w (e.g. 30d), at most "
+                     "10 years"));
   }
   return count * seconds;
 }
@@ -492,8 +496,8 @@ void AddAccessCommands(CLI::App& app, AccessCommands& c) {
   team->require_subcommand(1);
   c.team_create = team->add_subcommand("create", "create a team (cluster admins)");
   c.team_create->add_option("team", c.team, "team name")->required();
-  c.team_create->add_option("--max-priority", c.max_priority,
-                            "highest job priority its members may ask for")
+  c.team_create
+      ->add_option("--max-priority", c.max_priority, "highest job priority its members may ask for")
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   c.team_cap = team->add_subcommand("cap", "set a team's highest job priority (cluster admins)");
@@ -523,11 +527,14 @@ void AddAccessCommands(CLI::App& app, AccessCommands& c) {
   CLI::App* quota = app.add_subcommand("quota", "team quotas on gpus, cpus and memory");
   quota->require_subcommand(1);
   c.quota_set = quota->add_subcommand(
-      "set", "set a team's nominal quota on one resource and how much more it may borrow while "
-             "idle (cluster admins)");
+      "set",
+      "set a team's nominal quota on one resource and how much more it may borrow while "
+      "idle (cluster admins)");
   c.quota_set->add_option("team", c.team, "team name")->required();
-  c.quota_set->add_option("quota", c.quota, "RESOURCE=AMOUNT: gpus=4, cpus=64, memory=256GiB; "
-                                            "RESOURCE=none removes it")
+  c.quota_set
+      ->add_option("quota", c.quota,
+                   "RESOURCE=AMOUNT: gpus=4, cpus=64, memory=256GiB; "
+                   "RESOURCE=none removes it")
       ->required();
   c.quota_set->add_option("--borrow", c.borrow,
                           "how much past the nominal quota it may run on idle capacity "

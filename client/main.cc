@@ -6,9 +6,9 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <memory>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -27,10 +27,10 @@
 #include "common/auth.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
-#include "rpc/chunk_stream.h"
 #include "common/utf8.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
+#include "rpc/chunk_stream.h"
 #include "spec/job_file.h"
 #include "spec/job_spec.h"
 #include "stoker.grpc.pb.h"

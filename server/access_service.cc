@@ -156,8 +156,8 @@ grpc::Status AccessServiceImpl::RevokeToken(const Principal& who, grpc::ServerCo
   absl::Status allowed = Authorize(who, Action::kOwnTokens, {});
   if (allowed.ok()) allowed = token.status();
   if (allowed.ok()) {
-    const bool own = token->kind() == "user" && who.kind == Principal::Kind::kUser &&
-                     token->user() == who.user;
+    const bool own =
+        token->kind() == "user" && who.kind == Principal::Kind::kUser && token->user() == who.user;
     allowed = Authorize(who, own ? Action::kOwnTokens : Action::kOtherTokens, {});
     // Another user's token is as unknown as a missing one to a caller who may not revoke it.
     if (absl::IsPermissionDenied(allowed)) {
@@ -185,8 +185,7 @@ grpc::Status AccessServiceImpl::AddUser(const Principal& who, grpc::ServerContex
   if (allowed.ok()) allowed = expires.status();
   return Audited<v1::AddUserResponse>(
       AuditFor(who, "user.add", request.name(), request.team()), allowed,
-      [&](v1::AuditRecord audit) { return store_->AddUser(request, *expires, audit); },
-      response);
+      [&](v1::AuditRecord audit) { return store_->AddUser(request, *expires, audit); }, response);
 }
 
 grpc::Status AccessServiceImpl::DisableUser(const Principal& who, grpc::ServerContext*,
@@ -194,13 +193,12 @@ grpc::Status AccessServiceImpl::DisableUser(const Principal& who, grpc::ServerCo
                                             v1::User* response) {
   absl::Status allowed = Authorize(who, Action::kDisableUser, {});
   if (allowed.ok() && who.kind == Principal::Kind::kUser && request.name() == who.user) {
-    allowed = absl::FailedPreconditionError(
-        "you cannot disable yourself (another cluster admin can)");
+    allowed =
+        absl::FailedPreconditionError("you cannot disable yourself (another cluster admin can)");
   }
   return Audited<v1::User>(
       AuditFor(who, "user.disable", request.name()), allowed,
-      [&](v1::AuditRecord audit) { return store_->DisableUser(request.name(), audit); },
-      response);
+      [&](v1::AuditRecord audit) { return store_->DisableUser(request.name(), audit); }, response);
 }
 
 grpc::Status AccessServiceImpl::ListUsers(const Principal& who, grpc::ServerContext*,
@@ -233,13 +231,12 @@ grpc::Status AccessServiceImpl::SetTeamCap(const Principal& who, grpc::ServerCon
 }
 
 grpc::Status AccessServiceImpl::SetMember(const Principal& who, grpc::ServerContext*,
-                                          const v1::SetMemberRequest& request,
-                                          v1::Team* response) {
+                                          const v1::SetMemberRequest& request, v1::Team* response) {
   Resource resource;
   resource.team = request.team();
   v1::AuditRecord audit = AuditFor(who, "team.add", request.user(), request.team());
   audit.set_reason(RoleName(request.role() == v1::TEAM_ROLE_UNSPECIFIED ? v1::TEAM_ROLE_MEMBER
-                                                                       : request.role()));
+                                                                        : request.role()));
   return Audited<v1::Team>(
       audit, Authorize(who, Action::kManageTeam, resource),
       [&](v1::AuditRecord audit) { return store_->SetMember(request, audit); }, response);
@@ -329,10 +326,9 @@ grpc::Status AccessServiceImpl::ListQuotas(const Principal& who, grpc::ServerCon
     out->set_team(team);
     const auto used = usage.find(team);
     const ResourceAmounts amounts = used == usage.end() ? ResourceAmounts() : used->second;
-    for (const auto& [resource, in_use] :
-         {std::pair<const char*, int64_t>{"gpus", amounts.gpus},
-          {"cpus", amounts.cpus},
-          {"memory", amounts.memory_bytes}}) {
+    for (const auto& [resource, in_use] : {std::pair<const char*, int64_t>{"gpus", amounts.gpus},
+                                           {"cpus", amounts.cpus},
+                                           {"memory", amounts.memory_bytes}}) {
       const std::optional<QuotaLimit>& limit = *LimitOf(quota, resource);
       if (!limit.has_value()) continue;
       v1::ResourceQuota* q = out->add_quotas();

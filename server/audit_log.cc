@@ -43,7 +43,8 @@ absl::Status AppendAudit(sqlite3* db, const v1::AuditRecord& record) {
                    "INSERT INTO audit (time_ms, principal, token_id, action, target, team, "
                    "decision, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
   if (!insert.ok()) return SqlError(db, "prepare insert");
-  insert.BindInt(1, record.time_unix_ms() != 0 ? record.time_unix_ms() : absl::ToUnixMillis(absl::Now()));
+  insert.BindInt(
+      1, record.time_unix_ms() != 0 ? record.time_unix_ms() : absl::ToUnixMillis(absl::Now()));
   insert.BindText(2, record.principal());
   insert.BindText(3, record.token_id());
   insert.BindText(4, record.action());

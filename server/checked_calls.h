@@ -53,10 +53,11 @@ grpc::Status ReadCheckedRequest(Authenticator& auth, grpc::ServerContext* contex
 // A unary method served as "streamed unary": the same call on the wire, but the handler reads
 // the request itself (ReadCheckedRequest). Register with Service::MarkMethodStreamed.
 template <typename Service, typename Request, typename Response>
-grpc::internal::MethodHandler* CheckedUnary(
-    Service* service, Authenticator* auth,
-    grpc::Status (Service::*handler)(const Principal&, grpc::ServerContext*, const Request&,
-                                     Response*)) {
+grpc::internal::MethodHandler* CheckedUnary(Service* service, Authenticator* auth,
+                                            grpc::Status (Service::*handler)(const Principal&,
+                                                                             grpc::ServerContext*,
+                                                                             const Request&,
+                                                                             Response*)) {
   return new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, Response>(
       [service, auth, handler](grpc::ServerContext* context,
                                grpc::ServerUnaryStreamer<grpc::ByteBuffer, Response>* stream) {

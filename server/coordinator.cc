@@ -112,12 +112,12 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(
     submit_mu_.Unlock();
     std::vector<JobStore::NewJob> new_jobs;
     for (PendingSubmit* pending : group) {
-      new_jobs.push_back({pending->spec, pending->request->request_id(), NowMs(),
-                          MakeEvent(v1::EVENT_TYPE_LOG,
-                                    pending->owner->empty()
-                                        ? std::string("submitted")
-                                        : absl::StrCat("submitted by ", *pending->owner)),
-                          *pending->owner, *pending->audit});
+      new_jobs.push_back(
+          {pending->spec, pending->request->request_id(), NowMs(),
+           MakeEvent(v1::EVENT_TYPE_LOG, pending->owner->empty()
+                                             ? std::string("submitted")
+                                             : absl::StrCat("submitted by ", *pending->owner)),
+           *pending->owner, *pending->audit});
     }
     absl::StatusOr<std::vector<JobStore::Inserted>> inserted;
     {

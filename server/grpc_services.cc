@@ -91,13 +91,14 @@ std::string StreamSlots::ClientOf(const std::string& peer) {
   return colon > 5 ? peer.substr(0, colon) : peer;
 }
 
-JobServiceImpl::JobServiceImpl(Coordinator* coordinator, Authenticator* auth,
-                               AccessStore* access, StreamLimits limits)
+JobServiceImpl::JobServiceImpl(Coordinator* coordinator, Authenticator* auth, AccessStore* access,
+                               StreamLimits limits)
     : coordinator_(coordinator), auth_(auth), access_(access), streams_(limits) {
   const char* service = v1::JobService::service_full_name();
   MarkMethodStreamed(MethodIndex(service, "SubmitJob"),
                      CheckedUnary(this, auth_, &JobServiceImpl::Submit));
-  MarkMethodStreamed(MethodIndex(service, "GetJob"), CheckedUnary(this, auth_, &JobServiceImpl::Get));
+  MarkMethodStreamed(MethodIndex(service, "GetJob"),
+                     CheckedUnary(this, auth_, &JobServiceImpl::Get));
   MarkMethodStreamed(MethodIndex(service, "ListJobs"),
                      CheckedUnary(this, auth_, &JobServiceImpl::List));
   MarkMethodStreamed(MethodIndex(service, "CancelJob"),

@@ -252,19 +252,18 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<v1::JobSta
                                                     int limit, const JobFilter& filter) {
   std::string sql = "SELECT job FROM jobs WHERE 1";
   std::vector<SqlValue> params;
-  auto slots = [](size_t n) {
-    return absl::StrJoin(std::vector<std::string>(n, "?"), ",");
-  };
+  auto slots = [](size_t n) { return absl::StrJoin(std::vector<std::string>(n, "?"), ","); };
   if (!states.empty()) {
     sql += absl::StrCat(" AND state IN (", slots(states.size()), ")");
     for (v1::JobState state : states) params.push_back(int64_t{state});
   }
   if (!filter.everything) {
-    sql += absl::StrCat(" AND (owner = ?",
-                        filter.visible_teams.empty()
-                            ? ""
-                            : absl::StrCat(" OR team IN (", slots(filter.visible_teams.size()), ")"),
-                        ")");
+    sql +=
+        absl::StrCat(" AND (owner = ?",
+                     filter.visible_teams.empty()
+                         ? ""
+                         : absl::StrCat(" OR team IN (", slots(filter.visible_teams.size()), ")"),
+                     ")");
     params.push_back(filter.visible_owner);
     for (const std::string& team : filter.visible_teams) params.push_back(team);
   }

@@ -52,8 +52,7 @@ int BootstrapAdmin(const std::string& state_dir, const std::string& user,
               << ". Tokens are now required: pass it with stoker --token-file.\n";
     return 0;
   }
-  std::cerr << "stoker-server: cluster admin '" << user << "' created, token "
-            << created->info.id()
+  std::cerr << "stoker-server: cluster admin '" << user << "' created, token " << created->info.id()
             << ". The secret below is shown once; keep it in a file only you can read and pass "
                "it with stoker --token-file. Tokens are now required.\n";
   std::cout << created->secret << "\n";
@@ -146,8 +145,8 @@ int main(int argc, char** argv) {
   options.restart_grace = absl::Seconds(restart_grace_seconds);
   options.gang_backfill_limit = absl::Seconds(gang_backfill_seconds);
 
-  for (auto [file, secret] : {std::pair<const std::string*, std::string*>{
-                                  &bootstrap_token_file, &options.bootstrap_token},
+  for (auto [file, secret] : {std::pair<const std::string*, std::string*>{&bootstrap_token_file,
+                                                                          &options.bootstrap_token},
                               {&bootstrap_join_token_file, &options.bootstrap_join_token}}) {
     if (file->empty()) continue;
     absl::StatusOr<std::string> read = stoker::ReadTokenFile(*file);

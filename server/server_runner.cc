@@ -16,11 +16,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
+#include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
 #include "server/access/access_store.h"
 #include "server/access/authenticator.h"
 #include "server/access_service.h"
-#include "common/status_macros.h"
-#include "grpcpp/grpcpp.h"
 #include "server/checkpoint_store.h"
 #include "server/coordinator.h"
 #include "server/job_store.h"
@@ -173,8 +173,8 @@ absl::Status RunServer(const ServerOptions& options) {
             << (auth.legacy()     ? ", tokens required, legacy token accepted)"
                 : auth.required() ? ", tokens required)"
                                   : ", no token: open to anyone who reaches it)")
-            << ", store "
-            << options.state_dir << "/jobs.db, data root " << options.data_root << "\n";
+            << ", store " << options.state_dir << "/jobs.db, data root " << options.data_root
+            << "\n";
   if (!options.port_file.empty()) WritePortFile(options.port_file, bound_port);
 
   std::atomic<bool> stopping{false};

@@ -155,9 +155,9 @@ class AccessTest : public ::testing::Test {
   void SetUp() override {
     cluster_.StartServer();
     // While the server runs; the secret alone on stdout's line, what it is on stderr.
-    CommandResult boot = RunCommand(absl::StrCat(
-        "(", STOKER_SERVER_PATH_FOR_TEST, " bootstrap-admin --state-dir ", cluster_.dir(),
-        "/server --user root 2>/dev/null)"));
+    CommandResult boot =
+        RunCommand(absl::StrCat("(", STOKER_SERVER_PATH_FOR_TEST, " bootstrap-admin --state-dir ",
+                                cluster_.dir(), "/server --user root 2>/dev/null)"));
     ASSERT_EQ(boot.exit_code, 0) << boot.output;
     root_token_ = std::string(absl::StripAsciiWhitespace(boot.output));
     ASSERT_TRUE(absl::StartsWith(root_token_, "stku_")) << root_token_;
@@ -196,7 +196,8 @@ class AccessTest : public ::testing::Test {
     for (const auto& entry : std::filesystem::recursive_directory_iterator(cluster_.dir())) {
       const std::string path = entry.path().string();
       if (!entry.is_regular_file() || absl::EndsWith(path, ".token")) continue;
-      if (absl::StrContains(path, "/server/") || absl::EndsWith(path, ".log")) files.push_back(path);
+      if (absl::StrContains(path, "/server/") || absl::EndsWith(path, ".log"))
+        files.push_back(path);
     }
     ASSERT_FALSE(files.empty());
     for (const std::string& path : files) {
@@ -228,11 +229,11 @@ TEST_F(AccessTest, TheRoleActionResourceMatrixThroughGrpc) {
   };
   // artifact: NOT_FOUND "no checkpoint yet" for those allowed (the job never ran).
   const std::vector<Row> rows = {
-      {"bob", C::OK, C::OK, C::NOT_FOUND},                               // owner
-      {"alice", C::OK, C::OK, C::NOT_FOUND},                             // vision admin
-      {"carol", C::OK, C::PERMISSION_DENIED, C::PERMISSION_DENIED},      // vision viewer
-      {"dave", C::NOT_FOUND, C::NOT_FOUND, C::NOT_FOUND},                // nlp only
-      {"root", C::OK, C::OK, C::NOT_FOUND},                              // cluster admin
+      {"bob", C::OK, C::OK, C::NOT_FOUND},                           // owner
+      {"alice", C::OK, C::OK, C::NOT_FOUND},                         // vision admin
+      {"carol", C::OK, C::PERMISSION_DENIED, C::PERMISSION_DENIED},  // vision viewer
+      {"dave", C::NOT_FOUND, C::NOT_FOUND, C::NOT_FOUND},            // nlp only
+      {"root", C::OK, C::OK, C::NOT_FOUND},                          // cluster admin
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.who);
@@ -351,7 +352,8 @@ TEST_F(AccessTest, TokensExpireAndAreRevokedAndAdminCommandsAreGuarded) {
   made = As("bob", "token create --name laptop -o json");
   ASSERT_EQ(made.exit_code, 0) << made.output;
   v1::CreateTokenResponse laptop;
-  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(made.output, &laptop).ok()) << made.output;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(made.output, &laptop).ok())
+      << made.output;
   secrets_.push_back(laptop.secret());
   const Caller on_laptop(cluster_.address(), laptop.secret());
   ASSERT_TRUE(on_laptop.WhoAmI(&me).ok());
@@ -374,10 +376,12 @@ TEST_F(AccessTest, TokensExpireAndAreRevokedAndAdminCommandsAreGuarded) {
   // Admin commands: members and team admins outside their team are refused, with no change.
   EXPECT_EQ(As("bob", "team create rogue").exit_code, 1);
   EXPECT_EQ(As("alice", "team add nlp alice --role admin").exit_code, 1);
-  EXPECT_EQ(As("alice", "user add eve --cluster-admin --team vision --token-out " +
-                             cluster_.dir() + "/eve.token").exit_code, 1);
-  CommandResult eve = As("alice", "user add eve --team vision --token-out " + cluster_.dir() +
-                                      "/eve.token");
+  EXPECT_EQ(As("alice", "user add eve --cluster-admin --team vision --token-out " + cluster_.dir() +
+                            "/eve.token")
+                .exit_code,
+            1);
+  CommandResult eve =
+      As("alice", "user add eve --team vision --token-out " + cluster_.dir() + "/eve.token");
   ASSERT_EQ(eve.exit_code, 0) << eve.output;
   secrets_.push_back(Token("eve"));
   EXPECT_EQ(As("alice", "user disable eve").exit_code, 1) << "cluster admins only";
@@ -404,8 +408,8 @@ TEST_F(AccessTest, TokensExpireAndAreRevokedAndAdminCommandsAreGuarded) {
 }
 
 TEST_F(AccessTest, WorkersJoinOnceAndWorkerAndUserCredentialsAreKeptApart) {
-  CommandResult join = Admin("worker join-token --ids 'w-*' --token-out " + cluster_.dir() +
-                             "/join.token");
+  CommandResult join =
+      Admin("worker join-token --ids 'w-*' --token-out " + cluster_.dir() + "/join.token");
   ASSERT_EQ(join.exit_code, 0) << join.output;
   secrets_.push_back(Token("join"));
   // A user token cannot act as a worker, a join token only joins.
@@ -413,8 +417,8 @@ TEST_F(AccessTest, WorkersJoinOnceAndWorkerAndUserCredentialsAreKeptApart) {
   EXPECT_EQ(Root().Heartbeat("w-1").error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(As("join").Heartbeat("w-1").error_code(), grpc::StatusCode::PERMISSION_DENIED);
   // An id outside the pattern is refused without using the join token up.
-  const pid_t outside = cluster_.StartWorker(
-      "laptop", {"--join-token-file", cluster_.dir() + "/join.token"});
+  const pid_t outside =
+      cluster_.StartWorker("laptop", {"--join-token-file", cluster_.dir() + "/join.token"});
   EXPECT_EQ(cluster_.WaitWorkerExit(outside, absl::Seconds(30)), std::optional<int>(2));
   const pid_t worker =
       cluster_.StartWorker("w-1", {"--join-token-file", cluster_.dir() + "/join.token"});
@@ -481,8 +485,7 @@ TEST_F(AccessTest, WorkersJoinOnceAndWorkerAndUserCredentialsAreKeptApart) {
 }
 
 TEST_F(AccessTest, OtherTeamsJobsShowAsOccupiedOnTheWorkersTable) {
-  ASSERT_EQ(Admin("worker join-token --token-out " + cluster_.dir() + "/join.token").exit_code,
-            0);
+  ASSERT_EQ(Admin("worker join-token --token-out " + cluster_.dir() + "/join.token").exit_code, 0);
   cluster_.StartWorker("w-1", {"--join-token-file", cluster_.dir() + "/join.token"});
   v1::JobSpec long_job = Job("long");
   long_job.mutable_train()->set_epochs(50);
@@ -510,8 +513,7 @@ TEST_F(AccessTest, OtherTeamsJobsShowAsOccupiedOnTheWorkersTable) {
 
 // Team quotas (issue 29, first slice): vision may hold 1 GPU and borrow 1 more; nlp has no quota.
 TEST_F(AccessTest, QuotasHoldJobsBackRefuseWhatNeverFitsAndLetTeamsBorrow) {
-  ASSERT_EQ(Admin("worker join-token --token-out " + cluster_.dir() + "/join.token").exit_code,
-            0);
+  ASSERT_EQ(Admin("worker join-token --token-out " + cluster_.dir() + "/join.token").exit_code, 0);
   cluster_.StartWorker("w-1", {"--join-token-file", cluster_.dir() + "/join.token",
                                "--fake-gpus-for-tests", "4", "--cpus", "8"});
   CommandResult set = Admin("quota set vision gpus=1 --borrow 1");
@@ -663,17 +665,15 @@ TEST(AccessUpgradeTest, ASingleTokenStateDirectoryKeepsWorkingThenMigrates) {
                               << ReadAll(cluster.dir() + "/server.log");
   cluster.KillServer(SIGTERM);
 
-  CommandResult boot = RunCommand(absl::StrCat(STOKER_SERVER_PATH_FOR_TEST,
-                                               " bootstrap-admin --state-dir ", cluster.dir(),
-                                               "/server --user root --token-out ", cluster.dir(),
-                                               "/root.token"));
+  CommandResult boot = RunCommand(
+      absl::StrCat(STOKER_SERVER_PATH_FOR_TEST, " bootstrap-admin --state-dir ", cluster.dir(),
+                   "/server --user root --token-out ", cluster.dir(), "/root.token"));
   ASSERT_EQ(boot.exit_code, 0) << boot.output;
   cluster.StartServer({"--token-file", token_file});
   v1::Job during;
   ASSERT_TRUE(old_client.Submit(Job("during"), &during).ok()) << "legacy mode keeps the old token";
   EXPECT_EQ(during.owner(), "legacy");
-  const std::string root_token(
-      absl::StripAsciiWhitespace(ReadAll(cluster.dir() + "/root.token")));
+  const std::string root_token(absl::StripAsciiWhitespace(ReadAll(cluster.dir() + "/root.token")));
   const Caller root(cluster.address(), root_token);
   EXPECT_EQ(root.List(true), (std::set<std::string>{before.id(), during.id()}));
   bool legacy_audited = false;
@@ -705,8 +705,9 @@ TEST(AccessBootstrapFlagsTest, AFirstStartCreatesTheAdminAndAJoinTokenFromFiles)
   const std::string join = "stkj_" + std::string(64, 'b');
   const std::string admin_file = WriteFile(cluster.dir() + "/admin.token", admin + "\n");
   const std::string join_file = WriteFile(cluster.dir() + "/join.token", join + "\n");
-  const std::vector<std::string> flags = {"--bootstrap-admin", "admin", "--bootstrap-token-file",
-                                          admin_file, "--bootstrap-join-token-file", join_file};
+  const std::vector<std::string> flags = {"--bootstrap-admin",           "admin",
+                                          "--bootstrap-token-file",      admin_file,
+                                          "--bootstrap-join-token-file", join_file};
   cluster.StartServer(flags);
   v1::WhoAmIResponse me;
   ASSERT_TRUE(Caller(cluster.address(), admin).WhoAmI(&me).ok());
@@ -729,8 +730,8 @@ TEST(AccessBootstrapFlagsTest, AFirstStartCreatesTheAdminAndAJoinTokenFromFiles)
   // A malformed secret is refused before serving.
   const std::string bad_file = WriteFile(cluster.dir() + "/bad.token", "not-a-user-token-at-all\n");
   CommandResult bad = RunCommand(absl::StrCat(
-      "timeout 20 ", STOKER_SERVER_PATH_FOR_TEST, " --listen 127.0.0.1:0 --state-dir ", cluster.dir(),
-      "/fresh --bootstrap-admin admin --bootstrap-token-file ", bad_file));
+      "timeout 20 ", STOKER_SERVER_PATH_FOR_TEST, " --listen 127.0.0.1:0 --state-dir ",
+      cluster.dir(), "/fresh --bootstrap-admin admin --bootstrap-token-file ", bad_file));
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_TRUE(absl::StrContains(bad.output, "must start with 'stku_'")) << bad.output;
 }

@@ -15,11 +15,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "grpcpp/grpcpp.h"
-#include "stoker.grpc.pb.h"
 #include "common/auth.h"
 #include "common/exit_codes.h"
 #include "common/system_memory.h"
+#include "grpcpp/grpcpp.h"
+#include "stoker.grpc.pb.h"
 #include "worker/metrics/nvml.h"
 #include "worker/metrics/worker_metrics.h"
 
@@ -88,9 +88,8 @@ absl::Status ResolveWorkerToken(const WorkerFlags& flags, AgentOptions& options)
   if (std::filesystem::exists(path, error)) {
     absl::StatusOr<std::string> token = ReadTokenFile(path);
     if (!token.ok()) return token.status();
-    std::filesystem::permissions(path, std::filesystem::perms::owner_read |
-                                           std::filesystem::perms::owner_write,
-                                 error);
+    std::filesystem::permissions(
+        path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write, error);
     options.token = *token;
     options.runner.token_file = path;
     std::cerr << "stoker-worker: using the worker token in " << path << "\n";
@@ -99,8 +98,8 @@ absl::Status ResolveWorkerToken(const WorkerFlags& flags, AgentOptions& options)
   if (flags.join_token_file.empty()) return absl::OkStatus();
   absl::StatusOr<std::string> join = ReadTokenFile(flags.join_token_file);
   if (!join.ok()) return join.status();
-  auto stub = v1::WorkerService::NewStub(
-      grpc::CreateChannel(options.server_address, options.credentials));
+  auto stub =
+      v1::WorkerService::NewStub(grpc::CreateChannel(options.server_address, options.credentials));
   v1::JoinWorkerRequest request;
   request.set_worker_id(options.worker_id);
   v1::JoinWorkerResponse response;
@@ -113,10 +112,9 @@ absl::Status ResolveWorkerToken(const WorkerFlags& flags, AgentOptions& options)
     if (status.ok()) break;
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
         status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("joining ", options.server_address, " as ", options.worker_id,
-                       " with the join token in ", flags.join_token_file,
-                       " was refused: ", status.error_message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "joining ", options.server_address, " as ", options.worker_id, " with the join token in ",
+          flags.join_token_file, " was refused: ", status.error_message()));
     }
     if (absl::Now() > give_up) {
       return absl::UnavailableError(absl::StrCat("cannot reach ", options.server_address,
@@ -132,8 +130,8 @@ absl::Status ResolveWorkerToken(const WorkerFlags& flags, AgentOptions& options)
   options.token = response.worker_token();
   options.runner.token_file = path;
   std::cerr << "stoker-worker: joined as " << options.worker_id << "; worker token "
-            << response.token_id() << " (worker ids '" << response.worker_ids()
-            << "') kept in " << path << "\n";
+            << response.token_id() << " (worker ids '" << response.worker_ids() << "') kept in "
+            << path << "\n";
   return absl::OkStatus();
 }
 
@@ -251,7 +249,8 @@ WorkerFlags DefaultWorkerFlags() {
   AgentOptions& options = flags.agent;
   // Stable across restarts, so that a restarted worker re-attaches and a join token's pattern
   // can name it; a second worker on one host needs its own --worker-id.
-  options.worker_id = hostname[0] != '\0' ? std::string(hostname) : absl::StrCat("worker-", getpid());
+  options.worker_id =
+      hostname[0] != '\0' ? std::string(hostname) : absl::StrCat("worker-", getpid());
   options.runner.work_dir = ".stoker/worker";
   options.runner.data_root = "/usr/share/datasets";
   const std::string self_dir = SelfDirectory();

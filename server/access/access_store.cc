@@ -177,10 +177,11 @@ absl::StatusOr<v1::TeamQuota> AccessStore::SetQuota(const v1::SetQuotaRequest& r
     remove.BindText(2, q.resource());
     if (!remove.ok() || remove.Step() != SQLITE_DONE) return Error("remove quota");
   } else {
-    Statement upsert(db_,
-                     "INSERT INTO team_quotas (team, resource, nominal, borrow) VALUES (?, ?, ?, ?) "
-                     "ON CONFLICT (team, resource) DO UPDATE SET nominal = excluded.nominal, "
-                     "borrow = excluded.borrow");
+    Statement upsert(
+        db_,
+        "INSERT INTO team_quotas (team, resource, nominal, borrow) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (team, resource) DO UPDATE SET nominal = excluded.nominal, "
+        "borrow = excluded.borrow");
     upsert.BindText(1, request.team());
     upsert.BindText(2, q.resource());
     upsert.BindInt(3, q.nominal());
@@ -227,7 +228,8 @@ absl::Status AccessStore::StepToRow(Statement& query, absl::string_view what,
 }
 
 absl::StatusOr<v1::TokenInfo> AccessStore::QueryToken(const char* where, absl::string_view value) {
-  Statement query(db_, absl::StrCat("SELECT ", kTokenColumns, " FROM tokens WHERE ", where, " = ?"));
+  Statement query(db_,
+                  absl::StrCat("SELECT ", kTokenColumns, " FROM tokens WHERE ", where, " = ?"));
   query.BindBlob(1, std::string(value));
   if (absl::Status s = StepToRow(query, "token", "(by digest)"); !s.ok()) return s;
   return TokenFromRow(query);
@@ -324,9 +326,9 @@ absl::StatusOr<v1::ListUsersResponse> AccessStore::ListUsers() {
 
 absl::StatusOr<std::vector<v1::TokenInfo>> AccessStore::ListTokens(const std::string& user) {
   absl::MutexLock lock(&mu_);
-  Statement query(db_, absl::StrCat("SELECT ", kTokenColumns, " FROM tokens",
-                                    user.empty() ? "" : " WHERE user = ?",
-                                    " ORDER BY created_ms DESC, id"));
+  Statement query(
+      db_, absl::StrCat("SELECT ", kTokenColumns, " FROM tokens",
+                        user.empty() ? "" : " WHERE user = ?", " ORDER BY created_ms DESC, id"));
   if (!query.ok()) return Error("prepare token list");
   if (!user.empty()) query.BindText(1, user);
   std::vector<v1::TokenInfo> tokens;
@@ -581,8 +583,9 @@ absl::StatusOr<AccessStore::NewToken> AccessStore::RedeemJoinToken(const std::st
   use.BindText(3, join_id);
   if (use.Step() != SQLITE_DONE) return Error("use join token");
   if (sqlite3_changes(db_) == 0) {
-    return absl::FailedPreconditionError("join token already used: ask an admin for a new one "
-                                         "(stoker worker join-token)");
+    return absl::FailedPreconditionError(
+        "join token already used: ask an admin for a new one "
+        "(stoker worker join-token)");
   }
   Statement query(db_, absl::StrCat("SELECT ", kTokenColumns, " FROM tokens WHERE id = ?"));
   query.BindText(1, join_id);
@@ -612,9 +615,9 @@ absl::StatusOr<AccessStore::NewToken> AccessStore::Bootstrap(const std::string& 
   Statement admins(db_, "SELECT name FROM users WHERE cluster_admin = 1 LIMIT 1");
   if (!admins.ok()) return Error("prepare admin query");
   if (admins.Step() == SQLITE_ROW) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("a cluster admin exists already ('", admins.ColumnText(0),
-                     "'): it adds users with `stoker user add`"));
+    return absl::FailedPreconditionError(absl::StrCat("a cluster admin exists already ('",
+                                                      admins.ColumnText(0),
+                                                      "'): it adds users with `stoker user add`"));
   }
   if (GetUserLocked(admin).ok()) {
     Statement promote(db_, "UPDATE users SET cluster_admin = 1, disabled = 0 WHERE name = ?");

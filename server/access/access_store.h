@@ -61,10 +61,8 @@ class AccessStore {
   absl::StatusOr<v1::AddUserResponse> AddUser(const v1::AddUserRequest& request,
                                               int64_t token_expires_unix_ms, v1::AuditRecord audit);
   absl::StatusOr<v1::User> DisableUser(const std::string& name, v1::AuditRecord audit);
-  absl::StatusOr<v1::Team> CreateTeam(const v1::CreateTeamRequest& request,
-                                      v1::AuditRecord audit);
-  absl::StatusOr<v1::Team> SetTeamCap(const v1::CreateTeamRequest& request,
-                                      v1::AuditRecord audit);
+  absl::StatusOr<v1::Team> CreateTeam(const v1::CreateTeamRequest& request, v1::AuditRecord audit);
+  absl::StatusOr<v1::Team> SetTeamCap(const v1::CreateTeamRequest& request, v1::AuditRecord audit);
   absl::StatusOr<v1::Team> SetMember(const v1::SetMemberRequest& request, v1::AuditRecord audit);
   absl::StatusOr<v1::Team> RemoveMember(const v1::RemoveMemberRequest& request,
                                         v1::AuditRecord audit);
@@ -88,8 +86,7 @@ class AccessStore {
   // INVALID_ARGUMENT for an unknown resource or a negative borrowing limit, NOT_FOUND for an
   // unknown team. A quota below what the team uses now is allowed: its running jobs go on, and
   // no new job of the team starts until it is back under.
-  absl::StatusOr<v1::TeamQuota> SetQuota(const v1::SetQuotaRequest& request,
-                                         v1::AuditRecord audit);
+  absl::StatusOr<v1::TeamQuota> SetQuota(const v1::SetQuotaRequest& request, v1::AuditRecord audit);
   // Every team's quotas (kept in memory, read from the store at Open and updated by SetQuota).
   Quotas AllQuotas();
 
@@ -102,15 +99,17 @@ class AccessStore {
   // Steps `query` to its one row: NOT_FOUND "no `what` '`key`'" when there is none.
   absl::Status StepToRow(Statement& query, absl::string_view what, absl::string_view key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<v1::User> GetUserLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<v1::Team> GetTeamLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::User> GetUserLocked(const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::Team> GetTeamLocked(const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::TokenInfo> QueryToken(const char* where, absl::string_view value)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `secret` empty: a new one.
   absl::StatusOr<NewToken> InsertToken(v1::TokenInfo token, std::string secret = "")
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status AddMemberLocked(const std::string& team, const std::string& user,
-                               v1::TeamRole role) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AddMemberLocked(const std::string& team, const std::string& user, v1::TeamRole role)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Status LoadQuotas() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

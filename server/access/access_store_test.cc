@@ -85,7 +85,8 @@ TEST_F(AccessStoreTest, JoinTokensAreSingleUse) {
   join.set_kind("join");
   join.set_user("root");
   join.set_worker_ids("node-*");
-  absl::StatusOr<AccessStore::NewToken> created = store_->CreateToken(join, Audit("worker.join-token"));
+  absl::StatusOr<AccessStore::NewToken> created =
+      store_->CreateToken(join, Audit("worker.join-token"));
   ASSERT_TRUE(created.ok()) << created.status();
   absl::StatusOr<AccessStore::NewToken> worker =
       store_->RedeemJoinToken(created->info.id(), Audit("worker.join"));
@@ -117,8 +118,7 @@ TEST_F(AccessStoreTest, BadInputChangesNothingAndChangesAreAudited) {
   ASSERT_EQ(bob->user().teams_size(), 1);
   EXPECT_EQ(bob->user().teams(0).role(), v1::TEAM_ROLE_MEMBER);
   // Its first token acts as bob.
-  absl::StatusOr<v1::TokenInfo> first =
-      store_->FindToken(HashSecret(bob->first_token().secret()));
+  absl::StatusOr<v1::TokenInfo> first = store_->FindToken(HashSecret(bob->first_token().secret()));
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->user(), "bob");
   v1::SetMemberRequest member;

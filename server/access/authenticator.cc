@@ -9,9 +9,7 @@
 namespace stoker {
 namespace {
 
-absl::Status Unauthenticated(const std::string& why) {
-  return absl::UnauthenticatedError(why);
-}
+absl::Status Unauthenticated(const std::string& why) { return absl::UnauthenticatedError(why); }
 
 std::string When(int64_t unix_ms) {
   return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(unix_ms),
@@ -38,7 +36,8 @@ absl::StatusOr<Principal> Authenticator::Authenticate(const grpc::ServerContext&
   const std::string value(it->second.data(), it->second.size());
   constexpr absl::string_view kPrefix = "Bearer ";
   if (!absl::StartsWith(value, kPrefix)) {
-    return required() ? Unauthenticated("invalid bearer token") : absl::StatusOr<Principal>(Principal{});
+    return required() ? Unauthenticated("invalid bearer token")
+                      : absl::StatusOr<Principal>(Principal{});
   }
   return AuthenticateToken(value.substr(kPrefix.size()), true);
 }
@@ -61,8 +60,8 @@ absl::StatusOr<Principal> Authenticator::AuthenticateToken(const std::string& be
   if (!token.ok()) return token.status();
   const int64_t now = absl::ToUnixMillis(absl::Now());
   if (token->revoked_unix_ms() != 0) {
-    return Unauthenticated(absl::StrCat("token ", token->id(), " was revoked at ",
-                                        When(token->revoked_unix_ms())));
+    return Unauthenticated(
+        absl::StrCat("token ", token->id(), " was revoked at ", When(token->revoked_unix_ms())));
   }
   if (token->expires_unix_ms() != 0 && token->expires_unix_ms() <= now) {
     return Unauthenticated(

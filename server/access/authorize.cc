@@ -80,9 +80,8 @@ absl::Status Submit(const Principal& who, const Resource& r) {
                                "' and cannot submit; a team admin can make it a member"));
   }
   if (r.priority > r.max_priority) {
-    return Denied(absl::StrCat("priority ", r.priority, " is above team '", r.team,
-                               "''s cap of ", r.max_priority,
-                               " (a cluster admin sets it: stoker team cap)"));
+    return Denied(absl::StrCat("priority ", r.priority, " is above team '", r.team, "''s cap of ",
+                               r.max_priority, " (a cluster admin sets it: stoker team cap)"));
   }
   return absl::OkStatus();
 }
@@ -149,8 +148,7 @@ absl::Status Authorize(const Principal& who, Action action, const Resource& r) {
     case Action::kOtherTokens:
       return ClusterAdminOnly(who, "see or revoke another user's tokens");
     case Action::kAddUser:
-      if (who.IsClusterAdmin() ||
-          (!r.team.empty() && who.RoleIn(r.team) == v1::TEAM_ROLE_ADMIN)) {
+      if (who.IsClusterAdmin() || (!r.team.empty() && who.RoleIn(r.team) == v1::TEAM_ROLE_ADMIN)) {
         return absl::OkStatus();
       }
       return Denied(

@@ -40,24 +40,24 @@ struct Principal {
 };
 
 enum class Action {
-  kSubmitJob,     // resource: team, priority, max_priority
-  kViewJob,       // status, list: resource: id, owner, team
-  kReadJob,       // logs, events, artifacts
+  kSubmitJob,  // resource: team, priority, max_priority
+  kViewJob,    // status, list: resource: id, owner, team
+  kReadJob,    // logs, events, artifacts
   kCancelJob,
-  kListJobs,      // what is listed is filtered by the service (MaySee's rule)
+  kListJobs,  // what is listed is filtered by the service (MaySee's rule)
   kListWorkers,
   kWhoAmI,
-  kOwnTokens,     // create, list, revoke one's own tokens
-  kOtherTokens,   // list or revoke another user's
+  kOwnTokens,    // create, list, revoke one's own tokens
+  kOtherTokens,  // list or revoke another user's
   kListUsers,
-  kAddUser,       // resource: team (a team admin may add a user to its team)
+  kAddUser,  // resource: team (a team admin may add a user to its team)
   kDisableUser,
   kCreateTeam,
-  kManageTeam,    // add, remove members; resource: team
-  kReadAudit,     // a team admin reads its teams' rows only (the service filters)
+  kManageTeam,  // add, remove members; resource: team
+  kReadAudit,   // a team admin reads its teams' rows only (the service filters)
   kCreateJoinToken,
-  kWorkerCall,    // WorkerService; resource: worker_id
-  kJoinWorker,    // resource: worker_id
+  kWorkerCall,  // WorkerService; resource: worker_id
+  kJoinWorker,  // resource: worker_id
 };
 
 // What the action is about; only the fields the action uses are read.

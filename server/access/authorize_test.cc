@@ -58,11 +58,11 @@ TEST(AuthorizeTest, JobActionsByRole) {
   };
   using C = absl::StatusCode;
   const std::vector<Row> rows = {
-      {&kBob, C::kOk, C::kOk, C::kOk},                                 // owner
-      {&kAlice, C::kOk, C::kOk, C::kOk},                               // team admin
-      {&kCarol, C::kOk, C::kPermissionDenied, C::kPermissionDenied},   // team viewer
-      {&kDave, C::kNotFound, C::kNotFound, C::kNotFound},              // other team
-      {&kRoot, C::kOk, C::kOk, C::kOk},                                // cluster admin
+      {&kBob, C::kOk, C::kOk, C::kOk},                                // owner
+      {&kAlice, C::kOk, C::kOk, C::kOk},                              // team admin
+      {&kCarol, C::kOk, C::kPermissionDenied, C::kPermissionDenied},  // team viewer
+      {&kDave, C::kNotFound, C::kNotFound, C::kNotFound},             // other team
+      {&kRoot, C::kOk, C::kOk, C::kOk},                               // cluster admin
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.who->user);
@@ -135,9 +135,9 @@ TEST(AuthorizeTest, TokenKindsAreKeptApart) {
   EXPECT_EQ(Code(kRoot, Action::kJoinWorker, worker), C::kPermissionDenied);
   const Principal w = Worker("gpu-node-*");
   EXPECT_EQ(Code(w, Action::kWorkerCall, worker), C::kOk);
-  for (Action user_action : {Action::kSubmitJob, Action::kViewJob, Action::kCancelJob,
-                             Action::kListJobs, Action::kListWorkers, Action::kWhoAmI, Action::kOwnTokens,
-                             Action::kJoinWorker}) {
+  for (Action user_action :
+       {Action::kSubmitJob, Action::kViewJob, Action::kCancelJob, Action::kListJobs,
+        Action::kListWorkers, Action::kWhoAmI, Action::kOwnTokens, Action::kJoinWorker}) {
     EXPECT_EQ(Code(w, user_action, BobsVisionJob()), C::kPermissionDenied);
   }
   worker.worker_id = "laptop";

@@ -20,7 +20,9 @@ std::string Amount(const char* noun, int64_t value) {
   return absl::StrCat(value);
 }
 
-std::string Noun(const char* noun) { return std::string(noun) == "memory" ? "" : absl::StrCat(" ", noun); }
+std::string Noun(const char* noun) {
+  return std::string(noun) == "memory" ? "" : absl::StrCat(" ", noun);
+}
 
 }  // namespace
 
@@ -43,10 +45,10 @@ std::optional<QuotaLimit>* LimitOf(TeamQuota& quota, const std::string& resource
 
 absl::Status QuotaAdmits(const std::string& team, const TeamQuota& quota,
                          const ResourceAmounts& usage, const ResourceAmounts& charge) {
-  for (const Row& row : {Row{"GPUs", quota.gpus, usage.gpus, charge.gpus},
-                         Row{"cpus", quota.cpus, usage.cpus, charge.cpus},
-                         Row{"memory", quota.memory_bytes, usage.memory_bytes,
-                             charge.memory_bytes}}) {
+  for (const Row& row :
+       {Row{"GPUs", quota.gpus, usage.gpus, charge.gpus},
+        Row{"cpus", quota.cpus, usage.cpus, charge.cpus},
+        Row{"memory", quota.memory_bytes, usage.memory_bytes, charge.memory_bytes}}) {
     if (!row.limit.has_value() || row.charge == 0) continue;
     const QuotaLimit& limit = *row.limit;
     if (row.usage + row.charge <= limit.nominal + limit.borrow) continue;
@@ -64,9 +66,10 @@ absl::Status QuotaCanHold(const std::string& team, const TeamQuota& quota,
                           const ResourceAmounts& need) {
   const absl::Status fits = QuotaAdmits(team, quota, {}, need);
   if (fits.ok()) return fits;
-  return absl::FailedPreconditionError(absl::StrCat(
-      fits.message(), ", more than the team's quota and borrowing limit together: it could never "
-                      "run (an admin raises it: stoker quota set)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(fits.message(),
+                   ", more than the team's quota and borrowing limit together: it could never "
+                   "run (an admin raises it: stoker quota set)"));
 }
 
 }  // namespace stoker

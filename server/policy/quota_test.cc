@@ -41,7 +41,8 @@ TEST(QuotaTest, NominalPlusBorrowingAndWhatTheWaitSays) {
   usage.gpus = 8;
   const absl::Status full = QuotaAdmits("vision", quota, usage, one);
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(full.message(), "quota: team vision uses 4 of 4 GPUs, borrowing 4 of 4; the job needs 1");
+  EXPECT_EQ(full.message(),
+            "quota: team vision uses 4 of 4 GPUs, borrowing 4 of 4; the job needs 1");
   const TeamQuota no_borrow = Gpus(4, 0);
   usage.gpus = 4;
   EXPECT_EQ(QuotaAdmits("vision", no_borrow, usage, one).message(),
