@@ -1,5 +1,5 @@
-# Sourced by the bench/run_*.sh scripts: where the programs they measure are.
-# Needs $root (the repository).
+# Sourced by the bench/run_*.sh scripts: where the programs they measure are, a local cluster to
+# run jobs on, and the machine and load lines of their reports. Needs $root (the repository).
 
 # Sets `bench` to the benchmark program NAME: $2 when given (the script's first argument), else
 # the first build/bench/NAME or build-*/bench/NAME; exits naming the target to build otherwise.
@@ -39,4 +39,42 @@ find_programs() {  # [BIN_DIR]
     echo "not found: $dataset_bin (build it, or pass a BIN_DIR)" >&2
     exit 1
   fi
+}
+
+# Prints "machine: <CPU model>, <cores> cores; <UTC time>".
+print_machine() {
+  echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
+}
+
+# Prints "load average WHEN: <1, 5 and 15 minute averages>".
+print_load() {  # WHEN
+  echo "load average $1: $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
+# Starts a stoker-server on loopback and one stoker-worker (WORKER_ID, work dir $state/worker),
+# both serving DATA_ROOT, with their logs in $state; appends their pids to `pids` and sets
+# `server` (host:port) and `worker_pid`. Needs find_programs' variables, $state and `pids`; exits
+# with the server's log when it does not start.
+start_local_cluster() {  # DATA_ROOT WORKER_ID
+  local data_root=$1 worker_id=$2
+  setsid "$server_bin" --listen 127.0.0.1:0 --port-file "$state/server.port" \
+    --state-dir "$state/server" --data-root "$data_root" >"$state/server.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do [[ -s "$state/server.port" ]] && break; sleep 0.1; done
+  [[ -s "$state/server.port" ]] || { cat "$state/server.log"; echo "stoker-server did not start" >&2; exit 1; }
+  server="127.0.0.1:$(cat "$state/server.port")"
+  setsid "$worker_bin" --server "$server" --worker-id "$worker_id" --work-dir "$state/worker" \
+    --data-root "$data_root" --trainer "$trainer_bin" --loader "$loader_bin" \
+    >"$state/worker.log" 2>&1 &
+  worker_pid=$!
+  pids+=($worker_pid)
+}
+
+# Kills the processes in `pids`, the last started first, and waits for each.
+stop_pids() {
+  local i
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill "${pids[i]}" 2>/dev/null || true
+    wait "${pids[i]}" 2>/dev/null || true
+  done
 }

@@ -46,7 +46,7 @@ echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
 echo "blas: $(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null |
   sed -n 's/^Value: *//p')"
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+print_load before
 # One thread per rank: OpenBLAS must not start its own (see docs/toolchain.md). (After the lines
 # above: nproc counts OMP_NUM_THREADS.)
 export OPENBLAS_NUM_THREADS=1
@@ -68,7 +68,7 @@ for ((i = 1; i <= repeats; i++)); do
   pytorch --ranks 1 --batch "$big_batch"
   stoker --ranks=1 --batch="$big_batch"
 done
-echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+print_load after
 echo
 
 /usr/bin/python3 - "$log" "$ranks" "$batch" <<'PY'

@@ -146,14 +146,13 @@ if [[ "${PERF:-1}" != 0 ]] && command -v perf >/dev/null; then
 fi
 echo
 
-/usr/bin/python3 - "$log" <<'PY'
+PYTHONPATH="$here" /usr/bin/python3 - "$log" <<'PY'
 import statistics
 import sys
 
-rows = []
-for line in open(sys.argv[1]):
-    kind, *pairs = line.split()
-    rows.append((kind, dict(p.split("=", 1) for p in pairs if "=" in p)))
+from benchlib import log_rows
+
+rows = log_rows(sys.argv[1])
 
 
 def num(f, key):

@@ -13,6 +13,8 @@
 #   Builds nothing (scripts/setup.sh builds). Work files go to $WORK (default /tmp/stoker-images-e2e).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root="$PWD"
+source bench/lib.sh
 models=${1:-"mlp cnn"}
 work=${WORK:-/tmp/stoker-images-e2e}
 bin=${BUILD:-build}  # a copy of the build keeps a run safe from rebuilds
@@ -21,8 +23,8 @@ rm -rf "$work"
 mkdir -p "$work/data"
 cp -r "$fmnist" "$work/data/fashion-mnist"  # symlinks may not leave the data root
 
-echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+print_machine
+print_load before
 start=$(date +%s)
 "$bin/data/index/stoker-dataset" export-fashion-mnist --out "$work/data/fmnist-png" --format png
 "$bin/data/index/stoker-dataset" pack --root "$work/data/fmnist-png/train" \
@@ -95,7 +97,7 @@ for model in $models; do
   done
   done
 done
-echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+print_load after
 printf '%s\n' "${results[@]}" | /usr/bin/python3 -c '
 import statistics, sys
 rows = [l.split() for l in sys.stdin if l.strip()]

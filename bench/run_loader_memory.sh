@@ -26,34 +26,23 @@ data_root="${DATA_ROOT:-/usr/share/datasets}"
 state="$(mktemp -d /tmp/stoker-loader-memory-XXXXXX)"
 pids=()
 cleanup() {
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-    kill "${pids[i]}" 2>/dev/null || true
-    wait "${pids[i]}" 2>/dev/null || true
-  done
+  stop_pids
   rm -rf "$state"
 }
 trap cleanup EXIT INT TERM
 
-setsid "$server_bin" --listen 127.0.0.1:0 --port-file "$state/server.port" \
-  --state-dir "$state/server" --data-root "$data_root" >"$state/server.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do [[ -s "$state/server.port" ]] && break; sleep 0.1; done
-[[ -s "$state/server.port" ]] || { cat "$state/server.log"; echo "stoker-server did not start" >&2; exit 1; }
-server="127.0.0.1:$(cat "$state/server.port")"
-setsid "$worker_bin" --server "$server" --worker-id bench-memory --work-dir "$state/worker" \
-  --data-root "$data_root" --trainer "$trainer_bin" --loader "$loader_bin" \
-  >"$state/worker.log" 2>&1 &
-pids+=($!)
+start_local_cluster "$data_root" bench-memory
 
 echo "binaries: $(dirname "$loader_bin") (stoker-loader $(stat -c %y "$loader_bin" | cut -d. -f1))"
-echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
+print_machine
 
-/usr/bin/python3 - "$cli" "$server" "$state" "${LOADERS:-1 2 4}" "${SAMPLE_SECONDS:-5}" <<'PY'
-import json
+PYTHONPATH="$here" /usr/bin/python3 - "$cli" "$server" "$state" "${LOADERS:-1 2 4}" \
+  "${SAMPLE_SECONDS:-5}" <<'PY'
 import os
-import subprocess
 import sys
 import time
+
+from benchlib import job_pids, proc_kb, stoker_cli, write_job_file
 
 cli, server, state, loaders, sample_seconds = sys.argv[1:6]
 loader_counts = [int(k) for k in loaders.split()]
@@ -64,65 +53,33 @@ COUNT, SAMPLE_BYTES = 60000, 28 * 28
 dataset_bytes = COUNT * (SAMPLE_BYTES + 1)  # decoded samples and labels
 
 
-def stoker(*args):
-    out = subprocess.run([cli, "--server", server, "-o", "json", *args], check=True,
-                         capture_output=True, text=True).stdout
-    return json.loads(out)
+stoker = stoker_cli(cli, server)
 
 
 def job_file(k):
-    path = os.path.join(state, f"job-{k}.yaml")
-    with open(path, "w") as f:
-        f.write(f"""name: loader-memory-k{k}
-dataset:
-  format: idx
-  train_images: fashion-mnist/train-images-idx3-ubyte.gz
-  train_labels: fashion-mnist/train-labels-idx1-ubyte.gz
-  test_images: fashion-mnist/t10k-images-idx3-ubyte.gz
-  test_labels: fashion-mnist/t10k-labels-idx1-ubyte.gz
-  classes: 10
+    return write_job_file(os.path.join(state, f"job-{k}.yaml"), f"""name: loader-memory-k{k}
+dataset: {{format: idx, classes: 10,
+          train_images: fashion-mnist/train-images-idx3-ubyte.gz,
+          train_labels: fashion-mnist/train-labels-idx1-ubyte.gz,
+          test_images: fashion-mnist/t10k-images-idx3-ubyte.gz,
+          test_labels: fashion-mnist/t10k-labels-idx1-ubyte.gz}}
 model: {{type: mlp, hidden: [256, 128]}}
 train: {{epochs: 100, batch_size: 128, precision: fp32, seed: 1,
          optimizer: {{type: sgd, lr: 0.05, momentum: 0.9}}}}
 loader: {{processes: {k}, ring_slots: 8}}
 resources: {{gpus: 0}}
 """)
-    return path
 
 
 def loader_pids(job_id):
-    """Pids of the running stoker-loader processes of `job_id` (its --job file is in the
-    attempt's directory <work_dir>/<job_id>-a<n>/)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if not argv or not argv[0].endswith(b"stoker-loader"):
-            continue
-        if any(a.startswith(os.path.join(work_dir, job_id + "-a").encode()) for a in argv):
-            found.append(int(entry))
-    return sorted(found)
+    return job_pids(work_dir, job_id)
 
 
 def memory(pid):
     """kB values of RssAnon, RssFile, RssShmem and Pss, or None once the process is gone."""
-    values = {}
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key in ("RssAnon", "RssFile", "RssShmem"):
-                    values[key] = int(rest.split()[0])
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key == "Pss":
-                    values[key] = int(rest.split()[0])
+        values = proc_kb(pid, "status", ("RssAnon", "RssFile", "RssShmem"))
+        values.update(proc_kb(pid, "smaps_rollup", ("Pss",)))
     except OSError:
         return None
     return values if len(values) == 4 else None

@@ -81,10 +81,7 @@ train_pattern=$(sed "s|$data/||" "$work/train-pattern")
 state="$(mktemp -d "$work/run-XXXXXX")"
 pids=()
 cleanup() {
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-    kill "${pids[i]}" 2>/dev/null || true
-    wait "${pids[i]}" 2>/dev/null || true
-  done
+  stop_pids
   if [[ -d "$cgroup" ]]; then
     for _ in $(seq 100); do rmdir "$cgroup" 2>/dev/null && break; sleep 0.1; done
     [[ -d "$cgroup" ]] && echo "could not remove $cgroup: $(cat "$cgroup/cgroup.procs")" >&2
@@ -96,31 +93,22 @@ trap cleanup EXIT INT TERM
 mkdir "$cgroup"
 echo $((cgroup_mib * 1048576)) >"$cgroup/memory.limit_in_bytes"
 
-setsid "$server_bin" --listen 127.0.0.1:0 --port-file "$state/server.port" \
-  --state-dir "$state/server" --data-root "$data" >"$state/server.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do [[ -s "$state/server.port" ]] && break; sleep 0.1; done
-[[ -s "$state/server.port" ]] || { cat "$state/server.log"; echo "stoker-server did not start" >&2; exit 1; }
-server="127.0.0.1:$(cat "$state/server.port")"
-setsid "$worker_bin" --server "$server" --worker-id bench-memory-images --work-dir "$state/worker" \
-  --data-root "$data" --trainer "$trainer_bin" --loader "$loader_bin" \
-  >"$state/worker.log" 2>&1 &
-worker_pid=$!
-pids+=($worker_pid)
+start_local_cluster "$data" bench-memory-images
 echo "$worker_pid" >"$cgroup/cgroup.procs"  # before it can fork: its children start inside
 
 echo "binaries: $(dirname "$loader_bin") (stoker-loader $(stat -c %y "$loader_bin" | cut -d. -f1))"
-echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+print_machine
+print_load before
 
-/usr/bin/python3 - "$cli" "$server" "$state" "$data" "$train_pattern" "$cgroup" "$loaders" \
-  "$cgroup_mib" "$image_size" <<'PY'
+PYTHONPATH="$here" /usr/bin/python3 - "$cli" "$server" "$state" "$data" "$train_pattern" \
+  "$cgroup" "$loaders" "$cgroup_mib" "$image_size" <<'PY'
 import glob
 import json
 import os
-import subprocess
 import sys
 import time
+
+from benchlib import job_pids, proc_kb, stoker_cli, write_job_file
 
 cli, server, state, data, train_pattern, cgroup, loaders, cgroup_mib, size = sys.argv[1:10]
 loader_counts = [int(k) for k in loaders.split()]
@@ -132,10 +120,7 @@ dataset_bytes = sum(os.path.getsize(s) for s in shards)
 cgroup_relative = cgroup[len("/sys/fs/cgroup/memory"):]  # as /proc/PID/cgroup names it
 
 
-def stoker(*args, parse=True):
-    out = subprocess.run([cli, "--server", server, "-o", "json", *args], check=True,
-                         capture_output=True, text=True).stdout
-    return json.loads(out) if parse else out
+stoker = stoker_cli(cli, server)
 
 
 def cgroup_read(name):
@@ -167,9 +152,7 @@ def drop_page_cache():
 
 
 def job_file(k):
-    path = os.path.join(state, f"job-{k}.yaml")
-    with open(path, "w") as f:
-        f.write(f"""name: loader-memory-images-k{k}
+    return write_job_file(os.path.join(state, f"job-{k}.yaml"), f"""name: loader-memory-images-k{k}
 dataset:
   format: shards
   train_images: "{train_pattern}"
@@ -185,35 +168,13 @@ loader: {{processes: {k}, ring_slots: 8}}
 resources: {{gpus: 0}}
 max_retries: 0
 """)
-    return path
-
-
-def job_pids(job_id, program=b"stoker-loader"):
-    found = []
-    prefix = os.path.join(work_dir, job_id + "-a").encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(program) and any(a.startswith(prefix) for a in argv):
-            found.append(int(entry))
-    return sorted(found)
 
 
 def memory(pid):
     """kB of RssAnon, RssFile and VmHWM, and whether pid is in the cgroup; None once it is
     gone."""
-    values = {}
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key in ("RssAnon", "RssFile", "VmHWM"):
-                    values[key] = int(rest.split()[0])
+        values = proc_kb(pid, "status", ("RssAnon", "RssFile", "VmHWM"))
         with open(f"/proc/{pid}/cgroup") as f:
             values["in_cgroup"] = any(line.split(":", 2)[1:] == ["memory", cgroup_relative]
                                       for line in f.read().splitlines())
@@ -265,10 +226,10 @@ for k in loader_counts:
                 stoker("cancel", job_id)
                 sys.exit(f"job {job_id}: not done after an hour")
         anon_sum = 0
-        for pid in job_pids(job_id, b"stoker-trainer"):
+        for pid in job_pids(work_dir, job_id, b"stoker-trainer"):
             m = memory(pid)
             trainer_anon = max(trainer_anon, m["RssAnon"] if m else 0)
-        for pid in job_pids(job_id):
+        for pid in job_pids(work_dir, job_id):
             m = memory(pid)
             if m is None:
                 continue

@@ -10,17 +10,18 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
+source "$here/lib.sh"
 bench="${1:-$root/build/bench/train_bench}"
 [[ -x "$bench" ]] || { echo "train_bench not found at $bench: build it or pass its path" >&2; exit 1; }
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+print_load before
 OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive "$bench" --seconds="${SECONDS_PER_CONFIG:-2}" \
   --threads=2 --paths=mlp,network --rounds="${ROUNDS:-5}" --hidden="${HIDDEN:-256,128}" \
   --batch="${BATCH:-128}" | grep -E "^(config|stoker)" | tee "$log"
-echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+print_load after
 /usr/bin/python3 - "$log" <<'PY'
 import statistics
 import sys

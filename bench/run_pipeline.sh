@@ -18,21 +18,20 @@ export OPENBLAS_NUM_THREADS=1
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 echo "pipeline_bench: $bench"
-echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+print_machine
+print_load before
 # shellcheck disable=SC2086
 "$bench" --epochs="${EPOCHS:-30}" ${PIPELINE_FLAGS:-} | tee -a "$log"
 /usr/bin/python3 "$here/pipeline_pytorch.py" --epochs "${TORCH_EPOCHS:-2}" | tee -a "$log"
-echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+print_load after
 echo
 
-/usr/bin/python3 - "$log" <<'PY'
+PYTHONPATH="$here" /usr/bin/python3 - "$log" <<'PY'
 import sys
 
-rows = []
-for line in open(sys.argv[1]):
-    kind, *pairs = line.split()
-    rows.append((kind, dict(p.split("=", 1) for p in pairs if "=" in p)))
+from benchlib import log_rows
+
+rows = log_rows(sys.argv[1])
 
 tp = {(f["system"], f["workers"]): f for k, f in rows if k == "throughput"}
 print("Fashion-MNIST, batch 256, consumer normalises to float32; samples/s after the first batch "

@@ -29,7 +29,7 @@ trap 'rm -f "$log"' EXIT
 echo "train_bench: $bench"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+print_load before
 for ((i = 1; i <= repeats; i++)); do
   for threads in $thread_counts; do
     OMP_NUM_THREADS="$threads" "$bench" --seconds="$seconds" --threads="$threads" | tee -a "$log"
@@ -37,17 +37,17 @@ for ((i = 1; i <= repeats; i++)); do
       --threads "$threads" | tee -a "$log"
   done
 done
-echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+print_load after
 echo
 
-/usr/bin/python3 - "$log" <<'PY'
+PYTHONPATH="$here" /usr/bin/python3 - "$log" <<'PY'
 import statistics
 import sys
 
+from benchlib import log_rows
+
 runs = {}
-for line in open(sys.argv[1]):
-    kind, *pairs = line.split()
-    fields = dict(p.split("=", 1) for p in pairs if "=" in p)
+for kind, fields in log_rows(sys.argv[1]):
     if kind == "matmul":
         runs.setdefault(("matmul", fields["precision"], fields["threads"]), []).append(
             float(fields["gflops"]))

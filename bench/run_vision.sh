@@ -42,7 +42,7 @@ echo "vision_bench: $bench"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, threads $threads"
 echo "torch: $(/usr/bin/python3 -c 'import torch; print(torch.__version__, "mkldnn", torch.backends.mkldnn.is_available())')"
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+print_load before
 # No OpenBLAS threads competing with the OpenMP ones (docs/toolchain.md); both sides keep their
 # default OpenMP wait policy.
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS="$threads"
@@ -76,7 +76,7 @@ for ((r = 1; r <= repeats; r++)); do
     done
   done
 done
-echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+print_load after
 echo
 
 /usr/bin/python3 - "$log" <<'PY'

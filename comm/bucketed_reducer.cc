@@ -52,21 +52,16 @@ class Reducer : public BucketedReducer {
                               static_cast<double>(global_batch_));
   }
 
+  ReducerCounters counters() const override {
+    absl::MutexLock lock(&mu_);
+    return counters_;
+  }
+
   void GradientReady(int index, float* gradient, int64_t count) override {
     absl::MutexLock lock(&mu_);
     if (!step_error_.ok()) return;  // the step has failed already; Finish() says why
-    if (count < 0 || (gradient == nullptr && count > 0)) {
-      step_error_ =
-          absl::InternalError(absl::StrCat("gradient ", index, " has ", count, " elements at ",
-                                           GradientAddress(gradient), ": not a gradient buffer"));
-      return;
-    }
-    if (index != ready_) {
-      step_error_ = absl::InternalError(absl::StrCat("step ", step_, ": gradient ", index,
-                                                     " became ready where gradient ", ready_,
-                                                     " was expected (indices count 0, 1, ...)"));
-      return;
-    }
+    step_error_ = CheckGradientArrival(step_, index, ready_, gradient, count);
+    if (!step_error_.ok()) return;
     if (learning_) {
       Learn(gradient, count);
     } else if (!CheckLayout(index, gradient, count)) {
@@ -120,18 +115,8 @@ class Reducer : public BucketedReducer {
     return status;
   }
 
-  ReducerCounters counters() const override {
-    absl::MutexLock lock(&mu_);
-    return counters_;
-  }
-
  private:
-  struct Tensor {
-    float* gradient;
-    int64_t count;
-    int bucket;
-    int64_t offset;  // in floats, within the bucket's buffer
-  };
+  using Tensor = BucketedTensor;
   struct Bucket {
     std::vector<float> buffer;
     int last_tensor = -1;
@@ -156,10 +141,7 @@ class Reducer : public BucketedReducer {
   }
 
   bool CheckLayout(int index, float* gradient, int64_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const bool known = index >= 0 && index < static_cast<int>(tensors_.size());
-    step_error_ =
-        CheckSameGradient(step_, index, tensors_.size(), known ? tensors_[index].gradient : nullptr,
-                          known ? tensors_[index].count : 0, gradient, count);
+    step_error_ = CheckSameGradient(step_, index, tensors_, gradient, count);
     return step_error_.ok();
   }
 

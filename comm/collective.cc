@@ -23,19 +23,32 @@ std::string GradientAddress(const void* pointer) {
   return absl::StrCat("0x", absl::Hex(reinterpret_cast<uintptr_t>(pointer)));
 }
 
-absl::Status CheckSameGradient(int64_t step, int index, size_t first_step_count,
-                               const float* first_gradient, int64_t first_count,
-                               const float* gradient, int64_t count) {
-  if (index < 0 || static_cast<size_t>(index) >= first_step_count) {
-    return absl::InternalError(absl::StrCat("step ", step, ": gradient ", index,
-                                            " is one more than the first step's ",
-                                            first_step_count));
+absl::Status CheckGradientArrival(int64_t step, int index, int expected, const float* gradient,
+                                  int64_t count) {
+  if (count < 0 || (gradient == nullptr && count > 0)) {
+    return absl::InternalError(absl::StrCat("gradient ", index, " has ", count, " elements at ",
+                                            GradientAddress(gradient), ": not a gradient buffer"));
   }
-  if (first_gradient != gradient || first_count != count) {
+  if (index != expected) {
+    return absl::InternalError(absl::StrCat("step ", step, ": gradient ", index,
+                                            " became ready where gradient ", expected,
+                                            " was expected (indices count 0, 1, ...)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameGradient(int64_t step, int index, const std::vector<BucketedTensor>& layout,
+                               const float* gradient, int64_t count) {
+  if (index < 0 || static_cast<size_t>(index) >= layout.size()) {
+    return absl::InternalError(absl::StrCat("step ", step, ": gradient ", index,
+                                            " is one more than the first step's ", layout.size()));
+  }
+  const BucketedTensor& first = layout[index];
+  if (first.gradient != gradient || first.count != count) {
     return absl::InternalError(
         absl::StrCat("step ", step, ": gradient ", index, " is ", count, " elements at ",
-                     GradientAddress(gradient), ", the first step's was ", first_count, " at ",
-                     GradientAddress(first_gradient),
+                     GradientAddress(gradient), ", the first step's was ", first.count, " at ",
+                     GradientAddress(first.gradient),
                      " (the order, buffers and sizes must not change between steps)"));
   }
   return absl::OkStatus();

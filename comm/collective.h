@@ -99,12 +99,22 @@ class BucketedReducer : public GradientReducer {
 };
 // For reducers (bucketed_reducer.cc, nccl_reducer.cc): a gradient buffer's address in messages.
 std::string GradientAddress(const void* pointer);
-// After a reducer's first step fixed the layout (`first_step_count` gradients): INTERNAL naming
-// what differs unless gradient `index` of step `step` is the first step's gradient `index`
-// (`first_gradient`, `first_count`; ignored when index >= first_step_count) at the same buffer
-// with the same count.
-absl::Status CheckSameGradient(int64_t step, int index, size_t first_step_count,
-                               const float* first_gradient, int64_t first_count,
+// For reducers: one tensor of the layout their first step learns, a model's gradient buffer and
+// where it lies in its bucket.
+struct BucketedTensor {
+  float* gradient;
+  int64_t count;
+  int bucket;
+  int64_t offset;  // in floats, within the bucket's buffer
+};
+// For reducers: INTERNAL unless `gradient` (`count` floats) is a gradient buffer and `index` is
+// the gradient step `step` expects next (`expected`: indices count 0, 1, ...).
+absl::Status CheckGradientArrival(int64_t step, int index, int expected, const float* gradient,
+                                  int64_t count);
+// After a reducer's first step fixed the layout (`layout`, one tensor a gradient): INTERNAL naming
+// what differs unless gradient `index` of step `step` is the first step's gradient `index` at the
+// same buffer with the same count.
+absl::Status CheckSameGradient(int64_t step, int index, const std::vector<BucketedTensor>& layout,
                                const float* gradient, int64_t count);
 
 std::unique_ptr<BucketedReducer> CreateBucketedReducer(Collective& collective,

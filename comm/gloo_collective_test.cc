@@ -417,83 +417,64 @@ TEST(GlooForkedTest, ThreeProcessesSumExactly) {
   std::filesystem::remove_all(directory);
 }
 
-TEST(GlooForkedTest, AKilledRankFailsTheParentsAllReduceWithinSeconds) {
+// Rank 0 here and rank 1 forked, over `count` floats: both finish one all-reduce, then the child
+// is killed 300 ms into rank 0's next one. With `both_sending` both ranks keep all-reducing (so
+// rank 0 is likely writing to the dead peer's socket); without, the child stops taking part (as a
+// rank stuck in backward would) until it is killed. Rank 0's all-reduce must fail UNAVAILABLE or
+// DEADLINE_EXCEEDED within 5 s, under a long timeout: the failure must come from the peer's death,
+// not from the clock.
+void ExpectKilledRankFailsAllReduce(const std::string& prefix, size_t count, bool both_sending) {
   const std::string directory = MakeTempDirectory();
   ASSERT_FALSE(directory.empty());
-  const size_t count = 1 << 20;
-  // The child joins one all-reduce, then stops taking part (as a rank stuck in backward would)
-  // until it is killed.
   const pid_t child = ForkRank([&] {
     std::unique_ptr<KeyValueStore> store = CreateDirectoryStore(directory);
     absl::StatusOr<std::unique_ptr<Collective>> collective =
-        ConnectGloo(Options(1, 2, "killed/", absl::Seconds(60)), *store);
+        ConnectGloo(Options(1, 2, prefix, absl::Seconds(60)), *store);
     if (!collective.ok()) return 10;
     std::vector<float> data(count, 1.0f);
+    if (both_sending) {
+      while ((*collective)->AllReduceSum(data.data(), count).ok()) {
+      }
+      return 11;
+    }
     if (!(*collective)->AllReduceSum(data.data(), count).ok()) return 11;
     for (;;) pause();
   });
   std::unique_ptr<KeyValueStore> store = CreateDirectoryStore(directory);
-  // A long timeout: the failure must come from the peer's death, not from the clock.
   absl::StatusOr<std::unique_ptr<Collective>> collective =
-      ConnectGloo(Options(0, 2, "killed/", absl::Seconds(60)), *store);
+      ConnectGloo(Options(0, 2, prefix, absl::Seconds(60)), *store);
   ASSERT_TRUE(collective.ok()) << collective.status();
-  std::vector<float> data(count, 2.0f);
+  const float value = both_sending ? 1.0f : 2.0f;
+  std::vector<float> data(count, value);
   ASSERT_TRUE((*collective)->AllReduceSum(data.data(), count).ok());
-  EXPECT_EQ(data[count - 1], 3.0f);
-  std::thread killer([&] {
-    absl::SleepFor(absl::Milliseconds(300));
-    kill(child, SIGKILL);
-  });
-  const absl::Time start = absl::Now();
-  absl::Status status = (*collective)->AllReduceSum(data.data(), count);
-  const absl::Duration waited = absl::Now() - start;
-  killer.join();
-  RecordProperty("error", status.ToString());
-  EXPECT_EQ(WaitFor(child), -SIGKILL);
-  EXPECT_TRUE(absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) << status;
-  EXPECT_LT(waited, absl::Seconds(5)) << status;
-  std::filesystem::remove_all(directory);
-}
-
-// Both ranks keep all-reducing large buffers when the child is killed, so the parent is likely
-// writing to the dead peer's socket: that must be UNAVAILABLE (EPIPE), not a SIGPIPE that kills
-// this process.
-TEST(GlooForkedTest, AKilledRankWhileBothAreSendingIsAnErrorNotASignal) {
-  const std::string directory = MakeTempDirectory();
-  ASSERT_FALSE(directory.empty());
-  const size_t count = 4 << 20;
-  const pid_t child = ForkRank([&] {
-    std::unique_ptr<KeyValueStore> store = CreateDirectoryStore(directory);
-    absl::StatusOr<std::unique_ptr<Collective>> collective =
-        ConnectGloo(Options(1, 2, "sending/", absl::Seconds(60)), *store);
-    if (!collective.ok()) return 10;
-    std::vector<float> data(count, 1.0f);
-    while ((*collective)->AllReduceSum(data.data(), count).ok()) {
-    }
-    return 11;
-  });
-  std::unique_ptr<KeyValueStore> store = CreateDirectoryStore(directory);
-  absl::StatusOr<std::unique_ptr<Collective>> collective =
-      ConnectGloo(Options(0, 2, "sending/", absl::Seconds(60)), *store);
-  ASSERT_TRUE(collective.ok()) << collective.status();
-  std::vector<float> data(count, 1.0f);
-  ASSERT_TRUE((*collective)->AllReduceSum(data.data(), count).ok());
+  EXPECT_EQ(data[count - 1], value + 1.0f);
   std::thread killer([&] {
     absl::SleepFor(absl::Milliseconds(300));
     kill(child, SIGKILL);
   });
   const absl::Time start = absl::Now();
   absl::Status status;
-  while (status.ok() && absl::Now() - start < absl::Seconds(30)) {
+  do {
     status = (*collective)->AllReduceSum(data.data(), count);
-  }
+  } while (both_sending && status.ok() && absl::Now() - start < absl::Seconds(30));
   const absl::Duration waited = absl::Now() - start;
   killer.join();
-  RecordProperty("error", status.ToString());
+  ::testing::Test::RecordProperty("error", status.ToString());
   EXPECT_EQ(WaitFor(child), -SIGKILL);
   EXPECT_TRUE(absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) << status;
   EXPECT_LT(waited, absl::Seconds(5)) << status;
   std::filesystem::remove_all(directory);
+}
+
+TEST(GlooForkedTest, AKilledRankFailsTheParentsAllReduceWithinSeconds) {
+  ExpectKilledRankFailsAllReduce("killed/", 1 << 20, /*both_sending=*/false);
+}
+
+// Both ranks keep all-reducing large buffers when the child is killed, so the parent is likely
+// writing to the dead peer's socket: that must be UNAVAILABLE (EPIPE), not a SIGPIPE that kills
+// this process.
+TEST(GlooForkedTest, AKilledRankWhileBothAreSendingIsAnErrorNotASignal) {
+  ExpectKilledRankFailsAllReduce("sending/", 4 << 20, /*both_sending=*/true);
 }
 
 }  // namespace

@@ -135,36 +135,26 @@ class NcclCommunicator : public NcclCollective {
 
   absl::Status EnqueueAllReduceSum(float* data, size_t count, cudaStream_t stream,
                                    const std::string& what) override {
-    if (count == 0) return absl::OkStatus();
-    if (data == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": null buffer"));
-    absl::MutexLock lock(&mu_);
-    STOKER_RETURN_IF_ERROR(CheckNotFailed(what));
-    const absl::Time deadline = absl::Now() + timeout_;
-    const cudaError_t set = cudaSetDevice(device_);
-    if (set != cudaSuccess) return CudaError(set, "cudaSetDevice", __FILE__, __LINE__);
-    const ncclResult_t result =
-        ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream);
     // Accepted (not run): only the communicator's state is waited for, not the stream.
-    return Settle((result == ncclSuccess || result == ncclInProgress)
-                      ? Wait(comm_, nullptr, deadline, what)
-                      : NcclError(result, what, comm_));
+    return Run(what, count, data, /*wait_stream=*/nullptr, [&] {
+      return ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream);
+    });
   }
 
   absl::Status WaitForStream(cudaStream_t stream, const std::string& what) override {
     absl::MutexLock lock(&mu_);
     STOKER_RETURN_IF_ERROR(CheckNotFailed(what));
-    const cudaError_t set = cudaSetDevice(device_);
-    if (set != cudaSuccess) return CudaError(set, "cudaSetDevice", __FILE__, __LINE__);
+    STOKER_RETURN_IF_ERROR(SetDevice());
     return Settle(Wait(comm_, stream, absl::Now() + timeout_, what));
   }
 
   absl::Status AllReduceSum(float* data, size_t count) override {
-    return Run(absl::StrCat("NCCL all-reduce of ", count, " floats"), count, data, [&] {
+    return Run(absl::StrCat("NCCL all-reduce of ", count, " floats"), count, data, stream_, [&] {
       return ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_);
     });
   }
   absl::Status AllReduceSum(double* data, size_t count) override {
-    return Run(absl::StrCat("NCCL all-reduce of ", count, " doubles"), count, data, [&] {
+    return Run(absl::StrCat("NCCL all-reduce of ", count, " doubles"), count, data, stream_, [&] {
       return ncclAllReduce(data, data, count, ncclFloat64, ncclSum, comm_, stream_);
     });
   }
@@ -175,30 +165,39 @@ class NcclCommunicator : public NcclCollective {
           absl::StrCat("broadcast root ", root, " is not a rank of ", size_));
     }
     return Run(absl::StrCat("NCCL broadcast of ", count, " floats from rank ", root), count, data,
+               stream_,
                [&] { return ncclBroadcast(data, data, count, ncclFloat32, root, comm_, stream_); });
   }
 
   // NCCL has no barrier: an all-reduce of one float on a scratch buffer of our own.
   absl::Status Barrier() override {
-    return Run("NCCL barrier", 1, scratch_, [&] {
+    return Run("NCCL barrier", 1, scratch_, stream_, [&] {
       return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_);
     });
   }
 
  private:
+  // One operation on `count` elements at `data` (nothing to do for none): `enqueue` it on the
+  // communicator, then wait, until the timeout, for `wait_stream` and the communicator's state
+  // (null: the state only).
   absl::Status Run(const std::string& what, size_t count, const void* data,
-                   const std::function<ncclResult_t()>& enqueue) {
+                   cudaStream_t wait_stream, const std::function<ncclResult_t()>& enqueue) {
     if (count == 0) return absl::OkStatus();
     if (data == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": null buffer"));
     absl::MutexLock lock(&mu_);
     STOKER_RETURN_IF_ERROR(CheckNotFailed(what));
     const absl::Time deadline = absl::Now() + timeout_;
-    const cudaError_t set = cudaSetDevice(device_);
-    if (set != cudaSuccess) return CudaError(set, "cudaSetDevice", __FILE__, __LINE__);
+    STOKER_RETURN_IF_ERROR(SetDevice());
     const ncclResult_t result = enqueue();
     return Settle((result == ncclSuccess || result == ncclInProgress)
-                      ? Wait(comm_, stream_, deadline, what)
+                      ? Wait(comm_, wait_stream, deadline, what)
                       : NcclError(result, what, comm_));
+  }
+
+  absl::Status SetDevice() const {
+    const cudaError_t set = cudaSetDevice(device_);
+    if (set != cudaSuccess) return CudaError(set, "cudaSetDevice", __FILE__, __LINE__);
+    return absl::OkStatus();
   }
 
   absl::Status CheckNotFailed(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

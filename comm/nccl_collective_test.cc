@@ -6,8 +6,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -18,30 +16,13 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "comm/collective.h"
+#include "comm/nccl_test_util.h"
 #include "gtest/gtest.h"
 
 namespace stoker {
 namespace {
 
-int VisibleDevices() {
-  int devices = 0;  // untouched without a driver (docs/toolchain.md, pitfall 2)
-  if (cudaGetDeviceCount(&devices) != cudaSuccess) return 0;
-  return devices;
-}
-
-bool CudaRequired() {
-  const char* value = std::getenv("STOKER_REQUIRE_CUDA");
-  return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
-}
-
-#define SKIP_WITHOUT_DEVICES(n)                                                              \
-  do {                                                                                       \
-    const int stoker_devices_ = VisibleDevices();                                            \
-    if (stoker_devices_ < (n)) {                                                             \
-      if ((n) == 1 && CudaRequired()) FAIL() << "STOKER_REQUIRE_CUDA=1 but no device";       \
-      GTEST_SKIP() << "needs " << (n) << " CUDA devices, " << stoker_devices_ << " visible"; \
-    }                                                                                        \
-  } while (0)
+using nccl_testing::VisibleDevices;
 
 // A device copy of `values`, freed with the object.
 class DeviceBuffer {
@@ -168,12 +149,8 @@ TEST(NcclCollectiveTest, TwoRanksOnTwoDevicesSumExactly) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
-      NcclOptions options;
-      options.rank = rank;
-      options.size = 2;
-      options.device = rank;
-      options.store_prefix = "two/";
-      absl::StatusOr<std::unique_ptr<Collective>> collective = ConnectNccl(options, *store);
+      absl::StatusOr<std::unique_ptr<Collective>> collective =
+          ConnectNccl(nccl_testing::TwoDeviceRank(rank, "two/"), *store);
       if (!collective.ok()) {
         statuses[rank] = collective.status();
         return;

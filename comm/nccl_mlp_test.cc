@@ -21,6 +21,7 @@
 #include "engine/cuda/cuda_test_util.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
+#include "engine/test_layers.h"
 #include "gtest/gtest.h"
 
 namespace stoker {
@@ -34,12 +35,7 @@ using cuda_testing::RandomBatch;
 constexpr int kBatch = 16;
 
 MlpConfig SmallMlp(double momentum) {
-  MlpConfig config;
-  config.input_features = 20;
-  config.hidden = {32, 24};
-  config.classes = 4;
-  config.max_batch = kBatch;
-  config.seed = 3;
+  MlpConfig config = test_layers::TestMlp(20, {32, 24}, 4, kBatch, /*seed=*/3);
   config.optimizer.momentum = momentum;
   return config;
 }

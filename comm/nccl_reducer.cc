@@ -127,12 +127,7 @@ class NcclReducer : public BucketedReducer {
   }
 
  private:
-  struct Tensor {
-    float* gradient;
-    int64_t count;
-    int bucket;
-    int64_t offset;  // in floats, within the bucket's buffer
-  };
+  using Tensor = BucketedTensor;
   struct Bucket {
     int first_tensor = 0;
     int last_tensor = -1;
@@ -152,16 +147,7 @@ class NcclReducer : public BucketedReducer {
   }
 
   absl::Status Ready(int index, float* gradient, int64_t count) {
-    if (count < 0 || (gradient == nullptr && count > 0)) {
-      return absl::InternalError(absl::StrCat("gradient ", index, " has ", count, " elements at ",
-                                              GradientAddress(gradient),
-                                              ": not a gradient buffer"));
-    }
-    if (index != ready_) {
-      return absl::InternalError(absl::StrCat("step ", step_, ": gradient ", index,
-                                              " became ready where gradient ", ready_,
-                                              " was expected (indices count 0, 1, ...)"));
-    }
+    STOKER_RETURN_IF_ERROR(CheckGradientArrival(step_, index, ready_, gradient, count));
     STOKER_REDUCER_CUDA(cudaSetDevice(collective_.device()));
     if (learning_) {
       STOKER_RETURN_IF_ERROR(Learn(gradient, count));
@@ -170,10 +156,7 @@ class NcclReducer : public BucketedReducer {
       STOKER_REDUCER_CUDA(cudaEventRecord(buckets_.back().ready, compute_));
       return absl::OkStatus();
     }
-    const bool known = index >= 0 && index < static_cast<int>(tensors_.size());
-    STOKER_RETURN_IF_ERROR(CheckSameGradient(step_, index, tensors_.size(),
-                                             known ? tensors_[index].gradient : nullptr,
-                                             known ? tensors_[index].count : 0, gradient, count));
+    STOKER_RETURN_IF_ERROR(CheckSameGradient(step_, index, tensors_, gradient, count));
     const Tensor& tensor = tensors_[index];
     ++ready_;
     Bucket& bucket = buckets_[tensor.bucket];

@@ -10,8 +10,6 @@
 #include <unistd.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -23,29 +21,13 @@
 #include "absl/time/time.h"
 #include "comm/collective.h"
 #include "comm/nccl_collective.h"
+#include "comm/nccl_test_util.h"
 #include "gtest/gtest.h"
 
 namespace stoker {
 namespace {
 
-int VisibleDevices() {
-  int devices = 0;  // untouched without a driver (docs/toolchain.md, pitfall 2)
-  if (cudaGetDeviceCount(&devices) != cudaSuccess) return 0;
-  return devices;
-}
-
-bool CudaRequired() {
-  const char* value = std::getenv("STOKER_REQUIRE_CUDA");
-  return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
-}
-
-#define SKIP_WITHOUT_DEVICE()                                              \
-  do {                                                                     \
-    if (VisibleDevices() < 1) {                                            \
-      if (CudaRequired()) FAIL() << "STOKER_REQUIRE_CUDA=1 but no device"; \
-      GTEST_SKIP() << "needs a CUDA device";                               \
-    }                                                                      \
-  } while (0)
+using nccl_testing::VisibleDevices;
 
 // One rank on device 0, with a compute stream standing in for a model's.
 struct OneRank {
@@ -137,7 +119,7 @@ constexpr uint64_t kBucketsPerStep = 5;
 constexpr uint64_t kBytesPerStep = (10 + 300 + 50 + 50 + 1000 + 3) * 4;
 
 TEST(NcclReducerTest, OneRankGivesBackEachGradientOverSeveralSteps) {
-  SKIP_WITHOUT_DEVICE();
+  SKIP_WITHOUT_DEVICES(1);
   OneRank rank(absl::Seconds(60));
   ASSERT_NE(rank.collective, nullptr);
   NcclReducerOptions options;
@@ -169,18 +151,14 @@ TEST(NcclReducerTest, OneRankGivesBackEachGradientOverSeveralSteps) {
 // own gradients, this catches a bucket that is never copied back, or copied at wrong offsets.
 // Rank r writes Value + 1000 r, so every element sums to 2 Value + 1000.
 TEST(NcclReducerTest, TwoRanksOnTwoDevicesSumEveryGradient) {
-  if (VisibleDevices() < 2) GTEST_SKIP() << "needs 2 CUDA devices, " << VisibleDevices();
+  SKIP_WITHOUT_DEVICES(2);
   std::unique_ptr<KeyValueStore> store = CreateInProcessStore();
   std::vector<std::string> failures(2);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
-      NcclOptions options;
-      options.rank = rank;
-      options.size = 2;
-      options.device = rank;
-      options.store_prefix = "two-reducer/";
-      absl::StatusOr<std::unique_ptr<NcclCollective>> collective = ConnectNccl(options, *store);
+      absl::StatusOr<std::unique_ptr<NcclCollective>> collective =
+          ConnectNccl(nccl_testing::TwoDeviceRank(rank, "two-reducer/"), *store);
       if (!collective.ok()) {
         failures[rank] = collective.status().ToString();
         return;
@@ -224,7 +202,7 @@ TEST(NcclReducerTest, TwoRanksOnTwoDevicesSumEveryGradient) {
 }
 
 TEST(NcclReducerTest, AChangedLayoutFailsTheStepAndTheNextStepStillSums) {
-  SKIP_WITHOUT_DEVICE();
+  SKIP_WITHOUT_DEVICES(1);
   OneRank rank(absl::Seconds(60));
   ASSERT_NE(rank.collective, nullptr);
   NcclReducerOptions options;
@@ -258,7 +236,7 @@ TEST(NcclReducerTest, AChangedLayoutFailsTheStepAndTheNextStepStillSums) {
 }
 
 TEST(NcclReducerTest, RefusesNoComputeStream) {
-  SKIP_WITHOUT_DEVICE();
+  SKIP_WITHOUT_DEVICES(1);
   OneRank rank(absl::Seconds(60));
   ASSERT_NE(rank.collective, nullptr);
   EXPECT_EQ(CreateNcclReducer(*rank.collective, NcclReducerOptions{}).status().code(),
@@ -274,7 +252,7 @@ void CUDART_CB SleepOnStream(void* microseconds) {
 // hung kernel): Finish gives up after the 300 ms timeout, the communicator is aborted, and the
 // next step fails at once instead of waiting again.
 TEST(NcclReducerTest, GradientsThatNeverArriveTimeOutAndAbort) {
-  SKIP_WITHOUT_DEVICE();
+  SKIP_WITHOUT_DEVICES(1);
   OneRank rank(absl::Milliseconds(300));
   ASSERT_NE(rank.collective, nullptr);
   NcclReducerOptions options;
@@ -305,7 +283,7 @@ TEST(NcclReducerTest, GradientsThatNeverArriveTimeOutAndAbort) {
 }
 
 TEST(NcclReducerTest, HostStagedCollectiveSumsAndBroadcastsHostBuffers) {
-  SKIP_WITHOUT_DEVICE();
+  SKIP_WITHOUT_DEVICES(1);
   OneRank rank(absl::Seconds(60));
   ASSERT_NE(rank.collective, nullptr);
   absl::StatusOr<std::unique_ptr<Collective>> host = CreateHostStagedCollective(*rank.collective);

@@ -207,12 +207,7 @@ absl::StatusOr<DatasetSummary> ProbeDatasetFiles(const DatasetFiles& files, int6
   DatasetSummary summary;
   if (format == Format::kCsv) {
     STOKER_ASSIGN_OR_RETURN(LabeledSamples data, LoadDataset(files, limit));
-    summary.count = data.count;
-    summary.sample_type = data.sample_type;
-    summary.features = data.features;
-    summary.sample_bytes = data.sample_bytes;
-    summary.sample_dims = data.sample_dims;
-    summary.classes = data.classes;
+    summary = data;  // its shape
     return summary;
   }
   int64_t count = 0;

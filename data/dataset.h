@@ -14,40 +14,32 @@
 
 namespace stoker {
 
-struct LabeledSamples {
+// What labelled samples are, without their bytes: the part LabeledSamples, SamplesView,
+// DatasetSummary and a prepared file's layout (data/prepared_dataset.h) share.
+struct SamplesShape {
   int64_t count = 0;
   SampleType sample_type = SampleType::kUint8;
   int features = 0;              // values per sample: product(sample_dims), e.g. 784
   int sample_bytes = 0;          // features * SampleTypeBytes(sample_type)
   std::vector<int> sample_dims;  // e.g. {28, 28}
+  int classes = 0;               // max(label) + 1 (DatasetFiles::classes through LoadDataset)
+};
+
+struct LabeledSamples : SamplesShape {
   std::vector<uint8_t> samples;  // count * sample_bytes, row-major; float32 is little-endian
   std::vector<uint8_t> labels;   // count
-  int classes = 0;               // max(label) + 1 (DatasetFiles::classes through LoadDataset)
 };
 
 // Labelled samples as loaders read them, wherever they lie: in memory (View of a LabeledSamples)
 // or in a read-only mapping of a prepared file (data/prepared_dataset.h). The fields mean what
 // LabeledSamples' do; the bytes are not owned and must outlive the view.
-struct SamplesView {
-  int64_t count = 0;
-  SampleType sample_type = SampleType::kUint8;
-  int features = 0;
-  int sample_bytes = 0;
-  std::vector<int> sample_dims;
-  int classes = 0;
+struct SamplesView : SamplesShape {
   const uint8_t* samples = nullptr;  // count * sample_bytes
   const uint8_t* labels = nullptr;   // count
 };
 
 inline SamplesView View(const LabeledSamples& data) {
-  return SamplesView{.count = data.count,
-                     .sample_type = data.sample_type,
-                     .features = data.features,
-                     .sample_bytes = data.sample_bytes,
-                     .sample_dims = data.sample_dims,
-                     .classes = data.classes,
-                     .samples = data.samples.data(),
-                     .labels = data.labels.data()};
+  return SamplesView{data, data.samples.data(), data.labels.data()};
 }
 // A view of a temporary would dangle.
 SamplesView View(LabeledSamples&&) = delete;
@@ -91,14 +83,9 @@ absl::StatusOr<LabeledSamples> LoadDataset(const DatasetFiles& files, int64_t li
 // What the agent needs to size a job's ring, read cheaply: headers and labels only for IDX and NPY
 // (the samples file's length is checked against its header where that needs no decompression);
 // CSV files are parsed whole.
-struct DatasetSummary {
-  int64_t count = 0;  // after `limit`
-  SampleType sample_type = SampleType::kUint8;
-  int features = 0;
-  int sample_bytes = 0;
-  std::vector<int> sample_dims;
-  int classes = 0;  // DatasetFiles::classes, or max(label) + 1 over the samples kept
-};
+// The count is after `limit`; the classes are DatasetFiles::classes, or max(label) + 1 over the
+// samples kept.
+using DatasetSummary = SamplesShape;
 absl::StatusOr<DatasetSummary> ProbeDatasetFiles(const DatasetFiles& files, int64_t limit);
 
 // Reads one IDX file (gzip or raw, detected from the first bytes). Errors name the file and the

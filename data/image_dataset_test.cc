@@ -76,12 +76,7 @@ absl::StatusOr<LabeledSamples> TestSplit(const SampleIndex& train, const SampleI
   const SamplesView& view = (*mapped)->view();
   EXPECT_EQ(view.count, written->count);
   LabeledSamples out;
-  out.count = view.count;
-  out.sample_type = view.sample_type;
-  out.features = view.features;
-  out.sample_bytes = view.sample_bytes;
-  out.sample_dims = view.sample_dims;
-  out.classes = view.classes;
+  static_cast<SamplesShape&>(out) = view;
   out.samples.assign(view.samples, view.samples + view.count * view.sample_bytes);
   out.labels.assign(view.labels, view.labels + view.count);
   std::filesystem::remove(path);

@@ -55,13 +55,9 @@ uint64_t AlignUp(uint64_t v, uint64_t alignment) {
   return (v + alignment - 1) / alignment * alignment;
 }
 
-// What a prepared file records besides its labels and samples.
-struct HeaderFields {
-  int64_t count = 0;
-  SampleType sample_type = SampleType::kUint8;
-  int classes = 0;
-  int sample_bytes = 0;
-  std::vector<int> sample_dims;
+// What a prepared file records besides its labels and samples: of the shape, every field but
+// `features` (implied by the dims and the type).
+struct HeaderFields : SamplesShape {
   std::string source_path;  // empty: samples follow the labels in this file
   uint64_t source_samples_offset = 0;
   uint64_t source_bytes = 0;
@@ -316,11 +312,7 @@ absl::StatusOr<PreparedInfo> PrepareInPlace(const DatasetFiles& files, int64_t l
         absl::StrCat(files.samples_path, ": changed while the training set was prepared"));
   }
   HeaderFields fields;
-  fields.count = summary.count;
-  fields.sample_type = summary.sample_type;
-  fields.classes = summary.classes;
-  fields.sample_bytes = summary.sample_bytes;
-  fields.sample_dims = summary.sample_dims;
+  static_cast<SamplesShape&>(fields) = summary;
   fields.source_path = files.samples_path;
   fields.source_samples_offset = data_offset;
   fields.source_bytes = after.bytes;
@@ -334,11 +326,7 @@ absl::StatusOr<PreparedInfo> PrepareInPlace(const DatasetFiles& files, int64_t l
 
 absl::StatusOr<uint64_t> WriteCopy(const SamplesView& data, const std::string& path) {
   HeaderFields fields;
-  fields.count = data.count;
-  fields.sample_type = data.sample_type;
-  fields.classes = data.classes;
-  fields.sample_bytes = data.sample_bytes;
-  fields.sample_dims = data.sample_dims;
+  static_cast<SamplesShape&>(fields) = data;
   return WriteFile(path, fields, data.labels, data.samples);
 }
 
@@ -368,12 +356,7 @@ absl::StatusOr<PreparedInfo> PrepareTrainingSet(const DatasetFiles& files, int64
   STOKER_ASSIGN_OR_RETURN(const LabeledSamples data, LoadDataset(files, limit));
   PreparedInfo info;
   STOKER_ASSIGN_OR_RETURN(info.file_bytes, WriteCopy(View(data), path));
-  info.summary.count = data.count;
-  info.summary.sample_type = data.sample_type;
-  info.summary.features = data.features;
-  info.summary.sample_bytes = data.sample_bytes;
-  info.summary.sample_dims = data.sample_dims;
-  info.summary.classes = data.classes;
+  info.summary = data;  // its shape
   info.storage = SamplesStorage::kCopy;
   return info;
 }
@@ -642,12 +625,7 @@ absl::StatusOr<std::unique_ptr<MappedSamples>> MappedSamples::Open(const std::st
   STOKER_ASSIGN_OR_RETURN(mapped->layout_, ParsePreparedSamples(path, base, identity.bytes));
   const PreparedLayout& layout = mapped->layout_;
   SamplesView& view = mapped->view_;
-  view.count = layout.count;
-  view.sample_type = layout.sample_type;
-  view.features = layout.features;
-  view.sample_bytes = layout.sample_bytes;
-  view.sample_dims = layout.sample_dims;
-  view.classes = layout.classes;
+  static_cast<SamplesShape&>(view) = layout;
   view.labels = base + layout.labels_offset;
   if (layout.source_path.empty()) {
     view.samples = base + layout.samples_offset;

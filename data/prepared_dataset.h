@@ -141,13 +141,7 @@ class PreparedSamplesWriter {
 };
 
 // What a prepared samples file's header says, checked (see ParsePreparedSamples).
-struct PreparedLayout {
-  int64_t count = 0;
-  SampleType sample_type = SampleType::kUint8;
-  int features = 0;
-  int sample_bytes = 0;
-  std::vector<int> sample_dims;
-  int classes = 0;
+struct PreparedLayout : SamplesShape {
   uint64_t labels_offset = 0;
   uint64_t samples_offset = 0;  // in this file, or in source_path
   uint64_t file_bytes = 0;

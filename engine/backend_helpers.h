@@ -1,6 +1,7 @@
 // What the backends share besides the graph (network_graph.h): input normalisation, batch and
-// learning-rate checks, the data-parallel loss share, initial parameters, the state checks of a
-// restored checkpoint, and the error for a BatchNorm batch of one. Not for the engine's users.
+// learning-rate checks, the data-parallel loss share, an MLP's layer shapes, initial parameters,
+// the state checks of a restored checkpoint, and the error for a BatchNorm batch of one. Not for
+// the engine's users.
 #ifndef STOKER_ENGINE_BACKEND_HELPERS_H_
 #define STOKER_ENGINE_BACKEND_HELPERS_H_
 
@@ -57,6 +58,15 @@ absl::Status ValidateLearningRate(double learning_rate);
 // What TrainStep scales its batch-mean loss gradient by: 1 without a reducer, else the
 // reducer's LocalShare(), which must be in (0, 1] for a rank with samples (INVALID_ARGUMENT).
 absl::StatusOr<float> LocalGradientShare(const GradientReducer* reducer);
+
+// An MLP's Linear layers, input to logits: `in` -> `out` features, with a ReLU after every layer
+// but the last.
+struct MlpLayerShape {
+  int in = 0;
+  int out = 0;
+  bool relu = false;
+};
+std::vector<MlpLayerShape> MlpLayerShapes(const MlpConfig& config);
 
 // The initial fp32 parameters for `config`, identical on every backend and platform for a given
 // seed: "layers.<i>.weight" [out, in] then "layers.<i>.bias" [out] for each Linear i = 0, 1, ...,

@@ -15,18 +15,6 @@
 namespace stoker {
 namespace {
 
-// Layer shapes as (fan_in, fan_out), input to logits.
-std::vector<std::pair<int, int>> LinearShapes(const MlpConfig& config) {
-  std::vector<std::pair<int, int>> shapes;
-  int fan_in = config.input_features;
-  for (int width : config.hidden) {
-    shapes.emplace_back(fan_in, width);
-    fan_in = width;
-  }
-  shapes.emplace_back(fan_in, config.classes);
-  return shapes;
-}
-
 // Uniform in [0, 1) from the top 53 bits, so the values do not depend on the standard library
 // (std::uniform_real_distribution's algorithm is implementation-defined).
 double UnitUniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
@@ -149,12 +137,24 @@ absl::Status ValidateBatch(const MlpConfig& config, const BatchView& batch) {
   return absl::OkStatus();
 }
 
+std::vector<MlpLayerShape> MlpLayerShapes(const MlpConfig& config) {
+  std::vector<MlpLayerShape> shapes;
+  int in = config.input_features;
+  for (int width : config.hidden) {
+    shapes.push_back({in, width, /*relu=*/true});
+    in = width;
+  }
+  shapes.push_back({in, config.classes, /*relu=*/false});
+  return shapes;
+}
+
 std::vector<NamedTensor> InitialMlpParameters(const MlpConfig& config) {
   std::mt19937_64 rng(config.seed);
   std::vector<NamedTensor> parameters;
-  const auto shapes = LinearShapes(config);
+  const std::vector<MlpLayerShape> shapes = MlpLayerShapes(config);
   for (size_t i = 0; i < shapes.size(); ++i) {
-    const auto [fan_in, fan_out] = shapes[i];
+    const int fan_in = shapes[i].in;
+    const int fan_out = shapes[i].out;
     const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
     NamedTensor weight{ParameterName(i, /*weight=*/true), {fan_out, fan_in}, {}};
     NamedTensor bias{ParameterName(i, /*weight=*/false), {fan_out}, {}};
@@ -170,7 +170,7 @@ std::vector<NamedTensor> InitialMlpParameters(const MlpConfig& config) {
 
 int64_t MlpForwardFlopsPerSample(const MlpConfig& config) {
   int64_t flops = 0;
-  for (const auto& [fan_in, fan_out] : LinearShapes(config)) flops += 2LL * fan_in * fan_out;
+  for (const MlpLayerShape& shape : MlpLayerShapes(config)) flops += 2LL * shape.in * shape.out;
   return flops;
 }
 

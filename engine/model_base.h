@@ -1,16 +1,28 @@
 // What every backend's Model shares (the cpu and cuda MLPs and networks): the data-parallel
 // reducer it is handed, the gradient test hook, and the checks before a step without samples.
 // A backend's model derives from ModelBase and implements StepWithoutSamples instead of
-// TrainStepWithoutSamples.
+// TrainStepWithoutSamples, and declares the Model calls it implements itself with
+// STOKER_MODEL_OVERRIDES.
 #ifndef STOKER_ENGINE_MODEL_BASE_H_
 #define STOKER_ENGINE_MODEL_BASE_H_
 
 #include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/gradient_reducer.h"
 #include "engine/model.h"
+
+// In a backend model's class body (public): the Model calls every backend implements itself,
+// a step, an evaluation, and the parameters and optimizer state in and out (model.h).
+#define STOKER_MODEL_OVERRIDES                                                                 \
+  absl::StatusOr<StepResult> TrainStep(const BatchView& batch, double learning_rate) override; \
+  absl::StatusOr<EvalResult> Evaluate(const BatchView& batch) override;                        \
+  std::vector<NamedTensor> Parameters() const override;                                        \
+  absl::Status SetParameters(const std::vector<NamedTensor>& parameters) override;             \
+  std::vector<NamedTensor> OptimizerState() const override;                                    \
+  absl::Status SetOptimizerState(const std::vector<NamedTensor>& state) override
 
 namespace stoker {
 

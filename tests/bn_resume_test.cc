@@ -23,13 +23,8 @@ namespace {
 // 600 samples in batches of 32: 19 steps an epoch (the last of 24 samples), a checkpoint every 4
 // steps, ~250 ms a batch from one delayed loader so the test can act between two checkpoints
 // (progress reaches the server about once a second: at 60 ms a batch an epoch could end unseen).
-constexpr char kJob[] = R"(name: bn-resume
-dataset:
-  format: idx
-  train_images: fashion-mnist/train-images-idx3-ubyte.gz
-  train_labels: fashion-mnist/train-labels-idx1-ubyte.gz
-  test_images: fashion-mnist/t10k-images-idx3-ubyte.gz
-  test_labels: fashion-mnist/t10k-labels-idx1-ubyte.gz
+const std::string kJob = absl::StrCat("name: bn-resume\n", kFashionMnistDatasetYaml,
+                                      R"(  format: idx
   train_limit: 600
   test_limit: 200
   classes: 10
@@ -45,7 +40,7 @@ train:
 loader: {processes: 1, delay_ms: 250, augment: {crop_padding: 2, horizontal_flip: true}}
 checkpoint: {every_steps: 4}
 max_retries: 2
-)";
+)");
 
 v1::JobSpec ResnetJob() {
   absl::StatusOr<JobFile> file = ParseJobYaml(kJob, "bn-resume.yaml");

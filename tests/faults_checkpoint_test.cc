@@ -35,13 +35,8 @@ TEST(FaultsTest, ArtifactIsTheFinalCheckpointAndResumeIsExact) {
   ASSERT_EQ(artifact.exit_code, 0) << artifact.output;
 
   // Interrupted run: the same job, its worker killed after the first epoch's checkpoint.
-  absl::StatusOr<v1::Job> interrupted = cluster.Submit(SlowJob(2));
-  ASSERT_TRUE(interrupted.ok());
-  absl::StatusOr<v1::Job> at_epoch1 = cluster.WaitFor(
-      interrupted->id(), [](const v1::Job& j) { return j.checkpoint_epoch() >= 1; },
-      absl::Seconds(60));
-  ASSERT_TRUE(at_epoch1.ok());
-  ASSERT_EQ(at_epoch1->state(), v1::JOB_STATE_RUNNING) << "finished before it could be killed";
+  absl::StatusOr<v1::Job> interrupted = SubmitUntilCheckpoint(cluster, 2, 1);
+  ASSERT_TRUE(interrupted.ok()) << interrupted.status();
   cluster.KillWorker(first, SIGKILL);
   cluster.StartWorker("w2");
   absl::StatusOr<v1::Job> resumed_done = cluster.WaitForFinal(interrupted->id(), absl::Seconds(90));

@@ -21,12 +21,8 @@ TEST(FaultsTest, KilledWorkerJobResumesFromItsCheckpointOnAnotherWorker) {
   TestCluster cluster;
   cluster.StartServer({"--lease-seconds", "2"});
   const pid_t first = cluster.StartWorker("w1");
-  absl::StatusOr<v1::Job> job = cluster.Submit(SlowJob(4));
-  ASSERT_TRUE(job.ok()) << job.status();
-  absl::StatusOr<v1::Job> checkpointed = cluster.WaitFor(
-      job->id(), [](const v1::Job& j) { return j.checkpoint_epoch() >= 2; }, absl::Seconds(60));
+  absl::StatusOr<v1::Job> checkpointed = SubmitUntilCheckpoint(cluster, 4, 2);
   ASSERT_TRUE(checkpointed.ok()) << checkpointed.status();
-  ASSERT_EQ(checkpointed->state(), v1::JOB_STATE_RUNNING);
 
   cluster.KillWorker(first, SIGKILL);
   // The agent's trainer and loaders die with it; nothing of w1 is left running.
@@ -34,7 +30,7 @@ TEST(FaultsTest, KilledWorkerJobResumesFromItsCheckpointOnAnotherWorker) {
       << FindProcesses({cluster.dir() + "/w1/"}).size() << " process(es) of w1 left";
   cluster.StartWorker("w2");
 
-  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(90));
+  absl::StatusOr<v1::Job> done = cluster.WaitForFinal(checkpointed->id(), absl::Seconds(90));
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
   EXPECT_EQ(done->worker_id(), "w2");
@@ -45,7 +41,7 @@ TEST(FaultsTest, KilledWorkerJobResumesFromItsCheckpointOnAnotherWorker) {
   const int64_t resumed_step = checkpointed->checkpoint_step();
   bool saw_resume = false;
   int first_epoch_of_attempt2 = 0;
-  for (const v1::JobEvent& event : cluster.History(job->id())) {
+  for (const v1::JobEvent& event : cluster.History(checkpointed->id())) {
     if (event.attempt() != 2) continue;
     if (absl::StrContains(event.message(), "resumed from the checkpoint at step"))
       saw_resume = true;

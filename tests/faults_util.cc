@@ -33,6 +33,21 @@ v1::JobSpec SlowJob(int epochs) {
   return spec;
 }
 
+absl::StatusOr<v1::Job> SubmitUntilCheckpoint(TestCluster& cluster, int epochs,
+                                              int checkpoint_epochs) {
+  absl::StatusOr<v1::Job> job = cluster.Submit(SlowJob(epochs));
+  if (!job.ok()) return job.status();
+  absl::StatusOr<v1::Job> checkpointed = cluster.WaitFor(
+      job->id(), [&](const v1::Job& j) { return j.checkpoint_epoch() >= checkpoint_epochs; },
+      absl::Seconds(60));
+  if (checkpointed.ok() && checkpointed->state() != v1::JOB_STATE_RUNNING) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job->id(),
+        " finished before it could be interrupted: ", v1::JobState_Name(checkpointed->state())));
+  }
+  return checkpointed;
+}
+
 // The whole text of a file ("" if it cannot be read).
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path);

@@ -1,5 +1,5 @@
-// What the fault tests share (tests/faults_*_test.cc): a slow job to interrupt, waits on
-// processes and workers, the server's metrics, a worker paused past its lease.
+// What the fault tests share (tests/faults_*_test.cc): a slow job to interrupt and the wait for its
+// checkpoint, waits on processes and workers, the server's metrics, a worker paused past its lease.
 #ifndef STOKER_TESTS_FAULTS_UTIL_H_
 #define STOKER_TESTS_FAULTS_UTIL_H_
 
@@ -20,6 +20,12 @@ bool WaitUntilNoProcessMentions(const std::string& needle, absl::Duration timeou
 
 // A job slow enough (delayed loader) to be interrupted between checkpoints.
 v1::JobSpec SlowJob(int epochs);
+
+// Submits SlowJob(epochs) and waits (60 s) until it has checkpointed `checkpoint_epochs` epochs:
+// the job then, still running (FAILED_PRECONDITION when it finished before it could be
+// interrupted).
+absl::StatusOr<v1::Job> SubmitUntilCheckpoint(TestCluster& cluster, int epochs,
+                                              int checkpoint_epochs);
 
 // The whole text of a file ("" if it cannot be read).
 std::string ReadAll(const std::string& path);

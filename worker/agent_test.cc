@@ -114,6 +114,15 @@ class Server {
         },
         timeout);
   }
+  // Polls the job into *job until it trains (running, two steps done); false after 60 s.
+  bool WaitForTraining(const std::string& job_id, v1::Job* job) {
+    return WaitUntil(
+        [&] {
+          *job = Get(job_id);
+          return job->state() == v1::JOB_STATE_RUNNING && job->progress().step() >= 2;
+        },
+        absl::Seconds(60));
+  }
 
  private:
   std::string dir_;
@@ -199,6 +208,17 @@ v1::JobSpec SmallJob() {
   return spec;
 }
 
+// SmallJob on two ranks of one core each, `epochs` epochs (4 steps each) and, when
+// `loader_delay_ms` > 0, that delay per batch in the loader.
+v1::JobSpec TwoRankJob(int epochs = 1, int loader_delay_ms = 0) {
+  v1::JobSpec spec = SmallJob();
+  spec.mutable_resources()->set_replicas(2);
+  spec.mutable_resources()->set_cpus(1);
+  spec.mutable_train()->set_epochs(epochs);
+  if (loader_delay_ms > 0) spec.mutable_loader()->set_delay_ms(loader_delay_ms);
+  return spec;
+}
+
 TEST(AgentTest, RunsAnAssignmentToCompletion) {
   Server server;
   const v1::Job submitted = server.Submit(SmallJob());
@@ -227,10 +247,7 @@ std::string FileText(const std::string& path) {
 // on loopback; rank 0 uploads the final weights.
 TEST(AgentTest, RunsBothRanksOfADataParallelJob) {
   Server server;
-  v1::JobSpec spec = SmallJob();
-  spec.mutable_resources()->set_replicas(2);
-  spec.mutable_resources()->set_cpus(1);
-  const v1::Job submitted = server.Submit(spec);
+  const v1::Job submitted = server.Submit(TwoRankJob());
   ASSERT_FALSE(submitted.id().empty());
 
   AgentOptions options = Options(server, "agent-dp");
@@ -261,10 +278,7 @@ TEST(AgentTest, RunsBothRanksOfADataParallelJob) {
 // reads the token from the agent's token file (never from its command line) for the rendezvous.
 TEST(AgentTest, RanksOnTwoWorkersMeetThroughTheRendezvousWithTheTokenFile) {
   Server server(/*with_token=*/true);
-  v1::JobSpec spec = SmallJob();
-  spec.mutable_resources()->set_replicas(2);
-  spec.mutable_resources()->set_cpus(1);
-  const v1::Job submitted = server.Submit(spec);
+  const v1::Job submitted = server.Submit(TwoRankJob());
   ASSERT_FALSE(submitted.id().empty());
   std::vector<std::unique_ptr<RunningAgent>> agents;
   for (const char* id : {"agent-dp1", "agent-dp2"}) {
@@ -291,12 +305,8 @@ TEST(AgentTest, RanksOnTwoWorkersMeetThroughTheRendezvousWithTheTokenFile) {
 // attempt, and resumes from that step on the workers then free.
 TEST(AgentTest, ADrainedRankStopsTheGangAtACheckpointAndTheJobResumes) {
   Server server;
-  v1::JobSpec spec = SmallJob();
-  spec.mutable_resources()->set_replicas(2);
-  spec.mutable_resources()->set_cpus(1);
-  spec.mutable_train()->set_epochs(5);       // 20 steps
-  spec.mutable_loader()->set_delay_ms(150);  // of about 150 ms each
-  const v1::Job submitted = server.Submit(spec);
+  // 20 steps of about 150 ms each.
+  const v1::Job submitted = server.Submit(TwoRankJob(/*epochs=*/5, /*loader_delay_ms=*/150));
   ASSERT_FALSE(submitted.id().empty());
   auto start = [&](const char* id) {
     AgentOptions options = Options(server, id);
@@ -305,13 +315,7 @@ TEST(AgentTest, ADrainedRankStopsTheGangAtACheckpointAndTheJobResumes) {
   };
   std::unique_ptr<RunningAgent> first = start("agent-dr1"), second = start("agent-dr2");
   v1::Job job;
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        job = server.Get(submitted.id());
-        return job.state() == v1::JOB_STATE_RUNNING && job.progress().step() >= 2;
-      },
-      absl::Seconds(60)))
-      << job.DebugString();
+  ASSERT_TRUE(server.WaitForTraining(submitted.id(), &job)) << job.DebugString();
   EXPECT_TRUE(second->Stop()) << "drains its rank";
   ASSERT_TRUE(WaitUntil(
       [&] {
@@ -354,25 +358,14 @@ pid_t FindTrainer(const std::string& needle) {
 // the connection close), and the job is retried from its last checkpoint.
 TEST(AgentTest, ARankKilledStopsItsPeerAndTheJobIsRetried) {
   Server server;
-  v1::JobSpec spec = SmallJob();
-  spec.mutable_resources()->set_replicas(2);
-  spec.mutable_resources()->set_cpus(1);
-  spec.mutable_train()->set_epochs(5);
-  spec.mutable_loader()->set_delay_ms(150);
-  const v1::Job submitted = server.Submit(spec);
+  const v1::Job submitted = server.Submit(TwoRankJob(/*epochs=*/5, /*loader_delay_ms=*/150));
   ASSERT_FALSE(submitted.id().empty());
   AgentOptions options = Options(server, "agent-k");
   options.cpus = 2;
   const std::string attempt1 = absl::StrCat(options.runner.work_dir, "/", submitted.id(), "-a1");
   RunningAgent agent(options);
   v1::Job job;
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        job = server.Get(submitted.id());
-        return job.state() == v1::JOB_STATE_RUNNING && job.progress().step() >= 2;
-      },
-      absl::Seconds(60)))
-      << job.DebugString();
+  ASSERT_TRUE(server.WaitForTraining(submitted.id(), &job)) << job.DebugString();
   const pid_t rank1 = FindTrainer(attempt1 + "-r1/");
   const pid_t rank0 = FindTrainer(attempt1 + "/");
   ASSERT_GT(rank1, 0);
@@ -406,10 +399,7 @@ TEST(RendezvousStoreTest, RanksMeetAsTheirWorkerAndMissingKeysTimeOutNamingThem)
     v1::RegisterWorkerResponse response;
     ASSERT_TRUE(workers->RegisterWorker(&context, request, &response).ok());
   }
-  v1::JobSpec spec = SmallJob();
-  spec.mutable_resources()->set_replicas(2);
-  spec.mutable_resources()->set_cpus(1);
-  const v1::Job job = server.Submit(spec);
+  const v1::Job job = server.Submit(TwoRankJob());
   std::vector<v1::Assignment> assignments;
   ASSERT_TRUE(WaitUntil(
       [&] {

@@ -60,6 +60,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "bench/pipeline/pipeline_util.h"
 #include "data/dataset.h"
 #include "data/image/image_codec.h"
 #include "data/image/image_decoder.h"
@@ -92,9 +93,8 @@ ABSL_FLAG(std::string, decode, "exact",
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+using stoker::bench::Clock;
+using stoker::bench::Seconds;
 
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "image_pipeline_bench: %s\n", what.c_str());
@@ -235,34 +235,10 @@ void Evict(const stoker::SampleIndex& index) {
 // Starts K stoker-loader processes on `region` as the agent does (fork + exec, fd inherited).
 std::vector<pid_t> SpawnLoaders(const stoker::JobRegion& region, const std::string& job,
                                 const std::string& data) {
-  std::vector<pid_t> pids;
-  const std::string loader = absl::GetFlag(FLAGS_loader);
-  const std::string parent = std::to_string(getpid());
-  for (uint32_t k = 0; k < region.geometry().loader_count; ++k) {
-    std::vector<std::string> args = {loader,
-                                     "--region-fd",
-                                     std::to_string(region.fd()),
-                                     "--index",
-                                     std::to_string(k),
-                                     "--job",
-                                     job,
-                                     "--data",
-                                     data,
-                                     "--parent-pid",
-                                     parent};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      if (!stoker::ClearCloexec(region.fd()).ok()) _exit(120);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    if (pid < 0) Die("fork failed");
-    pids.push_back(pid);
-  }
-  return pids;
+  absl::StatusOr<std::vector<pid_t>> pids = stoker::bench::SpawnLoaders(
+      region, absl::GetFlag(FLAGS_loader), {"--job", job, "--data", data});
+  if (!pids.ok()) Die(std::string(pids.status().message()));
+  return *std::move(pids);
 }
 
 // User + system CPU seconds of a running process (/proc/PID/stat fields 14 and 15).

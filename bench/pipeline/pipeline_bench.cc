@@ -27,15 +27,18 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/pipeline/pipeline_util.h"
 #include "data/dataset.h"
 #include "data/job_region.h"
 #include "data/stream_copy.h"
@@ -57,9 +60,8 @@ ABSL_FLAG(int, overlap_batches, 40, "overlap: batches per run");
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+using stoker::bench::Clock;
+using stoker::bench::Seconds;
 
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "pipeline_bench: %s\n", what.c_str());
@@ -97,26 +99,10 @@ void WriteJob(const std::string& path, const std::string& images, const std::str
 
 // Starts K stoker-loader processes on `region` as the agent does (fork + exec, fd inherited).
 std::vector<pid_t> SpawnLoaders(const stoker::JobRegion& region, const std::string& job) {
-  std::vector<pid_t> pids;
-  const std::string loader = absl::GetFlag(FLAGS_loader);
-  const std::string parent = std::to_string(getpid());
-  for (uint32_t k = 0; k < region.geometry().loader_count; ++k) {
-    std::vector<std::string> args = {loader,    "--region-fd",     std::to_string(region.fd()),
-                                     "--index", std::to_string(k), "--job",
-                                     job,       "--parent-pid",    parent};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      if (!stoker::ClearCloexec(region.fd()).ok()) _exit(120);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    if (pid < 0) Die("fork failed");
-    pids.push_back(pid);
-  }
-  return pids;
+  absl::StatusOr<std::vector<pid_t>> pids =
+      stoker::bench::SpawnLoaders(region, absl::GetFlag(FLAGS_loader), {"--job", job});
+  if (!pids.ok()) Die(std::string(pids.status().message()));
+  return *std::move(pids);
 }
 
 void ReapLoaders(const std::vector<pid_t>& pids) {

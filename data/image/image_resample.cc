@@ -57,25 +57,29 @@ void HorizontalPortable(const AxisTaps& taps, const uint8_t* row, int row_lo, in
   }
 }
 
-// The fast mode's horizontal pass (ResampleRowHorizontalFast): the fixed-length taps with 14-bit
-// weights (pair_coeffs16), summed from 2^13 and shifted by 14. The AVX2 version computes the same.
-void HorizontalRgbFastPortable(const AxisTaps& taps, const uint8_t* row, int row_lo, uint8_t* out) {
-  const int n = static_cast<int>(taps.fixed_start.size());
-  const int pairs = taps.pairs;
-  for (int o = 0; o < n; ++o) {
-    const uint8_t* p = row + (taps.fixed_start[o] - row_lo) * 3;
-    const int16_t* c = taps.pair_coeffs16.data() + static_cast<size_t>(o) * pairs * 8;
-    int32_t sum[3] = {kFastHalf, kFastHalf, kFastHalf};
-    for (int j = 0; j < pairs; ++j) {
-      for (int ch = 0; ch < 3; ++ch) {
-        sum[ch] += p[6 * j + ch] * c[8 * j + 2 * ch] + p[6 * j + 3 + ch] * c[8 * j + 2 * ch + 1];
-      }
-    }
+// The fast mode's horizontal pass for output pixel o (RGB): its `pairs` tap pairs with 14-bit
+// weights (pair_coeffs16), summed from 2^13 and shifted by 14.
+inline void HorizontalRgbFastPixel(const AxisTaps& taps, const uint8_t* row, int row_lo, int pairs,
+                                   int o, uint8_t* out) {
+  const uint8_t* p = row + (taps.fixed_start[o] - row_lo) * 3;
+  const int16_t* c = taps.pair_coeffs16.data() + static_cast<size_t>(o) * pairs * 8;
+  int32_t sum[3] = {kFastHalf, kFastHalf, kFastHalf};
+  for (int j = 0; j < pairs; ++j) {
     for (int ch = 0; ch < 3; ++ch) {
-      const int32_t v = sum[ch] >> kFastFractionBits;
-      out[3 * o + ch] = static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
+      sum[ch] += p[6 * j + ch] * c[8 * j + 2 * ch] + p[6 * j + 3 + ch] * c[8 * j + 2 * ch + 1];
     }
   }
+  for (int ch = 0; ch < 3; ++ch) {
+    const int32_t v = sum[ch] >> kFastFractionBits;
+    out[3 * o + ch] = static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
+  }
+}
+
+// The fast mode's horizontal pass (ResampleRowHorizontalFast) over every output pixel. The AVX2
+// version computes the same.
+void HorizontalRgbFastPortable(const AxisTaps& taps, const uint8_t* row, int row_lo, uint8_t* out) {
+  const int n = static_cast<int>(taps.fixed_start.size());
+  for (int o = 0; o < n; ++o) HorizontalRgbFastPixel(taps, row, row_lo, taps.pairs, o, out);
 }
 
 void VerticalPortable(const AxisTaps& taps, int o, const uint8_t* rows, int rows_lo, int row_bytes,
@@ -131,11 +135,11 @@ __attribute__((target("sse4.1"))) void HorizontalRgbSse41(const AxisTaps& taps, 
 template <int P>
 __attribute__((target("avx2"))) void HorizontalRgbAvx2(const AxisTaps& taps, const uint8_t* row,
                                                        int row_lo, uint8_t* out) {
+  const __m256i fold = _mm256_setr_epi32(3, 4, 5, 6, 6, 6, 6, 6);
+  const __m256i half = _mm256_setr_epi32(kHalf, kHalf, kHalf, 0, 0, 0, 0, 0);
   const int n = static_cast<int>(taps.fixed_start.size());
   const int pairs = P > 0 ? P : taps.pairs;
   const int32_t* coeffs = taps.pair_coeffs.data();
-  const __m256i fold = _mm256_setr_epi32(3, 4, 5, 6, 6, 6, 6, 6);
-  const __m256i half = _mm256_setr_epi32(kHalf, kHalf, kHalf, 0, 0, 0, 0, 0);
   for (int o = 0; o < n; ++o) {
     const uint8_t* p = row + (taps.fixed_start[o] - row_lo) * 3;
     const int32_t* c = coeffs + static_cast<size_t>(o) * pairs * 8;
@@ -162,13 +166,13 @@ __attribute__((target("avx2"))) void HorizontalRgbAvx2(const AxisTaps& taps, con
 template <int P>
 __attribute__((target("avx2"))) void HorizontalRgbFastAvx2(const AxisTaps& taps, const uint8_t* row,
                                                            int row_lo, uint8_t* out) {
-  const int n = static_cast<int>(taps.fixed_start.size());
-  const int pairs = P > 0 ? P : taps.pairs;
-  const int16_t* coeffs = taps.pair_coeffs16.data();
   const __m256i shuffle =
       _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1, 0, -1, 3, -1, 1,
                        -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
   const __m256i half = _mm256_set1_epi32(kFastHalf);
+  const int n = static_cast<int>(taps.fixed_start.size());
+  const int pairs = P > 0 ? P : taps.pairs;
+  const int16_t* coeffs = taps.pair_coeffs16.data();
   int o = 0;
   for (; o + 2 <= n; o += 2) {
     const uint8_t* p0 = row + (taps.fixed_start[o] - row_lo) * 3;
@@ -191,20 +195,8 @@ __attribute__((target("avx2"))) void HorizontalRgbFastAvx2(const AxisTaps& taps,
     std::memcpy(out + 3 * o, &lo, 4);  // the 4th byte is overwritten by the next pixel
     std::memcpy(out + 3 * o + 3, &hi, 4);
   }
-  if (o < n) {  // an odd count: the last output as the portable version computes it
-    const uint8_t* p = row + (taps.fixed_start[o] - row_lo) * 3;
-    const int16_t* c = coeffs + static_cast<size_t>(o) * pairs * 8;
-    int32_t sum[3] = {kFastHalf, kFastHalf, kFastHalf};
-    for (int j = 0; j < pairs; ++j) {
-      for (int ch = 0; ch < 3; ++ch) {
-        sum[ch] += p[6 * j + ch] * c[8 * j + 2 * ch] + p[6 * j + 3 + ch] * c[8 * j + 2 * ch + 1];
-      }
-    }
-    for (int ch = 0; ch < 3; ++ch) {
-      const int32_t v = sum[ch] >> kFastFractionBits;
-      out[3 * o + ch] = static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
-    }
-  }
+  // An odd count: the last output as the portable version computes it.
+  if (o < n) HorizontalRgbFastPixel(taps, row, row_lo, pairs, o, out);
 }
 
 // 16 bytes of a row at a time in two 8-lane accumulators.

@@ -71,12 +71,7 @@ class CpuMlp final : public ModelBase {
   // Builds the full-batch plan and loads the initial weights.
   absl::Status Init();
 
-  absl::StatusOr<StepResult> TrainStep(const BatchView& batch, double learning_rate) override;
-  absl::StatusOr<EvalResult> Evaluate(const BatchView& batch) override;
-  std::vector<NamedTensor> Parameters() const override;
-  absl::Status SetParameters(const std::vector<NamedTensor>& parameters) override;
-  std::vector<NamedTensor> OptimizerState() const override;
-  absl::Status SetOptimizerState(const std::vector<NamedTensor>& state) override;
+  STOKER_MODEL_OVERRIDES;
 
  private:
   absl::StatusOr<StepResult> StepWithoutSamples(double learning_rate) override;
@@ -130,14 +125,11 @@ CpuMlp::CpuMlp(const MlpConfig& config)
   const size_t compute_bytes = bf16_ ? sizeof(bf16_t) : sizeof(float);
   const size_t max_batch = config.max_batch;
   input_ = AlignedArray<std::byte>(max_batch * config.input_features * compute_bytes);
-  std::vector<int> widths = config.hidden;
-  widths.push_back(config.classes);
-  int in = config.input_features;
-  for (size_t i = 0; i < widths.size(); ++i) {
+  for (const MlpLayerShape& shape : MlpLayerShapes(config)) {
     Layer layer;
-    layer.in = in;
-    layer.out = widths[i];
-    layer.relu = i + 1 < widths.size();
+    layer.in = shape.in;
+    layer.out = shape.out;
+    layer.relu = shape.relu;
     const size_t weights = static_cast<size_t>(layer.out) * layer.in;
     layer.weight = AlignedArray<float>(weights);
     layer.bias = AlignedArray<float>(layer.out);
@@ -153,7 +145,6 @@ CpuMlp::CpuMlp(const MlpConfig& config)
       layer.output_grad_bf16 = AlignedArray<bf16_t>(outputs);
     }
     layers_.push_back(std::move(layer));
-    in = widths[i];
   }
 }
 

@@ -203,12 +203,7 @@ class CpuNetwork final : public ModelBase {
   // Builds the full-batch plan and the weight reorders, and loads the initial weights.
   absl::Status Init();
 
-  absl::StatusOr<StepResult> TrainStep(const BatchView& batch, double learning_rate) override;
-  absl::StatusOr<EvalResult> Evaluate(const BatchView& batch) override;
-  std::vector<NamedTensor> Parameters() const override;
-  absl::Status SetParameters(const std::vector<NamedTensor>& parameters) override;
-  std::vector<NamedTensor> OptimizerState() const override;
-  absl::Status SetOptimizerState(const std::vector<NamedTensor>& state) override;
+  STOKER_MODEL_OVERRIDES;
   int MinTrainBatch() const override { return CheckBatchNormValues(1).ok() ? 1 : 2; }
 
  private:

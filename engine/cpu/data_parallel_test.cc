@@ -284,13 +284,7 @@ constexpr double kFp32Tolerance = 5e-6;
 constexpr double kBf16Tolerance = 1e-4;
 
 MlpConfig SmallMlp(Precision precision) {
-  MlpConfig config;
-  config.input_features = 24;
-  config.hidden = {16, 12};
-  config.classes = 5;
-  config.max_batch = 16;
-  config.precision = precision;
-  config.seed = 7;
+  MlpConfig config = tl::TestMlp(24, {16, 12}, 5, 16, /*seed=*/7, precision);
   config.optimizer.momentum = 0.9;
   config.optimizer.weight_decay = 1e-3;
   return config;

@@ -238,13 +238,7 @@ struct Separable {
 class CpuMlpTrainingTest : public testing::TestWithParam<Precision> {};
 
 TEST_P(CpuMlpTrainingTest, LossFallsAndAccuracyRises) {
-  MlpConfig config;
-  config.input_features = 64;
-  config.hidden = {32, 16};
-  config.classes = 10;
-  config.max_batch = 32;
-  config.precision = GetParam();
-  config.seed = 3;
+  const MlpConfig config = test_layers::TestMlp(64, {32, 16}, 10, 32, /*seed=*/3, GetParam());
   std::unique_ptr<Model> model = MakeModel(config);
   ASSERT_NE(model, nullptr);
   Separable data;

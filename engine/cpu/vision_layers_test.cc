@@ -26,26 +26,6 @@ namespace {
 using namespace stoker::testing_util;  // NOLINT: test helpers
 using namespace stoker::test_layers;   // NOLINT: Conv, Pool, Linear, Of
 
-LayerConfig NoBias(LayerConfig layer) {
-  layer.bias = false;
-  return layer;
-}
-LayerConfig Norm2d() { return Of(Kind::kBatchNorm2d); }
-LayerConfig Norm1d() { return Of(Kind::kBatchNorm1d); }
-LayerConfig AvgPool(int kernel, int stride = 0, int padding = 0) {
-  LayerConfig layer = Pool(kernel, stride, padding);
-  layer.kind = Kind::kAvgPool2d;
-  return layer;
-}
-LayerConfig Residual(std::vector<LayerConfig> main, std::vector<LayerConfig> shortcut,
-                     LayerConfig::Activation activation = LayerConfig::Activation::kRelu) {
-  LayerConfig layer = Of(Kind::kResidual);
-  layer.layers = std::move(main);
-  layer.shortcut = std::move(shortcut);
-  layer.activation = activation;
-  return layer;
-}
-
 // conv (no bias) k3 pad 1, BatchNorm2d, ReLU, AvgPool k2, Flatten, Linear.
 NetworkConfig BatchNorm2dNet() {
   return TinyNet({2, 6, 6},

@@ -36,13 +36,7 @@ using cuda_testing::Normalized;
 using cuda_testing::RandomBatch;
 
 MlpConfig TestConfig(Precision precision) {
-  MlpConfig config;
-  config.input_features = 40;
-  config.hidden = {64, 32};
-  config.classes = 10;
-  config.max_batch = 64;
-  config.precision = precision;
-  config.seed = 11;
+  MlpConfig config = test_layers::TestMlp(40, {64, 32}, 10, 64, /*seed=*/11, precision);
   config.optimizer.learning_rate = 0.05;
   config.optimizer.momentum = 0.9;
   config.optimizer.weight_decay = 1e-3;

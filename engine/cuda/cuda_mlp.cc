@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/backend_helpers.h"
 #include "engine/cuda/batch_staging.h"
 #include "engine/cuda/compute_type.h"
 #include "engine/cuda/cuda_check.h"
@@ -104,12 +105,7 @@ class CudaMlp final : public cuda::CountingModel {
 
   absl::Status Init(int device);
 
-  absl::StatusOr<StepResult> TrainStep(const BatchView& batch, double learning_rate) override;
-  absl::StatusOr<EvalResult> Evaluate(const BatchView& batch) override;
-  std::vector<NamedTensor> Parameters() const override;
-  absl::Status SetParameters(const std::vector<NamedTensor>& parameters) override;
-  std::vector<NamedTensor> OptimizerState() const override;
-  absl::Status SetOptimizerState(const std::vector<NamedTensor>& state) override;
+  STOKER_MODEL_OVERRIDES;
   cudaStream_t compute_stream() const { return context_->compute_stream(); }
   void* device_stream() const override { return compute_stream(); }
 
@@ -215,14 +211,11 @@ absl::Status CudaMlp::Init(int device) {
                                         .normalization = InputNormalization(config_),
                                         .type = type_}));
 
-  std::vector<int> widths = config_.hidden;
-  widths.push_back(config_.classes);
-  int in = config_.input_features;
-  for (size_t i = 0; i < widths.size(); ++i) {
+  for (const MlpLayerShape& shape : MlpLayerShapes(config_)) {
     Layer layer;
-    layer.in = in;
-    layer.out = widths[i];
-    layer.relu = i + 1 < widths.size();
+    layer.in = shape.in;
+    layer.out = shape.out;
+    layer.relu = shape.relu;
     const size_t weight_bytes = static_cast<size_t>(layer.out) * layer.in * sizeof(float);
     const size_t bias_bytes = static_cast<size_t>(layer.out) * sizeof(float);
     STOKER_ASSIGN_BUFFER(layer.weight, weight_bytes);
@@ -247,7 +240,6 @@ absl::Status CudaMlp::Init(int device) {
                            static_cast<size_t>(cuda::ReluMaskLd(layer.out)) / 8 * max_batch);
     }
     layers_.push_back(std::move(layer));
-    in = widths[i];
   }
   for (const Layer& layer : layers_) {
     const float weight_decay = static_cast<float>(config_.optimizer.weight_decay);
@@ -464,11 +456,9 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
   if (absl::Status status = ValidateBatch(config_, batch); !status.ok()) return status;
   if (absl::Status status = ValidateLearningRate(learning_rate); !status.ok()) return status;
   // This rank's part of the global batch's mean (1 alone).
-  absl::StatusOr<float> share = LocalGradientShare(reducer_);
-  if (!share.ok()) return share.status();
+  STOKER_ASSIGN_OR_RETURN(const float share, LocalGradientShare(reducer_));
   STOKER_RETURN_IF_ERROR(context_->Activate());
-  absl::StatusOr<Plan*> plan = PlanFor(batch.count);
-  if (!plan.ok()) return plan.status();
+  STOKER_ASSIGN_OR_RETURN(Plan* const plan, PlanFor(batch.count));
   const int rows = batch.count;
   const bool features = batch.features != nullptr;
   const cudaStream_t stream = context_->compute_stream();
@@ -483,25 +473,25 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
         "data-parallel training steps run kernel by kernel, not as a CUDA graph: the gradient "
         "reducer's calls sit between backward's kernels, and its result decides the update");
   }
-  const bool graph = options_.cuda_graphs && !(*plan)->graph_failed &&
-                     !has_injected_gradient() && reducer_ == nullptr;
+  const bool graph = options_.cuda_graphs && !plan->graph_failed && !has_injected_gradient() &&
+                     reducer_ == nullptr;
   const int kind = features ? 1 : 0;
   bool enqueued = false;
   if (graph) {
-    cuda::GraphExec& exec = (*plan)->step_graphs[*slot][kind];
-    GemmCounts& exec_gemms = (*plan)->graph_gemms[*slot][kind];
+    cuda::GraphExec& exec = plan->step_graphs[*slot][kind];
+    GemmCounts& exec_gemms = plan->graph_gemms[*slot][kind];
     // The first step of each batch size and input kind runs kernel by kernel (the warm-up).
-    if (!exec && (*plan)->warmed_up[kind]) {
+    if (!exec && plan->warmed_up[kind]) {
       pending_gemms_ = {};
       absl::StatusOr<cuda::GraphExec> captured = cuda::GraphExec::Capture(
-          stream, [&] { return EnqueueTrainStep(**plan, rows, *slot, features); });
+          stream, [&] { return EnqueueTrainStep(*plan, rows, *slot, features); });
       if (captured.ok()) {
         exec = *std::move(captured);
         exec_gemms = pending_gemms_;
         ++counters_.graph_captures;
       } else {
         // Kernel by kernel from now on for this batch size; the step itself still runs below.
-        (*plan)->graph_failed = true;
+        plan->graph_failed = true;
         NoteFallback(absl::StrCat("CUDA graph capture of the ", rows,
                                   "-sample training step failed, that batch size runs kernel by "
                                   "kernel: ",
@@ -519,8 +509,8 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
   if (!enqueued) {
     pending_gemms_ = {};
     const absl::Status step = reducer_ != nullptr
-                                  ? EnqueueDataParallelStep(**plan, rows, *slot, features, *share)
-                                  : EnqueueTrainStep(**plan, rows, *slot, features);
+                                  ? EnqueueDataParallelStep(*plan, rows, *slot, features, share)
+                                  : EnqueueTrainStep(*plan, rows, *slot, features);
     if (!step.ok()) {
       // The staging slot goes back to the copy stream whatever happened; nothing was updated.
       (void)staging_.Release(*slot, stream);
@@ -531,7 +521,7 @@ absl::StatusOr<StepResult> CudaMlp::TrainStep(const BatchView& batch, double lea
     CountGemms(pending_gemms_);
     pending_gemms_ = {};
     ++counters_.eager_steps;
-    (*plan)->warmed_up[kind] = true;
+    plan->warmed_up[kind] = true;
   }
   (void)TakeInjectedGradient();
   // Nothing reads the staging slot after this step; the copy stream may refill it.

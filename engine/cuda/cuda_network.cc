@@ -136,11 +136,7 @@ absl::Status CudaNetwork::Forward(const Plan& plan, int rows, bool training) {
 absl::Status CudaNetwork::ForwardLayer(size_t index, const LayerPlan& lp, int rows, bool training) {
   const cudaStream_t stream = context_->compute_stream();
   const float alpha = 1.0f, beta = 0.0f;
-  const Node& node = graph_.nodes[index];
-  const NodeResources& r = resources_[index];
-  const LayerConfig& c = node.config;
-  const std::vector<int>& in_shape = graph_.activations[node.in].shape;
-  const std::vector<int>& out_shape = graph_.activations[node.out].shape;
+  const auto& [node, r, c, in_shape, out_shape] = LayerAt(index);
   const void* x = Value(node.in);
   void* y = Value(node.out);
   const int64_t out_elements = static_cast<int64_t>(rows) * Product(out_shape);
@@ -276,11 +272,7 @@ absl::Status CudaNetwork::Backward(const Plan& plan, int rows) {
 absl::Status CudaNetwork::BackwardLayer(size_t index, const LayerPlan& lp, int rows) {
   const cudaStream_t stream = context_->compute_stream();
   const float alpha = 1.0f, beta = 0.0f;
-  const Node& node = graph_.nodes[index];
-  const NodeResources& r = resources_[index];
-  const LayerConfig& c = node.config;
-  const std::vector<int>& in_shape = graph_.activations[node.in].shape;
-  const std::vector<int>& out_shape = graph_.activations[node.out].shape;
+  const auto& [node, r, c, in_shape, out_shape] = LayerAt(index);
   const void* x = Value(node.in);
   const void* dy = Grad(node.out);
   void* dx = node.needs_input_grad ? Buffer(node.diff_src) : nullptr;

@@ -138,12 +138,7 @@ class CudaNetwork final : public CountingModel {
 
   absl::Status Init(int device);
 
-  absl::StatusOr<StepResult> TrainStep(const BatchView& batch, double learning_rate) override;
-  absl::StatusOr<EvalResult> Evaluate(const BatchView& batch) override;
-  std::vector<NamedTensor> Parameters() const override;
-  absl::Status SetParameters(const std::vector<NamedTensor>& parameters) override;
-  std::vector<NamedTensor> OptimizerState() const override;
-  absl::Status SetOptimizerState(const std::vector<NamedTensor>& state) override;
+  STOKER_MODEL_OVERRIDES;
   int MinTrainBatch() const override { return CheckBatchNormValues(1).ok() ? 1 : 2; }
   cudaStream_t compute_stream() const { return context_->compute_stream(); }
   void* device_stream() const override { return compute_stream(); }
@@ -168,6 +163,20 @@ class CudaNetwork final : public CountingModel {
   // Enqueues the batch copy and the input conversion; returns the staging slot.
   absl::StatusOr<int> StageBatch(const BatchView& batch);
   absl::Status Forward(const Plan& plan, int rows, bool training);
+  // Layer node `index` as ForwardLayer and BackwardLayer read it: the node, its resources, its
+  // config, and its input and output shapes (per sample).
+  struct LayerRefs {
+    const Node& node;
+    const NodeResources& r;
+    const LayerConfig& c;
+    const std::vector<int>& in_shape;
+    const std::vector<int>& out_shape;
+  };
+  LayerRefs LayerAt(size_t index) const {
+    const Node& node = graph_.nodes[index];
+    return {node, resources_[index], node.config, graph_.activations[node.in].shape,
+            graph_.activations[node.out].shape};
+  }
   absl::Status ForwardLayer(size_t index, const LayerPlan& lp, int rows, bool training);
   // The fp32 logits of the last Forward.
   absl::StatusOr<const float*> Logits(int rows);
@@ -228,7 +237,7 @@ class CudaNetwork final : public CountingModel {
   PartialPlanCache<Plan> partial_plans_{kMaxPartialPlans};
   int64_t optimizer_steps_ = 0;  // applied updates (AdamW's bias-correction step)
   int64_t train_steps_ = 0;      // TrainStep calls that ran (dropout's mask stream)
-  int next_gradient_index_ = 0;         // GradientReady's index within the step
+  int next_gradient_index_ = 0;  // GradientReady's index within the step
 };
 
 }  // namespace stoker::cuda::network_internal

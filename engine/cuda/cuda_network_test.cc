@@ -281,35 +281,10 @@ TEST_P(CudaNetworkTest, CheckpointsMoveBetweenBackends) {
   SKIP_WITHOUT_DEVICE();
   SKIP_WITHOUT_CUDNN();
   for (NetworkConfig config : {GeluDropoutNet(GetParam()), AdamWClipNet(GetParam())}) {
-    std::unique_ptr<Model> cpu = CpuNetwork(config);
-    std::unique_ptr<Model> gpu = CudaNetwork(config);
-    ASSERT_TRUE(cpu && gpu);
-    for (int step = 0; step < 2; ++step) {
-      ASSERT_TRUE(cpu->TrainStep(RandomBatch(config, config.max_batch, 300 + step).View(),
-                                 config.optimizer.learning_rate)
-                      .ok());
-    }
-    const std::vector<NamedTensor> parameters = cpu->Parameters();
-    const std::vector<NamedTensor> state = cpu->OptimizerState();
-    ASSERT_TRUE(gpu->SetParameters(parameters).ok());
-    absl::Status status = gpu->SetOptimizerState(state);
-    ASSERT_TRUE(status.ok()) << status;
-    ExpectTensorsNear(gpu->Parameters(), parameters, 0.0, "cpu checkpoint in cuda");
-    ExpectTensorsNear(gpu->OptimizerState(), state, 0.0, "cpu optimizer state in cuda");
-
-    std::unique_ptr<Model> back = CpuNetwork(config);
-    ASSERT_TRUE(back);
-    ASSERT_TRUE(back->SetParameters(gpu->Parameters()).ok());
-    ASSERT_TRUE(back->SetOptimizerState(gpu->OptimizerState()).ok());
-    ExpectTensorsNear(back->Parameters(), parameters, 0.0, "cuda checkpoint in cpu");
-
-    const Batch next = RandomBatch(config, config.max_batch, 310);
-    absl::StatusOr<StepResult> expected = cpu->TrainStep(next.View(), 0.01);
-    absl::StatusOr<StepResult> actual = gpu->TrainStep(next.View(), 0.01);
-    ASSERT_TRUE(expected.ok() && actual.ok()) << actual.status();
-    EXPECT_NEAR(actual->loss, expected->loss, LossTolerance(GetParam()) * expected->loss);
-    ExpectTensorsNear(gpu->Parameters(), cpu->Parameters(), UpdateTolerance(GetParam()),
-                      "parameters after a step from the loaded checkpoint");
+    cuda_testing::ExpectCheckpointsMoveBetweenBackends(
+        config, {.learning_rate = config.optimizer.learning_rate,
+                 .loss_tolerance = LossTolerance(GetParam()),
+                 .update_tolerance = UpdateTolerance(GetParam())});
   }
 }
 
@@ -319,27 +294,8 @@ TEST_P(CudaNetworkTest, ResumeContinuesExactly) {
   SKIP_WITHOUT_DEVICE();
   SKIP_WITHOUT_CUDNN();
   for (NetworkConfig config : {GeluDropoutNet(GetParam()), AdamWClipNet(GetParam())}) {
-    std::unique_ptr<Model> first = CudaNetwork(config);
-    std::unique_ptr<Model> second = CudaNetwork(config);
-    ASSERT_TRUE(first && second);
-    for (int step = 0; step < 3; ++step) {
-      ASSERT_TRUE(first
-                      ->TrainStep(RandomBatch(config, config.max_batch, 400 + step).View(),
-                                  config.optimizer.learning_rate)
-                      .ok());
-    }
-    ASSERT_TRUE(second->SetParameters(first->Parameters()).ok());
-    ASSERT_TRUE(second->SetOptimizerState(first->OptimizerState()).ok());
-    for (int step = 0; step < 2; ++step) {
-      const Batch batch = RandomBatch(config, config.max_batch - step, 410 + step);
-      absl::StatusOr<StepResult> a = first->TrainStep(batch.View(), 0.01);
-      absl::StatusOr<StepResult> b = second->TrainStep(batch.View(), 0.01);
-      ASSERT_TRUE(a.ok() && b.ok());
-      // Same kernels on the same data; only atomic sums (the loss, the clipping norm) reorder.
-      EXPECT_NEAR(a->loss, b->loss, 1e-6 * a->loss) << "step " << step;
-    }
-    ExpectTensorsNear(second->Parameters(), first->Parameters(), 1e-6, "resumed parameters");
-    ExpectTensorsNear(second->OptimizerState(), first->OptimizerState(), 1e-6, "resumed state");
+    cuda_testing::ExpectResumeContinuesExactly(config,
+                                               {.learning_rate = config.optimizer.learning_rate});
   }
 }
 
@@ -369,11 +325,8 @@ TEST_P(CudaNetworkTest, PerChannelNormalisationTracksCpu) {
   ExpectTrainingTracksCpu(config, 4, 0.05);
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, CudaNetworkTest,
-                         ::testing::Values(Precision::kFp32, Precision::kBf16, Precision::kFp16),
-                         [](const ::testing::TestParamInfo<Precision>& info) {
-                           return std::string(PrecisionName(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(Precisions, CudaNetworkTest, cuda_testing::AllPrecisions(),
+                         cuda_testing::PrecisionParamName);
 
 // An MLP that needs the network (Nesterov, AdamW, clipping, fp16) runs as one on both backends,
 // with the MLP's tensor names, and the two agree.
@@ -381,13 +334,7 @@ TEST(CudaNetworkMlpTest, MlpNeedingNetworkRoutesLikeCpu) {
   SKIP_WITHOUT_DEVICE();
   SKIP_WITHOUT_CUDNN();
   for (Precision precision : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
-    MlpConfig config;
-    config.input_features = 30;
-    config.hidden = {24, 12};
-    config.classes = 6;
-    config.max_batch = 20;
-    config.precision = precision;
-    config.seed = 3;
+    MlpConfig config = TestMlp(30, {24, 12}, 6, 20, /*seed=*/3, precision);
     config.optimizer.nesterov = true;
     config.optimizer.weight_decay = 1e-3;
     config.optimizer.clip_grad_norm = precision == Precision::kFp32 ? 0.5 : 0.0;

@@ -202,4 +202,66 @@ void ExpectTrainingTracksCpu(const NetworkConfig& config, const TrackingOptions&
       << precision << " evaluation of a held-out batch";
 }
 
+void ExpectCheckpointsMoveBetweenBackends(const NetworkConfig& config,
+                                          const CheckpointOptions& options) {
+  std::unique_ptr<Model> cpu = CpuNetwork(config);
+  std::unique_ptr<Model> gpu = CudaNetwork(config);
+  ASSERT_TRUE(cpu && gpu);
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(cpu->TrainStep(RandomBatch(config, config.max_batch, 300 + step).View(),
+                               options.learning_rate)
+                    .ok());
+  }
+  const std::vector<NamedTensor> parameters = cpu->Parameters();
+  const std::vector<NamedTensor> state = cpu->OptimizerState();
+  ASSERT_TRUE(gpu->SetParameters(parameters).ok());
+  absl::Status status = gpu->SetOptimizerState(state);
+  ASSERT_TRUE(status.ok()) << status;
+  ExpectTensorsNear(gpu->Parameters(), parameters, 0.0, "cpu checkpoint in cuda");
+  ExpectTensorsNear(gpu->OptimizerState(), state, 0.0, "cpu optimizer state in cuda");
+
+  std::unique_ptr<Model> back = CpuNetwork(config);
+  ASSERT_TRUE(back);
+  ASSERT_TRUE(back->SetParameters(gpu->Parameters()).ok());
+  ASSERT_TRUE(back->SetOptimizerState(gpu->OptimizerState()).ok());
+  ExpectTensorsNear(back->Parameters(), parameters, 0.0, "cuda checkpoint in cpu");
+
+  const Batch next = RandomBatch(config, config.max_batch, 310);
+  absl::StatusOr<StepResult> expected = cpu->TrainStep(next.View(), options.next_learning_rate);
+  absl::StatusOr<StepResult> actual = gpu->TrainStep(next.View(), options.next_learning_rate);
+  ASSERT_TRUE(expected.ok() && actual.ok()) << actual.status();
+  EXPECT_NEAR(actual->loss, expected->loss, options.loss_tolerance * expected->loss);
+  ExpectTensorsNear(gpu->Parameters(), cpu->Parameters(), options.update_tolerance,
+                    "parameters after a step from the loaded checkpoint");
+}
+
+void ExpectResumeContinuesExactly(const NetworkConfig& config, const CheckpointOptions& options) {
+  std::unique_ptr<Model> first = CudaNetwork(config);
+  std::unique_ptr<Model> second = CudaNetwork(config);
+  ASSERT_TRUE(first && second);
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(first
+                    ->TrainStep(RandomBatch(config, config.max_batch, 400 + step).View(),
+                                options.learning_rate)
+                    .ok());
+  }
+  ASSERT_TRUE(second->SetParameters(first->Parameters()).ok());
+  ASSERT_TRUE(second->SetOptimizerState(first->OptimizerState()).ok());
+  for (int step = 0; step < 2; ++step) {
+    const Batch batch =
+        RandomBatch(config, config.max_batch - options.batch_shrink * step, 410 + step);
+    absl::StatusOr<StepResult> a = first->TrainStep(batch.View(), options.next_learning_rate);
+    absl::StatusOr<StepResult> b = second->TrainStep(batch.View(), options.next_learning_rate);
+    ASSERT_TRUE(a.ok() && b.ok()) << b.status();
+    // Same kernels on the same data; only atomic sums (the loss, the clipping norm) reorder.
+    EXPECT_NEAR(a->loss, b->loss, 1e-6 * a->loss) << "step " << step;
+  }
+  ExpectTensorsNear(second->Parameters(), first->Parameters(), 1e-6, "resumed parameters");
+  ExpectTensorsNear(second->OptimizerState(), first->OptimizerState(), 1e-6, "resumed state");
+}
+
+std::string PrecisionParamName(const ::testing::TestParamInfo<Precision>& info) {
+  return std::string(PrecisionName(info.param));
+}
+
 }  // namespace stoker::cuda_testing

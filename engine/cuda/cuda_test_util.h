@@ -1,7 +1,7 @@
 // Shared by the cuda backend's tests (cuda_conformance_test, cuda_network_test,
 // cuda_vision_layers_test, comm's NCCL tests): random batches, model creation on both backends,
-// comparison of named tensors within a tolerance, and a network trained on both backends side by
-// side. Test only.
+// comparison of named tensors within a tolerance, a network trained on both backends side by side,
+// checkpoints across backends and resumption. Test only.
 #ifndef STOKER_ENGINE_CUDA_CUDA_TEST_UTIL_H_
 #define STOKER_ENGINE_CUDA_CUDA_TEST_UTIL_H_
 
@@ -118,6 +118,32 @@ struct TrackingOptions {
 // one, odd steps float features): each step's loss, skip and loss scale, then every tensor's
 // update (or value) and the optimizer state, must agree.
 void ExpectTrainingTracksCpu(const NetworkConfig& config, const TrackingOptions& options);
+
+// How ExpectCheckpointsMoveBetweenBackends and ExpectResumeContinuesExactly train.
+struct CheckpointOptions {
+  double learning_rate = 0.05;       // the steps before the checkpoint
+  double next_learning_rate = 0.01;  // the steps after it
+  double loss_tolerance = 1e-4;      // cpu against cuda: relative, on the next step's loss
+  double update_tolerance = 1e-4;    // cpu against cuda: L2 relative per tensor, after that step
+  int batch_shrink = 1;              // resumed step s takes max_batch - s * batch_shrink samples
+};
+
+// A cpu network trained two steps: its parameters and optimizer state load into a fresh cuda
+// network and read back unchanged, and from there into a fresh cpu network; the next step on the
+// cpu and the cuda network then agrees.
+void ExpectCheckpointsMoveBetweenBackends(const NetworkConfig& config,
+                                          const CheckpointOptions& options);
+
+// A cuda network trained three steps, its parameters and optimizer state loaded into a fresh cuda
+// network: the next two steps (the second on a smaller batch) give both the same losses,
+// parameters and optimizer state (within 1e-6: only atomic sums reorder).
+void ExpectResumeContinuesExactly(const NetworkConfig& config, const CheckpointOptions& options);
+
+// For INSTANTIATE_TEST_SUITE_P over the precisions: all three, and each one's name.
+inline auto AllPrecisions() {
+  return ::testing::Values(Precision::kFp32, Precision::kBf16, Precision::kFp16);
+}
+std::string PrecisionParamName(const ::testing::TestParamInfo<Precision>& info);
 
 }  // namespace stoker::cuda_testing
 

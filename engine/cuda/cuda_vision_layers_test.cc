@@ -23,12 +23,9 @@
 
 #include "absl/status/status.h"
 #include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_test_util.h"
 #include "engine/model.h"
 #include "engine/model_shapes.h"
-#ifdef STOKER_HAVE_CUDNN
-#include "engine/cuda/cuda_network.h"
-#endif
-#include "engine/cuda/cuda_test_util.h"
 #include "engine/test_layers.h"
 #include "gtest/gtest.h"
 
@@ -42,26 +39,6 @@ using cuda_testing::Delta;
 using cuda_testing::ExpectTensorsNear;
 using cuda_testing::RandomBatch;
 using namespace stoker::test_layers;  // NOLINT: Conv, Pool, Linear, Of, Dropout, Kind
-
-LayerConfig NoBias(LayerConfig layer) {
-  layer.bias = false;
-  return layer;
-}
-LayerConfig Norm2d() { return Of(Kind::kBatchNorm2d); }
-LayerConfig Norm1d() { return Of(Kind::kBatchNorm1d); }
-LayerConfig AvgPool(int kernel, int stride = 0, int padding = 0) {
-  LayerConfig layer = Pool(kernel, stride, padding);
-  layer.kind = Kind::kAvgPool2d;
-  return layer;
-}
-LayerConfig Residual(std::vector<LayerConfig> main, std::vector<LayerConfig> shortcut,
-                     LayerConfig::Activation activation = LayerConfig::Activation::kRelu) {
-  LayerConfig layer = Of(Kind::kResidual);
-  layer.layers = std::move(main);
-  layer.shortcut = std::move(shortcut);
-  layer.activation = activation;
-  return layer;
-}
 
 NetworkConfig Net(std::vector<int> input_shape, std::vector<LayerConfig> layers, int classes,
                   uint64_t seed, Precision precision) {
@@ -294,32 +271,9 @@ TEST_P(CudaVisionLayersTest, BatchNormWithOneValuePerChannelIsRefused) {
 TEST_P(CudaVisionLayersTest, CheckpointsMoveBetweenBackends) {
   SKIP_WITHOUT_DEVICE();
   SKIP_WITHOUT_CUDNN();
-  const NetworkConfig config = IdentityNet(GetParam());
-  std::unique_ptr<Model> cpu = CpuNetwork(config);
-  std::unique_ptr<Model> gpu = CudaNetwork(config);
-  ASSERT_TRUE(cpu && gpu);
-  for (int step = 0; step < 2; ++step) {
-    ASSERT_TRUE(
-        cpu->TrainStep(RandomBatch(config, config.max_batch, 300 + step).View(), 0.05).ok());
-  }
-  const std::vector<NamedTensor> parameters = cpu->Parameters();
-  const std::vector<NamedTensor> state = cpu->OptimizerState();
-  ASSERT_TRUE(gpu->SetParameters(parameters).ok());
-  ASSERT_TRUE(gpu->SetOptimizerState(state).ok());
-  ExpectTensorsNear(gpu->Parameters(), parameters, 0.0, "cpu checkpoint in cuda");
-  ExpectTensorsNear(gpu->OptimizerState(), state, 0.0, "cpu optimizer state in cuda");
-  std::unique_ptr<Model> back = CpuNetwork(config);
-  ASSERT_TRUE(back);
-  ASSERT_TRUE(back->SetParameters(gpu->Parameters()).ok());
-  ASSERT_TRUE(back->SetOptimizerState(gpu->OptimizerState()).ok());
-  ExpectTensorsNear(back->Parameters(), parameters, 0.0, "cuda checkpoint in cpu");
-  const Batch next = RandomBatch(config, config.max_batch, 310);
-  absl::StatusOr<StepResult> expected = cpu->TrainStep(next.View(), 0.01);
-  absl::StatusOr<StepResult> actual = gpu->TrainStep(next.View(), 0.01);
-  ASSERT_TRUE(expected.ok() && actual.ok()) << actual.status();
-  EXPECT_NEAR(actual->loss, expected->loss, LossTolerance(GetParam()) * expected->loss);
-  ExpectTensorsNear(gpu->Parameters(), cpu->Parameters(), UpdateTolerance(GetParam()),
-                    "after a step from the loaded checkpoint");
+  cuda_testing::ExpectCheckpointsMoveBetweenBackends(
+      IdentityNet(GetParam()), {.loss_tolerance = LossTolerance(GetParam()),
+                                .update_tolerance = UpdateTolerance(GetParam())});
 }
 
 // Parameters() (running statistics included) and OptimizerState() into a fresh cuda model continue
@@ -327,33 +281,12 @@ TEST_P(CudaVisionLayersTest, CheckpointsMoveBetweenBackends) {
 TEST_P(CudaVisionLayersTest, ResumeContinuesWithRunningStatistics) {
   SKIP_WITHOUT_DEVICE();
   SKIP_WITHOUT_CUDNN();
-  const NetworkConfig config = ProjectionNet(GetParam());
-  std::unique_ptr<Model> first = CudaNetwork(config);
-  std::unique_ptr<Model> second = CudaNetwork(config);
-  ASSERT_TRUE(first && second);
-  for (int step = 0; step < 3; ++step) {
-    ASSERT_TRUE(
-        first->TrainStep(RandomBatch(config, config.max_batch, 400 + step).View(), 0.05).ok());
-  }
-  ASSERT_TRUE(second->SetParameters(first->Parameters()).ok());
-  ASSERT_TRUE(second->SetOptimizerState(first->OptimizerState()).ok());
-  for (int step = 0; step < 2; ++step) {
-    const Batch batch = RandomBatch(config, config.max_batch - 5 * step, 410 + step);
-    absl::StatusOr<StepResult> a = first->TrainStep(batch.View(), 0.05);
-    absl::StatusOr<StepResult> b = second->TrainStep(batch.View(), 0.05);
-    ASSERT_TRUE(a.ok() && b.ok()) << b.status();
-    // Same kernels on the same data; only the loss's atomic sum reorders.
-    EXPECT_NEAR(a->loss, b->loss, 1e-6 * a->loss) << "step " << step;
-  }
-  ExpectTensorsNear(second->Parameters(), first->Parameters(), 1e-6, "resumed parameters");
-  ExpectTensorsNear(second->OptimizerState(), first->OptimizerState(), 1e-6, "resumed state");
+  cuda_testing::ExpectResumeContinuesExactly(ProjectionNet(GetParam()),
+                                             {.next_learning_rate = 0.05, .batch_shrink = 5});
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, CudaVisionLayersTest,
-                         ::testing::Values(Precision::kFp32, Precision::kBf16, Precision::kFp16),
-                         [](const ::testing::TestParamInfo<Precision>& info) {
-                           return std::string(PrecisionName(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(Precisions, CudaVisionLayersTest, cuda_testing::AllPrecisions(),
+                         cuda_testing::PrecisionParamName);
 
 // The cuda network's bf16 and fp16 against its own fp32 on the projection block (the cpu test's
 // bounds): the first step's loss within 2e-2, the trained tensors' step within 0.1 (bf16) and

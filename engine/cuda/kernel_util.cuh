@@ -1,7 +1,7 @@
 // Private to the cuda backend's kernel files (mlp_kernels.cu, network_kernels.cu,
-// vision_kernels.cu): launch geometry, fp32 <-> bf16/fp16 element conversion, a block-wide sum,
-// the DType -> element type dispatch of the launchers, and the multi-tensor lists the optimizer
-// kernels take by value. CUDA only.
+// vision_kernels.cu): launch geometry, fp32 <-> bf16/fp16 element conversion, block- and
+// warp-wide reductions, the DType -> element type dispatch of the launchers, and the multi-tensor
+// lists the optimizer kernels take by value. CUDA only.
 #ifndef STOKER_ENGINE_CUDA_KERNEL_UTIL_CUH_
 #define STOKER_ENGINE_CUDA_KERNEL_UTIL_CUH_
 
@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cstdint>
 
 #include "engine/cuda/dtype.h"
@@ -66,6 +67,54 @@ __device__ Acc BlockSum(Acc value) {
   const Acc total = partial[0];
   __syncthreads();  // every thread has read the total before a next call overwrites it
   return total;
+}
+
+// The sum of `value` over the 32 lanes of a warp, in a fixed butterfly (deterministic), returned
+// to every lane. Every lane of the warp must call it.
+template <typename Acc>
+__device__ __forceinline__ Acc WarpSum(Acc value) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// This thread's place in a kernel that gives each row of a matrix one warp (blockDim.x / 32 rows
+// a block): its lane in the warp and the warp's row.
+struct WarpRow {
+  int lane;
+  int row;
+};
+__device__ __forceinline__ WarpRow ThisWarpRow() {
+  return WarpRow{static_cast<int>(threadIdx.x % 32),
+                 static_cast<int>(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32)};
+}
+
+// The maximum of a row and the index of its first occurrence.
+struct RowMax {
+  float value;
+  int index;
+};
+
+// One warp per row of `classes` logits z, lane `lane` reading z[lane], z[lane + 32], ...: the
+// row's maximum and the index of its first occurrence (ties go to the lowest class, as in the CPU
+// reference), returned to every lane. Every lane of the warp must call it.
+__device__ __forceinline__ RowMax WarpRowMax(const float* z, int classes, int lane) {
+  RowMax best{-FLT_MAX, classes};
+  for (int c = lane; c < classes; c += 32) {
+    if (z[c] > best.value || best.index == classes) {
+      best.value = z[c];
+      best.index = c;
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other_max = __shfl_xor_sync(0xffffffffu, best.value, offset);
+    const int other_arg = __shfl_xor_sync(0xffffffffu, best.index, offset);
+    if (other_max > best.value || (other_max == best.value && other_arg < best.index)) {
+      best.value = other_max;
+      best.index = other_arg;
+    }
+  }
+  return best;
 }
 
 // ---- Launch helpers ----

@@ -1,8 +1,6 @@
 // Kernels of the cuda MLP (see mlp_kernels.h for each contract), then their launchers.
 #include <cuda_runtime.h>
 
-#include <cfloat>
-
 #include "engine/cuda/kernel_util.cuh"
 #include "engine/cuda/mlp_kernels.h"
 
@@ -15,7 +13,6 @@ using kernel_util::ElementwiseBlocks;
 using kernel_util::ForEachTensorList;
 using kernel_util::FromFloat;
 using kernel_util::kThreads;
-using kernel_util::ToFloat;
 
 using TensorList = kernel_util::TensorList<SgdTensor, /*kCapacity=*/24>;
 
@@ -56,7 +53,7 @@ template <typename T>
 __global__ void BiasActivationKernel(T* y, const float* bias, int rows, int cols, bool relu) {
   const int64_t n = static_cast<int64_t>(rows) * cols;
   STOKER_GRID_STRIDE_LOOP(i, n) {
-    float v = ToFloat(y[i]) + bias[i % cols];
+    float v = kernel_util::ToFloat(y[i]) + bias[i % cols];
     if (relu) v = v > 0.0f ? v : 0.0f;
     y[i] = FromFloat<T>(v);
   }
@@ -72,8 +69,8 @@ __global__ void ReluBackwardBiasGradKernel(T* grad, const T* activation, int row
   if (col < cols) {
     for (int r = threadIdx.y; r < rows; r += 8) {
       const int64_t i = static_cast<int64_t>(r) * cols + col;
-      float g = ToFloat(grad[i]);
-      if (activation != nullptr && !(ToFloat(activation[i]) > 0.0f)) {
+      float g = kernel_util::ToFloat(grad[i]);
+      if (activation != nullptr && !(kernel_util::ToFloat(activation[i]) > 0.0f)) {
         g = 0.0f;
         grad[i] = FromFloat<T>(0.0f);
       }
@@ -93,30 +90,14 @@ __global__ void ReluBackwardBiasGradKernel(T* grad, const T* activation, int row
 template <typename T>
 __global__ void SoftmaxCrossEntropyKernel(const float* logits, const uint8_t* labels, int rows,
                                           int classes, T* grad, StepState* state) {
-  const int lane = threadIdx.x % 32;
-  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const auto [lane, row] = kernel_util::ThisWarpRow();
   if (row >= rows) return;
   const float* z = logits + static_cast<int64_t>(row) * classes;
 
-  float max_logit = -FLT_MAX;
-  int argmax = classes;
-  for (int c = lane; c < classes; c += 32) {
-    if (z[c] > max_logit || argmax == classes) {
-      max_logit = z[c];
-      argmax = c;
-    }
-  }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other_max = __shfl_xor_sync(0xffffffffu, max_logit, offset);
-    const int other_arg = __shfl_xor_sync(0xffffffffu, argmax, offset);
-    if (other_max > max_logit || (other_max == max_logit && other_arg < argmax)) {
-      max_logit = other_max;
-      argmax = other_arg;
-    }
-  }
+  const auto [max_logit, argmax] = kernel_util::WarpRowMax(z, classes, lane);
   float sum = 0.0f;
   for (int c = lane; c < classes; c += 32) sum += expf(z[c] - max_logit);
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  sum = kernel_util::WarpSum(sum);
 
   const int label = labels[row];
   if (lane == 0) {

@@ -5,12 +5,12 @@
 // where the inputs do.
 #include <cuda_runtime.h>
 
-#include <cfloat>
 #include <cmath>
 
 #include "engine/cuda/dropout_hash.h"
 #include "engine/cuda/kernel_util.cuh"
 #include "engine/cuda/network_kernels.h"
+#include "engine/cuda/pool_window.cuh"
 
 namespace stoker::cuda {
 namespace {
@@ -22,6 +22,8 @@ using kernel_util::ForEachTensorList;
 using kernel_util::FromFloat;
 using kernel_util::kThreads;
 using kernel_util::ToFloat;
+using kernel_util::WindowRange;
+using kernel_util::WindowsContaining;
 
 using TensorList = kernel_util::TensorList<OptimizerTensor, /*kCapacity=*/32>;
 
@@ -133,39 +135,28 @@ __global__ void ConvertToF32ScaledKernel(const T* src, int64_t n, const float* s
 // first NaN wins over any number.
 template <typename T>
 __device__ int WindowArgmax(const T* plane, const PoolGeometry& g, int oh, int ow, float* value) {
-  const int h0 = oh * g.stride - g.padding;
-  const int w0 = ow * g.stride - g.padding;
   int best_index = -1;
   float best = 0.0f;
-  for (int kh = 0; kh < g.kernel; ++kh) {
-    const int h = h0 + kh;
-    if (h < 0 || h >= g.height) continue;
-    for (int kw = 0; kw < g.kernel; ++kw) {
-      const int w = w0 + kw;
-      if (w < 0 || w >= g.width) continue;
-      const float v = ToFloat(plane[h * g.width + w]);
-      if (best_index < 0 || (!isnan(best) && (v > best || isnan(v)))) {
-        best = v;
-        best_index = h * g.width + w;
-      }
+  kernel_util::ForEachInWindow(g, oh, ow, [&](int index) {
+    const float v = ToFloat(plane[index]);
+    if (best_index < 0 || (!isnan(best) && (v > best || isnan(v)))) {
+      best = v;
+      best_index = index;
     }
-  }
+  });
   *value = best;
   return best_index;
 }
 
-template <typename T>
-__global__ void MaxPoolForwardKernel(const T* x, T* y, PoolGeometry g) {
-  const int64_t out_plane = static_cast<int64_t>(g.out_height) * g.out_width;
-  const int64_t n = g.planes * out_plane;
-  STOKER_GRID_STRIDE_LOOP(i, n) {
-    const int64_t p = i / out_plane;
-    const int within = static_cast<int>(i - p * out_plane);
+// Max pooling's window value (PoolForwardKernel): the window's first maximum.
+struct MaxWindow {
+  template <typename T>
+  __device__ float operator()(const T* plane, const PoolGeometry& g, int oh, int ow) const {
     float value;
-    WindowArgmax(x + p * g.height * g.width, g, within / g.out_width, within % g.out_width, &value);
-    y[i] = FromFloat<T>(value);
+    WindowArgmax(plane, g, oh, ow, &value);
+    return value;
   }
-}
+};
 
 // One thread per input element: visits the windows that contain it, in order.
 template <typename T>
@@ -176,19 +167,11 @@ __global__ void MaxPoolBackwardKernel(const T* x, const T* dy, T* dx, PoolGeomet
   STOKER_GRID_STRIDE_LOOP(i, n) {
     const int64_t p = i / in_plane;
     const int within = static_cast<int>(i - p * in_plane);
-    const int h = within / g.width;
-    const int w = within % g.width;
-    // Windows oh with oh * stride - padding <= h <= oh * stride - padding + kernel - 1.
-    const int low_h = h + g.padding - g.kernel + 1;
-    const int low_w = w + g.padding - g.kernel + 1;
-    const int oh_begin = low_h <= 0 ? 0 : (low_h + g.stride - 1) / g.stride;
-    const int ow_begin = low_w <= 0 ? 0 : (low_w + g.stride - 1) / g.stride;
-    const int oh_end = min(g.out_height - 1, (h + g.padding) / g.stride);
-    const int ow_end = min(g.out_width - 1, (w + g.padding) / g.stride);
+    const WindowRange r = WindowsContaining(g, within / g.width, within % g.width);
     const T* plane = x + p * in_plane;
     float sum = 0.0f;
-    for (int oh = oh_begin; oh <= oh_end; ++oh) {
-      for (int ow = ow_begin; ow <= ow_end; ++ow) {
+    for (int oh = r.oh_begin; oh <= r.oh_end; ++oh) {
+      for (int ow = r.ow_begin; ow <= r.ow_end; ++ow) {
         float value;
         if (WindowArgmax(plane, g, oh, ow, &value) == within) {
           sum += ToFloat(dy[p * out_plane + oh * g.out_width + ow]);
@@ -204,36 +187,18 @@ template <typename T>
 __global__ void SmoothedCrossEntropyKernel(const float* logits, const uint8_t* labels, int rows,
                                            int classes, float smoothing, float share, T* grad,
                                            StepState* state) {
-  const int lane = threadIdx.x % 32;
-  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const auto [lane, row] = kernel_util::ThisWarpRow();
   if (row >= rows) return;
   const float* z = logits + static_cast<int64_t>(row) * classes;
-  float max_logit = -FLT_MAX;
-  int argmax = classes;
-  for (int c = lane; c < classes; c += 32) {
-    if (z[c] > max_logit || argmax == classes) {
-      max_logit = z[c];
-      argmax = c;
-    }
-  }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other_max = __shfl_xor_sync(0xffffffffu, max_logit, offset);
-    const int other_arg = __shfl_xor_sync(0xffffffffu, argmax, offset);
-    if (other_max > max_logit || (other_max == max_logit && other_arg < argmax)) {
-      max_logit = other_max;
-      argmax = other_arg;
-    }
-  }
-  float sum = 0.0f;
+  const auto [max_logit, argmax] = kernel_util::WarpRowMax(z, classes, lane);
   double logit_sum = 0.0;
+  float sum = 0.0f;
   for (int c = lane; c < classes; c += 32) {
     sum += expf(z[c] - max_logit);
     logit_sum += z[c];
   }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    logit_sum += __shfl_xor_sync(0xffffffffu, logit_sum, offset);
-  }
+  sum = kernel_util::WarpSum(sum);
+  logit_sum = kernel_util::WarpSum(logit_sum);
   const int label = labels[row];
   if (lane == 0) {
     const double lse = static_cast<double>(logf(sum)) + max_logit;
@@ -431,14 +396,7 @@ cudaError_t LaunchConvertToF32Scaled(const void* src, DType type, int64_t n, con
 
 cudaError_t LaunchMaxPoolForward(const void* x, void* y, DType type, const PoolGeometry& geometry,
                                  cudaStream_t stream) {
-  if (x == nullptr || y == nullptr || !ValidPoolGeometry(geometry)) return cudaErrorInvalidValue;
-  const int64_t n =
-      static_cast<int64_t>(geometry.planes) * geometry.out_height * geometry.out_width;
-  return DispatchType(type, [&](auto zero) {
-    using T = decltype(zero);
-    MaxPoolForwardKernel<T><<<ElementwiseBlocks(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), geometry);
-  });
+  return kernel_util::LaunchPoolForward(x, y, type, geometry, MaxWindow{}, stream);
 }
 
 cudaError_t LaunchMaxPoolBackward(const void* x, const void* dy, void* dx, DType type,

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "engine/cuda/kernel_util.cuh"
+#include "engine/cuda/pool_window.cuh"
 #include "engine/cuda/vision_kernels.h"
 
 namespace stoker::cuda {
@@ -18,6 +19,8 @@ using kernel_util::ElementwiseBlocks;
 using kernel_util::FromFloat;
 using kernel_util::kThreads;
 using kernel_util::ToFloat;
+using kernel_util::WindowRange;
+using kernel_util::WindowsContaining;
 
 // ================================ kernels ================================
 
@@ -109,32 +112,20 @@ __global__ void BatchNormUpdateRunningKernel(const float* mean, const float* var
   if (blockIdx.x == 0 && threadIdx.x == 0) batches_tracked[0] += 1.0f;
 }
 
-template <typename T>
-__global__ void AvgPoolForwardKernel(const T* x, T* y, PoolGeometry g) {
-  const int64_t out_plane = static_cast<int64_t>(g.out_height) * g.out_width;
-  const int64_t n = g.planes * out_plane;
-  const float inverse_window = 1.0f / static_cast<float>(g.kernel * g.kernel);
-  STOKER_GRID_STRIDE_LOOP(i, n) {
-    const int64_t p = i / out_plane;
-    const int within = static_cast<int>(i - p * out_plane);
-    const int h0 = (within / g.out_width) * g.stride - g.padding;
-    const int w0 = (within % g.out_width) * g.stride - g.padding;
-    const T* plane = x + p * g.height * g.width;
+// Average pooling's window value (PoolForwardKernel): the sum of the window's values in the
+// plane (padding counts as zeros), times 1 / kernel^2.
+struct AvgWindow {
+  template <typename T>
+  __device__ float operator()(const T* plane, const PoolGeometry& g, int oh, int ow) const {
+    const float inverse_window = 1.0f / static_cast<float>(g.kernel * g.kernel);
     float sum = 0.0f;
-    for (int kh = 0; kh < g.kernel; ++kh) {
-      const int h = h0 + kh;
-      if (h < 0 || h >= g.height) continue;
-      for (int kw = 0; kw < g.kernel; ++kw) {
-        const int w = w0 + kw;
-        if (w < 0 || w >= g.width) continue;
-        sum += ToFloat(plane[h * g.width + w]);
-      }
-    }
-    y[i] = FromFloat<T>(sum * inverse_window);
+    kernel_util::ForEachInWindow(g, oh, ow, [&](int index) { sum += ToFloat(plane[index]); });
+    return sum * inverse_window;
   }
-}
+};
 
-// One thread per input element: the windows that contain it, as MaxPoolBackwardKernel finds them.
+// One thread per input element: the windows that contain it (WindowsContaining), as
+// MaxPoolBackwardKernel visits them.
 template <typename T>
 __global__ void AvgPoolBackwardKernel(const T* dy, T* dx, PoolGeometry g) {
   const int64_t in_plane = static_cast<int64_t>(g.height) * g.width;
@@ -144,17 +135,10 @@ __global__ void AvgPoolBackwardKernel(const T* dy, T* dx, PoolGeometry g) {
   STOKER_GRID_STRIDE_LOOP(i, n) {
     const int64_t p = i / in_plane;
     const int within = static_cast<int>(i - p * in_plane);
-    const int h = within / g.width;
-    const int w = within % g.width;
-    const int low_h = h + g.padding - g.kernel + 1;
-    const int low_w = w + g.padding - g.kernel + 1;
-    const int oh_begin = low_h <= 0 ? 0 : (low_h + g.stride - 1) / g.stride;
-    const int ow_begin = low_w <= 0 ? 0 : (low_w + g.stride - 1) / g.stride;
-    const int oh_end = min(g.out_height - 1, (h + g.padding) / g.stride);
-    const int ow_end = min(g.out_width - 1, (w + g.padding) / g.stride);
+    const WindowRange r = WindowsContaining(g, within / g.width, within % g.width);
     float sum = 0.0f;
-    for (int oh = oh_begin; oh <= oh_end; ++oh) {
-      for (int ow = ow_begin; ow <= ow_end; ++ow) {
+    for (int oh = r.oh_begin; oh <= r.oh_end; ++oh) {
+      for (int ow = r.ow_begin; ow <= r.ow_end; ++ow) {
         sum += ToFloat(dy[p * out_plane + oh * g.out_width + ow]);
       }
     }
@@ -297,14 +281,7 @@ cudaError_t LaunchBatchNormUpdateRunning(const float* mean, const float* varianc
 
 cudaError_t LaunchAvgPoolForward(const void* x, void* y, DType type, const PoolGeometry& geometry,
                                  cudaStream_t stream) {
-  if (x == nullptr || y == nullptr || !ValidPoolGeometry(geometry)) return cudaErrorInvalidValue;
-  const int64_t n =
-      static_cast<int64_t>(geometry.planes) * geometry.out_height * geometry.out_width;
-  return DispatchType(type, [&](auto zero) {
-    using T = decltype(zero);
-    AvgPoolForwardKernel<T><<<ElementwiseBlocks(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), geometry);
-  });
+  return kernel_util::LaunchPoolForward(x, y, type, geometry, AvgWindow{}, stream);
 }
 
 cudaError_t LaunchAvgPoolBackward(const void* dy, void* dx, DType type,

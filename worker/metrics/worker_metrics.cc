@@ -22,13 +22,14 @@
 #include "worker/metrics/nvml.h"
 
 namespace stoker {
-namespace {
 
 using prometheus::Counter;
 using prometheus::Family;
 using prometheus::Gauge;
 using prometheus::Histogram;
 using prometheus::Labels;
+
+namespace {
 
 // `job` is the label Prometheus itself attaches to every scraped series (the scrape job's name);
 // an exported `job` label would be renamed to `exported_job` on ingestion. See deploy/README.md.
