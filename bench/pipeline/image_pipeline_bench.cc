@@ -290,6 +290,9 @@ void Throughput(const stoker::SampleIndex& index) {
       g.sample_bytes = static_cast<uint32_t>(sample_bytes);
       g.loader_count = static_cast<uint32_t>(std::stoul(k));
       g.total_batches = epochs * stoker::BatchesPerEpoch(index.count(), batch_size);
+      // The sample shape the agent resolves and the loaders read from the region header.
+      const uint32_t size = static_cast<uint32_t>(absl::GetFlag(FLAGS_size));
+      g.sample_dims = {3, size, size};
       auto region = Must(stoker::JobRegion::Create(g), "ring");
       region->SetConsumerPid(getpid());
       const Clock::time_point spawned = Clock::now();

@@ -41,6 +41,7 @@
 #include "bench/pipeline/pipeline_util.h"
 #include "data/dataset.h"
 #include "data/job_region.h"
+#include "data/prepared_dataset.h"
 #include "data/stream_copy.h"
 #include "stoker.pb.h"
 
@@ -83,6 +84,8 @@ class ScratchDir {
   std::string path_;
 };
 
+// Writes the job file `path` for the loaders and, as the agent does before it starts them, the
+// prepared training set `path`.data (their --data).
 void WriteJob(const std::string& path, const std::string& images, const std::string& labels,
               int batch_size, int delay_ms) {
   stoker::v1::JobSpec spec;
@@ -95,12 +98,20 @@ void WriteJob(const std::string& path, const std::string& images, const std::str
   spec.mutable_loader()->set_delay_ms(delay_ms);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!spec.SerializeToOstream(&out)) Die("cannot write " + path);
+  stoker::DatasetFiles files;
+  files.format = "idx";
+  files.samples_path = images;
+  files.labels_path = labels;
+  absl::StatusOr<stoker::PreparedInfo> prepared =
+      stoker::PrepareTrainingSet(files, 0, path + ".data");
+  if (!prepared.ok()) Die(std::string(prepared.status().message()));
 }
 
 // Starts K stoker-loader processes on `region` as the agent does (fork + exec, fd inherited).
 std::vector<pid_t> SpawnLoaders(const stoker::JobRegion& region, const std::string& job) {
   absl::StatusOr<std::vector<pid_t>> pids =
-      stoker::bench::SpawnLoaders(region, absl::GetFlag(FLAGS_loader), {"--job", job});
+      stoker::bench::SpawnLoaders(region, absl::GetFlag(FLAGS_loader),
+                                  {"--job", job, "--data", job + ".data"});
   if (!pids.ok()) Die(std::string(pids.status().message()));
   return *std::move(pids);
 }
