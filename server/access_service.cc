@@ -13,11 +13,6 @@ namespace {
 
 constexpr int64_t kMaxExpirySeconds = int64_t{10} * 365 * 24 * 3600;
 
-v1::AuditRecord AuditFor(const Principal& who, const char* action, const std::string& target,
-                         const std::string& team = "") {
-  return AuditOf(who.Name(), who.token_id, action, target, team);
-}
-
 // Expiry from "expires in N seconds" (0 = `default_seconds`; then 0 = never).
 absl::StatusOr<int64_t> ExpiryMs(int64_t seconds, int64_t default_seconds) {
   if (seconds < 0 || seconds > kMaxExpirySeconds) {
@@ -75,12 +70,7 @@ grpc::Status AccessServiceImpl::Audited(
     const std::function<absl::StatusOr<T>(v1::AuditRecord)>& change, T* response) {
   absl::StatusOr<T> result = allowed.ok() ? change(audit) : absl::StatusOr<T>(allowed);
   if (!result.ok()) {
-    audit.set_decision("denied");
-    audit.set_reason(absl::StrCat(absl::StatusCodeToString(result.status().code()), ": ",
-                                  result.status().message()));
-    if (absl::Status s = store_->Audit(audit); !s.ok()) {
-      ServerLog(absl::StrCat("cannot write an audit row: ", s.message()));
-    }
+    store_->AuditOutcome(std::move(audit), result.status());
     return ToGrpcStatus(result.status());
   }
   *response = std::move(*result);

@@ -110,4 +110,18 @@ v1::AuditRecord AuditOf(const std::string& principal, const std::string& token_i
   return record;
 }
 
+v1::AuditRecord AuditFor(const Principal& who, const std::string& action, const std::string& target,
+                         const std::string& team) {
+  return AuditOf(who.Name(), who.token_id, action, target, team);
+}
+
+v1::AuditRecord Decided(v1::AuditRecord audit, const absl::Status& outcome) {
+  audit.set_decision(outcome.ok() ? "allowed" : "denied");
+  if (!outcome.ok()) {
+    audit.set_reason(
+        absl::StrCat(absl::StatusCodeToString(outcome.code()), ": ", outcome.message()));
+  }
+  return audit;
+}
+
 }  // namespace stoker

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/access/authorize.h"
 #include "stoker.pb.h"
 
 namespace stoker {
@@ -40,6 +41,12 @@ absl::StatusOr<std::vector<v1::AuditRecord>> ReadAudit(sqlite3* db, const AuditQ
 v1::AuditRecord AuditOf(const std::string& principal, const std::string& token_id,
                         const std::string& action, const std::string& target,
                         const std::string& team = "");
+// The same for a caller (its Name() and token id).
+v1::AuditRecord AuditFor(const Principal& who, const std::string& action, const std::string& target,
+                         const std::string& team = "");
+// `audit` decided by `outcome`: "allowed" when OK, else "denied" with the code and message as
+// its reason.
+v1::AuditRecord Decided(v1::AuditRecord audit, const absl::Status& outcome);
 
 }  // namespace stoker
 

@@ -34,17 +34,11 @@ grpc::Status StreamFile(const std::string& path, Writer* writer) {
   return ToGrpcStatus(sent);
 }
 
-v1::AuditRecord AuditFor(const Principal& who, const char* action, const std::string& target,
-                         const std::string& team = "") {
-  return AuditOf(who.Name(), who.token_id, action, target, team);
-}
-
-v1::AuditRecord Decided(v1::AuditRecord audit, const absl::Status& status) {
-  audit.set_decision(status.ok() ? "allowed" : "denied");
-  if (!status.ok()) {
-    audit.set_reason(absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
-  }
-  return audit;
+// Whether `who` may call the worker service (`action`) as `worker_id`.
+absl::Status MayActAs(const Principal& who, Action action, const std::string& worker_id) {
+  Resource resource;
+  resource.worker_id = worker_id;
+  return Authorize(who, action, resource);
 }
 
 Resource JobResource(const v1::Job& job) {
@@ -109,12 +103,6 @@ JobServiceImpl::JobServiceImpl(Coordinator* coordinator, Authenticator* auth, Ac
                      CheckedServerStream(this, auth_, &JobServiceImpl::Artifact));
 }
 
-void JobServiceImpl::AuditDenied(v1::AuditRecord audit, const absl::Status& why) {
-  if (absl::Status s = access_->Audit(Decided(std::move(audit), why)); !s.ok()) {
-    ServerLog(absl::StrCat("cannot write an audit row: ", s.message()));
-  }
-}
-
 absl::StatusOr<std::string> JobServiceImpl::SubmitTeam(const Principal& who,
                                                        const v1::JobSpec& spec) {
   if (!spec.team().empty() || who.kind != Principal::Kind::kUser) return spec.team();
@@ -166,7 +154,7 @@ grpc::Status JobServiceImpl::Submit(const Principal& who, grpc::ServerContext*,
     }
   }
   if (!allowed.ok()) {
-    AuditDenied(audit, allowed);
+    access_->AuditOutcome(audit, allowed);
     return ToGrpcStatus(allowed);
   }
   v1::SubmitJobRequest owned = request;
@@ -174,7 +162,7 @@ grpc::Status JobServiceImpl::Submit(const Principal& who, grpc::ServerContext*,
   const std::string owner = who.kind == Principal::Kind::kOpen ? "" : who.Name();
   absl::StatusOr<v1::SubmitJobResponse> submitted =
       coordinator_->Submit(owned, owner, Decided(audit, absl::OkStatus()));
-  if (!submitted.ok()) AuditDenied(audit, submitted.status());
+  if (!submitted.ok()) access_->AuditOutcome(audit, submitted.status());
   return Answer(std::move(submitted), response);
 }
 
@@ -219,7 +207,7 @@ grpc::Status JobServiceImpl::Cancel(const Principal& who, grpc::ServerContext*,
   absl::StatusOr<v1::Job> cancelled =
       job.ok() ? coordinator_->Cancel(request.job_id(), Decided(audit, absl::OkStatus()))
                : job.status();
-  if (!cancelled.ok()) AuditDenied(audit, cancelled.status());
+  if (!cancelled.ok()) access_->AuditOutcome(audit, cancelled.status());
   return Answer(std::move(cancelled), response);
 }
 
@@ -296,9 +284,7 @@ absl::StatusOr<Principal> WorkerServiceImpl::Admit(const grpc::ServerContext& co
                                                    const std::string& worker_id) {
   absl::StatusOr<Principal> who = auth_->Authenticate(context);
   if (!who.ok()) return who.status();
-  Resource resource;
-  resource.worker_id = worker_id;
-  if (absl::Status s = Authorize(*who, Action::kWorkerCall, resource); !s.ok()) return s;
+  if (absl::Status s = MayActAs(*who, Action::kWorkerCall, worker_id); !s.ok()) return s;
   return who;
 }
 
@@ -315,9 +301,7 @@ grpc::Status WorkerServiceImpl::UploadCheckpoint(grpc::ServerContext* context,
         if (!reader->Read(chunk)) return false;
         if (first) {
           first = false;
-          Resource resource;
-          resource.worker_id = chunk->worker_id();
-          refused = Authorize(*who, Action::kWorkerCall, resource);
+          refused = MayActAs(*who, Action::kWorkerCall, chunk->worker_id());
           if (!refused.ok()) return false;
         }
         return true;
@@ -347,16 +331,12 @@ grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext* context,
   absl::StatusOr<Principal> who = auth_->Authenticate(*context);
   if (!who.ok()) return ToGrpcStatus(who.status());
   v1::AuditRecord audit = AuditFor(*who, "worker.register", request->worker_id());
-  Resource resource;
-  resource.worker_id = request->worker_id();
-  absl::Status allowed = Authorize(*who, Action::kWorkerCall, resource);
+  absl::Status allowed = MayActAs(*who, Action::kWorkerCall, request->worker_id());
   absl::StatusOr<v1::RegisterWorkerResponse> registered =
       allowed.ok() ? coordinator_->RegisterWorker(*request)
                    : absl::StatusOr<v1::RegisterWorkerResponse>(allowed);
   // The registration itself lives in memory: its row follows it.
-  if (absl::Status s = access_->Audit(Decided(audit, registered.status())); !s.ok()) {
-    ServerLog(absl::StrCat("cannot write an audit row: ", s.message()));
-  }
+  access_->AuditOutcome(audit, registered.status());
   return Answer(std::move(registered), response);
 }
 
@@ -371,16 +351,12 @@ grpc::Status WorkerServiceImpl::JoinWorker(grpc::ServerContext* context,
     allowed = absl::PermissionDeniedError(
         "JoinWorker needs a join token (stoker worker join-token) as its bearer token");
   }
-  Resource resource;
-  resource.worker_id = request->worker_id();
-  if (allowed.ok()) allowed = Authorize(*who, Action::kJoinWorker, resource);
+  if (allowed.ok()) allowed = MayActAs(*who, Action::kJoinWorker, request->worker_id());
   absl::StatusOr<AccessStore::NewToken> token =
       allowed.ok() ? access_->RedeemJoinToken(who->token_id, audit)
                    : absl::StatusOr<AccessStore::NewToken>(allowed);
   if (!token.ok()) {
-    if (absl::Status s = access_->Audit(Decided(audit, token.status())); !s.ok()) {
-      ServerLog(absl::StrCat("cannot write an audit row: ", s.message()));
-    }
+    access_->AuditOutcome(audit, token.status());
     return ToGrpcStatus(token.status());
   }
   response->set_worker_token(token->secret);

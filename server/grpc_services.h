@@ -96,7 +96,6 @@ class JobServiceImpl final : public v1::JobService::Service {
                                         const std::string& job_id);
   // The team a submit is for: the spec's, else the caller's only team.
   absl::StatusOr<std::string> SubmitTeam(const Principal& who, const v1::JobSpec& spec);
-  void AuditDenied(v1::AuditRecord audit, const absl::Status& why);
 
   Coordinator* coordinator_;
   Authenticator* auth_;

@@ -1,5 +1,7 @@
 #include "server/access/access_store.h"
 
+#include <iostream>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -661,6 +663,12 @@ absl::Status AccessStore::Audit(const v1::AuditRecord& record) {
   STOKER_RETURN_IF_ERROR(AppendAudit(db_, record));
   if (!transaction.Commit()) return Error("commit");
   return absl::OkStatus();
+}
+
+void AccessStore::AuditOutcome(v1::AuditRecord audit, const absl::Status& outcome) {
+  if (absl::Status s = Audit(Decided(std::move(audit), outcome)); !s.ok()) {
+    std::cerr << "stoker-server: cannot write an audit row: " << s.message() << std::endl;
+  }
 }
 
 }  // namespace stoker

@@ -92,6 +92,9 @@ class AccessStore {
 
   // A row on its own: a denied or failed request, which changed nothing.
   absl::Status Audit(const v1::AuditRecord& record);
+  // Audit(Decided(audit, outcome)) for a request whose own change (if any) is not in this store;
+  // a row that cannot be written is logged ("stoker-server: cannot write an audit row: ...").
+  void AuditOutcome(v1::AuditRecord audit, const absl::Status& outcome);
 
  private:
   explicit AccessStore(sqlite3* db) : db_(db) {}
