@@ -1,8 +1,5 @@
 #include "client/access_commands.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -88,13 +85,7 @@ class AccessClient {
                                    ? "never expires"
                                    : absl::StrCat("expires ", Time(token.expires_unix_ms(), ""));
     if (!c_.token_out.empty()) {
-      const int fd = open(c_.token_out.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-      const std::string line = created.secret() + "\n";
-      const bool written =
-          fd >= 0 && write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) &&
-          fsync(fd) == 0;
-      if (fd >= 0) close(fd);
-      if (!written) {
+      if (!WriteSecretFile(c_.token_out, created.secret(), SecretFileMode::kNew).ok()) {
         std::cerr << "stoker: cannot create " << c_.token_out << " (it must not exist yet); token "
                   << token.id() << " was made: revoke it (stoker token revoke " << token.id()
                   << ")\n";

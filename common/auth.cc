@@ -1,5 +1,10 @@
 #include "common/auth.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -30,6 +35,31 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
                      " characters; use a random token of at least 16 (e.g. openssl rand -hex 32)"));
   }
   return token;
+}
+
+absl::Status WriteSecretFile(const std::string& path, const std::string& secret,
+                             SecretFileMode mode) {
+  const bool replace = mode == SecretFileMode::kReplace;
+  const std::string target = replace ? path + ".tmp" : path;
+  const int fd =
+      open(target.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (replace ? O_TRUNC : O_EXCL), 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  }
+  const std::string line = secret + "\n";
+  int error = 0;  // errno of the step that failed
+  if (write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()) || fsync(fd) != 0) {
+    error = errno != 0 ? errno : EIO;
+  }
+  close(fd);
+  if (error == 0 && replace && rename(target.c_str(), path.c_str()) != 0) error = errno;
+  if (error != 0) {
+    unlink(target.c_str());
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(error)));
+  }
+  return absl::OkStatus();
 }
 
 void AddToken(grpc::ClientContext& context, const std::string& token) {

@@ -17,6 +17,15 @@ namespace stoker {
 // missing or empty file, and a token shorter than 16 characters.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
+// How WriteSecretFile treats an existing file: kNew refuses it (the file must not exist: O_EXCL);
+// kReplace replaces it through a temporary file and a rename, so a crash leaves the old file or
+// the new one, never a torn one.
+enum class SecretFileMode { kNew, kReplace };
+// Writes `secret` and a newline to `path` with mode 0600, fsynced. A file it started and could not
+// finish is removed. FAILED_PRECONDITION "cannot write PATH: REASON" otherwise.
+absl::Status WriteSecretFile(const std::string& path, const std::string& secret,
+                             SecretFileMode mode);
+
 // Adds "authorization: Bearer <token>" to a call (nothing when the token is empty).
 void AddToken(grpc::ClientContext& context, const std::string& token);
 

@@ -1,9 +1,6 @@
 // stoker-server: the job service. Parses flags, locks the state directory and serves gRPC until
 // SIGINT/SIGTERM (RunServer). Exit codes: 2 for a bad configuration (token file, TLS files, an
 // unprotected non-loopback address), 1 when the server cannot start, 0 after a signal.
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -36,17 +33,12 @@ int BootstrapAdmin(const std::string& state_dir, const std::string& user,
     return absl::IsInvalidArgument(created.status()) ? stoker::kExitBadInput : 1;
   }
   if (!token_out.empty()) {
-    const int fd = open(token_out.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    const std::string line = created->secret + "\n";
-    if (fd < 0 || write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()) ||
-        fsync(fd) != 0) {
+    if (!stoker::WriteSecretFile(token_out, created->secret, stoker::SecretFileMode::kNew).ok()) {
       std::cerr << "stoker-server: cannot write the new token to " << token_out
                 << " (it must not exist yet); the admin was created: revoke token "
                 << created->info.id() << " and make another with `stoker token create`\n";
-      if (fd >= 0) close(fd);
       return 1;
     }
-    close(fd);
     std::cerr << "stoker-server: cluster admin '" << user << "' created; its token ("
               << created->info.id() << ") is in " << token_out
               << ". Tokens are now required: pass it with stoker --token-file.\n";

@@ -1,6 +1,5 @@
 #include "worker/agent_runner.h"
 
-#include <fcntl.h>
 #include <limits.h>
 #include <unistd.h>
 
@@ -61,24 +60,6 @@ absl::Status ApplyFlags(const WorkerFlags& flags, AgentOptions& options) {
 // The programs beside the agent, the work directory created and claimed for this worker id (one
 // live process per id and directory), and what a killed earlier process under this id left there
 // removed (its attempts are requeued by the server).
-// Writes `secret` to `path` (mode 0600) through a temporary file and a rename: a crash leaves the
-// old file or the new one, never a torn one.
-absl::Status WriteSecretFile(const std::string& path, const std::string& secret) {
-  const std::string temporary = path + ".tmp";
-  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  const std::string line = secret + "\n";
-  const bool written = fd >= 0 &&
-                       write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) &&
-                       fsync(fd) == 0;
-  if (fd >= 0) close(fd);
-  if (!written || rename(temporary.c_str(), path.c_str()) != 0) {
-    unlink(temporary.c_str());
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
-
 // The worker's credential. A worker token kept in the work directory (worker.token, 0600) is
 // used when there is one; else --join-token-file is exchanged for one once (JoinWorker) and kept
 // there; else --token-file (the legacy shared token) or none. Trainers read the same file.
@@ -126,7 +107,10 @@ absl::Status ResolveWorkerToken(const WorkerFlags& flags, AgentOptions& options)
     }
     absl::SleepFor(absl::Seconds(1));
   }
-  if (absl::Status s = WriteSecretFile(path, response.worker_token()); !s.ok()) return s;
+  if (absl::Status s = WriteSecretFile(path, response.worker_token(), SecretFileMode::kReplace);
+      !s.ok()) {
+    return s;
+  }
   options.token = response.worker_token();
   options.runner.token_file = path;
   std::cerr << "stoker-worker: joined as " << options.worker_id << "; worker token "
