@@ -140,11 +140,19 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(
   v1::SubmitJobResponse response;
   *response.mutable_job() = std::move(inserted->job);
   response.set_deduplicated(inserted->deduplicated);
-  FillQueueInfo(response.mutable_job());
+  std::optional<QuotaState> quotas;
+  FillQueueInfo(response.mutable_job(), quotas);
   return response;
 }
 
-void Coordinator::FillQueueInfo(v1::Job* job) {
+Coordinator::QuotaState Coordinator::CurrentQuotaState() {
+  QuotaState state;
+  if (quota_source_) state.quotas = quota_source_();
+  if (!state.quotas.empty()) state.usage = TeamUsageLocked();
+  return state;
+}
+
+void Coordinator::FillQueueInfo(v1::Job* job, std::optional<QuotaState>& quotas) {
   if (job->state() != v1::JOB_STATE_QUEUED) return;
   absl::StatusOr<int> position = store_->QueuePosition(job->id());
   if (!position.ok()) return;
@@ -159,17 +167,14 @@ void Coordinator::FillQueueInfo(v1::Job* job) {
   job->set_queue_position(*position);
   job->set_waiting_reason(WaitingReason(*job, *position, alive));
   // Its team's quota holds it back before anything else does.
-  if (quota_source_) {
-    const std::string& team = job->spec().team();
-    const Quotas quotas = quota_source_();
-    if (auto quota = quotas.find(team); quota != quotas.end()) {
-      std::map<std::string, ResourceAmounts> usage = TeamUsageLocked();
-      if (absl::Status admitted =
-              QuotaAdmits(team, quota->second, usage[team], LeastChargeOf(job->spec()));
-          !admitted.ok()) {
-        job->set_waiting_reason(std::string(admitted.message()));
-        return;
-      }
+  if (!quotas.has_value()) quotas = CurrentQuotaState();
+  const std::string& team = job->spec().team();
+  if (auto quota = quotas->quotas.find(team); quota != quotas->quotas.end()) {
+    if (absl::Status admitted =
+            QuotaAdmits(team, quota->second, quotas->usage[team], LeastChargeOf(job->spec()));
+        !admitted.ok()) {
+      job->set_waiting_reason(std::string(admitted.message()));
+      return;
     }
   }
   // A gang ahead of it that waited too long keeps it from starting (see gang_backfill_limit).
@@ -189,7 +194,8 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
   STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));
   absl::MutexLock lock(&mu_);
   absl::StatusOr<v1::Job> job = store_->Get(job_id);
-  if (job.ok()) FillQueueInfo(&*job);
+  std::optional<QuotaState> quotas;
+  if (job.ok()) FillQueueInfo(&*job, quotas);
   return job;
 }
 
@@ -207,8 +213,9 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
       std::vector<v1::Job> jobs,
       store_->List(states, request.limit() == 0 ? 100 : request.limit(), filter));
   v1::ListJobsResponse response;
+  std::optional<QuotaState> quotas;  // summed once, for the first queued job
   for (v1::Job& job : jobs) {
-    FillQueueInfo(&job);  // queued jobs: position and why they wait
+    FillQueueInfo(&job, quotas);  // queued jobs: position and why they wait
     *response.add_jobs() = std::move(job);
   }
   return response;

@@ -238,14 +238,18 @@ class Coordinator {
   // Places every rank of the queued gang `job` on `views` (the live workers, by id), or returns
   // false with the job untouched and PlaceGang's reason in `why_not`. Ranks for `caller` are
   // appended to `assignments`; the others wait in their workers' ledgers for delivery.
+  // The teams' quotas and what each team's running jobs are granted, as one scheduling pass or
+  // one listing sees them; usage is summed only when some team has a quota.
+  struct QuotaState {
+    Quotas quotas;
+    std::map<std::string, ResourceAmounts> usage;
+  };
   // A gang its team's quota does not admit is not placed (FAILED_PRECONDITION in why_not, so it
-  // does not hold back the jobs behind it); a placed one is added to `usage`.
+  // does not hold back the jobs behind it); a placed one is added to `quotas.usage`.
   absl::StatusOr<bool> PlaceGangJob(v1::Job job, const std::string& caller,
                                     std::map<std::string, WorkerView>& views,
                                     std::vector<v1::Assignment>& assignments, absl::Status* why_not,
-                                    const Quotas& quotas,
-                                    std::map<std::string, ResourceAmounts>& usage)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                    QuotaState& quotas) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // TeamUsage with the lock held.
   std::map<std::string, ResourceAmounts> TeamUsageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The team of a running job (cached: a job's team never changes).
@@ -259,7 +263,11 @@ class Coordinator {
   std::vector<v1::Assignment> DeliverPending(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Assignment AssignmentFor(const v1::Job& job, const v1::Placement& placement, int rank) const;
-  void FillQueueInfo(v1::Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  QuotaState CurrentQuotaState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A queued job's position and why it waits. `quotas` is filled on first need, so that a
+  // listing sums the usage once.
+  void FillQueueInfo(v1::Job* job, std::optional<QuotaState>& quotas)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Concurrent submits are committed together (one transaction, one fsync), LevelDB-style: the
   // submit at the front of the queue writes everything queued behind it.
@@ -289,7 +297,7 @@ class Coordinator {
   // When each job last got an event for a failed checkpoint write (one a minute at most).
   std::map<std::string, absl::Time> write_failure_event_time_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  // The teams of jobs with placements (TeamOfJob), pruned by TeamUsageLocked.
+  // The teams of jobs with placements, filled by TeamOfJob and pruned by TeamUsageLocked.
   std::map<std::string, std::string> job_teams_ ABSL_GUARDED_BY(mu_);
   CoordinatorObserver* observer_ = nullptr;
   std::function<Quotas()> quota_source_;

@@ -35,13 +35,12 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
                 [&](const auto& entry) { return !queued.contains(entry.first); });
   WorkerView& view = views.at(worker_id);
   const absl::Time now = absl::Now();
-  const Quotas quotas = quota_source_ ? quota_source_() : Quotas();
-  std::map<std::string, ResourceAmounts> usage = TeamUsageLocked();
+  QuotaState quotas = CurrentQuotaState();
   for (v1::Job& job : *queue) {
     if (IsGang(job.spec())) {
       absl::Status why_not;
       absl::StatusOr<bool> placed =
-          PlaceGangJob(job, worker_id, views, assignments, &why_not, quotas, usage);
+          PlaceGangJob(job, worker_id, views, assignments, &why_not, quotas);
       if (!placed.ok()) return placed.status();
       if (*placed) {
         gang_waiting_since_.erase(job.id());
@@ -60,13 +59,12 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
     const v1::Placement placement = std::move(*placed);
     // Charged what it is granted; past its team's quota it waits (FillQueueInfo says so).
     const std::string& team = job.spec().team();
-    if (auto quota = quotas.find(team);
-        quota != quotas.end() &&
-        !QuotaAdmits(team, quota->second, usage[team], ChargeOf(placement)).ok()) {
-      continue;
+    if (auto quota = quotas.quotas.find(team); quota != quotas.quotas.end()) {
+      if (!QuotaAdmits(team, quota->second, quotas.usage[team], ChargeOf(placement)).ok()) {
+        continue;
+      }
+      quotas.usage[team] += ChargeOf(placement);
     }
-    usage[team] += ChargeOf(placement);
-    job_teams_[job.id()] = team;
     if (observer_ != nullptr) {
       observer_->JobAssigned(std::max<int64_t>(0, NowMs() - job.submit_time_unix_ms()) / 1000.0);
     }
@@ -134,8 +132,7 @@ v1::Assignment Coordinator::AssignmentFor(const v1::Job& job, const v1::Placemen
 absl::StatusOr<bool> Coordinator::PlaceGangJob(v1::Job job, const std::string& caller,
                                                std::map<std::string, WorkerView>& views,
                                                std::vector<v1::Assignment>& assignments,
-                                               absl::Status* why_not, const Quotas& quotas,
-                                               std::map<std::string, ResourceAmounts>& usage) {
+                                               absl::Status* why_not, QuotaState& quotas) {
   std::vector<WorkerView> live;
   for (const auto& [id, view] : views) live.push_back(view);
   absl::StatusOr<std::vector<v1::Placement>> gang =
@@ -145,17 +142,16 @@ absl::StatusOr<bool> Coordinator::PlaceGangJob(v1::Job job, const std::string& c
     return false;  // nothing is held: the gang waits whole
   }
   const std::string& team = job.spec().team();
-  ResourceAmounts charge;
-  for (const v1::Placement& placement : *gang) charge += ChargeOf(placement);
-  if (auto quota = quotas.find(team); quota != quotas.end()) {
-    if (absl::Status admitted = QuotaAdmits(team, quota->second, usage[team], charge);
+  if (auto quota = quotas.quotas.find(team); quota != quotas.quotas.end()) {
+    ResourceAmounts charge;
+    for (const v1::Placement& placement : *gang) charge += ChargeOf(placement);
+    if (absl::Status admitted = QuotaAdmits(team, quota->second, quotas.usage[team], charge);
         !admitted.ok()) {
       *why_not = absl::FailedPreconditionError(admitted.message());
       return false;
     }
+    quotas.usage[team] += charge;
   }
-  usage[team] += charge;
-  job_teams_[job.id()] = team;
   if (observer_ != nullptr) {
     observer_->JobAssigned(
         std::max<int64_t>(0, absl::ToUnixMillis(absl::Now()) - job.submit_time_unix_ms()) / 1000.0);
