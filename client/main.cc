@@ -231,9 +231,9 @@ class Client {
     v1::GetArtifactRequest request;
     request.set_job_id(job_id);
     auto reader = jobs_->GetArtifact(&context, request);
-    absl::StatusOr<int64_t> bytes = ReceiveChunksToFile(
-        [&reader](v1::CheckpointChunk* chunk) { return reader->Read(chunk); },
-        [&reader] { return FromGrpcStatus(reader->Finish()); }, output);
+    absl::StatusOr<int64_t> bytes =
+        ReceiveChunksToFile([&reader](v1::CheckpointChunk* chunk) { return reader->Read(chunk); },
+                            [&reader] { return FromGrpcStatus(reader->Finish()); }, output);
     if (!bytes.ok()) {
       if (absl::IsDataLoss(bytes.status()) || absl::IsInternal(bytes.status())) {
         std::cerr << "stoker: artifact: " << bytes.status().message() << "\n";

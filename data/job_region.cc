@@ -636,9 +636,9 @@ bool JobRegion::LoaderNeeded(uint32_t index) const {
 
 absl::StatusOr<std::vector<int>> RingGeometry::ImageDims(const char* reader) const {
   if (sample_dims.size() != 3) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the region header gives no image sample shape (C, H, W): the agent and this ", reader,
-        " come from different builds"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the region header gives no image sample shape (C, H, W): the agent and this ",
+                     reader, " come from different builds"));
   }
   return std::vector<int>(sample_dims.begin(), sample_dims.end());
 }

@@ -135,8 +135,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 
  private:
   // The caller, if its token may act as `worker_id`.
-  absl::StatusOr<Principal> Admit(const grpc::ServerContext& context,
-                                  const std::string& worker_id);
+  absl::StatusOr<Principal> Admit(const grpc::ServerContext& context, const std::string& worker_id);
 
   Coordinator* coordinator_;
   Authenticator* auth_;

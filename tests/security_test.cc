@@ -125,9 +125,9 @@ TEST(SecurityTest, TlsWithAThrowawayCaAndTokensRunsAJob) {
   CommandResult plaintext = cluster.Cli("--token-file " + token_file + " list");
   EXPECT_EQ(plaintext.exit_code, 3) << "a plaintext client cannot talk to a TLS server\n"
                                     << plaintext.output;
-  const std::string job_file = WriteFile(d + "/job.yaml", absl::StrCat("name: tls-job\n",
-                                                                      kFashionMnistDatasetYaml,
-                                                                      R"(  train_limit: 4000
+  const std::string job_file =
+      WriteFile(d + "/job.yaml", absl::StrCat("name: tls-job\n", kFashionMnistDatasetYaml,
+                                              R"(  train_limit: 4000
   test_limit: 500
 model: {type: mlp, hidden: [64]}
 train: {epochs: 1, batch_size: 64}

@@ -53,7 +53,8 @@ absl::Status ApplyFlags(const WorkerFlags& flags, AgentOptions& options) {
   if (!flags.token_file.empty()) {
     options.runner.token_file = std::filesystem::absolute(flags.token_file).string();
   }
-  if (!flags.tls_ca.empty()) options.runner.tls_ca = std::filesystem::absolute(flags.tls_ca).string();
+  if (!flags.tls_ca.empty())
+    options.runner.tls_ca = std::filesystem::absolute(flags.tls_ca).string();
   return absl::OkStatus();
 }
 
@@ -178,8 +179,9 @@ absl::Status DescribeResources(const WorkerFlags& flags, AgentOptions& options) 
   }
   absl::StatusOr<int64_t> available = AvailableSystemMemoryBytes();
   if (!available.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot tell the available memory (", available.status().message(), "); pass --memory-mib"));
+    return absl::FailedPreconditionError(absl::StrCat("cannot tell the available memory (",
+                                                      available.status().message(),
+                                                      "); pass --memory-mib"));
   }
   options.memory_bytes = *available;
   return absl::OkStatus();
@@ -187,7 +189,7 @@ absl::Status DescribeResources(const WorkerFlags& flags, AgentOptions& options) 
 
 // The /metrics endpoint, when --metrics-listen asks for one (null otherwise).
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> StartMetrics(const WorkerFlags& flags,
-                                                           AgentOptions& options) {
+                                                            AgentOptions& options) {
   if (flags.metrics_listen.empty()) return nullptr;
   absl::StatusOr<std::unique_ptr<WorkerMetrics>> metrics = WorkerMetrics::Create(
       {.worker_id = options.worker_id, .listen_address = flags.metrics_listen});

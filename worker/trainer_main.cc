@@ -165,9 +165,8 @@ absl::StatusOr<std::unique_ptr<MappedSamples>> LoadImageTestSet(const v1::JobSpe
   if (test_data.empty()) return absl::InvalidArgumentError("--test-data is required for images");
   STOKER_ASSIGN_OR_RETURN(const SampleIndex train, OpenSampleIndex(train_data));
   auto log = [](const std::string& line) { std::cerr << "stoker-trainer: " << line << "\n"; };
-  STOKER_ASSIGN_OR_RETURN(const SampleIndex test,
-                          BuildImageIndex(data.format(), data.test_images(), log,
-                                          std::string(train.root())));
+  STOKER_ASSIGN_OR_RETURN(const SampleIndex test, BuildImageIndex(data.format(), data.test_images(),
+                                                                  log, std::string(train.root())));
   const int classes = std::max({2, train_classes, data.classes()});
   // The job's cpus (--threads, which OpenMP was given in main), not the whole machine's: other
   // jobs may share this worker.
@@ -229,7 +228,8 @@ absl::Status SetUp(const v1::JobSpec& spec, int train_classes, const std::string
                      SampleTypeName(geometry.sample_type), " values"));
   }
 
-  // GPU jobs train on cuda device 0 (of those CUDA_VISIBLE_DEVICES leaves); fake GPUs (stoker-worker
+  // GPU jobs train on cuda device 0 (of those CUDA_VISIBLE_DEVICES leaves); fake GPUs
+  // (stoker-worker
   // --fake-gpus-for-tests) on the cpu.
   const bool cuda = spec.resources().gpus() > 0 && !devices.fake_gpus_for_tests;
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(cuda ? "cuda" : "cpu", 0);
@@ -299,8 +299,8 @@ absl::Status SetUpDataParallel(const RankChoice& choice, uint32_t batch_size,
         return rank.status();
       }
       return absl::Status(rank.status().code(),
-                          absl::StrCat("resources.replicas > 1 with gpus: ", rank.status().message(),
-                                       "; use resources.replicas: 1"));
+                          absl::StrCat("resources.replicas > 1 with gpus: ",
+                                       rank.status().message(), "; use resources.replicas: 1"));
     }
     dp.device_collective = std::move(rank->device);
     dp.collective = std::move(rank->host);
@@ -408,7 +408,7 @@ int Train(int region_fd, int events_fd, const std::string& job_path,
   DataParallelSetup dp;
   if (rank_choice.replicas > 1) {
     if (absl::Status s = SetUpDataParallel(rank_choice, region.geometry().batch_size,
-                                          setup.backend->Name(), model, dp);
+                                           setup.backend->Name(), model, dp);
         !s.ok()) {
       std::cerr << "stoker-trainer: data-parallel: " << s.message() << "\n";
       return absl::IsInvalidArgument(s) ? kExitBadInput : kExitFailure;

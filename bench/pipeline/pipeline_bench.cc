@@ -109,9 +109,8 @@ void WriteJob(const std::string& path, const std::string& images, const std::str
 
 // Starts K stoker-loader processes on `region` as the agent does (fork + exec, fd inherited).
 std::vector<pid_t> SpawnLoaders(const stoker::JobRegion& region, const std::string& job) {
-  absl::StatusOr<std::vector<pid_t>> pids =
-      stoker::bench::SpawnLoaders(region, absl::GetFlag(FLAGS_loader),
-                                  {"--job", job, "--data", job + ".data"});
+  absl::StatusOr<std::vector<pid_t>> pids = stoker::bench::SpawnLoaders(
+      region, absl::GetFlag(FLAGS_loader), {"--job", job, "--data", job + ".data"});
   if (!pids.ok()) Die(std::string(pids.status().message()));
   return *std::move(pids);
 }

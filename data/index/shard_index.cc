@@ -24,11 +24,11 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
-#include "data/index/brace.h"
 #include "data/index/beneath.h"
+#include "data/index/brace.h"
 #include "data/index/index_format.h"
 #include "data/index/sample_index.h"
 
