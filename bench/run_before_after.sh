@@ -11,10 +11,13 @@
 #     SECONDS_PER_CONFIG  timed window per measurement (default 4), after WARMUP steps (default 3)
 #     THREADS             threads of both (default 2)
 #     JOBS, PRECISIONS    as bench/run_vision.sh
+#     SMOKE=1             one round of the example CNN in fp32 and the MLP, 0.2 s each (the same
+#                         tree may be given twice); fails on a zero rate
 #   Prints every measurement, then per benchmark the median samples/s of each side and new/old.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
+source "$here/lib.sh"
 [[ $# -eq 2 ]] || { sed -n '6,9p' "$0" >&2; exit 2; }
 old="$1" new="$2"
 for tree in "$old" "$new"; do
@@ -29,6 +32,9 @@ seconds="${SECONDS_PER_CONFIG:-4}"
 warmup="${WARMUP:-3}"
 repeats="${REPEATS:-3}"
 threads="${THREADS:-2}"
+if [[ "$smoke" == 1 ]]; then
+  jobs="$root/examples/fashion-mnist-cnn.yaml" precisions=fp32 seconds=0.2 warmup=1 repeats=1
+fi
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS="$threads"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
@@ -57,6 +63,7 @@ for ((r = 1; r <= repeats; r++)); do
   if ((r % 2 == 1)); then one_round old "$old"; one_round new "$new"
   else one_round new "$new"; one_round old "$old"; fi
 done
+smoke_check "$log" old:samples_per_s\>0 new:samples_per_s\>0
 /usr/bin/python3 - "$log" <<'PY'
 import re, statistics, sys
 runs = {}

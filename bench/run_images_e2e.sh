@@ -11,13 +11,21 @@
 #   class and the shards in pack order, so one seed's epochs see other batches than IDX's, and
 #   single runs differ by that alone.
 #   Builds nothing (scripts/setup.sh builds). Work files go to $WORK (default /tmp/stoker-images-e2e).
+#   SMOKE=1: the MLP only, one epoch on the first 512 training and test images of each format;
+#   fails unless the three jobs succeed with a non-zero accuracy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 source bench/lib.sh
 models=${1:-"mlp cnn"}
 work=${WORK:-/tmp/stoker-images-e2e}
-bin=${BUILD:-build}  # a copy of the build keeps a run safe from rebuilds
+poll=5 limit=0
+if [[ "$smoke" == 1 ]]; then
+  models=mlp poll=0.3 limit=512 SEEDS=1
+  work=${WORK:-/tmp/stoker-images-e2e-smoke-$$}
+  trap 'rm -rf "$work"' EXIT
+fi
+bin=${BUILD:-${STOKER_BUILD:-build}}  # a copy of the build keeps a run safe from rebuilds
 fmnist=/usr/share/datasets/fashion-mnist
 rm -rf "$work"
 mkdir -p "$work/data"
@@ -26,7 +34,15 @@ cp -r "$fmnist" "$work/data/fashion-mnist"  # symlinks may not leave the data ro
 print_machine
 print_load before
 start=$(date +%s)
-"$bin/data/index/stoker-dataset" export-fashion-mnist --out "$work/data/fmnist-png" --format png
+if [[ "$limit" == 0 ]]; then
+  "$bin/data/index/stoker-dataset" export-fashion-mnist --out "$work/data/fmnist-png" --format png
+else
+  for split in train:train t10k:test; do
+    "$bin/data/index/stoker-dataset" export-idx --images "$fmnist/${split%:*}-images-idx3-ubyte.gz" \
+      --labels "$fmnist/${split%:*}-labels-idx1-ubyte.gz" --out "$work/data/fmnist-png/${split#*:}" \
+      --limit "$limit"
+  done
+fi
 "$bin/data/index/stoker-dataset" pack --root "$work/data/fmnist-png/train" \
   --out "$work/data/fmnist-shards/train" --samples-per-shard 10000 | tail -1 >"$work/train-pattern"
 "$bin/data/index/stoker-dataset" pack --root "$work/data/fmnist-png/test" \
@@ -43,7 +59,8 @@ server="127.0.0.1:$(cat "$work/port")"
 "$bin/worker/stoker-worker" --server "$server" --work-dir "$work/worker" --data-root "$work/data" \
   >"$work/worker.log" 2>&1 &
 worker_pid=$!
-trap 'kill $worker_pid 2>/dev/null; wait $worker_pid 2>/dev/null; kill $server_pid 2>/dev/null' EXIT
+trap 'kill $worker_pid 2>/dev/null; wait $worker_pid 2>/dev/null; kill $server_pid 2>/dev/null
+  [[ "$smoke" == 1 ]] && rm -rf "$work"' EXIT
 
 # The example's job file with its dataset section replaced.
 job_file() {  # MODEL FORMAT
@@ -69,6 +86,10 @@ open(out, "w").write(text)
 PY
       ;;
   esac
+  if [[ "$limit" != 0 ]]; then
+    sed -i "s/^\(  epochs: \).*/\11/" "$out"
+    sed -i "s/^dataset:$/dataset:\n  train_limit: $limit\n  test_limit: $limit/" "$out"
+  fi
   echo "$out"
 }
 
@@ -85,19 +106,22 @@ for model in $models; do
       state=$("$bin/client/stoker" --server "$server" -o json status "$id" |
         /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])')
       case "$state" in *SUCCEEDED* | *FAILED* | *CANCELLED*) break ;; esac
-      sleep 5
+      sleep "$poll"
     done
     json=$("$bin/client/stoker" --server "$server" -o json status "$id")
     acc=$(echo "$json" | /usr/bin/python3 -c 'import json,sys; j=json.load(sys.stdin); print(j.get("progress",{}).get("test_accuracy","nan"))')
     stall=$("$bin/client/stoker" --server "$server" logs "$id" |
       sed -n 's/.*input stall \([0-9]*\)%.*/\1/p' | awk '{s+=$1; n++} END {if (n) printf "%.1f", s/n; else print "nan"}')
     secs=$(($(date +%s) - t0))
-    echo "RESULT model=$model format=$format seed=$seed state=$state accuracy=$acc stall_pct=$stall seconds=$secs job=$id"
+    echo "RESULT model=$model format=$format seed=$seed state=$state accuracy=$acc stall_pct=$stall seconds=$secs job=$id" |
+      tee -a "$work/results.log"
     results+=("$model $format $acc $stall $secs $seed")
   done
   done
 done
 print_load after
+# In smoke mode: every job succeeded with a non-zero accuracy.
+smoke_check "$work/results.log" RESULT:state=JOB_STATE_SUCCEEDED RESULT:accuracy\>0
 printf '%s\n' "${results[@]}" | /usr/bin/python3 -c '
 import statistics, sys
 rows = [l.split() for l in sys.stdin if l.strip()]

@@ -13,6 +13,7 @@
 #     LOADERS         loader counts to measure (default "1 2 4")
 #     SAMPLE_SECONDS  how long each job is sampled once it trains (default 5)
 #     DATA_ROOT       where fashion-mnist/ lies (default /usr/share/datasets)
+#     SMOKE=1         K = 1 sampled for 1 s; checks that the job trained and the loader was seen
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -20,6 +21,8 @@ root="$(dirname "$here")"
 source "$here/lib.sh"
 find_programs "${1:-}"
 data_root="${DATA_ROOT:-/usr/share/datasets}"
+loaders="${LOADERS:-1 2 4}" sample_seconds="${SAMPLE_SECONDS:-5}"
+[[ "$smoke" == 1 ]] && loaders=1 sample_seconds=1
 [[ -f "$data_root/fashion-mnist/train-images-idx3-ubyte.gz" ]] ||
   { echo "no Fashion-MNIST under $data_root (apt install dataset-fashion-mnist)" >&2; exit 1; }
 
@@ -29,6 +32,7 @@ cleanup() {
   stop_pids
   rm -rf "$state"
 }
+log="$state/log"
 trap cleanup EXIT INT TERM
 
 start_local_cluster "$data_root" bench-memory
@@ -36,8 +40,8 @@ start_local_cluster "$data_root" bench-memory
 echo "binaries: $(dirname "$loader_bin") (stoker-loader $(stat -c %y "$loader_bin" | cut -d. -f1))"
 print_machine
 
-PYTHONPATH="$here" /usr/bin/python3 - "$cli" "$server" "$state" "${LOADERS:-1 2 4}" \
-  "${SAMPLE_SECONDS:-5}" <<'PY'
+PYTHONPATH="$here" /usr/bin/python3 - "$cli" "$server" "$state" "$loaders" \
+  "$sample_seconds" <<'PY' | tee "$log"
 import os
 import sys
 import time
@@ -152,3 +156,4 @@ for k, peak, total_anon, total_pss, samples in rows:
           f"| {total_anon / 1024:.1f} | {total_anon * 1024 / dataset_bytes:.2f} "
           f"| {total_pss / 1024:.1f} | {total_pss * 1024 / dataset_bytes:.2f} |")
 PY
+smoke_check "$log" job:samples\>0 job:steps_at_end\>0 job:total_pss_kb\>0 loader:rss_anon_kb\>0

@@ -24,6 +24,8 @@
 #     DISTINCT     distinct JPEGs (default 400); IMAGE_SIZE: sample side (default 32)
 #     WORK         work directory (default /tmp/stoker-loader-memory-images); removed at the end
 #                  unless KEEP_DATA=1, which also reuses shards of the same parameters there
+#     SMOKE=1      8 MiB of shards from 20 JPEGs, a 256 MiB cgroup, K = 1; exits 77 (skipped)
+#                  where there is no writable cgroup v1 memory controller
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -34,15 +36,24 @@ dataset_mib=${DATASET_MIB:-3584}
 cgroup_mib=${CGROUP_MIB:-512}
 loaders=${LOADERS:-"1 2 4"}
 distinct=${DISTINCT:-400}
+if [[ "$smoke" == 1 ]]; then
+  dataset_mib=8 cgroup_mib=256 loaders=1 distinct=20
+  export WORK="${WORK:-/tmp/stoker-loader-memory-images-smoke-$$}"
+fi
+skip_or_fail() {  # MESSAGE: smoke mode skips (77) a machine without the cgroup it needs
+  echo "$1" >&2
+  [[ "$smoke" == 1 ]] && exit 77
+  exit 1
+}
 image_size=${IMAGE_SIZE:-32}
 work=${WORK:-/tmp/stoker-loader-memory-images}
 
 # The cgroup: nested under this script's own memory cgroup, never a top-level one.
 own=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print $3}' /proc/self/cgroup)
 [[ -n "$own" && "$own" != / ]] ||
-  { echo "no (non-root) cgroup v1 memory cgroup for this process: '$own'" >&2; exit 1; }
+  skip_or_fail "no (non-root) cgroup v1 memory cgroup for this process: '$own'"
 [[ -w "/sys/fs/cgroup/memory$own" ]] ||
-  { echo "/sys/fs/cgroup/memory$own is not writable (needs root and cgroup v1)" >&2; exit 1; }
+  skip_or_fail "/sys/fs/cgroup/memory$own is not writable (needs root and cgroup v1)"
 cgroup="/sys/fs/cgroup/memory$own/stoker-bench-$$"
 
 # The data: made once per parameter set when KEEP_DATA=1.
@@ -101,7 +112,7 @@ print_machine
 print_load before
 
 PYTHONPATH="$here" /usr/bin/python3 - "$cli" "$server" "$state" "$data" "$train_pattern" \
-  "$cgroup" "$loaders" "$cgroup_mib" "$image_size" <<'PY'
+  "$cgroup" "$loaders" "$cgroup_mib" "$image_size" <<'PY' | tee "$state/log"
 import glob
 import json
 import os
@@ -282,3 +293,6 @@ for (k, state_name, peak, total_anon, trainer_anon, max_usage, pgpgin, failcnt, 
           f"| {each('VmHWM')} | {trainer_anon / 1024:.1f} | {max_usage / MIB:.1f} | {pgpgin * 4096 / MIB:.0f} | {failcnt} | {oom_kills} "
           f"| {rate:.0f} | {stall:.2f} | {wall:.0f} |")
 PY
+# (A smoke job ends within a second or two: too soon for two progress events, so no samples/s.)
+smoke_check "$state/log" job:state=SUCCEEDED job:oom_kill=0 job:pgpgin_pages\>0 \
+  loader:rss_anon_kb\>0 loader:in_cgroup=True

@@ -7,6 +7,8 @@
 #   Builds nothing: pass pipeline_bench's path, or it is looked up in build/ and build-*/ (it finds
 #   stoker-loader by the path it was built with; override with PIPELINE_FLAGS=--loader=PATH).
 #   EPOCHS (default 30) sets Stoker's epochs per loader count, TORCH_EPOCHS (default 2) PyTorch's.
+#   The peer runs in bench/peers/install.sh's environment (PEER_PYTHON overrides it).
+#   SMOKE=1: one epoch each, 16 MiB through the ring, 4 overlap batches; checks the sample counts.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -14,6 +16,11 @@ root="$(dirname "$here")"
 source "$here/lib.sh"
 find_bench pipeline_bench "${1:-}"
 export OPENBLAS_NUM_THREADS=1
+find_peers
+epochs="${EPOCHS:-30}" torch_epochs="${TORCH_EPOCHS:-2}" flags=()
+if [[ "$smoke" == 1 ]]; then
+  epochs=1 torch_epochs=1 flags=(--ring_mib=16 --repeats=1 --overlap_batches=4)
+fi
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
@@ -21,11 +28,16 @@ echo "pipeline_bench: $bench"
 print_machine
 print_load before
 # shellcheck disable=SC2086
-"$bench" --epochs="${EPOCHS:-30}" ${PIPELINE_FLAGS:-} | tee -a "$log"
-/usr/bin/python3 "$here/pipeline_pytorch.py" --epochs "${TORCH_EPOCHS:-2}" | tee -a "$log"
+"$bench" --epochs="$epochs" "${flags[@]}" ${PIPELINE_FLAGS:-} | tee -a "$log"
+if [[ "$peers" == 1 ]]; then
+  "$peer_python" "$here/pipeline_pytorch.py" --epochs "$torch_epochs" | tee -a "$log"
+fi
 print_load after
 echo
 
+# Every throughput line counts the samples after each run's first batch: 60,000 - 256 an epoch.
+smoke_check "$log" throughput:samples_per_s\>0 throughput:samples=59744 ring:read_gb_per_s\>0 \
+  ring:copy_gb_per_s\>0 overlap:pipelined_s\>0
 PYTHONPATH="$here" /usr/bin/python3 - "$log" <<'PY'
 import sys
 

@@ -100,5 +100,11 @@ int main(int argc, char** argv) {
       clients, jobs, seconds, all.size() / seconds, percentile(0.50), percentile(0.99),
       all.empty() ? 0.0 : all.back(), errors.load(),
       (status.ok() && duplicated == 0 && missing == 0) ? "yes" : "NO", missing, duplicated);
+  // The same as key=value words, for bench/run_submit.sh's smoke check.
+  std::cout << absl::StrFormat(
+      "submit clients=%d jobs=%d stored=%d submits_per_s=%.0f p50_ms=%.2f p99_ms=%.2f errors=%d "
+      "missing=%d duplicated=%d\n",
+      clients, jobs, jobs - missing, all.size() / seconds, percentile(0.50), percentile(0.99),
+      errors.load(), missing, duplicated);
   return errors == 0 && duplicated == 0 && missing == 0 ? 0 : 1;
 }
