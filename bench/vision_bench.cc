@@ -9,6 +9,7 @@
 //   vision_bench --job examples/fashion-mnist-cnn.yaml --write_network cnn.json
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -41,6 +42,10 @@ ABSL_FLAG(int, classes, 0, "classes (0: the job's dataset.classes, else 10)");
 ABSL_FLAG(double, seconds, 3.0, "timed window (after the warm-up steps)");
 ABSL_FLAG(int, warmup, 3, "untimed steps before the window");
 ABSL_FLAG(int, threads, 2, "OpenMP threads (oneDNN and the element-wise loops)");
+ABSL_FLAG(int, kernel_runs, 0,
+          "after the window, time each kernel of the step alone this many times (the median "
+          "of each, Model::TimeKernels) and print them with their sum beside the median step "
+          "time; 0: not");
 ABSL_FLAG(std::string, write_network, "",
           "write the network as JSON for vision_pytorch.py to this file and exit");
 
@@ -154,21 +159,44 @@ absl::Status Run(const Bench& bench) {
   const absl::Duration window = absl::Seconds(absl::GetFlag(FLAGS_seconds));
   int64_t steps = 0;
   absl::Duration elapsed;
+  std::vector<double> step_ms;
   do {
+    const absl::Time step_start = absl::Now();
     absl::StatusOr<float> l = step(steps);
     if (!l.ok()) return l.status();
+    step_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - step_start));
     loss = *l;
     ++steps;
     elapsed = absl::Now() - start;
   } while (elapsed < window || steps < 3);
+  std::nth_element(step_ms.begin(), step_ms.begin() + step_ms.size() / 2, step_ms.end());
+  const double median_step_ms = step_ms[step_ms.size() / 2];
   const double seconds = absl::ToDoubleSeconds(elapsed);
   std::printf(
       "stoker network=%s precision=%s threads=%d batch=%d steps=%lld step_ms=%.2f "
-      "samples_per_s=%.1f last_loss=%.4f mflop_per_sample=%.1f\n",
+      "step_median_ms=%.2f samples_per_s=%.1f last_loss=%.4f mflop_per_sample=%.1f\n",
       bench.spec.name().c_str(), PrecisionName(bench.config.precision), omp_get_max_threads(),
-      batch, static_cast<long long>(steps), 1000 * seconds / steps, steps * batch / seconds, loss,
-      NetworkForwardFlopsPerSample(bench.config) / 1e6);
+      batch, static_cast<long long>(steps), 1000 * seconds / steps, median_step_ms,
+      steps * batch / seconds, loss, NetworkForwardFlopsPerSample(bench.config) / 1e6);
   std::fflush(stdout);
+  if (const int runs = absl::GetFlag(FLAGS_kernel_runs); runs > 0) {
+    absl::StatusOr<std::vector<KernelTime>> kernels = (*model)->TimeKernels(batch, runs);
+    if (!kernels.ok()) return kernels.status();
+    double sum = 0;
+    for (const KernelTime& k : *kernels) {
+      std::printf("kernel network=%s precision=%s ms=%.4f name=\"%s\"\n",
+                  bench.spec.name().c_str(), PrecisionName(bench.config.precision), k.median_ms,
+                  k.name.c_str());
+      sum += k.median_ms;
+    }
+    // overhead: how much longer the median step is than its kernels run alone.
+    std::printf(
+        "kernels network=%s precision=%s threads=%d batch=%d kernels=%zu runs=%d "
+        "kernel_sum_ms=%.3f step_median_ms=%.3f overhead=%.3f\n",
+        bench.spec.name().c_str(), PrecisionName(bench.config.precision), omp_get_max_threads(),
+        batch, kernels->size(), runs, sum, median_step_ms, median_step_ms / sum - 1);
+    std::fflush(stdout);
+  }
   return absl::OkStatus();
 }
 

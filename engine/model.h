@@ -47,6 +47,12 @@ struct NamedTensor {
   std::vector<float> values;
 };
 
+// One compute kernel of a training step, timed alone (Model::TimeKernels).
+struct KernelTime {
+  std::string name;  // e.g. "node 3 conv2d backward_weights 0", "optimizer"
+  double median_ms = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -99,6 +105,17 @@ class Model {
   // them to a reducer: a reducer summing them on the device orders its work after that stream.
   // Null for a host model.
   virtual void* device_stream() const { return nullptr; }
+
+  // Benchmarks only: every compute kernel a training step at `batch` runs (each oneDNN primitive,
+  // the backend's own kernels, the optimizer), each run alone `runs` times on the buffers the
+  // last TrainStep at that batch left, warm; the median of each. What a step takes beyond their
+  // sum is the framework's own overhead. Disturbs the optimizer state: time a model that is then
+  // thrown away. UNIMPLEMENTED where a model does not offer it.
+  virtual absl::StatusOr<std::vector<KernelTime>> TimeKernels(int batch, int runs) {
+    (void)batch;
+    (void)runs;
+    return absl::UnimplementedError("this model cannot time its kernels");
+  }
 
   // Test hook: the next TrainStep adds `value` (e.g. +inf) to one element of the gradient after
   // the backward pass, as an overflow would. UNIMPLEMENTED where a model does not offer it.

@@ -205,6 +205,8 @@ class CpuNetwork final : public ModelBase {
 
   STOKER_MODEL_OVERRIDES;
   int MinTrainBatch() const override { return CheckBatchNormValues(1).ok() ? 1 : 2; }
+  // cpu_network_timing.cc
+  absl::StatusOr<std::vector<KernelTime>> TimeKernels(int batch, int runs) override;
 
  private:
   absl::StatusOr<StepResult> StepWithoutSamples(double learning_rate) override;
