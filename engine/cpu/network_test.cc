@@ -250,6 +250,39 @@ TEST(CpuNetworkTest, DropoutOnlyInTrainingAndFreshEachStep) {
   EXPECT_GT(RelativeDifference(first[6], plain[6]), 0.05);
 }
 
+// TimeKernels (bench/run_limits.sh's overhead row) times every kind of kernel of a step, refuses a
+// batch the model cannot take, and leaves a model that still trains.
+TEST(CpuNetworkTest, TimeKernelsListsEveryKernelOfAStep) {
+  NetworkConfig config = SmallCnn(Precision::kBf16);
+  config.layers[9].rate = 0.5f;
+  std::unique_ptr<Model> model = MakeNetwork(config);
+  ASSERT_TRUE(model);
+  const FeatureBatch batch = RandomFeatures(16, 144, 10, 70);
+  ASSERT_TRUE(model->TrainStep(batch.View(), 0.05).ok());
+  absl::StatusOr<std::vector<KernelTime>> times = model->TimeKernels(16, 3);
+  ASSERT_TRUE(times.ok()) << times.status();
+  std::string names;
+  double sum = 0;
+  for (const KernelTime& k : *times) {
+    EXPECT_GE(k.median_ms, 0) << k.name;
+    sum += k.median_ms;
+    names += k.name + "; ";
+  }
+  EXPECT_GT(sum, 0);
+  for (const char* expected : {"input", "conv2d forward", "conv2d backward_weights",
+                               "conv2d backward_data", "linear forward", "dropout forward",
+                               "dropout backward", "loss", "optimizer and weight copies"}) {
+    EXPECT_NE(names.find(expected), std::string::npos) << expected << " not in " << names;
+  }
+  EXPECT_EQ(model->TimeKernels(0, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model->TimeKernels(config.max_batch + 1, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model->TimeKernels(16, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<StepResult> after = model->TrainStep(batch.View(), 0.05);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(std::isfinite(after->loss));
+}
+
 // Parameters() + OptimizerState() restored into a fresh model continue bit-exactly: CNN with
 // dropout and AdamW (and SGD with Nesterov in fp16, with its loss-scale state).
 TEST(CpuNetworkTest, ResumeIsExact) {
