@@ -1,107 +1,128 @@
-#!/usr/bin/python3
-"""PyTorch DataLoader on an image folder: the peer of image_pipeline_bench's throughput part.
+"""torchvision + PyTorch's DataLoader on an image folder: a peer of image_pipeline_bench's
+throughput part (bench/run_image_pipeline.sh runs it with the peers' Python, bench/peers/).
 
-torchvision's ImageFolder (PIL loader: Image.open + convert("RGB")) with RandomResizedCrop(224),
-RandomHorizontalFlip() and PILToTensor() (uint8 [3, 224, 224], as Stoker's samples), the default
-collate, batches of 256, shuffle, num_workers 1 and 2, persistent workers, torch.set_num_threads(1)
-in every worker. Every file is read once before timing (a warm page cache, as for Stoker). Time
-runs from the first batch to the last over --epochs epochs and counts the images after the first
-batch (worker start-up apart), as image_pipeline_bench measures Stoker; the workers' CPU seconds
-over the same window come from /proc/PID/stat.
+Two configurations, each with --workers worker processes (1 and 2):
+  pil          torchvision's ImageFolder loader (PIL Image.open + convert("RGB"): a full-size
+               decode), transforms.v2 RandomResizedCrop(224) + RandomHorizontalFlip() on the PIL
+               image (PIL's bilinear resize: torchvision's pixels, what Stoker's exact decode
+               gives), PILToTensor;
+  decode_jpeg  torchvision.io.read_file + torchvision.io.decode_jpeg(mode=RGB) (a full-size
+               decode to a uint8 tensor), v2 RandomResizedCrop(224) (antialiased bilinear on the
+               tensor) + RandomHorizontalFlip().
+Both give uint8 [3, 224, 224]; default collate, batches of 256, shuffle, persistent workers,
+torch.set_num_threads(1) in the main process and in every worker. With a torchvision older than
+0.15 (Debian's 0.14, PEER_PYTHON=/usr/bin/python3) the v1 transforms stand in for v2.
 
---profile N: one process, the first N images of the folder, the time of each stage as torchvision
-runs it: read the bytes, decode (PIL open + convert("RGB") on the bytes: a full-size decode),
-RandomResizedCrop (crop + bilinear resize), flip, PILToTensor.
+Every file is read once before timing (a warm page cache). Measured as image_pipeline_bench
+measures Stoker (bench/images/peer_common.py): images/s from the first batch to the last over
+--epochs epochs, and images per CPU-second of all the side's processes over the same window (the
+main process by getrusage, the workers by /proc/PID/stat before they exit).
+
+--profile N: one process, the first N images, the time of each stage of the pil configuration:
+read the bytes, decode (PIL open + convert("RGB")), RandomResizedCrop, flip, PILToTensor.
 
 Prints key=value lines (bench/run_image_pipeline.sh reads them).
-Run with /usr/bin/python3 (Debian's python3-torch) and OPENBLAS_NUM_THREADS=1.
 """
-import argparse
 import io
 import os
+import sys
 import time
 
-import PIL
-import torch
-import torchvision
-from PIL import Image, features
-from torch.utils.data import DataLoader
-from torchvision import datasets, transforms
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "images"))
+import peer_common  # noqa: E402
 
-CLOCK_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+try:
+    import PIL
+    import torch
+    import torchvision
+    from PIL import Image, features
+    from torch.utils.data import DataLoader, Dataset
+    from torchvision.io import ImageReadMode, decode_jpeg, read_file
+except ImportError as error:
+    peer_common.unavailable("torchvision", error)
+
+try:
+    from torchvision.transforms import v2 as transforms
+    TRANSFORMS = "v2"
+except ImportError:  # torchvision < 0.15
+    from torchvision import transforms
+    TRANSFORMS = "v1"
 
 
-def cpu_seconds(pid):
-    """User + system CPU seconds of a live process (/proc/PID/stat fields 14 and 15)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * CLOCK_TICK_S
+def crop_and_flip(size, tensor_input):
+    try:
+        crop = transforms.RandomResizedCrop(size, antialias=True)
+    except TypeError:  # a torchvision without the argument
+        crop = transforms.RandomResizedCrop(size)
+    steps = [crop, transforms.RandomHorizontalFlip()]
+    if not tensor_input:
+        steps.append(transforms.PILToTensor())
+    return transforms.Compose(steps)
+
+
+class PilFolder(Dataset):
+    """ImageFolder's PIL path: open, convert("RGB"), the transforms on the PIL image."""
+
+    def __init__(self, paths, labels, size):
+        self.paths, self.labels = paths, labels
+        self.transform = crop_and_flip(size, tensor_input=False)
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        with open(self.paths[i], "rb") as f:
+            image = Image.open(f).convert("RGB")
+        return self.transform(image), self.labels[i]
+
+
+class DecodeJpegFolder(Dataset):
+    """torchvision.io: read_file + decode_jpeg to a uint8 tensor, the transforms on it."""
+
+    def __init__(self, paths, labels, size):
+        self.paths, self.labels = paths, labels
+        self.transform = crop_and_flip(size, tensor_input=True)
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        image = decode_jpeg(read_file(self.paths[i]), mode=ImageReadMode.RGB)
+        return self.transform(image), self.labels[i]
+
+
+CONFIGS = {"pil": PilFolder, "decode_jpeg": DecodeJpegFolder}
 
 
 def one_thread(_worker_id):
     torch.set_num_threads(1)
 
 
-def train_transform(size):
-    return transforms.Compose([transforms.RandomResizedCrop(size),
-                               transforms.RandomHorizontalFlip(), transforms.PILToTensor()])
-
-
-def warm(paths):
-    total = 0
-    start = time.perf_counter()
-    for path in paths:
-        with open(path, "rb") as f:
-            total += len(f.read())
-    print(f"warm bytes={total} seconds={time.perf_counter() - start:.3f}", flush=True)
-
-
-def throughput(args, dataset, workers, run):
+def throughput(args, dataset, config, workers, run):
     loader = DataLoader(dataset, batch_size=args.batch, shuffle=True, num_workers=workers,
                         persistent_workers=True, worker_init_fn=one_thread)
-    start = time.perf_counter()
-    first = None
-    images_after_first = 0
-    images = 0
-    checksum = 0
-    iterator = None
-    cpu_at_first = 0.0
+    pids = []
+    meter = peer_common.Meter(lambda: pids)
+    meter.start()
     for _ in range(args.epochs):
         iterator = iter(loader)  # persistent: the same worker processes every epoch
+        pids[:] = [w.pid for w in iterator._workers]
         for x, y in iterator:
-            if first is None:
-                first = time.perf_counter()
-                pids = [w.pid for w in iterator._workers]
-                cpu_at_first = sum(cpu_seconds(pid) for pid in pids)
-            else:
-                images_after_first += len(y)
-            images += len(y)
-            checksum += int(x[0, 0, 0, 0]) + int(y[0])
-    end = time.perf_counter()
-    cpu = sum(cpu_seconds(pid) for pid in pids) - cpu_at_first
+            meter.batch(len(y), int(x[0, 0, 0, 0]) + int(y[0]))
+    meter.finish()  # the workers still live: their CPU time is read before they exit
     del iterator, loader
-    expected = args.epochs * len(dataset)
-    if images != expected:
-        raise SystemExit(f"{images} images of {expected} arrived")
-    seconds = end - first
-    per_s = images_after_first / seconds
-    print(f"throughput system=pytorch format=image_folder workers={workers} run={run} "
-          f"batch={args.batch} epochs={args.epochs} images={images_after_first} "
-          f"seconds={seconds:.3f} images_per_s={per_s:.1f} per_worker={per_s / workers:.1f} "
-          f"cpu_s={cpu:.3f} images_per_cpu_s={images_after_first / cpu if cpu else 0:.1f} "
-          f"startup_s={first - start:.3f} checksum={checksum}", flush=True)
+    meter.report("torchvision", config, workers, run, args, args.epochs * len(dataset))
 
 
-def profile(args, dataset):
-    count = min(args.profile, len(dataset))
+def profile(args, paths):
+    count = min(args.profile, len(paths))
     crop = transforms.RandomResizedCrop(args.size)
     flip = transforms.RandomHorizontalFlip()
     to_tensor = transforms.PILToTensor()
     totals = dict(read=0.0, decode=0.0, resize=0.0, flip=0.0, to_tensor=0.0)
     checksum = 0
     clock = time.thread_time
-    for i in range(count):
-        path = dataset.samples[i][0]
+    for path in paths[:count]:
         t0 = clock()
         with open(path, "rb") as f:
             data = f.read()
@@ -119,33 +140,32 @@ def profile(args, dataset):
         checksum += int(x[0, 0, 0])
     per_image = " ".join(f"{key}_us={1e6 * value / count:.1f}" for key, value in totals.items())
     total_us = 1e6 * sum(totals.values()) / count
-    print(f"profile system=pytorch images={count} {per_image} total_us={total_us:.1f} "
-          f"checksum={checksum}", flush=True)
+    print(f"profile system=torchvision config=pil images={count} {per_image} "
+          f"total_us={total_us:.1f} checksum={checksum}", flush=True)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--root", required=True, help="the image folder (ROOT/CLASS/IMAGE)")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--workers", default="1,2")
-    parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--profile", type=int, default=0, help="profile N images instead")
-    args = parser.parse_args()
+    args = peer_common.parse_args(__doc__, "pil,decode_jpeg", lambda p: p.add_argument(
+        "--profile", type=int, default=0, help="profile N images instead"))
     torch.set_num_threads(1)
-    torch.manual_seed(1)
-    dataset = datasets.ImageFolder(args.root, transform=train_transform(args.size))
-    print(f"pytorch torch={torch.__version__} torchvision={torchvision.__version__} "
-          f"pillow={PIL.__version__} libjpeg_turbo={features.check_feature('libjpeg_turbo')} "
-          f"images={len(dataset)} classes={len(dataset.classes)}", flush=True)
-    warm(path for path, _ in dataset.samples)
+    torch.manual_seed(args.seed)
+    paths, labels, classes = peer_common.image_folder(args.root)
+    print(f"torchvision torch={torch.__version__} torchvision={torchvision.__version__} "
+          f"transforms={TRANSFORMS} pillow={PIL.__version__} "
+          f"libjpeg_turbo={features.check_feature('libjpeg_turbo')} images={len(paths)} "
+          f"classes={len(classes)}", flush=True)
+    peer_common.warm(paths)
     if args.profile:
-        profile(args, dataset)
+        profile(args, paths)
         return
+    for config in args.config_names:
+        if config not in CONFIGS:
+            sys.exit(f"unknown configuration {config} ({', '.join(CONFIGS)})")
     for run in range(1, args.runs + 1):
-        for workers in [int(w) for w in args.workers.split(",")]:
-            throughput(args, dataset, workers, run)
+        for config in args.config_names:
+            dataset = CONFIGS[config](paths, labels, args.size)
+            for workers in args.worker_counts:
+                throughput(args, dataset, config, workers, run)
 
 
 if __name__ == "__main__":

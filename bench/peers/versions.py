@@ -2,16 +2,36 @@
 oneDNN, its CPU capability, thread counts and the CPU model. Every comparing bench/run_*.sh
 prints this before its figures. Runs under the peers' virtual environment."""
 import importlib
+import importlib.metadata
 import os
 import platform
 import subprocess
 
 
-def version_of(module):
+def version_of(module, distribution):
+    """The installed distribution's version (FFCV 1.0.2's __version__ says 0.0.3rc1), once the
+    module imports; else why not."""
     try:
-        return importlib.import_module(module).__version__
+        importlib.import_module(module)
+        return importlib.metadata.version(distribution)
     except Exception as error:  # a peer that is not installed or fails to import
         return f"not available ({type(error).__name__}: {str(error).splitlines()[0][:80]})"
+
+
+def spdl_works():
+    """SPDL imports without FFmpeg and fails on its first call: decode one tiny JPEG."""
+    try:
+        import io
+
+        import numpy as np
+        import spdl.io
+        from PIL import Image
+        buffer = io.BytesIO()
+        Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(buffer, format="JPEG")
+        spdl.io.decode_packets(spdl.io.demux_image(buffer.getvalue()))
+        return ""
+    except Exception as error:
+        return f" (but decoding fails: {type(error).__name__}: {str(error).splitlines()[0][:80]})"
 
 
 def cpu_model():
@@ -23,9 +43,11 @@ def cpu_model():
 
 
 def main():
-    print(f"peers: python {platform.python_version()}; torch {version_of('torch')}; "
-          f"torchvision {version_of('torchvision')}; dali {version_of('nvidia.dali')}; "
-          f"spdl {version_of('spdl.io')}; ffcv {version_of('ffcv')}")
+    print(f"peers: python {platform.python_version()}; torch {version_of('torch', 'torch')}; "
+          f"torchvision {version_of('torchvision', 'torchvision')}; "
+          f"dali {version_of('nvidia.dali', 'nvidia-dali-cuda130')}; "
+          f"spdl {version_of('spdl.io', 'spdl-io')}{spdl_works()}; "
+          f"ffcv {version_of('ffcv', 'ffcv')}")
     try:
         import torch
         config = torch.__config__.show()
