@@ -1,5 +1,7 @@
 #include "client/access_commands.h"
 
+#include <cmath>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -319,6 +321,26 @@ class AccessClient {
   }
 
   int QuotaSet() {
+    v1::SetQuotaRequest request;
+    request.set_team(c_.team);
+    if (!c_.weight.empty()) {
+      double weight = 0;
+      if (!absl::SimpleAtod(c_.weight, &weight) || !(weight > 0) || !std::isfinite(weight)) {
+        return BadInput(absl::InvalidArgumentError(
+            absl::StrCat("--weight '", c_.weight, "': a positive number (e.g. 1, 2.5)")));
+      }
+      request.set_weight(weight);
+    }
+    if (c_.quota.empty()) {
+      if (c_.weight.empty()) {
+        return BadInput(absl::InvalidArgumentError(
+            "give RESOURCE=AMOUNT (gpus=4, cpus=64, memory=256GiB), --weight W, or both"));
+      }
+      if (!c_.borrow.empty()) {
+        return BadInput(absl::InvalidArgumentError("--borrow needs RESOURCE=AMOUNT"));
+      }
+      return SendQuota(request);
+    }
     const size_t eq = c_.quota.find('=');
     const std::string resource = c_.quota.substr(0, eq);
     if (eq == std::string::npos ||
@@ -328,8 +350,6 @@ class AccessClient {
                        "': RESOURCE=AMOUNT with gpus, cpus or memory (e.g. gpus=4, "
                        "memory=256GiB), or RESOURCE=none to remove it")));
     }
-    v1::SetQuotaRequest request;
-    request.set_team(c_.team);
     request.mutable_quota()->set_resource(resource);
     const std::string amount = c_.quota.substr(eq + 1);
     if (amount == "none") {
@@ -343,6 +363,10 @@ class AccessClient {
       if (!borrow.ok()) return BadInput(borrow.status());
       request.mutable_quota()->set_borrow(*borrow);
     }
+    return SendQuota(request);
+  }
+
+  int SendQuota(const v1::SetQuotaRequest& request) {
     v1::TeamQuota response;
     grpc::Status status = stub_->SetQuota(Context().get(), request, &response);
     if (!status.ok()) return ReportRpcError(options_, status, "quota set");
@@ -361,16 +385,23 @@ class AccessClient {
       std::cout << ToJson(response, true) << "\n";
       return kExitOk;
     }
-    std::cout << absl::StrFormat("%-16s %-8s %-12s %-12s %s\n", "TEAM", "RESOURCE", "NOMINAL",
-                                 "BORROW", "USED");
+    std::cout << absl::StrFormat("%-16s %-8s %-7s %-8s %-12s %-12s %s\n", "TEAM", "WEIGHT",
+                                 "SHARE", "RESOURCE", "NOMINAL", "BORROW", "USED");
     auto show = [](const v1::ResourceQuota& q, int64_t value) {
       return q.resource() == "memory" ? absl::StrFormat("%.1f GiB", value / double(1 << 30))
                                       : absl::StrCat(value);
     };
     for (const v1::TeamQuota& team : response.teams()) {
+      const std::string weight = absl::StrFormat("%g", team.weight());
+      const std::string share = absl::StrFormat("%.3f", team.share());
+      if (team.quotas().empty()) {
+        std::cout << absl::StrFormat("%-16s %-8s %-7s %-8s %-12s %-12s %s\n", team.team(), weight,
+                                     share, "-", "-", "-", "-");
+      }
       for (const v1::ResourceQuota& q : team.quotas()) {
-        std::cout << absl::StrFormat("%-16s %-8s %-12s %-12s %s\n", team.team(), q.resource(),
-                                     show(q, q.nominal()), show(q, q.borrow()), show(q, q.used()));
+        std::cout << absl::StrFormat("%-16s %-8s %-7s %-8s %-12s %-12s %s\n", team.team(), weight,
+                                     share, q.resource(), show(q, q.nominal()),
+                                     show(q, q.borrow()), show(q, q.used()));
       }
     }
     return kExitOk;
@@ -520,17 +551,19 @@ void AddAccessCommands(CLI::App& app, AccessCommands& c) {
   c.quota_set = quota->add_subcommand(
       "set",
       "set a team's nominal quota on one resource and how much more it may borrow while "
-      "idle (cluster admins)");
+      "idle, and/or its fair-share weight (cluster admins)");
   c.quota_set->add_option("team", c.team, "team name")->required();
-  c.quota_set
-      ->add_option("quota", c.quota,
-                   "RESOURCE=AMOUNT: gpus=4, cpus=64, memory=256GiB; "
-                   "RESOURCE=none removes it")
-      ->required();
+  c.quota_set->add_option("quota", c.quota,
+                          "RESOURCE=AMOUNT: gpus=4, cpus=64, memory=256GiB; "
+                          "RESOURCE=none removes it");
+  c.quota_set->add_option("--weight", c.weight,
+                          "fair-share weight (default 1): weight 3 gets three times the "
+                          "resources of weight 1 when both always have work queued");
   c.quota_set->add_option("--borrow", c.borrow,
                           "how much past the nominal quota it may run on idle capacity "
                           "(default 0)");
-  c.quota_list = quota->add_subcommand("list", "every team's quotas and what it uses now");
+  c.quota_list = quota->add_subcommand(
+      "list", "every team's quotas, fair-share weight and share, and what it uses now");
 
   c.audit = app.add_subcommand("audit", "who changed what, allowed or denied (admins)");
   c.audit->add_option("--since", c.since, "from this long ago (24h, 7d) or an RFC 3339 time");

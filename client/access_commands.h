@@ -29,7 +29,7 @@ struct AccessCommands {
   CLI::App* quota_set = nullptr;
   CLI::App* quota_list = nullptr;
   // What they were given.
-  std::string name, user, team, role, expires, token_out, id, ids, since, quota, borrow;
+  std::string name, user, team, role, expires, token_out, id, ids, since, quota, borrow, weight;
   int max_priority = 0;
   int limit = 200;
   bool all = false;

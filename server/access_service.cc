@@ -298,8 +298,12 @@ grpc::Status AccessServiceImpl::SetQuota(const Principal& who, grpc::ServerConte
                                          const v1::SetQuotaRequest& request,
                                          v1::TeamQuota* response) {
   v1::AuditRecord audit = AuditFor(who, "quota.set", request.team(), request.team());
-  audit.set_reason(absl::StrCat(request.quota().resource(), " nominal ", request.quota().nominal(),
-                                " borrow ", request.quota().borrow()));
+  audit.set_reason(
+      request.quota().resource().empty()
+          ? absl::StrCat("weight ", request.weight())
+          : absl::StrCat(request.quota().resource(), " nominal ", request.quota().nominal(),
+                         " borrow ", request.quota().borrow(),
+                         request.weight() > 0 ? absl::StrCat(" weight ", request.weight()) : ""));
   return Audited<v1::TeamQuota>(
       audit, Authorize(who, Action::kCreateTeam, {}),
       [&](v1::AuditRecord audit) { return store_->SetQuota(request, audit); }, response);
@@ -310,10 +314,18 @@ grpc::Status AccessServiceImpl::ListQuotas(const Principal& who, grpc::ServerCon
                                            v1::ListQuotasResponse* response) {
   if (absl::Status s = Authorize(who, Action::kListUsers, {}); !s.ok()) return ToGrpcStatus(s);
   const std::map<std::string, ResourceAmounts> usage = coordinator_->TeamUsage();
-  for (auto& [team, quota] : store_->AllQuotas()) {
-    if (quota.empty()) continue;
+  const std::map<std::string, double> shares = coordinator_->TeamShares();
+  Quotas quotas = store_->AllQuotas();
+  for (const auto& [team, share] : shares) {
+    if (!team.empty()) quotas.try_emplace(team);  // teams that ran lately, without quotas
+  }
+  for (auto& [team, quota] : quotas) {
+    const auto share = shares.find(team);
+    if (quota.empty() && quota.weight == 1 && share == shares.end()) continue;
     v1::TeamQuota* out = response->add_teams();
     out->set_team(team);
+    out->set_weight(quota.weight);
+    if (share != shares.end()) out->set_share(share->second);
     const auto used = usage.find(team);
     const ResourceAmounts amounts = used == usage.end() ? ResourceAmounts() : used->second;
     for (const auto& [resource, in_use] : {std::pair<const char*, int64_t>{"gpus", amounts.gpus},

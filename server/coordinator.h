@@ -37,6 +37,7 @@
 #include "server/checkpoint_store.h"
 #include "server/gang.h"
 #include "server/job_store.h"
+#include "server/policy/fair_share.h"
 #include "server/policy/quota.h"
 #include "server/rendezvous.h"
 #include "server/scheduler.h"
@@ -84,6 +85,9 @@ struct CoordinatorOptions {
   absl::Duration gang_backfill_limit = absl::Minutes(2);
   // A lost worker is listed (as "lost") this long after its lease ran out, then forgotten.
   absl::Duration forget_lost_worker = absl::Minutes(10);
+  // Fair share among teams (server/policy/fair_share.h): a team's past usage counts half as much
+  // after this long. Must be positive.
+  absl::Duration fair_share_half_life = absl::Hours(168);
 };
 
 class Coordinator {
@@ -171,6 +175,9 @@ class Coordinator {
   void SetQuotaSource(std::function<Quotas()> source) { quota_source_ = std::move(source); }
   // What each team's running jobs are granted now (every rank's placement), by team.
   std::map<std::string, ResourceAmounts> TeamUsage();
+  // Each team's dominant share now (policy/fair_share.h), for the teams that ran since the server
+  // started.
+  std::map<std::string, double> TeamShares();
   CoordinatorSnapshot Snapshot();
 
   // Requeues the jobs of workers whose lease ran out. Called periodically.
@@ -238,12 +245,22 @@ class Coordinator {
   // Places every rank of the queued gang `job` on `views` (the live workers, by id), or returns
   // false with the job untouched and PlaceGang's reason in `why_not`. Ranks for `caller` are
   // appended to `assignments`; the others wait in their workers' ledgers for delivery.
-  // The teams' quotas and what each team's running jobs are granted, as one scheduling pass or
-  // one listing sees them; usage is summed only when some team has a quota.
+  // The teams' quotas, what each team's running jobs are granted and the teams' fair shares, as
+  // one scheduling pass or one listing sees them (a pass updates usage and shares as it places).
   struct QuotaState {
     Quotas quotas;
     std::map<std::string, ResourceAmounts> usage;
+    ResourceAmounts capacity;  // the live workers'
+    std::map<std::string, double> shares;
+    // Each queued job's place in the fair-share order (FillQueueInfo's, made on first need).
+    std::optional<std::map<std::string, int>> positions;
   };
+  // Adds `charge` to `team`'s usage in `state` and updates its share.
+  void Charge(QuotaState& state, const std::string& team, const ResourceAmounts& charge)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The queued jobs' places in the fair-share order of `state.shares`, by job id.
+  absl::StatusOr<std::map<std::string, int>> QueuePositions(const QuotaState& state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A gang its team's quota does not admit is not placed (FAILED_PRECONDITION in why_not, so it
   // does not hold back the jobs behind it); a placed one is added to `quotas.usage`.
   absl::StatusOr<bool> PlaceGangJob(v1::Job job, const std::string& caller,
@@ -299,6 +316,9 @@ class Coordinator {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // The teams of jobs with placements, filled by TeamOfJob and pruned by TeamUsageLocked.
   std::map<std::string, std::string> job_teams_ ABSL_GUARDED_BY(mu_);
+  // Each team's decayed usage, advanced by every CurrentQuotaState. In memory: a restarted server
+  // starts every team's history at 0 (what runs counts again at once).
+  DecayedUsage fair_usage_ ABSL_GUARDED_BY(mu_);
   CoordinatorObserver* observer_ = nullptr;
   std::function<Quotas()> quota_source_;
 };

@@ -3,6 +3,7 @@
 // to the workers that did not ask, ending an attempt's ranks, and the attempts' rendezvous
 // stores. Kept apart from coordinator.cc, which holds the lifecycle every job shares.
 #include <algorithm>
+#include <deque>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -36,7 +37,30 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
   WorkerView& view = views.at(worker_id);
   const absl::Time now = absl::Now();
   QuotaState quotas = CurrentQuotaState();
-  for (v1::Job& job : *queue) {
+  // The fair-share walk (policy/fair_share.h): the queue split by team, each team's jobs in the
+  // store's (priority, submit) order; the next job is the first of the teams' first jobs by
+  // SchedulesBefore with the shares as they stand, a placed job's team's share raised at once.
+  std::map<std::string, std::deque<v1::Job*>> by_team;
+  for (v1::Job& job : *queue) by_team[job.spec().team()].push_back(&job);
+  auto next = [&]() -> v1::Job* {
+    std::deque<v1::Job*>* best = nullptr;
+    QueuedJob best_key;
+    for (auto& [team, jobs] : by_team) {
+      if (jobs.empty()) continue;
+      const v1::Job& head = *jobs.front();
+      QueuedJob key{head.id(), team, head.spec().priority(), head.submit_time_unix_ms()};
+      if (best == nullptr || SchedulesBefore(key, best_key, quotas.shares)) {
+        best = &jobs;
+        best_key = std::move(key);
+      }
+    }
+    if (best == nullptr) return nullptr;
+    v1::Job* job = best->front();
+    best->pop_front();
+    return job;
+  };
+  while (v1::Job* next_job = next()) {
+    v1::Job& job = *next_job;
     if (IsGang(job.spec())) {
       absl::Status why_not;
       absl::StatusOr<bool> placed =
@@ -63,8 +87,8 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
       if (!QuotaAdmits(team, quota->second, quotas.usage[team], ChargeOf(placement)).ok()) {
         continue;
       }
-      quotas.usage[team] += ChargeOf(placement);
     }
+    Charge(quotas, team, ChargeOf(placement));
     if (observer_ != nullptr) {
       observer_->JobAssigned(std::max<int64_t>(0, NowMs() - job.submit_time_unix_ms()) / 1000.0);
     }
@@ -142,16 +166,16 @@ absl::StatusOr<bool> Coordinator::PlaceGangJob(v1::Job job, const std::string& c
     return false;  // nothing is held: the gang waits whole
   }
   const std::string& team = job.spec().team();
+  ResourceAmounts charge;
+  for (const v1::Placement& placement : *gang) charge += ChargeOf(placement);
   if (auto quota = quotas.quotas.find(team); quota != quotas.quotas.end()) {
-    ResourceAmounts charge;
-    for (const v1::Placement& placement : *gang) charge += ChargeOf(placement);
     if (absl::Status admitted = QuotaAdmits(team, quota->second, quotas.usage[team], charge);
         !admitted.ok()) {
       *why_not = absl::FailedPreconditionError(admitted.message());
       return false;
     }
-    quotas.usage[team] += charge;
   }
+  Charge(quotas, team, charge);
   if (observer_ != nullptr) {
     observer_->JobAssigned(
         std::max<int64_t>(0, absl::ToUnixMillis(absl::Now()) - job.submit_time_unix_ms()) / 1000.0);

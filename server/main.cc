@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   double lease_seconds = 10;
   double restart_grace_seconds = 30;
   double gang_backfill_seconds = 120;
+  double fair_share_half_life_hours = 168;
   app.add_option("--listen", options.listen,
                  "address:port to serve gRPC on (port 0 picks a free one)")
       ->capture_default_str();
@@ -80,6 +81,11 @@ int main(int argc, char** argv) {
                  "a data-parallel job that has waited this long for room stops smaller jobs "
                  "from starting ahead of it, so that the cluster drains for it")
       ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  app.add_option("--fair-share-half-life-hours", fair_share_half_life_hours,
+                 "fair share among teams: a team's past usage counts half as much after this "
+                 "long (docs/decisions.md)")
+      ->check(CLI::Range(0.01, 87600.0))
       ->capture_default_str();
   app.add_option("--port-file", options.port_file,
                  "write the bound port to this file once serving");
@@ -136,6 +142,7 @@ int main(int argc, char** argv) {
   options.lease = absl::Seconds(lease_seconds);
   options.restart_grace = absl::Seconds(restart_grace_seconds);
   options.gang_backfill_limit = absl::Seconds(gang_backfill_seconds);
+  options.fair_share_half_life = absl::Hours(fair_share_half_life_hours);
 
   for (auto [file, secret] : {std::pair<const std::string*, std::string*>{&bootstrap_token_file,
                                                                           &options.bootstrap_token},

@@ -28,6 +28,8 @@ struct ServerOptions {
   // A data-parallel job that waited this long for room stops backfill behind it (see
   // CoordinatorOptions::gang_backfill_limit).
   absl::Duration gang_backfill_limit = absl::Minutes(2);
+  // CoordinatorOptions::fair_share_half_life.
+  absl::Duration fair_share_half_life = absl::Hours(168);
   // HOST:PORT for Prometheus /metrics; empty = no metrics.
   std::string metrics_listen;
   // The legacy shared bearer token (--token-file): a cluster admin and a worker; empty = none.

@@ -5,7 +5,9 @@
 // kill -9), an upgrade from a single-token state directory, and no secret in the database or logs.
 #include <signal.h>
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -121,6 +123,10 @@ class Caller {
   }
   grpc::Status WhoAmI(v1::WhoAmIResponse* response) const {
     return access_->WhoAmI(Context().get(), {}, response);
+  }
+  grpc::Status SetQuota(const v1::SetQuotaRequest& request) const {
+    v1::TeamQuota response;
+    return access_->SetQuota(Context().get(), request, &response);
   }
   std::vector<v1::AuditRecord> Audit() const {
     v1::ListAuditRequest request;
@@ -609,6 +615,77 @@ TEST_F(AccessTest, QuotasHoldJobsBackRefuseWhatNeverFitsAndLetTeamsBorrow) {
   EXPECT_EQ(bad.exit_code, 1) << "cluster admins only: " << bad.output;
   for (const v1::Job& job : jobs) (void)As("bob").Cancel(job.id());
   (void)As("dave").Cancel(daves.id());
+}
+
+// Fair share (issue 29): among jobs of equal priority the team that uses less goes first, whatever
+// the submit order; weights are set by admins and checked.
+TEST_F(AccessTest, FairShareServesTheTeamThatUsesLessFirst) {
+  ASSERT_EQ(Admin("worker join-token --token-out " + cluster_.dir() + "/join.token").exit_code, 0);
+  cluster_.StartWorker("w-1", {"--join-token-file", cluster_.dir() + "/join.token",
+                               "--fake-gpus-for-tests", "1", "--cpus", "4"});
+  auto gpu_job = [](const std::string& name) {
+    v1::JobSpec spec = Job(name);
+    spec.mutable_train()->set_epochs(50);
+    spec.mutable_dataset()->set_train_limit(6000);
+    spec.mutable_loader()->set_processes(1);
+    spec.mutable_loader()->set_delay_ms(15);
+    spec.mutable_resources()->set_gpus(1);
+    spec.mutable_resources()->set_cpus(1);
+    return spec;
+  };
+  auto state = [&](const std::string& id) {
+    v1::Job now;
+    EXPECT_TRUE(Root().Get(id, &now).ok());
+    return now;
+  };
+  auto wait_running = [&](const std::string& id) {
+    for (int i = 0; i < 300 && state(id).state() != v1::JOB_STATE_RUNNING; ++i) {
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    return state(id).state() == v1::JOB_STATE_RUNNING;
+  };
+  v1::Job first, second, third, daves;
+  ASSERT_TRUE(As("bob").Submit(gpu_job("v-first"), &first).ok());
+  ASSERT_TRUE(wait_running(first.id()));
+  ASSERT_TRUE(As("bob").Submit(gpu_job("v-second"), &second).ok());
+  ASSERT_TRUE(As("bob").Submit(gpu_job("v-third"), &third).ok());
+  ASSERT_TRUE(As("dave").Submit(gpu_job("nlp-late"), &daves).ok());
+  // vision holds the only GPU: nlp's job, submitted last, is first in the queue.
+  EXPECT_EQ(state(daves.id()).queue_position(), 0);
+  EXPECT_EQ(state(second.id()).queue_position(), 1);
+  EXPECT_EQ(state(third.id()).queue_position(), 2);
+  CommandResult list = As("bob", "quota list");
+  EXPECT_TRUE(absl::StrContains(list.output, "vision")) << list.output;
+  ASSERT_TRUE(As("bob").Cancel(first.id()).ok());
+  ASSERT_TRUE(wait_running(daves.id())) << state(daves.id()).waiting_reason();
+  EXPECT_EQ(state(second.id()).state(), v1::JOB_STATE_QUEUED);
+
+  // Weights: set by cluster admins, shown by quota list; bad ones refused, nothing changed.
+  CommandResult set = Admin("quota set nlp --weight 3");
+  ASSERT_EQ(set.exit_code, 0) << set.output;
+  list = Admin("quota list");
+  EXPECT_TRUE(absl::StrContains(list.output, "nlp              3 ")) << list.output;
+  set = Admin("quota set vision gpus=1 --borrow 0 --weight 2.5");
+  ASSERT_EQ(set.exit_code, 0) << set.output;
+  EXPECT_TRUE(absl::StrContains(set.output, "vision           2.5 ")) << set.output;
+  for (const char* bad : {"quota set nlp --weight -1", "quota set nlp --weight 0",
+                          "quota set nlp --weight abc", "quota set nlp", "quota set nlp --borrow 2 --weight 2"}) {
+    CommandResult result = Admin(bad);
+    EXPECT_EQ(result.exit_code, 2) << bad << ": " << result.output;
+  }
+  EXPECT_EQ(Admin("quota set ghost --weight 2").exit_code, 1);
+  EXPECT_EQ(As("alice", "quota set nlp --weight 9").exit_code, 1) << "cluster admins only";
+  // A hostile client past the CLI's checks: the server refuses too.
+  for (double weight : {-1.0, std::nan(""), std::numeric_limits<double>::infinity(), 1e9}) {
+    v1::SetQuotaRequest request;
+    request.set_team("nlp");
+    request.set_weight(weight);
+    grpc::Status status = Root().SetQuota(request);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << weight;
+  }
+  list = Admin("quota list");
+  EXPECT_TRUE(absl::StrContains(list.output, "nlp              3 ")) << list.output;
+  for (const v1::Job& job : {second, third, daves}) (void)Root().Cancel(job.id());
 }
 
 // kill -9 of the server while users submit and cancel: every job that exists has its submit row,

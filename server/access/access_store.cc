@@ -1,5 +1,6 @@
 #include "server/access/access_store.h"
 
+#include <cmath>
 #include <iostream>
 
 #include "absl/strings/ascii.h"
@@ -46,6 +47,10 @@ CREATE TABLE IF NOT EXISTS tokens (
   used_ms INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS tokens_by_user ON tokens (user);
+CREATE TABLE IF NOT EXISTS team_weights (
+  team TEXT PRIMARY KEY REFERENCES teams (name),
+  weight REAL NOT NULL             -- fair-share weight, > 0 (absent: 1)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS team_quotas (
   team TEXT NOT NULL REFERENCES teams (name),
   resource TEXT NOT NULL,          -- gpus | cpus | memory (bytes)
@@ -54,6 +59,9 @@ CREATE TABLE IF NOT EXISTS team_quotas (
   PRIMARY KEY (team, resource)
 ) WITHOUT ROWID;
 )sql";
+
+// The largest fair-share weight: a million to one is already "only when nobody else waits".
+constexpr double kMaxWeight = 1e6;
 
 constexpr char kTokenColumns[] =
     "id, kind, user, name, created_ms, expires_ms, last_used_ms, revoked_ms, worker_ids, used_ms";
@@ -149,6 +157,12 @@ absl::Status AccessStore::LoadQuotas() {
     if (limit != nullptr) *limit = QuotaLimit{rows.ColumnInt(2), rows.ColumnInt(3)};
   }
   if (rc != SQLITE_DONE) return Error("read quotas");
+  Statement weights(db_, "SELECT team, weight FROM team_weights");
+  if (!weights.ok()) return Error("prepare weight query");
+  while ((rc = weights.Step()) == SQLITE_ROW) {
+    quotas[weights.ColumnText(0)].weight = sqlite3_column_double(weights.get(), 1);
+  }
+  if (rc != SQLITE_DONE) return Error("read weights");
   quotas_ = std::move(quotas);
   return absl::OkStatus();
 }
@@ -161,19 +175,35 @@ Quotas AccessStore::AllQuotas() {
 absl::StatusOr<v1::TeamQuota> AccessStore::SetQuota(const v1::SetQuotaRequest& request,
                                                     v1::AuditRecord audit) {
   const v1::ResourceQuota& q = request.quota();
+  const bool weight_only = q.resource().empty() && request.weight() != 0;
   TeamQuota probe;
-  if (LimitOf(probe, q.resource()) == nullptr) {
+  if (!weight_only && LimitOf(probe, q.resource()) == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("resource '", q.resource(), "': one of gpus, cpus, memory"));
   }
   if (q.borrow() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("borrow ", q.borrow(), ": must be 0 or more"));
   }
+  if (!(request.weight() >= 0) || !std::isfinite(request.weight()) ||
+      request.weight() > kMaxWeight) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight ", request.weight(), ": must be a positive number of at most ", kMaxWeight));
+  }
   absl::MutexLock lock(&mu_);
   Transaction transaction(db_);
   if (!transaction.began()) return Error("begin");
   STOKER_RETURN_IF_ERROR(GetTeamLocked(request.team()).status());
-  if (q.nominal() < 0) {
+  if (request.weight() > 0) {
+    Statement upsert(db_,
+                     "INSERT INTO team_weights (team, weight) VALUES (?, ?) "
+                     "ON CONFLICT (team) DO UPDATE SET weight = excluded.weight");
+    upsert.BindText(1, request.team());
+    if (upsert.ok()) sqlite3_bind_double(upsert.get(), 2, request.weight());
+    if (!upsert.ok() || upsert.Step() != SQLITE_DONE) return Error("set weight");
+  }
+  if (weight_only) {
+    // Only the weight.
+  } else if (q.nominal() < 0) {
     Statement remove(db_, "DELETE FROM team_quotas WHERE team = ? AND resource = ?");
     remove.BindText(1, request.team());
     remove.BindText(2, q.resource());
@@ -196,6 +226,7 @@ absl::StatusOr<v1::TeamQuota> AccessStore::SetQuota(const v1::SetQuotaRequest& r
   v1::TeamQuota team;
   team.set_team(request.team());
   TeamQuota& quota = quotas_[request.team()];
+  team.set_weight(quota.weight);
   for (const char* resource : {"gpus", "cpus", "memory"}) {
     if (const std::optional<QuotaLimit>& limit = *LimitOf(quota, resource); limit.has_value()) {
       v1::ResourceQuota* out = team.add_quotas();

@@ -44,9 +44,11 @@ struct QuotaLimit {
   int64_t nominal = 0;
   int64_t borrow = 0;
 };
-// A team's quotas; a resource without one is unlimited.
+// A team's quotas; a resource without one is unlimited. And its fair-share weight
+// (policy/fair_share.h), which limits nothing.
 struct TeamQuota {
   std::optional<QuotaLimit> gpus, cpus, memory_bytes;
+  double weight = 1;
   bool empty() const { return !gpus && !cpus && !memory_bytes; }
 };
 using Quotas = std::map<std::string, TeamQuota>;
