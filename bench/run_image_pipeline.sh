@@ -6,9 +6,9 @@
 #   Stoker       image_pipeline_bench --parts=throughput: K real stoker-loader processes (image
 #                folder and WebDataset shards of the same files) -> ring -> a consumer releasing
 #                each batch at once; both JPEG decodes (dataset.image.decode exact: torchvision's
-#                pixels; and fast); K = 1 and 2. Its per-CPU-second counts the loaders (printed by
-#                the bench) plus the consumer process (bench/images/consumer_cpu.py: its CPU time
-#                over the whole run, an upper bound, so Stoker's figure is a lower bound).
+#                pixels; and fast); K = 1 and 2. Its per-CPU-second counts the loaders and the
+#                consumer process over the window (both printed by the bench; for an older bench
+#                bench/images/consumer_cpu.py adds the consumer's CPU time over its whole run).
 #   torchvision  0.29 with PyTorch 2.15's DataLoader (bench/image_pipeline_pytorch.py): the PIL
 #                path (ImageFolder + v2 RandomResizedCrop + RandomHorizontalFlip + PILToTensor)
 #                and torchvision.io.decode_jpeg + v2 transforms on tensors; 1 and 2 workers.
@@ -246,7 +246,8 @@ def num(f, key):
 
 def all_cpu(f):
     """CPU seconds of all the side's processes over the window: the peers print that as cpu_s;
-    Stoker's cpu_s is its loaders', consumer_cpu_s (consumer_cpu.py) its own process's."""
+    Stoker's cpu_s is its loaders', consumer_cpu_s its own process's over the window (an
+    older bench that does not print it gets it from consumer_cpu.py, over its whole life)."""
     return num(f, "cpu_s") + float(f.get("consumer_cpu_s", 0))
 
 

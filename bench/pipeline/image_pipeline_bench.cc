@@ -254,6 +254,14 @@ double ProcessCpuSeconds(pid_t pid) {
 }
 
 // Waits for every loader; their total CPU seconds (rusage). Dies unless all exited 0.
+// User + system CPU seconds of this process so far (all its threads).
+double OwnCpuSeconds() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_utime.tv_usec * 1e-6 + usage.ru_stime.tv_sec +
+         usage.ru_stime.tv_usec * 1e-6;
+}
+
 double ReapLoaders(const std::vector<pid_t>& pids) {
   double cpu_s = 0;
   for (pid_t pid : pids) {
@@ -298,7 +306,7 @@ void Throughput(const stoker::SampleIndex& index) {
       const Clock::time_point spawned = Clock::now();
       const std::vector<pid_t> pids = SpawnLoaders(*region, job, IndexFile());
       Clock::time_point first{};
-      double cpu_at_first = 0;
+      double cpu_at_first = 0, consumer_at_first = 0;
       uint64_t images_after_first = 0, images = 0;
       uint64_t checksum = 0;
       for (uint64_t b = 0; b < g.total_batches; ++b) {
@@ -307,6 +315,7 @@ void Throughput(const stoker::SampleIndex& index) {
         if (b == 0) {
           first = Clock::now();
           for (pid_t pid : pids) cpu_at_first += ProcessCpuSeconds(pid);
+          consumer_at_first = OwnCpuSeconds();
         } else {
           images_after_first += batch.count;
         }
@@ -321,6 +330,8 @@ void Throughput(const stoker::SampleIndex& index) {
         region->Release(b);
       }
       const Clock::time_point end = Clock::now();
+      // This process's share (the consumer taking and releasing the batches) over the window.
+      const double consumer_cpu_s = OwnCpuSeconds() - consumer_at_first;
       const double cpu_s = ReapLoaders(pids) - cpu_at_first;
       const uint64_t expected = static_cast<uint64_t>(epochs) * index.count();
       const uint64_t bad = region->stats().bad_samples_total.load();
@@ -332,10 +343,11 @@ void Throughput(const stoker::SampleIndex& index) {
       std::printf(
           "throughput system=stoker format=%s decode=%s workers=%s run=%d batch=%d epochs=%d "
           "images=%llu seconds=%.3f images_per_s=%.1f per_worker=%.1f cpu_s=%.3f "
-          "images_per_cpu_s=%.1f startup_s=%.3f checksum=%llu\n",
+          "images_per_cpu_s=%.1f consumer_cpu_s=%.3f startup_s=%.3f checksum=%llu\n",
           format.c_str(), absl::GetFlag(FLAGS_decode).c_str(), k.c_str(), run, batch_size, epochs,
           static_cast<unsigned long long>(images_after_first), seconds, per_s, per_s / std::stoi(k),
-          cpu_s, cpu_s > 0 ? images_after_first / cpu_s : 0.0, Seconds(first - spawned),
+          cpu_s, cpu_s > 0 ? images_after_first / (cpu_s + consumer_cpu_s) : 0.0, consumer_cpu_s,
+          Seconds(first - spawned),
           static_cast<unsigned long long>(checksum));
       std::fflush(stdout);
     }
