@@ -1,27 +1,33 @@
-#!/usr/bin/python3
-"""PyTorch 1.13 DistributedDataParallel peer for bench/run_ddp.sh (issue 16's benchmark).
+#!/usr/bin/env python3
+"""PyTorch DistributedDataParallel peer for bench/run_ddp.sh (issues 16 and 30): torch 2.15 from
+bench/peers/ (any torch works; the line names its version).
 
 The MLP of examples/fashion-mnist-mlp.yaml (784-256-128-10, ReLU, SGD lr 0.05 momentum 0.9, a fixed
-learning rate here), on synthetic Fashion-MNIST-shaped batches held in memory. `--ranks N` forks N
-processes, each pinned to its own core (rank r on the r-th core this process may use) with one
-torch thread, joined by torch.distributed's gloo backend on 127.0.0.1, the model wrapped in
-DistributedDataParallel (bucket_cap_mb=25, its default, unless --bucket-cap-mb); each rank trains
-on `--batch` samples per step, so the global batch is N x batch. `--ranks 1` trains the plain
-model (no DDP, no process group) in one pinned process: the single-rank baseline.
+learning rate here, fused where this torch has the kernel), on synthetic Fashion-MNIST-shaped
+batches held in memory. `--ranks N` forks N processes, rank r pinned to its own `--threads` cores
+(the r-th group of the cores this process may use) with that many torch threads, joined by
+torch.distributed's gloo backend on 127.0.0.1, the model wrapped in DistributedDataParallel with
+gradient_as_bucket_view=True (the gradients are views into the all-reduce buckets: no copy in or
+out) and bucket_cap_mb=--bucket-cap-mb (run_ddp.sh measures several and reports the best); each
+rank trains on `--batch` samples per step, so the global batch is N x batch. `--ranks 1` trains
+the plain model (no DDP, no process group) in one process on `--threads` cores: the single-rank
+baselines (1 thread at the per-rank or the global batch; N threads at the global batch).
 
-Input: the batches are fed as float32 already normalised to [-1, 1] (x / 127.5 - 1). Stoker's model
-takes uint8 samples and normalises them itself inside its step, so this peer does slightly less
-work per step than Stoker.
+The step is Stoker's: uint8 samples normalised inside it (x / 127.5 - 1), forward (under
+torch.autocast on cpu in bf16), cross-entropy on float32 logits, backward, SGD.
 
 Timing: warm-up steps, then rank 0 picks the timed window's step count from the warm-up's speed
-(broadcast, so every rank runs the same steps), a barrier, the window, a barrier. Prints one JSON
-line: samples_per_s is the global rate (N x batch x steps / window seconds).
+(broadcast, so every rank runs the same steps), a barrier, the window, a barrier. Prints one
+key=value line (kind "pytorch"): samples_per_s is the global rate (N x batch x steps / window
+seconds).
 
-Run with OPENBLAS_NUM_THREADS=1 /usr/bin/python3 (Debian's python3-torch does its fp32 matrix
-products through the system BLAS: install libopenblas0-pthread; the JSON names the BLAS loaded).
+Run with the peers' Python and OPENBLAS_NUM_THREADS=1 (Debian's torch 1.13 does its fp32 matrix
+products through the system BLAS; the line names the BLAS loaded):
+
+    OPENBLAS_NUM_THREADS=1 bench/peers/venv/bin/python bench/ddp_pytorch.py --ranks 2 \\
+        [--batch 128] [--bucket-cap-mb 1] [--seconds 3] [--precision bf16]
 """
 import argparse
-import json
 import os
 import socket
 import sys
@@ -32,6 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 
+import model_peer  # bench/model_peer.py (this script's directory is on sys.path)
 from train_pytorch import build_model  # the same MLP as bench/train_pytorch.py
 
 
@@ -54,10 +61,10 @@ def free_port():
 
 def run_rank(rank, args, port, results):
     cores = sorted(os.sched_getaffinity(0))
-    core = cores[rank % len(cores)]
+    mine = {cores[(rank * args.threads + i) % len(cores)] for i in range(args.threads)}
     if not args.no_pin:
-        os.sched_setaffinity(0, {core})
-    torch.set_num_threads(1)
+        os.sched_setaffinity(0, mine)
+    torch.set_num_threads(args.threads)
     distributed = args.ranks > 1
     if distributed:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -66,22 +73,24 @@ def run_rank(rank, args, port, results):
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP broadcasts rank 0's too)
     model = build_model(args.hidden)
     if distributed:
-        model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+        model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb,
+                                                    gradient_as_bucket_view=True)
+    optimizer, impl = model_peer.make_optimizer(torch.optim.SGD, model.parameters(), lr=args.lr,
+                                                momentum=args.momentum)
     loss_fn = nn.CrossEntropyLoss()
     use_bf16 = args.precision == "bf16"
 
     # A pool of random batches per rank (a disjoint stream per rank), cycled.
     generator = torch.Generator().manual_seed(2024 + rank)
     pool = 32
-    pixels = torch.randint(0, 256, (pool, args.batch, 784), dtype=torch.uint8, generator=generator)
-    samples = pixels.float() / 127.5 - 1.0
+    samples = torch.randint(0, 256, (pool, args.batch, 784), dtype=torch.uint8, generator=generator)
     labels = torch.randint(0, 10, (pool, args.batch), generator=generator)
 
     def step(i):
         b = i % pool
+        x = samples[b].float() * (1.0 / 127.5) - 1.0  # normalised inside the step, as Stoker
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
-            logits = model(samples[b])
+            logits = model(x)
         loss = loss_fn(logits.float(), labels[b])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -110,7 +119,7 @@ def run_rank(rank, args, port, results):
     if rank == 0:
         results.put({"steps": steps, "elapsed": elapsed, "last_loss": loss.item(),
                      "blas": loaded_blas(), "torch_threads": torch.get_num_threads(),
-                     "core": core})
+                     "cores": sorted(mine), "optimizer": impl})
     if distributed:
         dist.destroy_process_group()
 
@@ -119,6 +128,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, default=2, help="processes (1: plain model, no DDP)")
     parser.add_argument("--batch", type=int, default=128, help="samples per rank per step")
+    parser.add_argument("--threads", type=int, default=1, help="cores and torch threads per rank")
     parser.add_argument("--seconds", type=float, default=3.0, help="timed window (about)")
     parser.add_argument("--warmup-steps", type=int, default=40)
     parser.add_argument("--hidden", default="256,128")
@@ -132,11 +142,11 @@ def main():
     parser.add_argument("--no-pin", action="store_true", help="experiment: leave ranks unpinned")
     args = parser.parse_args()
     args.hidden = [int(h) for h in args.hidden.split(",")]
-    if args.ranks < 1 or args.batch < 1:
-        sys.exit("--ranks and --batch must be at least 1")
-    if args.ranks > len(os.sched_getaffinity(0)):
-        print(f"warning: {args.ranks} ranks on {len(os.sched_getaffinity(0))} cores share cores",
-              file=sys.stderr)
+    if args.ranks < 1 or args.batch < 1 or args.threads < 1:
+        sys.exit("--ranks, --batch and --threads must be at least 1")
+    if args.ranks * args.threads > len(os.sched_getaffinity(0)):
+        print(f"warning: {args.ranks} ranks x {args.threads} threads on "
+              f"{len(os.sched_getaffinity(0))} cores share cores", file=sys.stderr)
 
     context = mp.get_context("fork")
     results = context.SimpleQueue()
@@ -152,18 +162,22 @@ def main():
         sys.exit(f"ranks {failed} failed (exit codes {[p.exitcode for p in processes]})")
     r = results.get()
     global_batch = args.ranks * args.batch
-    print(json.dumps({
-        "impl": "pytorch", "torch": torch.__version__,
-        "mode": "ddp-gloo" if args.ranks > 1 else "single",
-        "ranks": args.ranks, "batch_per_rank": args.batch, "global_batch": global_batch,
-        "precision": args.precision, "input": "float32 pre-normalised",
+    fields = {
+        "mode": "ddp-gloo" if args.ranks > 1 else "single", "ranks": args.ranks,
+        "threads": r["torch_threads"], "batch_per_rank": args.batch, "global_batch": global_batch,
+        "precision": args.precision, "input": "uint8,normalised-in-step",
         "model": "784-" + "-".join(map(str, args.hidden)) + "-10",
-        "bucket_cap_mb": args.bucket_cap_mb, "steps": r["steps"], "seconds": round(r["elapsed"], 4),
-        "step_ms": round(1e3 * r["elapsed"] / r["steps"], 4),
-        "samples_per_s": round(global_batch * r["steps"] / r["elapsed"], 1),
-        "last_loss": round(r["last_loss"], 4), "torch_threads": r["torch_threads"],
-        "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"), "blas": r["blas"],
-    }), flush=True)
+        "bucket_cap_mb": f"{args.bucket_cap_mb:g}" if args.ranks > 1 else "-",
+        "gradient_as_bucket_view": int(args.ranks > 1), "optimizer": r["optimizer"],
+        "steps": r["steps"], "seconds": f"{r['elapsed']:.4f}",
+        "step_ms": f"{1e3 * r['elapsed'] / r['steps']:.4f}",
+        "samples_per_s": f"{global_batch * r['steps'] / r['elapsed']:.1f}",
+        "last_loss": f"{r['last_loss']:.4f}", "torch": torch.__version__,
+        "cores": ",".join(map(str, r["cores"])),
+        "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS", "unset"),
+        "blas": ",".join(os.path.basename(b) for b in r["blas"]) or "none",
+    }
+    print("pytorch " + " ".join(f"{k}={v}" for k, v in fields.items()), flush=True)
 
 
 if __name__ == "__main__":
