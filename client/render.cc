@@ -138,8 +138,15 @@ std::string JobDetails(const v1::Job& job) {
   rows.push_back({"attempt:", absl::StrCat(job.attempt(),
                                            job.released_attempts() > 0
                                                ? absl::StrCat(" (", job.released_attempts(),
-                                                              " given back by a worker shutdown)")
+                                                              " given back: worker shutdowns or preemptions, not counted)")
                                                : "")});
+  if (job.preemptions() > 0) {
+    rows.push_back({"preemptions:", absl::StrCat(job.preemptions(), " (latest by ",
+                                                 job.preempted_by().empty()
+                                                     ? "?"
+                                                     : *job.preempted_by().rbegin(),
+                                                 ")")});
+  }
   rows.push_back({job.rank_placements_size() > 0 ? "workers:" : "worker:", Workers(job)});
   const v1::ResourceSpec& asked = job.spec().resources();
   rows.push_back(

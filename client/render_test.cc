@@ -80,7 +80,12 @@ TEST(RenderTest, JobDetailsShowTheCheckpointAndAttemptsGivenBack) {
   EXPECT_EQ(Row(job, "error:"), job.error());
   EXPECT_EQ(Row(job, "last attempt:"), "(none)");
   job.set_released_attempts(1);
-  EXPECT_EQ(Row(job, "attempt:"), "2 (1 given back by a worker shutdown)");
+  EXPECT_EQ(Row(job, "attempt:"), "2 (1 given back: worker shutdowns or preemptions, not counted)");
+  EXPECT_EQ(Row(job, "preemptions:"), "(none)");
+  job.set_preemptions(2);
+  job.add_preempted_by("j-000003");
+  job.add_preempted_by("j-000009");
+  EXPECT_EQ(Row(job, "preemptions:"), "2 (latest by j-000009)");
 }
 
 TEST(RenderTest, JobDetailsSayWhyARunningJobWaits) {

@@ -148,97 +148,6 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(
   return response;
 }
 
-Coordinator::QuotaState Coordinator::CurrentQuotaState() {
-  QuotaState state;
-  if (quota_source_) state.quotas = quota_source_();
-  state.usage = TeamUsageLocked();
-  fair_usage_.Advance(absl::Now(), state.usage);
-  for (const auto& [id, worker] : workers_) {
-    if (worker.lost || worker.restored) continue;
-    state.capacity += {static_cast<int64_t>(worker.capacity.gpus.size()), worker.capacity.cpus,
-                       worker.capacity.memory_bytes};
-  }
-  std::map<std::string, double> weights;
-  for (const auto& [team, quota] : state.quotas) weights[team] = quota.weight;
-  state.shares = Shares(fair_usage_, state.usage, state.capacity, weights);
-  return state;
-}
-
-void Coordinator::Charge(QuotaState& state, const std::string& team,
-                         const ResourceAmounts& charge) {
-  ResourceAmounts& usage = state.usage[team];
-  usage += charge;
-  const auto quota = state.quotas.find(team);
-  const auto past = fair_usage_.usage().find(team);
-  state.shares[team] =
-      DominantShare(past == fair_usage_.usage().end() ? DecayedAmounts{} : past->second, usage,
-                    state.capacity, fair_usage_.half_life(),
-                    quota == state.quotas.end() ? 1.0 : quota->second.weight);
-}
-
-absl::StatusOr<std::map<std::string, int>> Coordinator::QueuePositions(const QuotaState& state) {
-  STOKER_ASSIGN_OR_RETURN(const std::vector<v1::Job> queue, store_->QueuedInOrder());
-  std::vector<QueuedJob> order;
-  order.reserve(queue.size());
-  for (const v1::Job& job : queue) {
-    order.push_back(
-        {job.id(), job.spec().team(), job.spec().priority(), job.submit_time_unix_ms()});
-  }
-  OrderByFairShare(order, state.shares);
-  std::map<std::string, int> positions;
-  for (size_t i = 0; i < order.size(); ++i) positions[order[i].job_id] = static_cast<int>(i);
-  return positions;
-}
-
-std::map<std::string, double> Coordinator::TeamShares() {
-  absl::MutexLock lock(&mu_);
-  return CurrentQuotaState().shares;
-}
-
-void Coordinator::FillQueueInfo(v1::Job* job, std::optional<QuotaState>& quotas) {
-  if (job->state() != v1::JOB_STATE_QUEUED) return;
-  if (!quotas.has_value()) quotas = CurrentQuotaState();
-  if (!quotas->positions.has_value()) {
-    absl::StatusOr<std::map<std::string, int>> positions = QueuePositions(*quotas);
-    if (!positions.ok()) return;
-    quotas->positions = std::move(*positions);
-  }
-  const auto found = quotas->positions->find(job->id());
-  if (found == quotas->positions->end()) return;
-  const int* position = &found->second;
-  std::vector<WorkerView> alive;
-  for (const auto& [id, worker] : workers_) {
-    // A restored worker has not said what it has since the server restarted.
-    if (worker.lost || worker.restored) continue;
-    alive.push_back(ViewOf(id, worker));
-    // Why it waits is about resources; slots are known only at heartbeats.
-    alive.back().slots = std::numeric_limits<int>::max();
-  }
-  job->set_queue_position(*position);
-  job->set_waiting_reason(WaitingReason(*job, *position, alive));
-  // Its team's quota holds it back before anything else does.
-  const std::string& team = job->spec().team();
-  if (auto quota = quotas->quotas.find(team); quota != quotas->quotas.end()) {
-    if (absl::Status admitted =
-            QuotaAdmits(team, quota->second, quotas->usage[team], LeastChargeOf(job->spec()));
-        !admitted.ok()) {
-      job->set_waiting_reason(std::string(admitted.message()));
-      return;
-    }
-  }
-  // A gang ahead of it that waited too long keeps it from starting (see gang_backfill_limit).
-  const absl::Time now = absl::Now();
-  for (const auto& [gang_id, since] : gang_waiting_since_) {
-    if (gang_id == job->id() || now - since < options_.gang_backfill_limit) continue;
-    const auto gang_position = quotas->positions->find(gang_id);
-    if (gang_position == quotas->positions->end() || gang_position->second >= *position) continue;
-    job->set_waiting_reason(absl::StrCat(
-        "data-parallel job ", gang_id, " ahead of it has waited ", Rounded(now - since),
-        " for room, so no job behind it starts until it does; ", job->waiting_reason()));
-    break;
-  }
-}
-
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
   STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));
   absl::MutexLock lock(&mu_);
@@ -484,7 +393,14 @@ absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
   }
   if (request.state() == v1::JOB_STATE_FAILED && request.released()) {
     job->set_released_attempts(job->released_attempts() + 1);
-    return Requeue(*job, absl::StrCat(who, request.error(), " (not counted against max_retries)"),
+    std::string why = absl::StrCat(who, request.error());
+    if (auto p = preempting_.find(job->id());
+        p != preempting_.end() && p->second.attempt == request.attempt()) {
+      why = absl::StrCat(who, PreemptedText(p->second), ": gave back at step ",
+                         job->checkpoint_step());
+      preempting_.erase(p);
+    }
+    return Requeue(*job, absl::StrCat(why, " (not counted against max_retries)"),
                    request.worker_id(), rank);
   }
   if (request.state() == v1::JOB_STATE_FAILED && !request.permanent()) {

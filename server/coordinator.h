@@ -38,6 +38,7 @@
 #include "server/gang.h"
 #include "server/job_store.h"
 #include "server/policy/fair_share.h"
+#include "server/policy/preemption.h"
 #include "server/policy/quota.h"
 #include "server/rendezvous.h"
 #include "server/scheduler.h"
@@ -88,6 +89,11 @@ struct CoordinatorOptions {
   // Fair share among teams (server/policy/fair_share.h): a team's past usage counts half as much
   // after this long. Must be positive.
   absl::Duration fair_share_half_life = absl::Hours(168);
+  // Preemption (server/policy/preemption.h): a job runs at least min_runtime before it can be
+  // preempted, at most max_preemptions times; a victim that has not given back within
+  // preemption_grace is stopped and resumes from its last stored checkpoint.
+  PreemptionOptions preemption;
+  absl::Duration preemption_grace = absl::Minutes(2);
 };
 
 class Coordinator {
@@ -180,7 +186,8 @@ class Coordinator {
   std::map<std::string, double> TeamShares();
   CoordinatorSnapshot Snapshot();
 
-  // Requeues the jobs of workers whose lease ran out. Called periodically.
+  // Requeues the jobs of workers whose lease ran out, and runs the preemption pass. Called
+  // periodically.
   void ExpireLeases();
   // The server itself did not run for `paused` (SIGSTOP, a stalled VM, a starved machine): no
   // heartbeat could arrive then, so every worker's lease (and a restarted server's grace period)
@@ -258,6 +265,19 @@ class Coordinator {
   // Adds `charge` to `team`'s usage in `state` and updates its share.
   void Charge(QuotaState& state, const std::string& team, const ResourceAmounts& charge)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Preemption: victims that ended or were too slow to give back first; then the first queued
+  // jobs (in fair-share order) that cannot start choose victims (policy/preemption.h), which
+  // are told to give back at their workers' next heartbeats.
+  absl::Status PreemptionPass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A victim's running attempt being given back: who preempted it, why, since when.
+  struct Preempting {
+    int attempt = 0;
+    std::string by;
+    std::string reason;
+    absl::Time since;
+  };
+  // "preempted by j-000007 (priority 5 over 0)".
+  static std::string PreemptedText(const Preempting& p);
   // The queued jobs' places in the fair-share order of `state.shares`, by job id.
   absl::StatusOr<std::map<std::string, int>> QueuePositions(const QuotaState& state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -319,6 +339,9 @@ class Coordinator {
   // Each team's decayed usage, advanced by every CurrentQuotaState. In memory: a restarted server
   // starts every team's history at 0 (what runs counts again at once).
   DecayedUsage fair_usage_ ABSL_GUARDED_BY(mu_);
+  // Victims giving back, by job id (in memory: after a restart the pass chooses again).
+  std::map<std::string, Preempting> preempting_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_preemption_pass_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   CoordinatorObserver* observer_ = nullptr;
   std::function<Quotas()> quota_source_;
 };

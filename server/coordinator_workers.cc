@@ -193,6 +193,15 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   for (v1::Assignment& assignment : assignments) {
     *response.add_assignments() = std::move(assignment);
   }
+  // Preempted attempts on this worker: give back at a checkpoint (until the attempt ends).
+  for (const auto& [key, held] : worker.running) {
+    const auto p = preempting_.find(key.job_id);
+    if (!held.delivered || p == preempting_.end() || p->second.attempt != key.attempt) continue;
+    v1::RunningAttempt* preempt = response.add_preempt();
+    preempt->set_job_id(key.job_id);
+    preempt->set_attempt(key.attempt);
+    preempt->set_rank(key.rank);
+  }
   return response;
 }
 
@@ -248,6 +257,9 @@ void Coordinator::ExpireLeases() {
     }
   }
   RequeueUndelivered();
+  if (absl::Status s = PreemptionPass(); !s.ok()) {
+    ServerLog(absl::StrCat("preemption pass failed: ", s.message()));
+  }
 }
 
 }  // namespace stoker

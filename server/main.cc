@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
   double restart_grace_seconds = 30;
   double gang_backfill_seconds = 120;
   double fair_share_half_life_hours = 168;
+  double preemption_min_runtime_seconds = 300;
+  double preemption_grace_seconds = 120;
+  int max_preemptions = 3;
   app.add_option("--listen", options.listen,
                  "address:port to serve gRPC on (port 0 picks a free one)")
       ->capture_default_str();
@@ -86,6 +89,19 @@ int main(int argc, char** argv) {
                  "fair share among teams: a team's past usage counts half as much after this "
                  "long (docs/decisions.md)")
       ->check(CLI::Range(0.01, 87600.0))
+      ->capture_default_str();
+  app.add_option("--preemption-min-runtime-seconds", preemption_min_runtime_seconds,
+                 "a job runs at least this long in an attempt before it can be preempted")
+      ->check(CLI::Range(0.0, 604800.0))
+      ->capture_default_str();
+  app.add_option("--max-preemptions", max_preemptions,
+                 "a job preempted this many times is not preempted again (0: no preemption)")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  app.add_option("--preemption-grace-seconds", preemption_grace_seconds,
+                 "a preempted job that has not checkpointed and given back within this long is "
+                 "stopped and resumes from its last stored checkpoint")
+      ->check(CLI::Range(1.0, 86400.0))
       ->capture_default_str();
   app.add_option("--port-file", options.port_file,
                  "write the bound port to this file once serving");
@@ -143,6 +159,9 @@ int main(int argc, char** argv) {
   options.restart_grace = absl::Seconds(restart_grace_seconds);
   options.gang_backfill_limit = absl::Seconds(gang_backfill_seconds);
   options.fair_share_half_life = absl::Hours(fair_share_half_life_hours);
+  options.preemption.min_runtime = absl::Seconds(preemption_min_runtime_seconds);
+  options.preemption.max_preemptions = max_preemptions;
+  options.preemption_grace = absl::Seconds(preemption_grace_seconds);
 
   for (auto [file, secret] : {std::pair<const std::string*, std::string*>{&bootstrap_token_file,
                                                                           &options.bootstrap_token},

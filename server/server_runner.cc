@@ -93,6 +93,8 @@ absl::Status RunServer(const ServerOptions& options) {
   coordinator_options.restart_grace = options.restart_grace;
   coordinator_options.gang_backfill_limit = options.gang_backfill_limit;
   coordinator_options.fair_share_half_life = options.fair_share_half_life;
+  coordinator_options.preemption = options.preemption;
+  coordinator_options.preemption_grace = options.preemption_grace;
   coordinator_options.checkpoint_dir = options.state_dir + "/checkpoints";
   if (const CheckpointStore::Removed removed =
           CheckpointStore(coordinator_options.checkpoint_dir).RemoveUnfinishedUploads();

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/security/server_credentials.h"
 #include "server/grpc_services.h"
+#include "server/policy/preemption.h"
 
 namespace stoker {
 
@@ -30,6 +31,9 @@ struct ServerOptions {
   absl::Duration gang_backfill_limit = absl::Minutes(2);
   // CoordinatorOptions::fair_share_half_life.
   absl::Duration fair_share_half_life = absl::Hours(168);
+  // CoordinatorOptions::preemption and preemption_grace.
+  PreemptionOptions preemption;
+  absl::Duration preemption_grace = absl::Minutes(2);
   // HOST:PORT for Prometheus /metrics; empty = no metrics.
   std::string metrics_listen;
   // The legacy shared bearer token (--token-file): a cluster admin and a worker; empty = none.

@@ -325,6 +325,17 @@ bool Agent::Run(const std::atomic<bool>& stop) {
           it->second->runner->Cancel();
         }
       }
+      for (const v1::RunningAttempt& preempt : response.preempt()) {
+        absl::MutexLock lock(&mu_);
+        auto it = jobs_.find(RankKey(preempt.job_id(), preempt.rank()));
+        if (it == jobs_.end() || it->second->assignment.attempt() != preempt.attempt() ||
+            it->second->preempted.exchange(true)) {
+          continue;  // gone, another attempt, or already giving back
+        }
+        Log(absl::StrCat("server preempts ", RankName(it->second->assignment), " attempt ",
+                         preempt.attempt(), ": checkpointing and giving it back"));
+        it->second->runner->Drain();
+      }
       for (const v1::Assignment& assignment : response.assignments()) StartJob(assignment);
     } else if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
       Log(absl::StrCat("server does not know this worker (", status.error_message(),

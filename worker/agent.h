@@ -100,6 +100,8 @@ class Agent {
     std::unique_ptr<JobRunner> runner;
     std::thread thread;
     std::atomic<bool> done{false};
+    // The server preempted the attempt (HeartbeatResponse.preempt): drained to give it back.
+    std::atomic<bool> preempted{false};
     // Events not yet accepted by the server: appended and sent under pending_mu by the runner's
     // threads (its trainer-event reader and its supervising loop both report events), then by
     // RunJob after the runner returned.

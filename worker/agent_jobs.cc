@@ -247,7 +247,9 @@ void Agent::RunJob(RunningJob* job) {
   // Drained for this worker's shutdown: the job runs on elsewhere.
   // (A rank that stopped because another rank's worker shut down says so itself.)
   if (outcome.released && outcome.error.empty()) {
-    outcome.error = absl::StrCat("worker ", options_.worker_id, " shut down");
+    outcome.error = job->preempted.load()
+                        ? absl::StrCat("preempted on worker ", options_.worker_id)
+                        : absl::StrCat("worker ", options_.worker_id, " shut down");
   }
   v1::CompleteJobRequest request;
   request.set_worker_id(options_.worker_id);

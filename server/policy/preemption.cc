@@ -81,8 +81,8 @@ std::optional<std::string> PreemptionReason(const Preemptor& p, const RunningJob
   const bool within = WithinNominal(p.team, quotas, usage, need);
   if (victim.team == p.team) {
     if (victim.priority < p.priority) {  // R1
-      return absl::StrCat("priority ", p.priority, " over ", victim.priority, " in team ",
-                          p.team.empty() ? "(none)" : p.team);
+      return absl::StrCat("priority ", p.priority, " over ", victim.priority,
+                          p.team.empty() ? "" : absl::StrCat(" in team ", p.team));
     }
     return std::nullopt;
   }
