@@ -5,7 +5,10 @@
 // the BucketedReducer (25 MiB buckets, as PyTorch DDP) that the model calls during its TrainStep.
 // Each rank trains on `--batch` synthetic uint8 samples per step (Fashion-MNIST's shape; the model
 // normalises them itself), so the global batch is ranks x batch. `--ranks=1` trains the plain
-// model (no reducer, no Gloo): the single-rank baseline.
+// model (no reducer, no Gloo): the single-rank baseline. `--job FILE` trains that job file's
+// network (the example CNN, ResNet-20) instead of the MLP, with its optimizer; `--threads_per_rank`
+// gives each rank that many OpenMP threads and cores (1 rank x 2 threads: the baseline that 2 ranks
+// x 1 thread are measured against).
 //
 // Timing as bench/ddp_pytorch.py: warm-up steps, the window's step count picked by rank 0 from
 // the warm-up's second half and broadcast, a barrier, the window, a barrier. Prints one JSON line:
@@ -30,6 +33,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -48,7 +52,11 @@
 #include "bench/bench_main.h"
 #include "comm/collective.h"
 #include "engine/backend.h"
+#include "engine/model_shapes.h"
 #include "nlohmann/json.hpp"
+#include "spec/job_file.h"
+#include "spec/job_spec.h"
+#include "spec/model_spec.h"
 
 ABSL_FLAG(int, ranks, 2, "processes (1: the plain model, no reducer)");
 ABSL_FLAG(int, batch, 128, "samples per rank per step");
@@ -60,6 +68,11 @@ ABSL_FLAG(double, lr, 0.05, "SGD learning rate");
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
 ABSL_FLAG(int64_t, bucket_bytes, 25ll << 20, "reducer bucket size (PyTorch DDP: 25 MiB)");
 ABSL_FLAG(double, timeout_seconds, 120, "the whole run; ranks still running then are killed");
+ABSL_FLAG(std::string, job, "",
+          "train this job file's network (cnn or resnet, Fashion-MNIST's 28x28 shape) instead of "
+          "the MLP; its optimizer, precision unless --precision is given");
+ABSL_FLAG(int, threads_per_rank, 1,
+          "OpenMP threads of each rank (each rank pinned to that many cores of its own)");
 
 namespace stoker {
 namespace {
@@ -79,6 +92,9 @@ struct Options {
   double momentum = 0.9;
   int64_t bucket_bytes = 25ll << 20;
   std::string store_directory;
+  int threads_per_rank = 1;
+  std::optional<NetworkConfig> network;  // --job
+  std::string model_name;
 };
 
 // The `index`-th CPU this process may run on (modulo their count); -1 when unknown.
@@ -102,28 +118,40 @@ int AllowedCpuCount() {
 
 // One rank's whole run; rank 0 returns the JSON line to print.
 absl::StatusOr<std::string> RunRank(int rank, const Options& options) {
-  const int cpu = AllowedCpu(rank);
-  if (cpu >= 0) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    if (sched_setaffinity(0, sizeof(set), &set) != 0) {
-      return absl::InternalError(
-          absl::StrCat("rank ", rank, ": pinning to cpu ", cpu, ": ", std::strerror(errno)));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  bool pinned = false;
+  for (int t = 0; t < options.threads_per_rank; ++t) {
+    const int cpu = AllowedCpu(rank * options.threads_per_rank + t);
+    if (cpu >= 0) {
+      CPU_SET(cpu, &set);
+      pinned = true;
     }
   }
-  omp_set_num_threads(1);
+  if (pinned && sched_setaffinity(0, sizeof(set), &set) != 0) {
+    return absl::InternalError(absl::StrCat("rank ", rank, ": pinning: ", std::strerror(errno)));
+  }
+  omp_set_num_threads(options.threads_per_rank);
 
-  MlpConfig config;
-  config.hidden = options.hidden;
-  config.max_batch = options.batch;
-  config.precision = options.precision;
-  config.seed = 1;  // the same initial weights on every rank
-  config.optimizer.learning_rate = options.lr;
-  config.optimizer.momentum = options.momentum;
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
   if (!backend.ok()) return backend.status();
-  absl::StatusOr<std::unique_ptr<Model>> model = (*backend)->CreateMlp(config);
+  absl::StatusOr<std::unique_ptr<Model>> model;
+  if (options.network) {
+    NetworkConfig config = *options.network;
+    config.max_batch = options.batch;
+    config.precision = options.precision;
+    config.seed = 1;  // the same initial weights on every rank
+    model = (*backend)->CreateNetwork(config);
+  } else {
+    MlpConfig config;
+    config.hidden = options.hidden;
+    config.max_batch = options.batch;
+    config.precision = options.precision;
+    config.seed = 1;  // the same initial weights on every rank
+    config.optimizer.learning_rate = options.lr;
+    config.optimizer.momentum = options.momentum;
+    model = (*backend)->CreateMlp(config);
+  }
   if (!model.ok()) return model.status();
 
   std::unique_ptr<KeyValueStore> store;
@@ -213,7 +241,7 @@ absl::StatusOr<std::string> RunRank(int rank, const Options& options) {
       {"global_batch", global_batch},
       {"precision", PrecisionName(options.precision)},
       {"input", "uint8, normalised by the model"},
-      {"model", absl::StrCat("784-", absl::StrJoin(options.hidden, "-"), "-10")},
+      {"model", options.model_name},
       {"steps", steps},
       {"seconds", elapsed},
       {"step_ms", 1e3 * elapsed / steps},
@@ -266,6 +294,28 @@ absl::StatusOr<Options> ParseOptions() {
           absl::StrCat("--hidden: '", width, "' is not a positive width"));
     }
     options.hidden.push_back(value);
+  }
+  options.threads_per_rank = absl::GetFlag(FLAGS_threads_per_rank);
+  if (options.threads_per_rank < 1 || options.threads_per_rank > 256) {
+    return absl::InvalidArgumentError("--threads_per_rank must be in [1, 256]");
+  }
+  options.model_name = absl::StrCat("784-", absl::StrJoin(options.hidden, "-"), "-10");
+  if (const std::string job = absl::GetFlag(FLAGS_job); !job.empty()) {
+    absl::StatusOr<JobFile> file = ReadJobFile(job);
+    if (!file.ok()) return file.status();
+    if (absl::Status s = ValidateJobSpec(file->spec); !s.ok()) return WithFileLocation(*file, s);
+    if (file->spec.model().type() == "mlp") {
+      return absl::InvalidArgumentError("--job: a cnn or resnet job (the MLP is the default)");
+    }
+    const std::vector<int> shape = {28, 28};
+    if (absl::Status s = ValidateModelForData(file->spec, shape, kClasses); !s.ok()) {
+      return WithFileLocation(*file, s);
+    }
+    absl::StatusOr<NetworkConfig> network = NetworkConfigFromSpec(file->spec, shape, kClasses);
+    if (!network.ok()) return network.status();
+    options.network = *network;
+    options.lr = network->optimizer.learning_rate;
+    options.model_name = file->spec.name();
   }
   const std::string precision = absl::GetFlag(FLAGS_precision);
   if (precision == "fp32") {

@@ -71,24 +71,45 @@ def run_rank(rank, args, port, results):
                                 world_size=args.ranks)
 
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP broadcasts rank 0's too)
-    model = build_model(args.hidden)
+    network = None
+    if args.network:  # a job's cnn or resnet, as vision_bench --write_network wrote it
+        import json
+
+        from vision_pytorch import optimizer_for, pytorch_eval
+        with open(args.network) as f:
+            network = json.load(f)
+        arch = network["architecture"]
+        model = pytorch_eval.build_model(arch).to(memory_format=torch.channels_last)
+        model.train()
+    else:
+        model = build_model(args.hidden)
     if distributed:
         model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb,
                                                     gradient_as_bucket_view=True)
-    optimizer, impl = model_peer.make_optimizer(torch.optim.SGD, model.parameters(), lr=args.lr,
-                                                momentum=args.momentum)
-    loss_fn = nn.CrossEntropyLoss()
+    if network is not None:
+        optimizer, impl = optimizer_for(model, network["optimizer"])
+        loss_fn = nn.CrossEntropyLoss(label_smoothing=arch.get("label_smoothing", 0.0))
+        shape = list(network["sample_shape"])
+    else:
+        optimizer, impl = model_peer.make_optimizer(torch.optim.SGD, model.parameters(),
+                                                    lr=args.lr, momentum=args.momentum)
+        loss_fn = nn.CrossEntropyLoss()
+        shape = [784]
     use_bf16 = args.precision == "bf16"
 
     # A pool of random batches per rank (a disjoint stream per rank), cycled.
     generator = torch.Generator().manual_seed(2024 + rank)
     pool = 32
-    samples = torch.randint(0, 256, (pool, args.batch, 784), dtype=torch.uint8, generator=generator)
+    samples = torch.randint(0, 256, [pool, args.batch] + shape, dtype=torch.uint8,
+                            generator=generator)
     labels = torch.randint(0, 10, (pool, args.batch), generator=generator)
 
     def step(i):
         b = i % pool
-        x = samples[b].float() * (1.0 / 127.5) - 1.0  # normalised inside the step, as Stoker
+        if network is not None:  # normalised inside the step, as Stoker
+            x = pytorch_eval.normalize(samples[b], arch)
+        else:
+            x = samples[b].float() * (1.0 / 127.5) - 1.0
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
             logits = model(x)
         loss = loss_fn(logits.float(), labels[b])
@@ -140,6 +161,10 @@ def main():
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
                         help="DDP's bucket_cap_mb (25: its default)")
     parser.add_argument("--no-pin", action="store_true", help="experiment: leave ranks unpinned")
+    parser.add_argument("--network", default="",
+                        help="train this network (vision_bench --write_network's JSON: the "
+                             "example CNN, ResNet-20; channels_last, its optimizer) instead of "
+                             "the MLP")
     args = parser.parse_args()
     args.hidden = [int(h) for h in args.hidden.split(",")]
     if args.ranks < 1 or args.batch < 1 or args.threads < 1:
@@ -166,7 +191,8 @@ def main():
         "mode": "ddp-gloo" if args.ranks > 1 else "single", "ranks": args.ranks,
         "threads": r["torch_threads"], "batch_per_rank": args.batch, "global_batch": global_batch,
         "precision": args.precision, "input": "uint8,normalised-in-step",
-        "model": "784-" + "-".join(map(str, args.hidden)) + "-10",
+        "model": (os.path.splitext(os.path.basename(args.network))[0] if args.network
+                  else "784-" + "-".join(map(str, args.hidden)) + "-10"),
         "bucket_cap_mb": f"{args.bucket_cap_mb:g}" if args.ranks > 1 else "-",
         "gradient_as_bucket_view": int(args.ranks > 1), "optimizer": r["optimizer"],
         "steps": r["steps"], "seconds": f"{r['elapsed']:.4f}",
