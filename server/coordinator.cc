@@ -460,6 +460,7 @@ CoordinatorSnapshot Coordinator::Snapshot() {
       snapshot.heartbeat_age_seconds[id] = absl::ToDoubleSeconds(now - worker.last_heartbeat);
     }
   }
+  SnapshotTeams(snapshot);
   return snapshot;
 }
 

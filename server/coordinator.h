@@ -56,6 +56,12 @@ class CoordinatorObserver {
   virtual void JobRequeued() = 0;
   // A checkpoint upload could not be written to the checkpoint directory (full disk, I/O error).
   virtual void CheckpointWriteFailed() {}
+  // A scheduling pass took this long: "assign" (a heartbeat's walk of the queue: quotas, fair
+  // share, placement) or "preemption" (the sweep's victim choice).
+  virtual void SchedulingPass(const char* pass, double seconds) {
+    (void)pass;
+    (void)seconds;
+  }
 };
 
 // The coordinator's state for gauges, read on each metrics scrape.
@@ -67,6 +73,17 @@ struct CoordinatorSnapshot {
   // Bytes an unprivileged writer may still use on the checkpoint directory's file system
   // (statvfs f_bavail); -1 when it cannot be read.
   int64_t checkpoint_dir_free_bytes = -1;
+  // Per team (teams with a quota or a weight, and those that ran or wait): quotas, usage, weight,
+  // share, queued jobs, preemptions since the server started.
+  struct Team {
+    std::map<std::string, std::pair<int64_t, int64_t>> quota;  // resource -> nominal, borrow
+    std::map<std::string, int64_t> usage;
+    double weight = 1;
+    double share = 0;
+    int64_t waiting_jobs = 0;
+    int64_t preemptions = 0;
+  };
+  std::map<std::string, Team> teams;
 };
 
 struct CoordinatorOptions {
@@ -341,6 +358,10 @@ class Coordinator {
   DecayedUsage fair_usage_ ABSL_GUARDED_BY(mu_);
   // Victims giving back, by job id (in memory: after a restart the pass chooses again).
   std::map<std::string, Preempting> preempting_ ABSL_GUARDED_BY(mu_);
+  // Jobs preempted since the server started, by the victim's team (the metrics' counter).
+  std::map<std::string, int64_t> preemptions_by_team_ ABSL_GUARDED_BY(mu_);
+  // Snapshot's per-team part.
+  void SnapshotTeams(CoordinatorSnapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time last_preemption_pass_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   CoordinatorObserver* observer_ = nullptr;
   std::function<Quotas()> quota_source_;

@@ -109,6 +109,32 @@ void Coordinator::FillQueueInfo(v1::Job* job, std::optional<QuotaState>& quotas)
   }
 }
 
+void Coordinator::SnapshotTeams(CoordinatorSnapshot& snapshot) {
+  QuotaState state = CurrentQuotaState();
+  auto& teams = snapshot.teams;
+  for (const auto& [team, quota] : state.quotas) {
+    CoordinatorSnapshot::Team& t = teams[team];
+    t.weight = quota.weight;
+    const std::pair<const char*, const std::optional<QuotaLimit>*> limits[] = {
+        {"gpus", &quota.gpus}, {"cpus", &quota.cpus}, {"memory", &quota.memory_bytes}};
+    for (const auto& [resource, limit] : limits) {
+      if (limit->has_value()) t.quota[resource] = {(*limit)->nominal, (*limit)->borrow};
+    }
+  }
+  for (const auto& [team, used] : state.usage) {
+    CoordinatorSnapshot::Team& t = teams[team];
+    t.usage = {{"gpus", used.gpus}, {"cpus", used.cpus}, {"memory", used.memory_bytes}};
+  }
+  for (const auto& [team, share] : state.shares) teams[team].share = share;
+  for (const auto& [team, count] : preemptions_by_team_) teams[team].preemptions = count;
+  if (absl::StatusOr<std::vector<v1::Job>> queue = store_->QueuedInOrder(); queue.ok()) {
+    for (const v1::Job& job : *queue) ++teams[job.spec().team()].waiting_jobs;
+  }
+  for (auto& [team, t] : teams) {
+    if (t.usage.empty()) t.usage = {{"gpus", 0}, {"cpus", 0}, {"memory", 0}};
+  }
+}
+
 std::string Coordinator::PreemptedText(const Preempting& p) {
   return absl::StrCat("preempted by ", p.by, " (", p.reason, ")");
 }
@@ -217,6 +243,7 @@ absl::Status Coordinator::PreemptionPass() {
       STOKER_ASSIGN_OR_RETURN(v1::Job victim, store_->Get(victim_id));
       const Preempting preempting{victim.attempt(), job.id(), choice->reasons.at(victim_id), now};
       preempting_[victim_id] = preempting;
+      ++preemptions_by_team_[victim.spec().team()];
       victim.set_preemptions(victim.preemptions() + 1);
       victim.add_preempted_by(job.id());
       constexpr int kKeptPreemptors = 16;

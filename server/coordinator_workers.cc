@@ -188,7 +188,11 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   // Ranks of gangs placed here while other workers heartbeated.
   std::vector<v1::Assignment> delivered = DeliverPending(request.worker_id());
   worker.free_slots = std::max(0, request.free_slots() - static_cast<int>(delivered.size()));
+  const absl::Time pass_start = absl::Now();
   STOKER_ASSIGN_OR_RETURN(std::vector<v1::Assignment> assignments, Assign(request.worker_id()));
+  if (observer_ != nullptr) {
+    observer_->SchedulingPass("assign", absl::ToDoubleSeconds(absl::Now() - pass_start));
+  }
   for (v1::Assignment& assignment : delivered) *response.add_assignments() = std::move(assignment);
   for (v1::Assignment& assignment : assignments) {
     *response.add_assignments() = std::move(assignment);
@@ -257,7 +261,12 @@ void Coordinator::ExpireLeases() {
     }
   }
   RequeueUndelivered();
-  if (absl::Status s = PreemptionPass(); !s.ok()) {
+  const absl::Time pass_start = absl::Now();
+  const absl::Status preempted = PreemptionPass();
+  if (observer_ != nullptr) {
+    observer_->SchedulingPass("preemption", absl::ToDoubleSeconds(absl::Now() - pass_start));
+  }
+  if (const absl::Status& s = preempted; !s.ok()) {
     ServerLog(absl::StrCat("preemption pass failed: ", s.message()));
   }
 }

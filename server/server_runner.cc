@@ -47,6 +47,9 @@ class MetricsObserver final : public CoordinatorObserver {
   }
   void JobRequeued() override { metrics_->JobRequeued(); }
   void CheckpointWriteFailed() override { metrics_->CheckpointWriteFailed(); }
+  void SchedulingPass(const char* pass, double seconds) override {
+    metrics_->ObserveSchedulingPass(pass, seconds);
+  }
 
  private:
   ServerMetrics* metrics_;
@@ -66,6 +69,12 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> StartMetrics(const std::string& l
     m.SetWorkerCounts(snapshot.workers_by_state);
     m.SetHeartbeatAges(snapshot.heartbeat_age_seconds);
     m.SetCheckpointDirFreeBytes(snapshot.checkpoint_dir_free_bytes);
+    std::map<std::string, ServerMetrics::TeamValues> teams;
+    for (const auto& [name, team] : snapshot.teams) {
+      teams[name] = {team.quota,        team.usage,       team.weight,
+                     team.share,        team.waiting_jobs, team.preemptions};
+    }
+    m.SetTeams(teams);
   });
   return metrics;
 }

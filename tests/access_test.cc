@@ -158,8 +158,11 @@ v1::JobSpec Job(const std::string& name, const std::string& team = "", int prior
 // vision, bob member of vision, carol viewer of vision and member of nlp, dave member of nlp.
 class AccessTest : public ::testing::Test {
  protected:
+  // Extra flags of the server (a fixture below shortens preemption's minimum run time).
+  virtual std::vector<std::string> ServerFlags() const { return {}; }
+
   void SetUp() override {
-    cluster_.StartServer();
+    cluster_.StartServer(ServerFlags());
     // While the server runs; the secret alone on stdout's line, what it is on stderr.
     CommandResult boot =
         RunCommand(absl::StrCat("(", STOKER_SERVER_PATH_FOR_TEST, " bootstrap-admin --state-dir ",
@@ -686,6 +689,85 @@ TEST_F(AccessTest, FairShareServesTheTeamThatUsesLessFirst) {
   list = Admin("quota list");
   EXPECT_TRUE(absl::StrContains(list.output, "nlp              3 ")) << list.output;
   for (const v1::Job& job : {second, third, daves}) (void)Root().Cancel(job.id());
+}
+
+// Preemption across teams (issue 29): a team within its nominal quota takes back what another
+// team borrows, and a higher priority takes a device from another team's job.
+class AccessPreemptionTest : public AccessTest {
+ protected:
+  std::vector<std::string> ServerFlags() const override {
+    return {"--preemption-min-runtime-seconds", "0.5"};
+  }
+};
+
+TEST_F(AccessPreemptionTest, TeamsReclaimBorrowedDevicesAndHigherPriorityCrossesTeams) {
+  ASSERT_EQ(Admin("worker join-token --token-out " + cluster_.dir() + "/join.token").exit_code, 0);
+  cluster_.StartWorker("w-1", {"--join-token-file", cluster_.dir() + "/join.token",
+                               "--fake-gpus-for-tests", "2", "--cpus", "8"});
+  ASSERT_EQ(Admin("quota set vision gpus=1 --borrow 1").exit_code, 0);
+  ASSERT_EQ(Admin("quota set nlp gpus=1").exit_code, 0);
+  auto gpu_job = [](const std::string& name, const std::string& team, int priority) {
+    v1::JobSpec spec = Job(name, team, priority);
+    spec.mutable_train()->set_epochs(50);
+    spec.mutable_dataset()->set_train_limit(6000);
+    spec.mutable_loader()->set_processes(1);
+    spec.mutable_loader()->set_delay_ms(15);
+    spec.mutable_resources()->set_gpus(1);
+    spec.mutable_resources()->set_cpus(1);
+    return spec;
+  };
+  auto get = [&](const std::string& id) {
+    v1::Job now;
+    EXPECT_TRUE(Root().Get(id, &now).ok());
+    return now;
+  };
+  auto wait = [&](const std::string& id, v1::JobState state) {
+    for (int i = 0; i < 300 && get(id).state() != state; ++i) absl::SleepFor(absl::Milliseconds(200));
+    return get(id).state() == state;
+  };
+  // Vision runs both GPUs: one of its nominal quota, one borrowed.
+  v1::Job v1_job, v2_job, n1_job, n2_job, urgent;
+  ASSERT_TRUE(As("bob").Submit(gpu_job("v1", "vision", 0), &v1_job).ok());
+  ASSERT_TRUE(wait(v1_job.id(), v1::JOB_STATE_RUNNING));
+  ASSERT_TRUE(As("bob").Submit(gpu_job("v2", "vision", 0), &v2_job).ok());
+  ASSERT_TRUE(wait(v2_job.id(), v1::JOB_STATE_RUNNING));
+  absl::SleepFor(absl::Seconds(1));  // past the minimum run time
+  // nlp wants its nominal GPU back: the most recently started vision job gives it back.
+  ASSERT_TRUE(As("dave").Submit(gpu_job("n1", "nlp", 0), &n1_job).ok());
+  ASSERT_TRUE(wait(n1_job.id(), v1::JOB_STATE_RUNNING)) << get(n1_job.id()).waiting_reason();
+  const v1::Job reclaimed = get(v2_job.id());
+  EXPECT_EQ(reclaimed.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(reclaimed.preemptions(), 1);
+  EXPECT_TRUE(absl::StrContains(reclaimed.error(),
+                                absl::StrCat("preempted by ", n1_job.id(),
+                                             " (team vision runs past its nominal quota; team "
+                                             "nlp takes back its own)")))
+      << reclaimed.error();
+  EXPECT_EQ(get(v1_job.id()).state(), v1::JOB_STATE_RUNNING) << "within vision's nominal quota";
+  // It does not take the GPU back in turn: nlp runs within its nominal quota.
+  absl::SleepFor(absl::Seconds(3));
+  EXPECT_EQ(get(n1_job.id()).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(get(v2_job.id()).preemptions(), 1);
+  EXPECT_EQ(get(n1_job.id()).preemptions(), 0);
+
+  // Without quotas, priority crosses teams: vision's priority-5 job takes nlp's newest GPU.
+  for (const v1::Job& job : {v1_job, v2_job}) ASSERT_TRUE(As("bob").Cancel(job.id()).ok());
+  ASSERT_EQ(Admin("quota set vision gpus=none").exit_code, 0);
+  ASSERT_EQ(Admin("quota set nlp gpus=none").exit_code, 0);
+  ASSERT_TRUE(As("dave").Submit(gpu_job("n2", "nlp", 0), &n2_job).ok());
+  ASSERT_TRUE(wait(n2_job.id(), v1::JOB_STATE_RUNNING));
+  absl::SleepFor(absl::Seconds(1));
+  ASSERT_TRUE(As("bob").Submit(gpu_job("urgent", "vision", 5), &urgent).ok());
+  ASSERT_TRUE(wait(urgent.id(), v1::JOB_STATE_RUNNING)) << get(urgent.id()).waiting_reason();
+  const v1::Job taken = get(n2_job.id());
+  EXPECT_EQ(taken.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_TRUE(absl::StrContains(taken.error(), absl::StrCat("preempted by ", urgent.id(),
+                                                            " (priority 5 over 0)")))
+      << taken.error();
+  EXPECT_EQ(get(n1_job.id()).state(), v1::JOB_STATE_RUNNING) << "one victim is enough";
+  CommandResult status = As("dave", "status " + n2_job.id());
+  EXPECT_TRUE(absl::StrContains(status.output, "preemptions:")) << status.output;
+  for (const v1::Job& job : {n1_job, n2_job, urgent}) (void)Root().Cancel(job.id());
 }
 
 // kill -9 of the server while users submit and cancel: every job that exists has its submit row,

@@ -291,14 +291,33 @@ TEST(FaultsTest, AServerPausedPastTheLeaseLosesNoWorker) {
 // exactly the test accuracy of the same job run without interruption (resume is exact), and
 // nothing of the killed attempts is left on the disks of either. (A session's trial of this by
 // hand found a checkpoint stored cut short, and the attempts' leftovers.)
-TEST(FaultsTest, AJobUnderRandomKillsEndsAsAnUninterruptedRunDoes) {
+// With `preemptions`, the job runs on the worker's only (fake) GPU and short higher-priority jobs
+// arrive at random moments too, each preempting it (issue 29).
+void RunUnderRandomKills(bool preemptions) {
   TestCluster cluster;
-  const std::vector<std::string> server_flags = {"--lease-seconds", "2"};
+  std::vector<std::string> server_flags = {"--lease-seconds", "2"};
+  std::vector<std::string> worker_flags;
+  if (preemptions) {
+    server_flags.insert(server_flags.end(), {"--preemption-min-runtime-seconds", "0.5",
+                                             "--max-preemptions", "100"});
+    worker_flags = {"--fake-gpus-for-tests", "1", "--cpus", "4"};
+  }
   cluster.StartServer(server_flags);
-  pid_t worker = cluster.StartWorker("w1");
+  pid_t worker = cluster.StartWorker("w1", worker_flags);
   v1::JobSpec spec = SlowJob(10);
   spec.mutable_checkpoint()->set_every_steps(10);
   spec.set_max_retries(100);
+  v1::JobSpec urgent_spec = SlowJob(1);
+  urgent_spec.set_priority(5);
+  urgent_spec.mutable_dataset()->set_train_limit(1000);
+  urgent_spec.set_max_retries(100);
+  if (preemptions) {
+    for (v1::JobSpec* s : {&spec, &urgent_spec}) {
+      s->mutable_resources()->set_gpus(1);
+      s->mutable_resources()->set_cpus(1);
+    }
+  }
+  std::vector<std::string> urgent_ids;
   absl::StatusOr<v1::Job> reference = cluster.RunJob(spec, absl::Seconds(120));
   ASSERT_TRUE(reference.ok()) << reference.status();
   ASSERT_EQ(reference->state(), v1::JOB_STATE_SUCCEEDED) << reference->error();
@@ -315,13 +334,19 @@ TEST(FaultsTest, AJobUnderRandomKillsEndsAsAnUninterruptedRunDoes) {
     ASSERT_TRUE(now.ok()) << now.status();
     if (now->state() != v1::JOB_STATE_QUEUED && now->state() != v1::JOB_STATE_RUNNING) break;
     if (kills >= 12) continue;  // enough: let it finish
+    if (preemptions && urgent_ids.size() < 4 && random() % 3 == 0) {
+      absl::StatusOr<v1::Job> urgent = cluster.Submit(urgent_spec);
+      ASSERT_TRUE(urgent.ok()) << urgent.status();
+      urgent_ids.push_back(urgent->id());
+      continue;
+    }
     ++kills;
     if (random() % 2 == 0) {
       cluster.KillServer(SIGKILL);
       cluster.StartServer(server_flags);
     } else {
       cluster.KillWorker(worker, SIGKILL);
-      worker = cluster.StartWorker("w1");
+      worker = cluster.StartWorker("w1", worker_flags);
     }
   }
   absl::StatusOr<v1::Job> done = cluster.WaitForFinal(job->id(), absl::Seconds(120));
@@ -331,6 +356,16 @@ TEST(FaultsTest, AJobUnderRandomKillsEndsAsAnUninterruptedRunDoes) {
   std::cerr << kills << " kills; the job ended in attempt " << done->attempt() << "\n";
   EXPECT_GE(kills, 3) << "the job ended before the kills could test anything";
   EXPECT_EQ(done->progress().test_accuracy(), reference->progress().test_accuracy());
+  if (preemptions) {
+    std::cerr << done->preemptions() << " preemptions by " << urgent_ids.size()
+              << " urgent jobs\n";
+    EXPECT_GE(done->preemptions(), 1) << "no urgent job preempted it";
+    for (const std::string& id : urgent_ids) {
+      absl::StatusOr<v1::Job> urgent = cluster.WaitForFinal(id, absl::Seconds(120));
+      ASSERT_TRUE(urgent.ok()) << urgent.status();
+      EXPECT_EQ(urgent->state(), v1::JOB_STATE_SUCCEEDED) << urgent->error();
+    }
+  }
   absl::StatusOr<Checkpoint> artifact =
       ReadCheckpoint(cluster.dir() + "/server/checkpoints/" + job->id() + ".safetensors");
   ASSERT_TRUE(artifact.ok()) << artifact.status();
@@ -354,6 +389,12 @@ TEST(FaultsTest, AJobUnderRandomKillsEndsAsAnUninterruptedRunDoes) {
        std::filesystem::directory_iterator(cluster.dir() + "/server/checkpoints")) {
     EXPECT_FALSE(absl::StrContains(entry.path().filename().string(), ".upload-a")) << entry.path();
   }
+}
+
+TEST(FaultsTest, AJobUnderRandomKillsEndsAsAnUninterruptedRunDoes) { RunUnderRandomKills(false); }
+
+TEST(FaultsTest, AJobUnderRandomKillsAndPreemptionsEndsAsAnUninterruptedRunDoes) {
+  RunUnderRandomKills(true);
 }
 
 TEST(FaultsTest, AServerRestartWithAShortLeaseCostsTheRunningJobNothing) {

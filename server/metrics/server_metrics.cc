@@ -76,6 +76,17 @@ struct ServerMetrics::Impl : public prometheus::Collectable {
   Family<Counter>* checkpoint_write_failures = nullptr;
   Family<Gauge>* checkpoint_dir_free = nullptr;
   Family<Counter>* rpc_requests = nullptr;
+  Family<Histogram>* scheduling_pass = nullptr;
+  std::map<std::string, Histogram*> scheduling_pass_by_kind ABSL_GUARDED_BY(mu);
+  Family<Gauge>* team_quota = nullptr;
+  Family<Gauge>* team_usage = nullptr;
+  Family<Gauge>* team_weight = nullptr;
+  Family<Gauge>* team_share = nullptr;
+  Family<Gauge>* team_waiting = nullptr;
+  Family<Counter>* team_preemptions = nullptr;
+  // The team series set last (SetTeams), by their labels, to remove those that went.
+  std::map<std::map<std::string, std::string>, Gauge*> team_gauges_by_family[5] ABSL_GUARDED_BY(mu);
+  std::map<std::string, std::pair<Counter*, int64_t>> team_preemption_counters ABSL_GUARDED_BY(mu);
   Family<Histogram>* rpc_duration = nullptr;
 
   Gauge* oldest_queued_gauge = nullptr;
@@ -145,6 +156,37 @@ struct ServerMetrics::Impl : public prometheus::Collectable {
                         .Name("stoker_rpc_duration_seconds")
                         .Help("Time from an RPC's start to its status (whole stream for streams).")
                         .Register(*registry);
+    scheduling_pass = &prometheus::BuildHistogram()
+                           .Name("stoker_scheduling_pass_seconds")
+                           .Help("Scheduling passes: a heartbeat's (assign) or the sweep's "
+                                 "victim choice (preemption).")
+                           .Register(*registry);
+    team_quota = &prometheus::BuildGauge()
+                      .Name("stoker_team_quota")
+                      .Help("A team's nominal quota and borrowing limit on a resource (gpus, "
+                            "cpus, memory bytes).")
+                      .Register(*registry);
+    team_usage = &prometheus::BuildGauge()
+                      .Name("stoker_team_usage")
+                      .Help("What a team's running jobs are granted now, per resource.")
+                      .Register(*registry);
+    team_weight = &prometheus::BuildGauge()
+                       .Name("stoker_team_weight")
+                       .Help("A team's fair-share weight.")
+                       .Register(*registry);
+    team_share = &prometheus::BuildGauge()
+                      .Name("stoker_team_share")
+                      .Help("A team's dominant share (decayed usage and current allocation, "
+                            "over its weight).")
+                      .Register(*registry);
+    team_waiting = &prometheus::BuildGauge()
+                        .Name("stoker_team_waiting_jobs")
+                        .Help("A team's queued jobs.")
+                        .Register(*registry);
+    team_preemptions = &prometheus::BuildCounter()
+                            .Name("stoker_team_preemptions_total")
+                            .Help("A team's jobs preempted since the server started.")
+                            .Register(*registry);
     oldest_queued_gauge = &oldest_queued->Add({});
     queue_wait_histogram = &queue_wait->Add({}, kQueueWaitBounds);
     requeued_counter = &requeued->Add({});
@@ -228,6 +270,59 @@ void ServerMetrics::SetHeartbeatAges(const std::map<std::string, double>& age_se
     Gauge*& gauge = gauges[worker];
     if (gauge == nullptr) gauge = &impl_->heartbeat_age->Add({{"worker", worker}});
     gauge->Set(age);
+  }
+}
+
+void ServerMetrics::ObserveSchedulingPass(const std::string& pass, double seconds) {
+  static const Histogram::BucketBoundaries kBounds = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
+                                                      0.05,   0.1,   0.2,   0.5,   1,    2};
+  absl::MutexLock lock(&impl_->mu);
+  Histogram*& histogram = impl_->scheduling_pass_by_kind[pass];
+  if (histogram == nullptr) histogram = &impl_->scheduling_pass->Add({{"pass", pass}}, kBounds);
+  histogram->Observe(seconds);
+}
+
+void ServerMetrics::SetTeams(const std::map<std::string, TeamValues>& teams) {
+  absl::MutexLock lock(&impl_->mu);
+  Family<Gauge>* families[5] = {impl_->team_quota, impl_->team_usage, impl_->team_weight,
+                                impl_->team_share, impl_->team_waiting};
+  std::map<std::map<std::string, std::string>, double> values[5];
+  for (const auto& [name, team] : teams) {
+    const std::string label = name.empty() ? "none" : name;
+    for (const auto& [resource, limits] : team.quota) {
+      values[0][{{"team", label}, {"resource", resource}, {"limit", "nominal"}}] =
+          static_cast<double>(limits.first);
+      values[0][{{"team", label}, {"resource", resource}, {"limit", "borrow"}}] =
+          static_cast<double>(limits.second);
+    }
+    for (const auto& [resource, used] : team.usage) {
+      values[1][{{"team", label}, {"resource", resource}}] = static_cast<double>(used);
+    }
+    values[2][{{"team", label}}] = team.weight;
+    values[3][{{"team", label}}] = team.share;
+    values[4][{{"team", label}}] = static_cast<double>(team.waiting_jobs);
+    auto& [counter, seen] = impl_->team_preemption_counters[label];
+    if (counter == nullptr) counter = &impl_->team_preemptions->Add({{"team", label}});
+    if (team.preemptions > seen) {
+      counter->Increment(static_cast<double>(team.preemptions - seen));
+      seen = team.preemptions;
+    }
+  }
+  for (int f = 0; f < 5; ++f) {
+    auto& gauges = impl_->team_gauges_by_family[f];
+    for (auto it = gauges.begin(); it != gauges.end();) {
+      if (!values[f].contains(it->first)) {
+        families[f]->Remove(it->second);
+        it = gauges.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (const auto& [labels, value] : values[f]) {
+      Gauge*& gauge = gauges[labels];
+      if (gauge == nullptr) gauge = &families[f]->Add(labels);
+      gauge->Set(value);
+    }
   }
 }
 

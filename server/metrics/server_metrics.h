@@ -67,6 +67,25 @@ class ServerMetrics {
   // directory (statvfs f_bavail). The series appears with the first value; a negative value
   // (could not be read) leaves it as it was.
   void SetCheckpointDirFreeBytes(int64_t bytes);
+  // stoker_scheduling_pass_seconds{pass} (histogram): a heartbeat's scheduling pass ("assign")
+  // or the sweep's preemption pass ("preemption").
+  void ObserveSchedulingPass(const std::string& pass, double seconds);
+  // A team as the team gauges show it (SetTeams).
+  struct TeamValues {
+    // Per resource ("gpus", "cpus", "memory" in bytes): nominal quota and borrowing limit (only
+    // the resources with a quota), and what its running jobs are granted now.
+    std::map<std::string, std::pair<int64_t, int64_t>> quota;
+    std::map<std::string, int64_t> usage;
+    double weight = 1;
+    double share = 0;
+    int64_t waiting_jobs = 0;
+    int64_t preemptions = 0;  // its jobs preempted since the server started
+  };
+  // stoker_team_quota{team,resource,limit="nominal"|"borrow"}, stoker_team_usage{team,resource},
+  // stoker_team_weight{team}, stoker_team_share{team}, stoker_team_waiting_jobs{team} and
+  // stoker_team_preemptions_total{team}, by team ("none" for jobs without a team). Replaces the
+  // whole set: teams (and quotas) not in the map lose their series; the counter only grows.
+  void SetTeams(const std::map<std::string, TeamValues>& teams);
   // stoker_rpc_requests_total{method,code} and stoker_rpc_duration_seconds{method}. `method` is
   // "Service/Method" (a gRPC path "/pkg.Service/Method" is shortened to that); `code` is a gRPC
   // status code number. After 64 distinct methods, further ones are counted as "other".

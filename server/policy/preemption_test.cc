@@ -150,6 +150,26 @@ TEST(PreemptionTest, ATeamWithinItsNominalQuotaReclaimsBorrowedDevicesFirst) {
   EXPECT_FALSE(s.Choose(Wants("n1", "nlp", 0, 1)).has_value());
 }
 
+// Nominal quotas that add up to more than the live workers hold (a worker left): a team within
+// its nominal quota takes back only what a team past its own nominal quota borrows. When every
+// running team is within its nominal quota, nothing is preempted at equal priority: the devices
+// go to whoever the queue serves first as they free up (docs/decisions.md).
+TEST(PreemptionTest, OversubscribedNominalQuotasReclaimOnlyFromBorrowers) {
+  Cluster s;
+  s.workers = {Worker("w1", 2)};  // the quotas below promise 4 GPUs
+  s.quotas = {{"vision", Gpus(2, 2)}, {"nlp", Gpus(2, 0)}};
+  s.running = {Running("v1", "vision", 0, {On("w1", {0})}), Running("n1", "nlp", 0, {On("w1", {1})})};
+  EXPECT_FALSE(s.Choose(Wants("n2", "nlp", 0, 1)).has_value()) << "vision is within its nominal";
+  EXPECT_FALSE(s.Choose(Wants("v2", "vision", 0, 1)).has_value()) << "nlp is within its nominal";
+  // Vision borrows once it runs 3 of the 4 GPUs a bigger cluster had: nlp takes one back.
+  s.workers = {Worker("w1", 4)};
+  s.running = {Running("v1", "vision", 0, {On("w1", {0})}), Running("v2", "vision", 0, {On("w1", {1})}),
+               Running("v3", "vision", 0, {On("w1", {2})}), Running("n1", "nlp", 0, {On("w1", {3})})};
+  std::optional<VictimChoice> choice = s.Choose(Wants("n2", "nlp", 0, 1));
+  ASSERT_TRUE(choice.has_value());
+  EXPECT_EQ(choice->victims.size(), 1u);
+}
+
 TEST(PreemptionTest, PriorityAcrossTeamsOnlyWhileThePreemptorsTeamStaysWithinNominal) {
   Cluster s;
   s.workers = {Worker("w1", 2)};

@@ -47,6 +47,14 @@ int main(int argc, char** argv) {
     m.SetWorkerCounts({{"alive", 1}});
     m.SetHeartbeatAges({{"obs-worker", 0.4}});
     m.SetCheckpointDirFreeBytes(int64_t{50} << 30);
+    stoker::ServerMetrics::TeamValues vision;
+    vision.quota = {{"gpus", {4, 2}}};
+    vision.usage = {{"gpus", 5}, {"cpus", 10}, {"memory", int64_t{40} << 30}};
+    vision.weight = 3;
+    vision.share = 0.4;
+    vision.waiting_jobs = 2;
+    vision.preemptions = 1;
+    m.SetTeams({{"vision", vision}});
   });
 
   stoker::JobCounters job;
