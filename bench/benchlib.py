@@ -9,10 +9,12 @@ import subprocess
 
 def log_rows(path):
     """(kind, fields) for each line of `path`: its first word and a dict of its key=value words
-    (other words are skipped), as the benchmark programs and their PyTorch counterparts print
-    them."""
+    (other words and blank lines are skipped), as the benchmark programs and their PyTorch
+    counterparts print them."""
     rows = []
     for line in open(path):
+        if not line.split():
+            continue  # a blank line
         kind, *pairs = line.split()
         rows.append((kind, dict(p.split("=", 1) for p in pairs if "=" in p)))
     return rows

@@ -9,6 +9,7 @@
 // core); a kind the CPU lacks prints `available=0`. Prints key=value lines:
 //   peak kind=fp32_fma threads=2 gflops=...   memcpy threads=2 mib=... gb_per_s=...
 //   peak_bench [--threads 2] [--seconds 0.5] [--repeats 3] [--memcpy_mib 1024]
+#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/syscall.h>
@@ -16,7 +17,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cpuid.h>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -186,7 +186,8 @@ int BenchMain() {
   const int repeats = absl::GetFlag(FLAGS_repeats);
   const int64_t mib = absl::GetFlag(FLAGS_memcpy_mib);
   if (threads < 1 || seconds <= 0 || repeats < 1 || mib < 1) {
-    std::fprintf(stderr, "peak_bench: --threads, --seconds, --repeats and --memcpy_mib must be "
+    std::fprintf(stderr,
+                 "peak_bench: --threads, --seconds, --repeats and --memcpy_mib must be "
                  "positive\n");
     return 2;
   }

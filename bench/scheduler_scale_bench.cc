@@ -86,7 +86,8 @@ std::string ReadFile(const std::string& path) {
 
 // kB of a /proc/PID/status line ("VmHWM:  123 kB").
 int64_t StatusKb(pid_t pid, const std::string& key) {
-  for (absl::string_view line : absl::StrSplit(ReadFile(absl::StrCat("/proc/", pid, "/status")), '\n')) {
+  for (absl::string_view line :
+       absl::StrSplit(ReadFile(absl::StrCat("/proc/", pid, "/status")), '\n')) {
     if (absl::StartsWith(line, key + ":")) {
       std::vector<absl::string_view> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
       int64_t kb = 0;
@@ -106,8 +107,7 @@ std::string HttpGet(int port, const std::string& path) {
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string response;
   if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
-    const std::string request =
-        absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
     if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
       char buffer[65536];
       ssize_t n;
@@ -215,8 +215,8 @@ int Run() {
     stop_server();
     return 1;
   }
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
   auto access = v1::AccessService::NewStub(channel);
   auto jobs = v1::JobService::NewStub(channel);
   auto workers = v1::WorkerService::NewStub(channel);
@@ -349,7 +349,7 @@ int Run() {
         v1::HeartbeatRequest request;
         request.set_worker_id(w.id);
         request.set_instance(w.instance);
-        request.set_free_slots(n_gpus);
+        request.set_free_slots(std::max(0, n_gpus - static_cast<int>(w.running.size())));
         for (const v1::RunningAttempt& r : w.running) *request.add_running() = r;
         v1::HeartbeatResponse response;
         const Clock::time_point sent = Clock::now();

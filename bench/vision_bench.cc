@@ -184,9 +184,8 @@ absl::Status Run(const Bench& bench) {
     if (!kernels.ok()) return kernels.status();
     double sum = 0;
     for (const KernelTime& k : *kernels) {
-      std::printf("kernel network=%s precision=%s ms=%.4f name=\"%s\"\n",
-                  bench.spec.name().c_str(), PrecisionName(bench.config.precision), k.median_ms,
-                  k.name.c_str());
+      std::printf("kernel network=%s precision=%s ms=%.4f name=\"%s\"\n", bench.spec.name().c_str(),
+                  PrecisionName(bench.config.precision), k.median_ms, k.name.c_str());
       sum += k.median_ms;
     }
     // overhead: how much longer the median step is than its kernels run alone.

@@ -385,8 +385,8 @@ class AccessClient {
       std::cout << ToJson(response, true) << "\n";
       return kExitOk;
     }
-    std::cout << absl::StrFormat("%-16s %-8s %-7s %-8s %-12s %-12s %s\n", "TEAM", "WEIGHT",
-                                 "SHARE", "RESOURCE", "NOMINAL", "BORROW", "USED");
+    std::cout << absl::StrFormat("%-16s %-8s %-7s %-8s %-12s %-12s %s\n", "TEAM", "WEIGHT", "SHARE",
+                                 "RESOURCE", "NOMINAL", "BORROW", "USED");
     auto show = [](const v1::ResourceQuota& q, int64_t value) {
       return q.resource() == "memory" ? absl::StrFormat("%.1f GiB", value / double(1 << 30))
                                       : absl::StrCat(value);
@@ -400,8 +400,8 @@ class AccessClient {
       }
       for (const v1::ResourceQuota& q : team.quotas()) {
         std::cout << absl::StrFormat("%-16s %-8s %-7s %-8s %-12s %-12s %s\n", team.team(), weight,
-                                     share, q.resource(), show(q, q.nominal()),
-                                     show(q, q.borrow()), show(q, q.used()));
+                                     share, q.resource(), show(q, q.nominal()), show(q, q.borrow()),
+                                     show(q, q.used()));
       }
     }
     return kExitOk;

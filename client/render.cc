@@ -135,17 +135,18 @@ std::string JobDetails(const v1::Job& job) {
   } else if (!job.waiting_reason().empty()) {
     rows.push_back({"waiting:", job.waiting_reason()});  // e.g. final weights the server lacks
   }
-  rows.push_back({"attempt:", absl::StrCat(job.attempt(),
-                                           job.released_attempts() > 0
-                                               ? absl::StrCat(" (", job.released_attempts(),
-                                                              " given back: worker shutdowns or preemptions, not counted)")
-                                               : "")});
+  rows.push_back(
+      {"attempt:",
+       absl::StrCat(job.attempt(),
+                    job.released_attempts() > 0
+                        ? absl::StrCat(" (", job.released_attempts(),
+                                       " given back: worker shutdowns or preemptions, not counted)")
+                        : "")});
   if (job.preemptions() > 0) {
-    rows.push_back({"preemptions:", absl::StrCat(job.preemptions(), " (latest by ",
-                                                 job.preempted_by().empty()
-                                                     ? "?"
-                                                     : *job.preempted_by().rbegin(),
-                                                 ")")});
+    rows.push_back(
+        {"preemptions:",
+         absl::StrCat(job.preemptions(), " (latest by ",
+                      job.preempted_by().empty() ? "?" : *job.preempted_by().rbegin(), ")")});
   }
   rows.push_back({job.rank_placements_size() > 0 ? "workers:" : "worker:", Workers(job)});
   const v1::ResourceSpec& asked = job.spec().resources();

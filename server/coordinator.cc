@@ -144,7 +144,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(
   *response.mutable_job() = std::move(inserted->job);
   response.set_deduplicated(inserted->deduplicated);
   std::optional<QuotaState> quotas;
-  FillQueueInfo(response.mutable_job(), quotas);
+  FillQueueInfo(response.mutable_job(), quotas, /*fair_share_position=*/false);
   return response;
 }
 

@@ -320,8 +320,11 @@ class Coordinator {
   QuotaState CurrentQuotaState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A queued job's position and why it waits. `quotas` is filled on first need, so that a
   // listing sums the usage once.
-  void FillQueueInfo(v1::Job* job, std::optional<QuotaState>& quotas)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `fair_share_position`: the place in the fair-share order (reads the whole queue once per
+  // `quotas`); else the place among jobs by priority and submit order (one count query: a
+  // submit's answer, so that submits stay cheap with a long queue).
+  void FillQueueInfo(v1::Job* job, std::optional<QuotaState>& quotas,
+                     bool fair_share_position = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Concurrent submits are committed together (one transaction, one fsync), LevelDB-style: the
   // submit at the front of the queue writes everything queued behind it.

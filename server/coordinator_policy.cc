@@ -40,10 +40,9 @@ void Coordinator::Charge(QuotaState& state, const std::string& team,
   usage += charge;
   const auto quota = state.quotas.find(team);
   const auto past = fair_usage_.usage().find(team);
-  state.shares[team] =
-      DominantShare(past == fair_usage_.usage().end() ? DecayedAmounts{} : past->second, usage,
-                    state.capacity, fair_usage_.half_life(),
-                    quota == state.quotas.end() ? 1.0 : quota->second.weight);
+  state.shares[team] = DominantShare(
+      past == fair_usage_.usage().end() ? DecayedAmounts{} : past->second, usage, state.capacity,
+      fair_usage_.half_life(), quota == state.quotas.end() ? 1.0 : quota->second.weight);
 }
 
 absl::StatusOr<std::map<std::string, int>> Coordinator::QueuePositions(const QuotaState& state) {
@@ -65,17 +64,26 @@ std::map<std::string, double> Coordinator::TeamShares() {
   return CurrentQuotaState().shares;
 }
 
-void Coordinator::FillQueueInfo(v1::Job* job, std::optional<QuotaState>& quotas) {
+void Coordinator::FillQueueInfo(v1::Job* job, std::optional<QuotaState>& quotas,
+                                bool fair_share_position) {
   if (job->state() != v1::JOB_STATE_QUEUED) return;
   if (!quotas.has_value()) quotas = CurrentQuotaState();
-  if (!quotas->positions.has_value()) {
-    absl::StatusOr<std::map<std::string, int>> positions = QueuePositions(*quotas);
-    if (!positions.ok()) return;
-    quotas->positions = std::move(*positions);
+  int store_position = 0;
+  const int* position = &store_position;
+  if (fair_share_position) {
+    if (!quotas->positions.has_value()) {
+      absl::StatusOr<std::map<std::string, int>> positions = QueuePositions(*quotas);
+      if (!positions.ok()) return;
+      quotas->positions = std::move(*positions);
+    }
+    const auto found = quotas->positions->find(job->id());
+    if (found == quotas->positions->end()) return;
+    position = &found->second;
+  } else {
+    absl::StatusOr<int> counted = store_->QueuePosition(job->id());
+    if (!counted.ok()) return;
+    store_position = *counted;
   }
-  const auto found = quotas->positions->find(job->id());
-  if (found == quotas->positions->end()) return;
-  const int* position = &found->second;
   std::vector<WorkerView> alive;
   for (const auto& [id, worker] : workers_) {
     // A restored worker has not said what it has since the server restarted.
@@ -100,8 +108,17 @@ void Coordinator::FillQueueInfo(v1::Job* job, std::optional<QuotaState>& quotas)
   const absl::Time now = absl::Now();
   for (const auto& [gang_id, since] : gang_waiting_since_) {
     if (gang_id == job->id() || now - since < options_.gang_backfill_limit) continue;
-    const auto gang_position = quotas->positions->find(gang_id);
-    if (gang_position == quotas->positions->end() || gang_position->second >= *position) continue;
+    int gang_position = 0;
+    if (quotas->positions.has_value()) {
+      const auto found = quotas->positions->find(gang_id);
+      if (found == quotas->positions->end()) continue;
+      gang_position = found->second;
+    } else {
+      absl::StatusOr<int> counted = store_->QueuePosition(gang_id);
+      if (!counted.ok()) continue;
+      gang_position = *counted;
+    }
+    if (gang_position >= *position) continue;
     job->set_waiting_reason(absl::StrCat(
         "data-parallel job ", gang_id, " ahead of it has waited ", Rounded(now - since),
         " for room, so no job behind it starts until it does; ", job->waiting_reason()));
@@ -200,14 +217,18 @@ absl::Status Coordinator::PreemptionPass() {
         if (fresh) {
           absl::StatusOr<v1::Job> job = store_->Get(key.job_id);
           if (!job.ok()) return job.status();
-          r = {job->id(), job->spec().team(), job->spec().priority(),
+          r = {job->id(),
+               job->spec().team(),
+               job->spec().priority(),
                held.placed_at == absl::InfinitePast()
                    ? absl::FromUnixMillis(job->start_time_unix_ms())
                    : held.placed_at,
-               job->preemptions(), preempting_.contains(job->id()), {}};
+               job->preemptions(),
+               preempting_.contains(job->id()),
+               {}};
         }
-        r.started = std::min(r.started, held.placed_at == absl::InfinitePast() ? r.started
-                                                                               : held.placed_at);
+        r.started = std::min(r.started,
+                             held.placed_at == absl::InfinitePast() ? r.started : held.placed_at);
         r.placements.push_back(held.placement);
       }
     }
@@ -236,8 +257,8 @@ absl::Status Coordinator::PreemptionPass() {
     if (admitted && Fits(p, views)) continue;  // it starts at a heartbeat
     ++considered;
     STOKER_ASSIGN_OR_RETURN(std::vector<RunningJob> * candidates, running_jobs());
-    std::optional<VictimChoice> choice = ChooseVictims(p, *candidates, views, quotas.quotas,
-                                                       quotas.usage, options_.preemption, now);
+    std::optional<VictimChoice> choice =
+        ChooseVictims(p, *candidates, views, quotas.quotas, quotas.usage, options_.preemption, now);
     if (!choice) continue;
     for (const std::string& victim_id : choice->victims) {
       STOKER_ASSIGN_OR_RETURN(v1::Job victim, store_->Get(victim_id));
@@ -248,24 +269,24 @@ absl::Status Coordinator::PreemptionPass() {
       victim.add_preempted_by(job.id());
       constexpr int kKeptPreemptors = 16;
       if (victim.preempted_by_size() > kKeptPreemptors) {
-        victim.mutable_preempted_by()->DeleteSubrange(
-            0, victim.preempted_by_size() - kKeptPreemptors);
+        victim.mutable_preempted_by()->DeleteSubrange(0,
+                                                      victim.preempted_by_size() - kKeptPreemptors);
       }
       STOKER_RETURN_IF_ERROR(SaveAndNotify(
-          victim, {MakeEvent(v1::EVENT_TYPE_LOG,
-                             absl::StrCat(PreemptedText(preempting),
-                                          ": giving back at a checkpoint"),
-                             victim.attempt())}));
+          victim,
+          {MakeEvent(v1::EVENT_TYPE_LOG,
+                     absl::StrCat(PreemptedText(preempting), ": giving back at a checkpoint"),
+                     victim.attempt())}));
       for (RunningJob& r : *candidates) {
         if (r.job_id == victim_id) r.giving_back = true;
       }
       ServerLog(absl::StrCat("job ", victim_id, " ", PreemptedText(preempting)));
     }
     STOKER_RETURN_IF_ERROR(SaveAndNotify(
-        job, {MakeEvent(v1::EVENT_TYPE_LOG,
-                        absl::StrCat("preempting ", absl::StrJoin(choice->victims, ", "),
-                                     " to start"),
-                        job.attempt())}));
+        job,
+        {MakeEvent(v1::EVENT_TYPE_LOG,
+                   absl::StrCat("preempting ", absl::StrJoin(choice->victims, ", "), " to start"),
+                   job.attempt())}));
   }
   return absl::OkStatus();
 }

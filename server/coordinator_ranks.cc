@@ -23,18 +23,24 @@ constexpr absl::Duration kMaxRendezvousWait = absl::Seconds(10);
 
 absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::string& worker_id) {
   std::vector<v1::Assignment> assignments;
-  absl::StatusOr<std::vector<v1::Job>> queue = store_->QueuedInOrder();
-  if (!queue.ok()) return queue.status();
   // The live workers' free resources and slots, updated as jobs are placed.
   std::map<std::string, WorkerView> views;
   for (const auto& [id, worker] : workers_) {
     if (!worker.lost && !worker.restored) views.emplace(id, ViewOf(id, worker));
   }
+  WorkerView& view = views.at(worker_id);
+  // A worker with no room takes nothing: no need to read the queue (a gang that fits elsewhere
+  // is placed by those workers' heartbeats).
+  if (view.slots <= 0 || (view.free.gpus.empty() && view.free.cpus <= 0)) {
+    workers_[worker_id].free_slots = view.slots;
+    return assignments;
+  }
+  absl::StatusOr<std::vector<v1::Job>> queue = store_->QueuedInOrder();
+  if (!queue.ok()) return queue.status();
   std::set<std::string> queued;
   for (const v1::Job& job : *queue) queued.insert(job.id());
   std::erase_if(gang_waiting_since_,
                 [&](const auto& entry) { return !queued.contains(entry.first); });
-  WorkerView& view = views.at(worker_id);
   const absl::Time now = absl::Now();
   QuotaState quotas = CurrentQuotaState();
   // The fair-share walk (policy/fair_share.h): the queue split by team, each team's jobs in the

@@ -71,8 +71,8 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> StartMetrics(const std::string& l
     m.SetCheckpointDirFreeBytes(snapshot.checkpoint_dir_free_bytes);
     std::map<std::string, ServerMetrics::TeamValues> teams;
     for (const auto& [name, team] : snapshot.teams) {
-      teams[name] = {team.quota,        team.usage,       team.weight,
-                     team.share,        team.waiting_jobs, team.preemptions};
+      teams[name] = {team.quota, team.usage,        team.weight,
+                     team.share, team.waiting_jobs, team.preemptions};
     }
     m.SetTeams(teams);
   });

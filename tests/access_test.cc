@@ -7,8 +7,8 @@
 
 #include <cmath>
 #include <filesystem>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -671,8 +671,9 @@ TEST_F(AccessTest, FairShareServesTheTeamThatUsesLessFirst) {
   set = Admin("quota set vision gpus=1 --borrow 0 --weight 2.5");
   ASSERT_EQ(set.exit_code, 0) << set.output;
   EXPECT_TRUE(absl::StrContains(set.output, "vision           2.5 ")) << set.output;
-  for (const char* bad : {"quota set nlp --weight -1", "quota set nlp --weight 0",
-                          "quota set nlp --weight abc", "quota set nlp", "quota set nlp --borrow 2 --weight 2"}) {
+  for (const char* bad :
+       {"quota set nlp --weight -1", "quota set nlp --weight 0", "quota set nlp --weight abc",
+        "quota set nlp", "quota set nlp --borrow 2 --weight 2"}) {
     CommandResult result = Admin(bad);
     EXPECT_EQ(result.exit_code, 2) << bad << ": " << result.output;
   }
@@ -722,7 +723,8 @@ TEST_F(AccessPreemptionTest, TeamsReclaimBorrowedDevicesAndHigherPriorityCrosses
     return now;
   };
   auto wait = [&](const std::string& id, v1::JobState state) {
-    for (int i = 0; i < 300 && get(id).state() != state; ++i) absl::SleepFor(absl::Milliseconds(200));
+    for (int i = 0; i < 300 && get(id).state() != state; ++i)
+      absl::SleepFor(absl::Milliseconds(200));
     return get(id).state() == state;
   };
   // Vision runs both GPUs: one of its nominal quota, one borrowed.
@@ -761,8 +763,8 @@ TEST_F(AccessPreemptionTest, TeamsReclaimBorrowedDevicesAndHigherPriorityCrosses
   ASSERT_TRUE(wait(urgent.id(), v1::JOB_STATE_RUNNING)) << get(urgent.id()).waiting_reason();
   const v1::Job taken = get(n2_job.id());
   EXPECT_EQ(taken.state(), v1::JOB_STATE_QUEUED);
-  EXPECT_TRUE(absl::StrContains(taken.error(), absl::StrCat("preempted by ", urgent.id(),
-                                                            " (priority 5 over 0)")))
+  EXPECT_TRUE(absl::StrContains(taken.error(),
+                                absl::StrCat("preempted by ", urgent.id(), " (priority 5 over 0)")))
       << taken.error();
   EXPECT_EQ(get(n1_job.id()).state(), v1::JOB_STATE_RUNNING) << "one victim is enough";
   CommandResult status = As("dave", "status " + n2_job.id());

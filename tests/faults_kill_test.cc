@@ -298,8 +298,8 @@ void RunUnderRandomKills(bool preemptions) {
   std::vector<std::string> server_flags = {"--lease-seconds", "2"};
   std::vector<std::string> worker_flags;
   if (preemptions) {
-    server_flags.insert(server_flags.end(), {"--preemption-min-runtime-seconds", "0.5",
-                                             "--max-preemptions", "100"});
+    server_flags.insert(server_flags.end(),
+                        {"--preemption-min-runtime-seconds", "0.5", "--max-preemptions", "100"});
     worker_flags = {"--fake-gpus-for-tests", "1", "--cpus", "4"};
   }
   cluster.StartServer(server_flags);
@@ -357,8 +357,7 @@ void RunUnderRandomKills(bool preemptions) {
   EXPECT_GE(kills, 3) << "the job ended before the kills could test anything";
   EXPECT_EQ(done->progress().test_accuracy(), reference->progress().test_accuracy());
   if (preemptions) {
-    std::cerr << done->preemptions() << " preemptions by " << urgent_ids.size()
-              << " urgent jobs\n";
+    std::cerr << done->preemptions() << " preemptions by " << urgent_ids.size() << " urgent jobs\n";
     EXPECT_GE(done->preemptions(), 1) << "no urgent job preempted it";
     for (const std::string& id : urgent_ids) {
       absl::StatusOr<v1::Job> urgent = cluster.WaitForFinal(id, absl::Seconds(120));

@@ -95,9 +95,9 @@ TEST(PreemptionTest, AHigherPriorityJobTakesTheDeviceThroughTheVictimsDrain) {
   ASSERT_TRUE(done.ok());
   ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
   EXPECT_EQ(done->attempt(), 2);
-  EXPECT_TRUE(HasEvent(cluster, victim->id(),
-                       absl::StrCat("resumed from the checkpoint at step ",
-                                    given_back->checkpoint_step())));
+  EXPECT_TRUE(HasEvent(
+      cluster, victim->id(),
+      absl::StrCat("resumed from the checkpoint at step ", given_back->checkpoint_step())));
   const std::string resumed_file = cluster.dir() + "/resumed.safetensors";
   ASSERT_EQ(cluster.Cli("artifact " + victim->id() + " -o " + resumed_file).exit_code, 0);
   ExpectSameWeights(straight_file, resumed_file);
@@ -108,17 +108,17 @@ TEST(PreemptionTest, AVictimThatIgnoresTheDrainIsStoppedAndResumesFromItsLastChe
   cluster.StartServer(
       {"--preemption-min-runtime-seconds", "0.5", "--preemption-grace-seconds", "3"});
   // The worker would wait long for its trainer: the server's grace is what ends it.
-  cluster.StartWorker("w1", {"--fake-gpus-for-tests", "1", "--cpus", "4", "--drain-seconds",
-                             "120"});
+  cluster.StartWorker("w1",
+                      {"--fake-gpus-for-tests", "1", "--cpus", "4", "--drain-seconds", "120"});
   absl::StatusOr<v1::Job> victim = cluster.Submit(GpuJob(3, 0));
   ASSERT_TRUE(victim.ok());
   absl::StatusOr<v1::Job> checkpointed = cluster.WaitFor(
-      victim->id(), [](const v1::Job& j) { return j.checkpoint_epoch() >= 1; },
-      absl::Seconds(60));
+      victim->id(), [](const v1::Job& j) { return j.checkpoint_epoch() >= 1; }, absl::Seconds(60));
   ASSERT_TRUE(checkpointed.ok()) << checkpointed.status();
   ASSERT_EQ(checkpointed->state(), v1::JOB_STATE_RUNNING);
   // The trainer stops answering (SIGSTOP): it cannot checkpoint or stop on request.
-  const std::vector<pid_t> trainers = FindProcesses({"stoker-trainer", cluster.dir(), victim->id()});
+  const std::vector<pid_t> trainers =
+      FindProcesses({"stoker-trainer", cluster.dir(), victim->id()});
   ASSERT_EQ(trainers.size(), 1u);
   ASSERT_EQ(kill(trainers[0], SIGSTOP), 0);
   const int64_t stored = checkpointed->checkpoint_step();
@@ -130,8 +130,9 @@ TEST(PreemptionTest, AVictimThatIgnoresTheDrainIsStoppedAndResumesFromItsLastChe
       absl::Seconds(30));
   ASSERT_TRUE(stopped.ok()) << stopped.status();
   EXPECT_GE(absl::Now() - preempted_at, absl::Seconds(3)) << "stopped before its grace";
-  EXPECT_TRUE(absl::StrContains(stopped->error(), "it did not give back within 3s: stopped, "
-                                                  "it resumes from its last stored checkpoint"))
+  EXPECT_TRUE(absl::StrContains(stopped->error(),
+                                "it did not give back within 3s: stopped, "
+                                "it resumes from its last stored checkpoint"))
       << stopped->error();
   EXPECT_EQ(stopped->checkpoint_step(), stored) << "nothing newer could be stored";
   EXPECT_EQ(stopped->released_attempts(), 1);
@@ -141,8 +142,8 @@ TEST(PreemptionTest, AVictimThatIgnoresTheDrainIsStoppedAndResumesFromItsLastChe
   absl::StatusOr<v1::Job> done = cluster.WaitForFinal(victim->id(), absl::Seconds(120));
   ASSERT_TRUE(done.ok());
   EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
-  EXPECT_TRUE(
-      HasEvent(cluster, victim->id(), absl::StrCat("resumed from the checkpoint at step ", stored)));
+  EXPECT_TRUE(HasEvent(cluster, victim->id(),
+                       absl::StrCat("resumed from the checkpoint at step ", stored)));
 }
 
 TEST(PreemptionTest, ADataParallelGangIsPreemptedWhole) {

@@ -347,8 +347,7 @@ void Throughput(const stoker::SampleIndex& index) {
           format.c_str(), absl::GetFlag(FLAGS_decode).c_str(), k.c_str(), run, batch_size, epochs,
           static_cast<unsigned long long>(images_after_first), seconds, per_s, per_s / std::stoi(k),
           cpu_s, cpu_s > 0 ? images_after_first / (cpu_s + consumer_cpu_s) : 0.0, consumer_cpu_s,
-          Seconds(first - spawned),
-          static_cast<unsigned long long>(checksum));
+          Seconds(first - spawned), static_cast<unsigned long long>(checksum));
       std::fflush(stdout);
     }
   }

@@ -76,8 +76,8 @@ absl::StatusOr<std::vector<KernelTime>> CpuNetwork::TimeKernels(int batch, int r
                                 reinterpret_cast<bf16_t*>(Value(node.out)));
           });
           time(name + " backward", [&] {
-            cpu::DropoutBackward(reinterpret_cast<const bf16_t*>(Grad(node.out)),
-                                 node.keep.data(), elements, node.config.rate,
+            cpu::DropoutBackward(reinterpret_cast<const bf16_t*>(Grad(node.out)), node.keep.data(),
+                                 elements, node.config.rate,
                                  reinterpret_cast<bf16_t*>(Buffer(node.diff_src)));
           });
         } else {
@@ -87,8 +87,8 @@ absl::StatusOr<std::vector<KernelTime>> CpuNetwork::TimeKernels(int batch, int r
                                 reinterpret_cast<float*>(Value(node.out)));
           });
           time(name + " backward", [&] {
-            cpu::DropoutBackward(reinterpret_cast<const float*>(Grad(node.out)),
-                                 node.keep.data(), elements, node.config.rate,
+            cpu::DropoutBackward(reinterpret_cast<const float*>(Grad(node.out)), node.keep.data(),
+                                 elements, node.config.rate,
                                  reinterpret_cast<float*>(Buffer(node.diff_src)));
           });
         }

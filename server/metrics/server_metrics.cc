@@ -158,13 +158,15 @@ struct ServerMetrics::Impl : public prometheus::Collectable {
                         .Register(*registry);
     scheduling_pass = &prometheus::BuildHistogram()
                            .Name("stoker_scheduling_pass_seconds")
-                           .Help("Scheduling passes: a heartbeat's (assign) or the sweep's "
-                                 "victim choice (preemption).")
+                           .Help(
+                               "Scheduling passes: a heartbeat's (assign) or the sweep's "
+                               "victim choice (preemption).")
                            .Register(*registry);
     team_quota = &prometheus::BuildGauge()
                       .Name("stoker_team_quota")
-                      .Help("A team's nominal quota and borrowing limit on a resource (gpus, "
-                            "cpus, memory bytes).")
+                      .Help(
+                          "A team's nominal quota and borrowing limit on a resource (gpus, "
+                          "cpus, memory bytes).")
                       .Register(*registry);
     team_usage = &prometheus::BuildGauge()
                       .Name("stoker_team_usage")
@@ -176,8 +178,9 @@ struct ServerMetrics::Impl : public prometheus::Collectable {
                        .Register(*registry);
     team_share = &prometheus::BuildGauge()
                       .Name("stoker_team_share")
-                      .Help("A team's dominant share (decayed usage and current allocation, "
-                            "over its weight).")
+                      .Help(
+                          "A team's dominant share (decayed usage and current allocation, "
+                          "over its weight).")
                       .Register(*registry);
     team_waiting = &prometheus::BuildGauge()
                         .Name("stoker_team_waiting_jobs")

@@ -81,9 +81,8 @@ bool SchedulesBefore(const QueuedJob& a, const QueuedJob& b,
 }
 
 void OrderByFairShare(std::vector<QueuedJob>& jobs, const std::map<std::string, double>& shares) {
-  std::sort(jobs.begin(), jobs.end(), [&](const QueuedJob& a, const QueuedJob& b) {
-    return SchedulesBefore(a, b, shares);
-  });
+  std::sort(jobs.begin(), jobs.end(),
+            [&](const QueuedJob& a, const QueuedJob& b) { return SchedulesBefore(a, b, shares); });
 }
 
 }  // namespace stoker

@@ -146,8 +146,8 @@ TEST(FairShareSimulationTest, WeightsOneToThreeGetOneToThreeOfTheDeviceHours) {
     const SimResult result =
         Simulate({{"a", 1}, {"b", 3}}, job_length, absl::Hours(24), /*hours=*/400);
     const double a = result.gpu_hours.at("a"), b = result.gpu_hours.at("b");
-    EXPECT_NEAR(a / (a + b), 0.25, 0.25 * 0.05) << "jobs of " << job_length << ": a " << a
-                                                << " GPU-hours, b " << b;
+    EXPECT_NEAR(a / (a + b), 0.25, 0.25 * 0.05)
+        << "jobs of " << job_length << ": a " << a << " GPU-hours, b " << b;
   }
   // Equal weights: equal halves.
   const SimResult even = Simulate({{"a", 1}, {"b", 1}}, absl::Hours(1), absl::Hours(24), 400);
@@ -156,10 +156,10 @@ TEST(FairShareSimulationTest, WeightsOneToThreeGetOneToThreeOfTheDeviceHours) {
 }
 
 TEST(FairShareSimulationTest, TheSameInputsGiveTheSameScheduleTwice) {
-  const SimResult one = Simulate({{"a", 1}, {"b", 3}, {"c", 2}}, absl::Minutes(45),
-                                 absl::Hours(6), 100);
-  const SimResult two = Simulate({{"a", 1}, {"b", 3}, {"c", 2}}, absl::Minutes(45),
-                                 absl::Hours(6), 100);
+  const SimResult one =
+      Simulate({{"a", 1}, {"b", 3}, {"c", 2}}, absl::Minutes(45), absl::Hours(6), 100);
+  const SimResult two =
+      Simulate({{"a", 1}, {"b", 3}, {"c", 2}}, absl::Minutes(45), absl::Hours(6), 100);
   EXPECT_EQ(one.starts, two.starts);
   EXPECT_EQ(one.gpu_hours, two.gpu_hours);
 }

@@ -30,9 +30,9 @@ void Free(const RunningJob& job, std::vector<WorkerView>& workers) {
       w.free.memory_bytes += p.memory_bytes();
       for (int i = 0; i < p.gpu_indices_size(); ++i) {
         GpuId gpu{p.gpu_indices(i), i < p.gpu_uuids_size() ? p.gpu_uuids(i) : ""};
-        auto at = std::lower_bound(
-            w.free.gpus.begin(), w.free.gpus.end(), gpu,
-            [](const GpuId& a, const GpuId& b) { return a.index < b.index; });
+        auto at =
+            std::lower_bound(w.free.gpus.begin(), w.free.gpus.end(), gpu,
+                             [](const GpuId& a, const GpuId& b) { return a.index < b.index; });
         if (at == w.free.gpus.end() || at->index != gpu.index) w.free.gpus.insert(at, gpu);
       }
     }
@@ -104,7 +104,8 @@ bool Fits(const Preemptor& p, const std::vector<WorkerView>& workers) {
   return false;
 }
 
-std::optional<VictimChoice> ChooseVictims(const Preemptor& p, const std::vector<RunningJob>& running,
+std::optional<VictimChoice> ChooseVictims(const Preemptor& p,
+                                          const std::vector<RunningJob>& running,
                                           const std::vector<WorkerView>& workers,
                                           const Quotas& quotas,
                                           const std::map<std::string, ResourceAmounts>& usage,
@@ -127,8 +128,8 @@ std::optional<VictimChoice> ChooseVictims(const Preemptor& p, const std::vector<
   std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
     return std::make_tuple(!a.borrowed, a.job->priority, -absl::ToUnixNanos(a.job->started),
                            a.job->job_id) < std::make_tuple(!b.borrowed, b.job->priority,
-                                                           -absl::ToUnixNanos(b.job->started),
-                                                           b.job->job_id);
+                                                            -absl::ToUnixNanos(b.job->started),
+                                                            b.job->job_id);
   });
   // P must fit its own team's quota once its own team's victims are freed.
   auto quota_admits = [&](const std::vector<const Candidate*>& chosen) {

@@ -95,7 +95,8 @@ std::optional<std::string> PreemptionReason(const Preemptor& p, const RunningJob
 
 // The victims that would let `p` start, or nullopt when none would (or it fits already: then
 // nothing needs to be preempted). `workers`: the live workers with their free resources now.
-std::optional<VictimChoice> ChooseVictims(const Preemptor& p, const std::vector<RunningJob>& running,
+std::optional<VictimChoice> ChooseVictims(const Preemptor& p,
+                                          const std::vector<RunningJob>& running,
                                           const std::vector<WorkerView>& workers,
                                           const Quotas& quotas,
                                           const std::map<std::string, ResourceAmounts>& usage,

@@ -131,7 +131,8 @@ TEST(PreemptionTest, ATeamWithinItsNominalQuotaReclaimsBorrowedDevicesFirst) {
   s.workers = {Worker("w1", 4)};
   s.quotas = {{"vision", Gpus(2, 2)}, {"nlp", Gpus(2, 0)}};
   // vision borrows nlp's two GPUs; its high-priority jobs are the borrowed ones' neighbours.
-  s.running = {Running("v1", "vision", 9, {On("w1", {0})}), Running("v2", "vision", 9, {On("w1", {1})}),
+  s.running = {Running("v1", "vision", 9, {On("w1", {0})}),
+               Running("v2", "vision", 9, {On("w1", {1})}),
                Running("v3", "vision", 9, {On("w1", {2})}, absl::Minutes(30)),
                Running("v4", "vision", 9, {On("w1", {3})}, absl::Minutes(20))};
   std::optional<VictimChoice> choice = s.Choose(Wants("n1", "nlp", 0, 1));
@@ -158,13 +159,15 @@ TEST(PreemptionTest, OversubscribedNominalQuotasReclaimOnlyFromBorrowers) {
   Cluster s;
   s.workers = {Worker("w1", 2)};  // the quotas below promise 4 GPUs
   s.quotas = {{"vision", Gpus(2, 2)}, {"nlp", Gpus(2, 0)}};
-  s.running = {Running("v1", "vision", 0, {On("w1", {0})}), Running("n1", "nlp", 0, {On("w1", {1})})};
+  s.running = {Running("v1", "vision", 0, {On("w1", {0})}),
+               Running("n1", "nlp", 0, {On("w1", {1})})};
   EXPECT_FALSE(s.Choose(Wants("n2", "nlp", 0, 1)).has_value()) << "vision is within its nominal";
   EXPECT_FALSE(s.Choose(Wants("v2", "vision", 0, 1)).has_value()) << "nlp is within its nominal";
   // Vision borrows once it runs 3 of the 4 GPUs a bigger cluster had: nlp takes one back.
   s.workers = {Worker("w1", 4)};
-  s.running = {Running("v1", "vision", 0, {On("w1", {0})}), Running("v2", "vision", 0, {On("w1", {1})}),
-               Running("v3", "vision", 0, {On("w1", {2})}), Running("n1", "nlp", 0, {On("w1", {3})})};
+  s.running = {
+      Running("v1", "vision", 0, {On("w1", {0})}), Running("v2", "vision", 0, {On("w1", {1})}),
+      Running("v3", "vision", 0, {On("w1", {2})}), Running("n1", "nlp", 0, {On("w1", {3})})};
   std::optional<VictimChoice> choice = s.Choose(Wants("n2", "nlp", 0, 1));
   ASSERT_TRUE(choice.has_value());
   EXPECT_EQ(choice->victims.size(), 1u);
@@ -248,7 +251,7 @@ void RunWorkload(uint32_t seed, bool guard, WorkloadResult* result) {
     if (rng() % 4 != 0) quotas[t] = Gpus(rng() % 7, rng() % 6);
   }
   std::vector<SimJob> jobs;
-  std::vector<int> queue, running;  // indices into jobs
+  std::vector<int> queue, running;                          // indices into jobs
   std::set<std::pair<std::string, std::string>> preempted;  // (preemptor, victim)
   PreemptionOptions options;
   options.min_runtime = absl::Minutes(2);
@@ -287,8 +290,8 @@ void RunWorkload(uint32_t seed, bool guard, WorkloadResult* result) {
                      [&](int x, int y) { return jobs[x].priority > jobs[y].priority; });
     for (size_t qi = 0; qi < queue.size();) {
       SimJob& job = jobs[queue[qi]];
-      Preemptor p{job.id, job.team, job.priority, {}, job.replicas,
-                  guard ? job.preempted_by : std::set<std::string>{}};
+      Preemptor p{job.id, job.team,     job.priority,
+                  {},     job.replicas, guard ? job.preempted_by : std::set<std::string>{}};
       p.request.set_gpus(job.gpus);
       p.request.set_cpus(1);
       std::vector<RunningJob> now_running = snapshot();
@@ -351,9 +354,9 @@ void RunWorkload(uint32_t seed, bool guard, WorkloadResult* result) {
       for (const std::string& victim : choice->victims) {
         if (preempted.contains({victim, job.id})) {
           if (result->back_and_forth++ == 0) {
-            result->first = absl::StrCat("seed ", seed, " tick ", tick, ": ", job.id, " preempts ",
-                                         victim, ", which preempted it before (",
-                                         choice->reasons.at(victim), ")");
+            result->first =
+                absl::StrCat("seed ", seed, " tick ", tick, ": ", job.id, " preempts ", victim,
+                             ", which preempted it before (", choice->reasons.at(victim), ")");
           }
         }
         preempted.insert({job.id, victim});
