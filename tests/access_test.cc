@@ -154,6 +154,20 @@ v1::JobSpec Job(const std::string& name, const std::string& team = "", int prior
   return spec;
 }
 
+// A job that holds its `gpus` GPUs for long (50 epochs of 6,000 samples, a slowed loader): until
+// it is cancelled or preempted.
+v1::JobSpec LongGpuJob(const std::string& name, const std::string& team = "", int priority = 0,
+                       int gpus = 1) {
+  v1::JobSpec spec = Job(name, team, priority);
+  spec.mutable_train()->set_epochs(50);
+  spec.mutable_dataset()->set_train_limit(6000);
+  spec.mutable_loader()->set_processes(1);
+  spec.mutable_loader()->set_delay_ms(15);
+  spec.mutable_resources()->set_gpus(gpus);
+  spec.mutable_resources()->set_cpus(1);
+  return spec;
+}
+
 // The cluster of the matrix: root (cluster admin), teams vision (cap 5) and nlp; alice admin of
 // vision, bob member of vision, carol viewer of vision and member of nlp, dave member of nlp.
 class AccessTest : public ::testing::Test {
@@ -198,6 +212,28 @@ class AccessTest : public ::testing::Test {
   }
   Caller As(const std::string& user) { return Caller(cluster_.address(), Token(user)); }
   Caller Root() { return Caller(cluster_.address(), root_token_); }
+
+  // Worker w-1 with `gpus` fake GPUs and `cpus` cores, joined with a join token.
+  void StartGpuWorker(int gpus, int cpus) {
+    ASSERT_EQ(Admin("worker join-token --token-out " + cluster_.dir() + "/join.token").exit_code,
+              0);
+    cluster_.StartWorker(
+        "w-1", {"--join-token-file", cluster_.dir() + "/join.token", "--fake-gpus-for-tests",
+                absl::StrCat(gpus), "--cpus", absl::StrCat(cpus)});
+  }
+  // The job as the server has it now.
+  v1::Job JobNow(const std::string& id) {
+    v1::Job now;
+    EXPECT_TRUE(Root().Get(id, &now).ok());
+    return now;
+  }
+  // Polls (60 s) until the job is in `state`; whether it got there.
+  bool WaitForState(const std::string& id, v1::JobState state) {
+    for (int i = 0; i < 300 && JobNow(id).state() != state; ++i) {
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    return JobNow(id).state() == state;
+  }
 
   // No secret handed out in this test is in the database, its WAL or any log.
   void ExpectNoSecretStored() {
@@ -522,21 +558,10 @@ TEST_F(AccessTest, OtherTeamsJobsShowAsOccupiedOnTheWorkersTable) {
 
 // Team quotas (issue 29, first slice): vision may hold 1 GPU and borrow 1 more; nlp has no quota.
 TEST_F(AccessTest, QuotasHoldJobsBackRefuseWhatNeverFitsAndLetTeamsBorrow) {
-  ASSERT_EQ(Admin("worker join-token --token-out " + cluster_.dir() + "/join.token").exit_code, 0);
-  cluster_.StartWorker("w-1", {"--join-token-file", cluster_.dir() + "/join.token",
-                               "--fake-gpus-for-tests", "4", "--cpus", "8"});
+  StartGpuWorker(4, 8);
   CommandResult set = Admin("quota set vision gpus=1 --borrow 1");
   ASSERT_EQ(set.exit_code, 0) << set.output;
-  auto gpu_job = [](const std::string& name, int gpus) {
-    v1::JobSpec spec = Job(name);
-    spec.mutable_train()->set_epochs(50);
-    spec.mutable_dataset()->set_train_limit(6000);
-    spec.mutable_loader()->set_processes(1);
-    spec.mutable_loader()->set_delay_ms(15);
-    spec.mutable_resources()->set_gpus(gpus);
-    spec.mutable_resources()->set_cpus(1);
-    return spec;
-  };
+  auto gpu_job = [](const std::string& name, int gpus) { return LongGpuJob(name, "", 0, gpus); };
   // Never fits the quota and its borrowing: refused at submit, nothing stored.
   grpc::Status s = As("bob").Submit(gpu_job("too-big", 3));
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
@@ -550,11 +575,7 @@ TEST_F(AccessTest, QuotasHoldJobsBackRefuseWhatNeverFitsAndLetTeamsBorrow) {
   // Two of vision's run (nominal 1 + borrowed 1), nlp's 2-GPU job runs beside them; the third
   // vision job waits on the quota although a worker... has no free GPU either way: the quota is
   // what it names, before the resources.
-  auto state = [&](const v1::Job& job) {
-    v1::Job now;
-    EXPECT_TRUE(Root().Get(job.id(), &now).ok());
-    return now;
-  };
+  auto state = [&](const v1::Job& job) { return JobNow(job.id()); };
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   int running = 0;
   while (absl::Now() < deadline) {
@@ -623,29 +644,11 @@ TEST_F(AccessTest, QuotasHoldJobsBackRefuseWhatNeverFitsAndLetTeamsBorrow) {
 // Fair share (issue 29): among jobs of equal priority the team that uses less goes first, whatever
 // the submit order; weights are set by admins and checked.
 TEST_F(AccessTest, FairShareServesTheTeamThatUsesLessFirst) {
-  ASSERT_EQ(Admin("worker join-token --token-out " + cluster_.dir() + "/join.token").exit_code, 0);
-  cluster_.StartWorker("w-1", {"--join-token-file", cluster_.dir() + "/join.token",
-                               "--fake-gpus-for-tests", "1", "--cpus", "4"});
-  auto gpu_job = [](const std::string& name) {
-    v1::JobSpec spec = Job(name);
-    spec.mutable_train()->set_epochs(50);
-    spec.mutable_dataset()->set_train_limit(6000);
-    spec.mutable_loader()->set_processes(1);
-    spec.mutable_loader()->set_delay_ms(15);
-    spec.mutable_resources()->set_gpus(1);
-    spec.mutable_resources()->set_cpus(1);
-    return spec;
-  };
-  auto state = [&](const std::string& id) {
-    v1::Job now;
-    EXPECT_TRUE(Root().Get(id, &now).ok());
-    return now;
-  };
+  StartGpuWorker(1, 4);
+  auto gpu_job = [](const std::string& name) { return LongGpuJob(name); };
+  auto state = [&](const std::string& id) { return JobNow(id); };
   auto wait_running = [&](const std::string& id) {
-    for (int i = 0; i < 300 && state(id).state() != v1::JOB_STATE_RUNNING; ++i) {
-      absl::SleepFor(absl::Milliseconds(200));
-    }
-    return state(id).state() == v1::JOB_STATE_RUNNING;
+    return WaitForState(id, v1::JOB_STATE_RUNNING);
   };
   v1::Job first, second, third, daves;
   ASSERT_TRUE(As("bob").Submit(gpu_job("v-first"), &first).ok());
@@ -702,31 +705,14 @@ class AccessPreemptionTest : public AccessTest {
 };
 
 TEST_F(AccessPreemptionTest, TeamsReclaimBorrowedDevicesAndHigherPriorityCrossesTeams) {
-  ASSERT_EQ(Admin("worker join-token --token-out " + cluster_.dir() + "/join.token").exit_code, 0);
-  cluster_.StartWorker("w-1", {"--join-token-file", cluster_.dir() + "/join.token",
-                               "--fake-gpus-for-tests", "2", "--cpus", "8"});
+  StartGpuWorker(2, 8);
   ASSERT_EQ(Admin("quota set vision gpus=1 --borrow 1").exit_code, 0);
   ASSERT_EQ(Admin("quota set nlp gpus=1").exit_code, 0);
   auto gpu_job = [](const std::string& name, const std::string& team, int priority) {
-    v1::JobSpec spec = Job(name, team, priority);
-    spec.mutable_train()->set_epochs(50);
-    spec.mutable_dataset()->set_train_limit(6000);
-    spec.mutable_loader()->set_processes(1);
-    spec.mutable_loader()->set_delay_ms(15);
-    spec.mutable_resources()->set_gpus(1);
-    spec.mutable_resources()->set_cpus(1);
-    return spec;
+    return LongGpuJob(name, team, priority);
   };
-  auto get = [&](const std::string& id) {
-    v1::Job now;
-    EXPECT_TRUE(Root().Get(id, &now).ok());
-    return now;
-  };
-  auto wait = [&](const std::string& id, v1::JobState state) {
-    for (int i = 0; i < 300 && get(id).state() != state; ++i)
-      absl::SleepFor(absl::Milliseconds(200));
-    return get(id).state() == state;
-  };
+  auto get = [&](const std::string& id) { return JobNow(id); };
+  auto wait = [&](const std::string& id, v1::JobState state) { return WaitForState(id, state); };
   // Vision runs both GPUs: one of its nominal quota, one borrowed.
   v1::Job v1_job, v2_job, n1_job, n2_job, urgent;
   ASSERT_TRUE(As("bob").Submit(gpu_job("v1", "vision", 0), &v1_job).ok());

@@ -21,6 +21,14 @@ ResourceAmounts ChargeOfAll(const RunningJob& job) {
   return charge;
 }
 
+// The least `p` will be charged (LeastChargeOf its request and ranks).
+ResourceAmounts NeedOf(const Preemptor& p) {
+  v1::JobSpec spec;
+  *spec.mutable_resources() = p.request;
+  spec.mutable_resources()->set_replicas(p.replicas);
+  return LeastChargeOf(spec);
+}
+
 // `workers` with `job`'s placements given back.
 void Free(const RunningJob& job, std::vector<WorkerView>& workers) {
   for (const v1::Placement& p : job.placements) {
@@ -73,10 +81,7 @@ std::optional<std::string> PreemptionReason(const Preemptor& p, const RunningJob
       victim.job_id == p.job_id) {
     return std::nullopt;
   }
-  v1::JobSpec spec;
-  *spec.mutable_resources() = p.request;
-  spec.mutable_resources()->set_replicas(p.replicas);
-  const ResourceAmounts need = LeastChargeOf(spec);
+  const ResourceAmounts need = NeedOf(p);
   const bool has_quota = quotas.contains(p.team) && !quotas.at(p.team).empty();
   const bool within = WithinNominal(p.team, quotas, usage, need);
   if (victim.team == p.team) {
@@ -143,10 +148,7 @@ std::optional<VictimChoice> ChooseVictims(const Preemptor& p,
       used.cpus -= freed.cpus;
       used.memory_bytes -= freed.memory_bytes;
     }
-    v1::JobSpec spec;
-    *spec.mutable_resources() = p.request;
-    spec.mutable_resources()->set_replicas(p.replicas);
-    return QuotaAdmits(p.team, quota->second, used, LeastChargeOf(spec)).ok();
+    return QuotaAdmits(p.team, quota->second, used, NeedOf(p)).ok();
   };
   auto fits_without = [&](const std::vector<const Candidate*>& chosen) {
     std::vector<WorkerView> freed = views;
