@@ -136,9 +136,9 @@ absl::StatusOr<RegionHeader> ComputeLayout(const RingGeometry& geometry) {
     uint64_t values = 1;
     for (uint32_t d : geometry.sample_dims) values *= d;
     if (values * SampleTypeBytes(geometry.sample_type) != geometry.sample_bytes) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "bad ring geometry: sample dimensions %s do not make %u-byte samples",
-          absl::StrJoin(geometry.sample_dims, "x"), geometry.sample_bytes));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("bad ring geometry: sample dimensions %s do not make %u-byte samples",
+                          absl::StrJoin(geometry.sample_dims, "x"), geometry.sample_bytes));
     }
   }
   RegionHeader h{};
@@ -151,7 +151,8 @@ absl::StatusOr<RegionHeader> ComputeLayout(const RingGeometry& geometry) {
   h.loader_count = geometry.loader_count;
   h.sample_type = type;
   h.sample_rank = static_cast<uint32_t>(geometry.sample_dims.size());
-  for (size_t d = 0; d < geometry.sample_dims.size(); ++d) h.sample_dims[d] = geometry.sample_dims[d];
+  for (size_t d = 0; d < geometry.sample_dims.size(); ++d)
+    h.sample_dims[d] = geometry.sample_dims[d];
   h.total_batches = geometry.total_batches;
   h.control_offset = AlignUp(sizeof(RegionHeader), kCacheLineBytes);
   h.stats_offset = AlignUp(h.control_offset + sizeof(RegionControl), kCacheLineBytes);

@@ -191,8 +191,9 @@ absl::Status Agent::UploadCheckpoint(RunningJob& job, const v1::TrainingProgress
   header.set_rank(job.assignment.rank());
   header.set_step(step);
   header.set_epoch(epoch);
-  const absl::Status sent = SendFileChunks(
-      snapshot, header, [&writer](const v1::CheckpointChunk& chunk) { return writer->Write(chunk); });
+  const absl::Status sent =
+      SendFileChunks(snapshot, header,
+                     [&writer](const v1::CheckpointChunk& chunk) { return writer->Write(chunk); });
   if (!sent.ok() && !absl::IsCancelled(sent)) {
     context->TryCancel();  // a local read error: the server must not store what it got
     (void)writer->Finish();
@@ -220,9 +221,8 @@ absl::Status Agent::DownloadCheckpoint(const v1::Assignment& assignment, const s
   request.set_rank(assignment.rank());
   auto context = Context(absl::Minutes(10));
   auto reader = stub_->DownloadCheckpoint(context.get(), request);
-  return ReceiveChunksToFile(
-             [&reader](v1::CheckpointChunk* chunk) { return reader->Read(chunk); },
-             [&reader] { return FromGrpcStatus(reader->Finish()); }, path)
+  return ReceiveChunksToFile([&reader](v1::CheckpointChunk* chunk) { return reader->Read(chunk); },
+                             [&reader] { return FromGrpcStatus(reader->Finish()); }, path)
       .status();
 }
 

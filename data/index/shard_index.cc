@@ -303,8 +303,7 @@ class ShardReader {
 
 }  // namespace
 
-absl::StatusOr<SampleIndex> BuildShardIndex(const std::string& pattern,
-                                            const ProgressFn& progress,
+absl::StatusOr<SampleIndex> BuildShardIndex(const std::string& pattern, const ProgressFn& progress,
                                             const Confinement& confinement) {
   if (pattern.empty()) return absl::InvalidArgumentError("shards: empty pattern");
   STOKER_ASSIGN_OR_RETURN(const std::vector<std::string> names, ExpandBraces(pattern, kMaxShards));
