@@ -6,9 +6,11 @@
 // cluster admin and a worker credential at once), creates the teams and the users (each user's
 // first token), submits the jobs from the users' tokens on 8 threads (durable submits/s), registers
 // the workers, then has --threads threads heartbeat every worker once per --heartbeat_ms for
-// --seconds. A worker reports the jobs it was given as running from then on (they never finish:
-// the queue stays full, every pass walks it). Prints key=value lines: the submit rate, heartbeat
-// latency (p50, p99, max, measured here, so including the server's "assign" scheduling pass),
+// --seconds. A worker reports the jobs it was given as running from then on; once every GPU is
+// busy, --finish_per_s of them end per second (CompleteJob, FAILED permanently: the churn of a
+// busy cluster), so heartbeats keep placing queued jobs. Prints key=value lines: the submit rate,
+// heartbeat latency (p50, p99, max, measured here, so including the server's "assign"
+// scheduling pass; also apart for the fill, until every GPU is busy, and the steady state after),
 // the server's own pass times from its /metrics (stoker_scheduling_pass_seconds: mean and the p99
 // bucket bound, assign and preemption), jobs started, and the server's peak RSS (VmHWM).
 //   scheduler_scale_bench --server_bin build/server/stoker-server [--workers 1000] [--jobs 20000]
@@ -55,6 +57,9 @@ ABSL_FLAG(int, jobs, 20000, "jobs submitted (one GPU each)");
 ABSL_FLAG(int, threads, 16, "heartbeating threads");
 ABSL_FLAG(int, heartbeat_ms, 1000, "each worker's heartbeat interval");
 ABSL_FLAG(double, seconds, 20, "heartbeating window");
+ABSL_FLAG(double, finish_per_s, 50,
+          "running jobs that end per second across the cluster once it is full (each ends through "
+          "CompleteJob from its worker, so that the next heartbeats place queued jobs)");
 
 namespace stoker {
 namespace {
@@ -329,15 +334,21 @@ int Run() {
   }
 
   // Heartbeats: thread t serves workers t, t + threads, ...; each worker once per interval.
-  std::mutex mu;
-  std::vector<double> latencies;
-  std::atomic<int64_t> started{0}, heartbeat_errors{0};
   const absl::Duration interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
+  std::mutex mu;
+  std::vector<double> latencies, fill_latencies, steady_latencies, complete_latencies;
+  std::atomic<int64_t> started{0}, heartbeat_errors{0}, finished{0};
+  std::atomic<bool> full{false};
+  // Each heartbeat of a full cluster ends one of its worker's jobs with this probability.
+  const double finish_chance =
+      absl::GetFlag(FLAGS_finish_per_s) * absl::ToDoubleSeconds(interval) / n_workers;
   const absl::Time end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_seconds));
   std::vector<std::thread> beaters;
   for (int t = 0; t < n_threads; ++t) {
     beaters.emplace_back([&, t] {
-      std::vector<double> mine;
+      std::vector<double> mine, mine_fill, mine_steady, mine_complete;
+      std::mt19937 random(t);
+      std::uniform_real_distribution<double> chance(0, 1);
       auto stub = v1::WorkerService::NewStub(channel);
       const int mine_count = (n_workers - t + n_threads - 1) / n_threads;
       const absl::Duration gap = interval / std::max(1, mine_count);
@@ -346,6 +357,25 @@ int Run() {
         absl::SleepFor(next_beat - absl::Now());
         next_beat += gap;
         SimWorker& w = sim[t + (k % mine_count) * n_threads];
+        if (full && !w.running.empty() && chance(random) < finish_chance) {
+          v1::CompleteJobRequest done;
+          done.set_worker_id(w.id);
+          done.set_job_id(w.running.front().job_id());
+          done.set_attempt(w.running.front().attempt());
+          done.set_state(v1::JOB_STATE_FAILED);
+          done.set_permanent(true);
+          done.set_error("simulated end");
+          v1::CompleteJobResponse response;
+          const Clock::time_point sent = Clock::now();
+          if (stub->CompleteJob(Context(token).get(), done, &response).ok()) {
+            ++finished;
+          } else {
+            ++heartbeat_errors;
+          }
+          mine_complete.push_back(MsSince(sent));
+          w.running.erase(w.running.begin());
+        }
+        const bool steady = full;
         v1::HeartbeatRequest request;
         request.set_worker_id(w.id);
         request.set_instance(w.instance);
@@ -355,6 +385,7 @@ int Run() {
         const Clock::time_point sent = Clock::now();
         grpc::Status status = stub->Heartbeat(Context(token).get(), request, &response);
         mine.push_back(MsSince(sent));
+        (steady ? mine_steady : mine_fill).push_back(mine.back());
         if (!status.ok()) {
           ++heartbeat_errors;
           continue;
@@ -365,7 +396,7 @@ int Run() {
           r.set_attempt(a.attempt());
           r.set_rank(a.rank());
           w.running.push_back(r);
-          ++started;
+          if (++started >= total_gpus) full = true;
         }
         std::erase_if(w.running, [&](const v1::RunningAttempt& r) {
           return std::any_of(response.stop().begin(), response.stop().end(),
@@ -376,6 +407,10 @@ int Run() {
       }
       std::lock_guard<std::mutex> lock(mu);
       latencies.insert(latencies.end(), mine.begin(), mine.end());
+      fill_latencies.insert(fill_latencies.end(), mine_fill.begin(), mine_fill.end());
+      steady_latencies.insert(steady_latencies.end(), mine_steady.begin(), mine_steady.end());
+      complete_latencies.insert(complete_latencies.end(), mine_complete.begin(),
+                                mine_complete.end());
     });
   }
   for (std::thread& t : beaters) t.join();
@@ -386,6 +421,14 @@ int Run() {
       Percentile(latencies, 0.5), Percentile(latencies, 0.99),
       latencies.empty() ? 0.0 : *std::max_element(latencies.begin(), latencies.end()),
       static_cast<long long>(started.load()));
+  std::printf(
+      "phase workers=%d fill_heartbeats=%zu fill_p50_ms=%.2f fill_p99_ms=%.2f "
+      "steady_heartbeats=%zu steady_p50_ms=%.2f steady_p99_ms=%.2f finished=%lld "
+      "complete_p99_ms=%.2f\n",
+      n_workers, fill_latencies.size(), Percentile(fill_latencies, 0.5),
+      Percentile(fill_latencies, 0.99), steady_latencies.size(), Percentile(steady_latencies, 0.5),
+      Percentile(steady_latencies, 0.99), static_cast<long long>(finished.load()),
+      Percentile(complete_latencies, 0.99));
   for (const auto& [pass, times] : ScrapePasses(metrics_port)) {
     std::printf("pass kind=%s workers=%d count=%lld mean_ms=%.2f p99_bucket_ms=%.1f\n",
                 pass.c_str(), n_workers, static_cast<long long>(times.count), times.mean_ms,

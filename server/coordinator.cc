@@ -55,6 +55,8 @@ Coordinator::Coordinator(std::unique_ptr<JobStore> store, CoordinatorOptions opt
 
 absl::Status Coordinator::Recover() {
   absl::MutexLock lock(&mu_);
+  STOKER_ASSIGN_OR_RETURN(const std::vector<v1::Job> queued, store_->QueuedInOrder());
+  queue_.Reset(queued);
   STOKER_ASSIGN_OR_RETURN(const std::vector<v1::Job> running,
                           store_->InState(v1::JOB_STATE_RUNNING));
   for (const v1::Job& job : running) {
@@ -70,7 +72,8 @@ absl::Status Coordinator::Recover() {
       worker.last_heartbeat = absl::Now();
       worker.restored = true;
       worker.grace_until = absl::Now() + std::max(options_.restart_grace, options_.lease);
-      worker.running[{job.id(), job.attempt(), placement.rank()}] = {placement, true, absl::Now()};
+      worker.running.Put({job.id(), job.attempt(), placement.rank()},
+                         {placement, true, absl::Now(), absl::InfinitePast(), job.spec().team()});
     }
   }
   return absl::OkStatus();
@@ -79,6 +82,16 @@ absl::Status Coordinator::Recover() {
 absl::Status Coordinator::SaveAndNotify(const v1::Job& job, std::vector<v1::JobEvent> events,
                                         const std::optional<v1::AuditRecord>& audit) {
   absl::Status status = store_->Save(job, std::move(events), audit);
+  if (status.ok()) queue_.Update(job);
+  events_changed_.SignalAll();
+  return status;
+}
+
+absl::Status Coordinator::SaveAllAndNotify(std::vector<JobStore::Change>& changes) {
+  absl::Status status = store_->SaveMany(changes);
+  if (status.ok()) {
+    for (const JobStore::Change& change : changes) queue_.Update(change.job);
+  }
   events_changed_.SignalAll();
   return status;
 }
@@ -126,6 +139,9 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(
     {
       absl::MutexLock lock(&mu_);
       inserted = store_->InsertMany(std::move(new_jobs));
+      if (inserted.ok()) {
+        for (const JobStore::Inserted& job : *inserted) queue_.Update(job.job);
+      }
       events_changed_.SignalAll();
     }
     submit_mu_.Lock();
@@ -365,7 +381,7 @@ absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
     absl::StatusOr<v1::Job> current = store_->Get(request.job_id());
     // The rank stopped: whatever it held on its worker is free (this attempt no longer runs it).
     if (auto it = workers_.find(request.worker_id()); it != workers_.end() && current.ok()) {
-      it->second.running.erase(key);
+      it->second.running.Erase(key);
     }
     if (current.ok() && current->attempt() == request.attempt() &&
         RunsRank(*current, request.worker_id(), request.attempt(), rank) &&
@@ -385,7 +401,7 @@ absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
     // A worker's shutdown stopped the gang at a vote; rank 0 writes the checkpoint the job
     // resumes from and ends the attempt when it is stored. Requeueing now would refuse that
     // upload as stale and resume from an older one.
-    workers_[request.worker_id()].running.erase(key);
+    workers_[request.worker_id()].running.Erase(key);
     return SaveAndNotify(
         *job, {MakeEvent(v1::EVENT_TYPE_LOG,
                          absl::StrCat(who, request.error(), "; rank 0 writes the checkpoint"),
@@ -408,7 +424,7 @@ absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
   }
   if (request.state() == v1::JOB_STATE_SUCCEEDED && rank != 0) {
     // Rank 0 decides the job; this rank's trainer is done and frees what it held.
-    workers_[request.worker_id()].running.erase(key);
+    workers_[request.worker_id()].running.Erase(key);
     return SaveAndNotify(
         *job, {MakeEvent(v1::EVENT_TYPE_LOG, absl::StrCat(who, "finished"), request.attempt())});
   }
@@ -449,8 +465,8 @@ CoordinatorSnapshot Coordinator::Snapshot() {
       counts.ok()) {
     for (const auto& [state, count] : *counts) snapshot.jobs_by_state[JobStateName(state)] = count;
   }
-  if (absl::StatusOr<int64_t> oldest = store_->OldestQueuedSubmitMs(); oldest.ok() && *oldest > 0) {
-    snapshot.oldest_queued_job_age_seconds = std::max<int64_t>(0, NowMs() - *oldest) / 1000.0;
+  if (const int64_t oldest = queue_.OldestSubmitMs(); oldest > 0) {
+    snapshot.oldest_queued_job_age_seconds = std::max<int64_t>(0, NowMs() - oldest) / 1000.0;
   }
   const absl::Time now = absl::Now();
   for (const auto& [id, worker] : workers_) {

@@ -40,6 +40,7 @@
 #include "server/policy/fair_share.h"
 #include "server/policy/preemption.h"
 #include "server/policy/quota.h"
+#include "server/queue_index.h"
 #include "server/rendezvous.h"
 #include "server/scheduler.h"
 #include "stoker.pb.h"
@@ -262,13 +263,13 @@ class Coordinator {
   absl::Status SaveAndNotify(const v1::Job& job, std::vector<v1::JobEvent> events,
                              const std::optional<v1::AuditRecord>& audit = std::nullopt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SaveAndNotify for several jobs in one transaction (a scheduling pass's starts), all or none.
+  absl::Status SaveAllAndNotify(std::vector<JobStore::Change>& changes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Places queued jobs in scheduling order: single jobs on the calling worker while they fit its
   // free resources and slots, gangs on the live workers. Returns the caller's assignments.
   absl::StatusOr<std::vector<v1::Assignment>> Assign(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Places every rank of the queued gang `job` on `views` (the live workers, by id), or returns
-  // false with the job untouched and PlaceGang's reason in `why_not`. Ranks for `caller` are
-  // appended to `assignments`; the others wait in their workers' ledgers for delivery.
   // The teams' quotas, what each team's running jobs are granted and the teams' fair shares, as
   // one scheduling pass or one listing sees them (a pass updates usage and shares as it places).
   struct QuotaState {
@@ -296,18 +297,37 @@ class Coordinator {
   // "preempted by j-000007 (priority 5 over 0)".
   static std::string PreemptedText(const Preempting& p);
   // The queued jobs' places in the fair-share order of `state.shares`, by job id.
-  absl::StatusOr<std::map<std::string, int>> QueuePositions(const QuotaState& state)
+  std::map<std::string, int> QueuePositions(const QuotaState& state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job a scheduling pass starts: saved with the pass's other starts at its end, then its
+  // ranks go into their workers' ledgers (those on other workers wait there for delivery).
+  struct Start {
+    v1::Job job;  // as it is saved (RUNNING, the new attempt, its placements)
+    v1::JobEvent event;
+    std::vector<v1::Placement> ranks;  // each with its worker_id and rank
+    ResourceAmounts charge;            // what its team is charged (gangs)
+  };
+  // Places every rank of the queued gang `entry` on `views` (the live workers, by id, whose
+  // free resources and slots it takes), or returns nullopt with PlaceGang's reason in `why_not`.
   // A gang its team's quota does not admit is not placed (FAILED_PRECONDITION in why_not, so it
-  // does not hold back the jobs behind it); a placed one is added to `quotas.usage`.
-  absl::StatusOr<bool> PlaceGangJob(v1::Job job, const std::string& caller,
-                                    std::map<std::string, WorkerView>& views,
-                                    std::vector<v1::Assignment>& assignments, absl::Status* why_not,
-                                    QuotaState& quotas) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // TeamUsage with the lock held.
+  // does not hold back the jobs behind it).
+  absl::StatusOr<std::optional<Start>> PlaceGangJob(const QueueEntry& entry,
+                                                    std::map<std::string, WorkerView>& views,
+                                                    absl::Status* why_not, const QuotaState& quotas)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // TeamUsage with the lock held: the sum of the workers' ledgers' usage.
   std::map<std::string, ResourceAmounts> TeamUsageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The team of a running job (cached: a job's team never changes).
-  std::string TeamOfJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the scheduling passes ask of a job with placements, kept so that they do not read it
+  // from the store: its team and priority (which never change), its preemptions and its start.
+  struct PlacedJob {
+    std::string team;
+    int priority = 0;
+    int preemptions = 0;
+    int64_t start_time_unix_ms = 0;
+  };
+  static PlacedJob PlacedJobOf(const v1::Job& job);
+  // From placed_jobs_, or read from the store on a miss (a job placed before a restart).
+  const PlacedJob& PlacedJobInfo(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the attempts of gangs with a rank that waited longer than a lease for its (live)
   // worker's heartbeat, e.g. a worker that drains while its other jobs' reports keep its lease.
   // The gang never ran whole, so the attempt is not counted against max_retries.
@@ -350,12 +370,17 @@ class Coordinator {
   // Since when each queued gang that could run on the live workers waits for room.
   std::map<std::string, absl::Time> gang_waiting_since_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<JobStore> store_ ABSL_GUARDED_BY(mu_);
+  // The queued jobs in memory, in step with store_: every write of a job goes through
+  // SaveAndNotify, SaveAllAndNotify or Submit, which update it (filled by Recover).
+  QueueIndex queue_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
   // When each job last got an event for a failed checkpoint write (one a minute at most).
   std::map<std::string, absl::Time> write_failure_event_time_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  // The teams of jobs with placements, filled by TeamOfJob and pruned by TeamUsageLocked.
-  std::map<std::string, std::string> job_teams_ ABSL_GUARDED_BY(mu_);
+  // The jobs with placements (PlacedJobInfo's), by id; PrunePlacedJobs drops the others.
+  std::map<std::string, PlacedJob> placed_jobs_ ABSL_GUARDED_BY(mu_);
+  void PrunePlacedJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Time last_prune_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Each team's decayed usage, advanced by every CurrentQuotaState. In memory: a restarted server
   // starts every team's history at 0 (what runs counts again at once).
   DecayedUsage fair_usage_ ABSL_GUARDED_BY(mu_);

@@ -45,13 +45,11 @@ void Coordinator::Charge(QuotaState& state, const std::string& team,
       fair_usage_.half_life(), quota == state.quotas.end() ? 1.0 : quota->second.weight);
 }
 
-absl::StatusOr<std::map<std::string, int>> Coordinator::QueuePositions(const QuotaState& state) {
-  STOKER_ASSIGN_OR_RETURN(const std::vector<v1::Job> queue, store_->QueuedInOrder());
+std::map<std::string, int> Coordinator::QueuePositions(const QuotaState& state) {
   std::vector<QueuedJob> order;
-  order.reserve(queue.size());
-  for (const v1::Job& job : queue) {
-    order.push_back(
-        {job.id(), job.spec().team(), job.spec().priority(), job.submit_time_unix_ms()});
+  order.reserve(queue_.size());
+  for (const QueueEntry* entry : queue_.InStoreOrder()) {
+    order.push_back(QueueIndex::AsQueuedJob(*entry));
   }
   OrderByFairShare(order, state.shares);
   std::map<std::string, int> positions;
@@ -71,18 +69,14 @@ void Coordinator::FillQueueInfo(v1::Job* job, std::optional<QuotaState>& quotas,
   int store_position = 0;
   const int* position = &store_position;
   if (fair_share_position) {
-    if (!quotas->positions.has_value()) {
-      absl::StatusOr<std::map<std::string, int>> positions = QueuePositions(*quotas);
-      if (!positions.ok()) return;
-      quotas->positions = std::move(*positions);
-    }
+    if (!quotas->positions.has_value()) quotas->positions = QueuePositions(*quotas);
     const auto found = quotas->positions->find(job->id());
     if (found == quotas->positions->end()) return;
     position = &found->second;
   } else {
-    absl::StatusOr<int> counted = store_->QueuePosition(job->id());
-    if (!counted.ok()) return;
-    store_position = *counted;
+    const int64_t counted = queue_.StorePosition(job->id());
+    if (counted < 0) return;
+    store_position = static_cast<int>(counted);
   }
   std::vector<WorkerView> alive;
   for (const auto& [id, worker] : workers_) {
@@ -114,9 +108,9 @@ void Coordinator::FillQueueInfo(v1::Job* job, std::optional<QuotaState>& quotas,
       if (found == quotas->positions->end()) continue;
       gang_position = found->second;
     } else {
-      absl::StatusOr<int> counted = store_->QueuePosition(gang_id);
-      if (!counted.ok()) continue;
-      gang_position = *counted;
+      const int64_t counted = queue_.StorePosition(gang_id);
+      if (counted < 0) continue;
+      gang_position = static_cast<int>(counted);
     }
     if (gang_position >= *position) continue;
     job->set_waiting_reason(absl::StrCat(
@@ -144,8 +138,8 @@ void Coordinator::SnapshotTeams(CoordinatorSnapshot& snapshot) {
   }
   for (const auto& [team, share] : state.shares) teams[team].share = share;
   for (const auto& [team, count] : preemptions_by_team_) teams[team].preemptions = count;
-  if (absl::StatusOr<std::vector<v1::Job>> queue = store_->QueuedInOrder(); queue.ok()) {
-    for (const v1::Job& job : *queue) ++teams[job.spec().team()].waiting_jobs;
+  for (const auto& [team, jobs] : queue_.by_team()) {
+    teams[team].waiting_jobs = static_cast<int64_t>(jobs.size());
   }
   for (auto& [team, t] : teams) {
     if (t.usage.empty()) t.usage = {{"gpus", 0}, {"cpus", 0}, {"memory", 0}};
@@ -190,17 +184,8 @@ absl::Status Coordinator::PreemptionPass() {
     views.back().slots = std::numeric_limits<int>::max();  // a victim's end frees its slot
   }
   if (views.empty()) return absl::OkStatus();
-  STOKER_ASSIGN_OR_RETURN(std::vector<v1::Job> queue, store_->QueuedInOrder());
-  if (queue.empty()) return absl::OkStatus();
+  if (queue_.empty()) return absl::OkStatus();
   QuotaState quotas = CurrentQuotaState();
-  std::map<std::string, const v1::Job*> by_id;
-  std::vector<QueuedJob> order;
-  for (const v1::Job& job : queue) {
-    by_id[job.id()] = &job;
-    order.push_back(
-        {job.id(), job.spec().team(), job.spec().priority(), job.submit_time_unix_ms()});
-  }
-  OrderByFairShare(order, quotas.shares);
   std::set<std::string> waiting_for_victims;
   for (const auto& [id, p] : preempting_) waiting_for_victims.insert(p.by);
 
@@ -215,16 +200,15 @@ absl::Status Coordinator::PreemptionPass() {
         auto [it, fresh] = jobs.try_emplace(key.job_id);
         RunningJob& r = it->second;
         if (fresh) {
-          absl::StatusOr<v1::Job> job = store_->Get(key.job_id);
-          if (!job.ok()) return job.status();
-          r = {job->id(),
-               job->spec().team(),
-               job->spec().priority(),
+          const PlacedJob& placed = PlacedJobInfo(key.job_id);
+          r = {key.job_id,
+               placed.team,
+               placed.priority,
                held.placed_at == absl::InfinitePast()
-                   ? absl::FromUnixMillis(job->start_time_unix_ms())
+                   ? absl::FromUnixMillis(placed.start_time_unix_ms)
                    : held.placed_at,
-               job->preemptions(),
-               preempting_.contains(job->id()),
+               placed.preemptions,
+               preempting_.contains(key.job_id),
                {}};
         }
         r.started = std::min(r.started,
@@ -239,23 +223,32 @@ absl::Status Coordinator::PreemptionPass() {
 
   constexpr int kPreemptorsPerPass = 8;
   int considered = 0;
-  for (const QueuedJob& q : order) {
+  std::map<std::pair<std::string, int>, bool> fits;
+  FairShareWalk walk(queue_, quotas.shares);
+  while (const QueueEntry* next = walk.Next()) {
     if (considered >= kPreemptorsPerPass) break;
-    const v1::Job& job = *by_id.at(q.job_id);
-    if (waiting_for_victims.contains(job.id())) continue;  // its victims are giving back
+    const QueueEntry& entry = *next;
+    if (waiting_for_victims.contains(entry.job_id)) continue;  // its victims are giving back
     Preemptor p;
-    p.job_id = job.id();
-    p.team = job.spec().team();
-    p.priority = job.spec().priority();
-    p.request = job.spec().resources();
-    p.replicas = ReplicasOf(job.spec());
-    p.preempted_by = {job.preempted_by().begin(), job.preempted_by().end()};
+    p.job_id = entry.job_id;
+    p.team = entry.team;
+    p.priority = entry.priority;
+    p.request = entry.resources;
+    p.replicas = entry.replicas;
     const auto quota = quotas.quotas.find(p.team);
     const bool admitted =
-        quota == quotas.quotas.end() ||
-        QuotaAdmits(p.team, quota->second, quotas.usage[p.team], LeastChargeOf(job.spec())).ok();
-    if (admitted && Fits(p, views)) continue;  // it starts at a heartbeat
+        quota == quotas.quotas.end() || QuotaAdmits(p.team, quota->second, quotas.usage[p.team],
+                                                    LeastChargeOf(entry.resources, entry.replicas))
+                                            .ok();
+    if (admitted) {
+      // The views do not change in this loop: one Fits per distinct request.
+      const auto [known, fresh] = fits.try_emplace({entry.resources_key, entry.replicas}, false);
+      if (fresh) known->second = Fits(p, views);
+      if (known->second) continue;  // it starts at a heartbeat
+    }
     ++considered;
+    STOKER_ASSIGN_OR_RETURN(const v1::Job job, store_->Get(entry.job_id));
+    p.preempted_by = {job.preempted_by().begin(), job.preempted_by().end()};
     STOKER_ASSIGN_OR_RETURN(std::vector<RunningJob> * candidates, running_jobs());
     std::optional<VictimChoice> choice =
         ChooseVictims(p, *candidates, views, quotas.quotas, quotas.usage, options_.preemption, now);
@@ -266,6 +259,7 @@ absl::Status Coordinator::PreemptionPass() {
       preempting_[victim_id] = preempting;
       ++preemptions_by_team_[victim.spec().team()];
       victim.set_preemptions(victim.preemptions() + 1);
+      placed_jobs_[victim_id] = PlacedJobOf(victim);
       victim.add_preempted_by(job.id());
       constexpr int kKeptPreemptors = 16;
       if (victim.preempted_by_size() > kKeptPreemptors) {

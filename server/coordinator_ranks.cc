@@ -23,81 +23,87 @@ constexpr absl::Duration kMaxRendezvousWait = absl::Seconds(10);
 
 absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::string& worker_id) {
   std::vector<v1::Assignment> assignments;
-  // The live workers' free resources and slots, updated as jobs are placed.
+  std::erase_if(gang_waiting_since_,
+                [&](const auto& entry) { return queue_.Find(entry.first) == nullptr; });
+  // The live workers' free resources and slots, updated as jobs are placed: the caller's, and
+  // every live worker's once a gang is to be placed.
   std::map<std::string, WorkerView> views;
-  for (const auto& [id, worker] : workers_) {
-    if (!worker.lost && !worker.restored) views.emplace(id, ViewOf(id, worker));
-  }
-  WorkerView& view = views.at(worker_id);
-  // A worker with no room takes nothing: no need to read the queue (a gang that fits elsewhere
+  WorkerView& view =
+      views.emplace(worker_id, ViewOf(worker_id, workers_.at(worker_id))).first->second;
+  // A worker with no room takes nothing: no need to walk the queue (a gang that fits elsewhere
   // is placed by those workers' heartbeats).
-  if (view.slots <= 0 || (view.free.gpus.empty() && view.free.cpus <= 0)) {
+  if (queue_.empty() || view.slots <= 0 || (view.free.gpus.empty() && view.free.cpus <= 0)) {
     workers_[worker_id].free_slots = view.slots;
     return assignments;
   }
-  absl::StatusOr<std::vector<v1::Job>> queue = store_->QueuedInOrder();
-  if (!queue.ok()) return queue.status();
-  std::set<std::string> queued;
-  for (const v1::Job& job : *queue) queued.insert(job.id());
-  std::erase_if(gang_waiting_since_,
-                [&](const auto& entry) { return !queued.contains(entry.first); });
+  bool all_views = false;
+  auto every_view = [&]() -> std::map<std::string, WorkerView>& {
+    if (!all_views) {
+      for (const auto& [id, worker] : workers_) {
+        if (!worker.lost && !worker.restored) views.try_emplace(id, ViewOf(id, worker));
+      }
+      all_views = true;
+    }
+    return views;
+  };
   const absl::Time now = absl::Now();
   QuotaState quotas = CurrentQuotaState();
-  // The fair-share walk (policy/fair_share.h): the queue split by team, each team's jobs in the
-  // store's (priority, submit) order; the next job is the first of the teams' first jobs by
-  // SchedulesBefore with the shares as they stand, a placed job's team's share raised at once.
-  std::map<std::string, std::deque<v1::Job*>> by_team;
-  for (v1::Job& job : *queue) by_team[job.spec().team()].push_back(&job);
-  auto next = [&]() -> v1::Job* {
-    std::deque<v1::Job*>* best = nullptr;
-    QueuedJob best_key;
-    for (auto& [team, jobs] : by_team) {
-      if (jobs.empty()) continue;
-      const v1::Job& head = *jobs.front();
-      QueuedJob key{head.id(), team, head.spec().priority(), head.submit_time_unix_ms()};
-      if (best == nullptr || SchedulesBefore(key, best_key, quotas.shares)) {
-        best = &jobs;
-        best_key = std::move(key);
-      }
-    }
-    if (best == nullptr) return nullptr;
-    v1::Job* job = best->front();
-    best->pop_front();
-    return job;
+  // The fair-share walk (policy/fair_share.h) over the queue index, a placed job's team's share
+  // raised at once.
+  FairShareWalk walk(queue_, quotas.shares);
+  auto charge = [&](const std::string& team, const ResourceAmounts& amounts) {
+    Charge(quotas, team, amounts);
+    walk.SetShare(team, quotas.shares[team]);
   };
-  while (v1::Job* next_job = next()) {
-    v1::Job& job = *next_job;
-    if (IsGang(job.spec())) {
+  // What this pass found cannot be placed here, or is past its team's quota: the worker's free
+  // resources and the teams' usage only shrink and grow during a pass, so a request that failed
+  // once fails again (jobs mostly ask alike: a long queue is walked at map-lookup cost).
+  std::set<std::string> no_room;
+  std::set<std::pair<std::string, std::string>> over_quota;
+  std::vector<Start> starts;
+  while (const QueueEntry* entry = walk.Next()) {
+    if (entry->replicas > 1) {
       absl::Status why_not;
-      absl::StatusOr<bool> placed =
-          PlaceGangJob(job, worker_id, views, assignments, &why_not, quotas);
-      if (!placed.ok()) return placed.status();
-      if (*placed) {
-        gang_waiting_since_.erase(job.id());
+      STOKER_ASSIGN_OR_RETURN(std::optional<Start> start,
+                              PlaceGangJob(*entry, every_view(), &why_not, quotas));
+      if (start.has_value()) {
+        charge(entry->team, start->charge);
+        starts.push_back(std::move(*start));
         continue;
       }
       // Could it run on these workers idle (FAILED_PRECONDITION says not)? Then it waits for
       // room, and after a while no job behind it takes any (the cluster drains for it).
       if (absl::IsFailedPrecondition(why_not)) continue;
-      const absl::Time since = gang_waiting_since_.try_emplace(job.id(), now).first->second;
+      const absl::Time since = gang_waiting_since_.try_emplace(entry->job_id, now).first->second;
       if (now - since >= options_.gang_backfill_limit) break;
       continue;
     }
-    if (view.slots <= 0) continue;
-    absl::StatusOr<v1::Placement> placed = PlaceOnWorker(job.spec().resources(), view);
-    if (!placed.ok()) continue;
-    const v1::Placement placement = std::move(*placed);
+    if (view.slots <= 0) {
+      if (queue_.gangs() == 0) break;  // only gangs could still be placed (elsewhere)
+      continue;
+    }
+    const std::string& team = entry->team;
+    if (no_room.contains(entry->resources_key) ||
+        over_quota.contains({team, entry->resources_key})) {
+      continue;
+    }
+    absl::StatusOr<v1::Placement> placed = PlaceOnWorker(entry->resources, view);
+    if (!placed.ok()) {
+      no_room.insert(entry->resources_key);
+      continue;
+    }
+    v1::Placement placement = std::move(*placed);
+    placement.set_rank(0);
     // Charged what it is granted; past its team's quota it waits (FillQueueInfo says so).
-    const std::string& team = job.spec().team();
+    const ResourceAmounts granted = ChargeOf(placement);
     if (auto quota = quotas.quotas.find(team); quota != quotas.quotas.end()) {
-      if (!QuotaAdmits(team, quota->second, quotas.usage[team], ChargeOf(placement)).ok()) {
+      if (!QuotaAdmits(team, quota->second, quotas.usage[team], granted).ok()) {
+        over_quota.insert({team, entry->resources_key});
         continue;
       }
     }
-    Charge(quotas, team, ChargeOf(placement));
-    if (observer_ != nullptr) {
-      observer_->JobAssigned(std::max<int64_t>(0, NowMs() - job.submit_time_unix_ms()) / 1000.0);
-    }
+    STOKER_ASSIGN_OR_RETURN(v1::Job job, store_->Get(entry->job_id));
+    charge(team, granted);
     job.set_state(v1::JOB_STATE_RUNNING);
     job.set_attempt(job.attempt() + 1);
     job.set_worker_id(worker_id);
@@ -106,39 +112,72 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
     job.clear_waiting_reason();
     *job.mutable_placement() = placement;
     job.clear_rank_placements();
-    STOKER_RETURN_IF_ERROR(
-        SaveAndNotify(job, {MakeEvent(v1::EVENT_TYPE_LOG,
-                                      absl::StrCat("attempt ", job.attempt(), " started on worker ",
-                                                   worker_id, " with ", PlacementText(placement)),
-                                      job.attempt())}));
-    workers_[worker_id].running[{job.id(), job.attempt(), 0}] = {placement, true, now};
     Hold(placement, view);
     view.slots -= 1;
-    assignments.push_back(AssignmentFor(job, placement, 0));
+    Start& start = starts.emplace_back();
+    start.event = MakeEvent(v1::EVENT_TYPE_LOG,
+                            absl::StrCat("attempt ", job.attempt(), " started on worker ",
+                                         worker_id, " with ", PlacementText(placement)),
+                            job.attempt());
+    start.job = std::move(job);
+    start.ranks.push_back(std::move(placement));
+  }
+  // Every start of the pass in one transaction; only then do the ledgers hold them.
+  std::vector<JobStore::Change> changes;
+  changes.reserve(starts.size());
+  for (const Start& start : starts) changes.push_back({start.job, {start.event}});
+  STOKER_RETURN_IF_ERROR(SaveAllAndNotify(changes));
+  for (const Start& start : starts) {
+    const v1::Job& job = start.job;
+    gang_waiting_since_.erase(job.id());
+    placed_jobs_[job.id()] = PlacedJobOf(job);
+    if (observer_ != nullptr) {
+      observer_->JobAssigned(std::max<int64_t>(0, NowMs() - job.submit_time_unix_ms()) / 1000.0);
+    }
+    for (const v1::Placement& placement : start.ranks) {
+      // Ranks for other workers wait in their ledgers for those workers' next heartbeats.
+      const bool here = placement.worker_id() == worker_id;
+      WorkerEntry& worker = workers_[placement.worker_id()];
+      worker.running.Put(
+          {job.id(), job.attempt(), placement.rank()},
+          {placement, here, here ? now : absl::InfinitePast(), now, job.spec().team()});
+      if (here) {
+        assignments.push_back(AssignmentFor(job, placement, placement.rank()));
+      } else {
+        worker.free_slots = views.at(placement.worker_id()).slots;
+      }
+    }
   }
   workers_[worker_id].free_slots = view.slots;
   return assignments;
 }
 
-std::string Coordinator::TeamOfJob(const std::string& job_id) {
-  if (auto it = job_teams_.find(job_id); it != job_teams_.end()) return it->second;
-  absl::StatusOr<v1::Job> job = store_->Get(job_id);
-  std::string team = job.ok() ? job->spec().team() : "";
-  job_teams_[job_id] = team;
-  return team;
+Coordinator::PlacedJob Coordinator::PlacedJobOf(const v1::Job& job) {
+  return {job.spec().team(), job.spec().priority(), job.preemptions(), job.start_time_unix_ms()};
+}
+
+const Coordinator::PlacedJob& Coordinator::PlacedJobInfo(const std::string& job_id) {
+  auto [it, fresh] = placed_jobs_.try_emplace(job_id);
+  if (fresh) {
+    if (absl::StatusOr<v1::Job> job = store_->Get(job_id); job.ok()) it->second = PlacedJobOf(*job);
+  }
+  return it->second;
 }
 
 std::map<std::string, ResourceAmounts> Coordinator::TeamUsageLocked() {
   std::map<std::string, ResourceAmounts> usage;
+  for (const auto& [id, worker] : workers_) {
+    for (const auto& [team, amounts] : worker.running.usage()) usage[team] += amounts;
+  }
+  return usage;
+}
+
+void Coordinator::PrunePlacedJobs() {
   std::set<std::string> placed;
   for (const auto& [id, worker] : workers_) {
-    for (const auto& [key, held] : worker.running) {
-      usage[TeamOfJob(key.job_id)] += ChargeOf(held.placement);
-      placed.insert(key.job_id);
-    }
+    for (const auto& [key, held] : worker.running) placed.insert(key.job_id);
   }
-  std::erase_if(job_teams_, [&](const auto& entry) { return !placed.contains(entry.first); });
-  return usage;
+  std::erase_if(placed_jobs_, [&](const auto& entry) { return !placed.contains(entry.first); });
 }
 
 std::map<std::string, ResourceAmounts> Coordinator::TeamUsage() {
@@ -159,63 +198,52 @@ v1::Assignment Coordinator::AssignmentFor(const v1::Job& job, const v1::Placemen
   return assignment;
 }
 
-absl::StatusOr<bool> Coordinator::PlaceGangJob(v1::Job job, const std::string& caller,
-                                               std::map<std::string, WorkerView>& views,
-                                               std::vector<v1::Assignment>& assignments,
-                                               absl::Status* why_not, QuotaState& quotas) {
+absl::StatusOr<std::optional<Coordinator::Start>> Coordinator::PlaceGangJob(
+    const QueueEntry& entry, std::map<std::string, WorkerView>& views, absl::Status* why_not,
+    const QuotaState& quotas) {
   std::vector<WorkerView> live;
   for (const auto& [id, view] : views) live.push_back(view);
   absl::StatusOr<std::vector<v1::Placement>> gang =
-      PlaceGang(job.spec().resources(), ReplicasOf(job.spec()), live);
+      PlaceGang(entry.resources, entry.replicas, live);
   if (!gang.ok()) {
     *why_not = gang.status();
-    return false;  // nothing is held: the gang waits whole
+    return std::nullopt;  // nothing is held: the gang waits whole
   }
-  const std::string& team = job.spec().team();
-  ResourceAmounts charge;
-  for (const v1::Placement& placement : *gang) charge += ChargeOf(placement);
+  const std::string& team = entry.team;
+  Start start;
+  for (const v1::Placement& placement : *gang) start.charge += ChargeOf(placement);
   if (auto quota = quotas.quotas.find(team); quota != quotas.quotas.end()) {
-    if (absl::Status admitted = QuotaAdmits(team, quota->second, quotas.usage[team], charge);
+    const auto usage = quotas.usage.find(team);
+    if (absl::Status admitted = QuotaAdmits(
+            team, quota->second, usage == quotas.usage.end() ? ResourceAmounts{} : usage->second,
+            start.charge);
         !admitted.ok()) {
       *why_not = absl::FailedPreconditionError(admitted.message());
-      return false;
+      return std::nullopt;
     }
   }
-  Charge(quotas, team, charge);
-  if (observer_ != nullptr) {
-    observer_->JobAssigned(
-        std::max<int64_t>(0, absl::ToUnixMillis(absl::Now()) - job.submit_time_unix_ms()) / 1000.0);
-  }
-  const absl::Time now = absl::Now();
+  STOKER_ASSIGN_OR_RETURN(start.job, store_->Get(entry.job_id));
+  v1::Job& job = start.job;
   job.set_state(v1::JOB_STATE_RUNNING);
   job.set_attempt(job.attempt() + 1);
   job.set_worker_id(gang->front().worker_id());
-  if (job.start_time_unix_ms() == 0) job.set_start_time_unix_ms(absl::ToUnixMillis(now));
+  if (job.start_time_unix_ms() == 0) job.set_start_time_unix_ms(NowMs());
   job.clear_queue_position();
   job.clear_waiting_reason();
   *job.mutable_placement() = gang->front();
   job.clear_rank_placements();
   for (const v1::Placement& placement : *gang) *job.add_rank_placements() = placement;
-  STOKER_RETURN_IF_ERROR(
-      SaveAndNotify(job, {MakeEvent(v1::EVENT_TYPE_LOG,
-                                    absl::StrCat("attempt ", job.attempt(), " started with ",
-                                                 gang->size(), " ranks: ", GangPlacementText(job)),
-                                    job.attempt())}));
+  start.event = MakeEvent(v1::EVENT_TYPE_LOG,
+                          absl::StrCat("attempt ", job.attempt(), " started with ", gang->size(),
+                                       " ranks: ", GangPlacementText(job)),
+                          job.attempt());
   for (const v1::Placement& placement : *gang) {
-    const bool here = placement.worker_id() == caller;
-    WorkerEntry& worker = workers_[placement.worker_id()];
-    worker.running[{job.id(), job.attempt(), placement.rank()}] = {
-        placement, here, here ? now : absl::InfinitePast(), now};
     WorkerView& view = views.at(placement.worker_id());
     Hold(placement, view);
     view.slots -= 1;
-    if (here) {
-      assignments.push_back(AssignmentFor(job, placement, placement.rank()));
-    } else {
-      worker.free_slots = view.slots;
-    }
   }
-  return true;
+  start.ranks = std::move(*gang);
+  return start;
 }
 
 std::vector<v1::Assignment> Coordinator::DeliverPending(const std::string& worker_id) {
@@ -231,11 +259,10 @@ std::vector<v1::Assignment> Coordinator::DeliverPending(const std::string& worke
     absl::StatusOr<v1::Job> job = store_->Get(key.job_id);
     if (!job.ok() || job->state() != v1::JOB_STATE_RUNNING ||
         !RunsRank(*job, worker_id, key.attempt, key.rank)) {
-      it = ledger.erase(it);  // the attempt ended before this rank started
+      it = ledger.Erase(it);  // the attempt ended before this rank started
       continue;
     }
-    it->second.delivered = true;
-    it->second.delivered_at = now;
+    ledger.MarkDelivered(it, now);
     delivered.push_back(AssignmentFor(*job, it->second.placement, key.rank));
     ++it;
   }
@@ -243,8 +270,15 @@ std::vector<v1::Assignment> Coordinator::DeliverPending(const std::string& worke
 }
 
 void Coordinator::EndAttempt(const v1::Job& job, const std::string& ended_worker, int ended_rank) {
-  for (auto& [worker_id, worker] : workers_) {
-    std::erase_if(worker.running, [&](const auto& entry) {
+  // The attempt's ranks are on the workers its placements name.
+  std::set<std::string> holders = {job.worker_id()};
+  for (const v1::Placement& placement : job.rank_placements()) {
+    holders.insert(placement.worker_id());
+  }
+  for (const std::string& worker_id : holders) {
+    const auto found = workers_.find(worker_id);
+    if (found == workers_.end()) continue;
+    found->second.running.EraseIf([&](const auto& entry) {
       const RankKey& key = entry.first;
       if (key.job_id != job.id() || key.attempt != job.attempt()) return false;
       if (!entry.second.delivered) return true;

@@ -142,7 +142,7 @@ absl::Status Coordinator::RequeueUnreported(const std::string& worker_id,
                                gang ? absl::StrCat(" (rank ", key.rank, ")") : ""),
                   worker_id, key.rank));
     } else {
-      worker.running.erase(entry);
+      worker.running.Erase(entry);
     }
   }
   return absl::OkStatus();
@@ -261,6 +261,10 @@ void Coordinator::ExpireLeases() {
     }
   }
   RequeueUndelivered();
+  if (now - last_prune_ > absl::Seconds(10)) {
+    PrunePlacedJobs();
+    last_prune_ = now;
+  }
   const absl::Time pass_start = absl::Now();
   const absl::Status preempted = PreemptionPass();
   if (observer_ != nullptr) {

@@ -8,6 +8,39 @@
 
 namespace stoker {
 
+void Ledger::Put(const RankKey& key, HeldRank held) {
+  Erase(key);
+  usage_[held.team] += ChargeOf(held.placement);
+  entries_.emplace(key, std::move(held));
+}
+
+void Ledger::Uncharge(const HeldRank& held) {
+  auto it = usage_.find(held.team);
+  if (it == usage_.end()) return;
+  const ResourceAmounts charge = ChargeOf(held.placement);
+  it->second.gpus -= charge.gpus;
+  it->second.cpus -= charge.cpus;
+  it->second.memory_bytes -= charge.memory_bytes;
+  if (it->second.gpus == 0 && it->second.cpus == 0 && it->second.memory_bytes == 0) {
+    usage_.erase(it);
+  }
+}
+
+Ledger::const_iterator Ledger::Erase(const_iterator it) {
+  Uncharge(it->second);
+  return entries_.erase(it);
+}
+
+void Ledger::Erase(const RankKey& key) {
+  if (auto it = entries_.find(key); it != entries_.end()) Erase(it);
+}
+
+void Ledger::MarkDelivered(const_iterator it, absl::Time when) {
+  HeldRank& held = entries_.erase(it, it)->second;  // the same entry, writable
+  held.delivered = true;
+  held.delivered_at = when;
+}
+
 bool IsGang(const v1::JobSpec& spec) { return ReplicasOf(spec) > 1; }
 
 std::string WorkerOfRank(const v1::Job& job, int rank) {

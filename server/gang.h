@@ -13,10 +13,12 @@
 #define STOKER_SERVER_GANG_H_
 
 #include <compare>
+#include <iterator>
 #include <map>
 #include <string>
 
 #include "absl/time/time.h"
+#include "server/policy/quota.h"
 #include "stoker.pb.h"
 
 namespace stoker {
@@ -37,10 +39,47 @@ struct HeldRank {
   absl::Time delivered_at = absl::InfinitePast();
   // When it was placed; a rank not delivered within a lease of this ends its attempt.
   absl::Time placed_at = absl::InfinitePast();
+  // The job's team, charged what the placement holds (policy/quota.h).
+  std::string team;
 };
 
-// One worker's ranks and what each holds.
-using Ledger = std::map<RankKey, HeldRank>;
+// One worker's ranks and what each holds, with what they hold by team kept as entries come and
+// go (so that the teams' usage is summed over workers, not over every rank). The entries are
+// read-only but for their delivery (MarkDelivered).
+class Ledger {
+ public:
+  using Map = std::map<RankKey, HeldRank>;
+  using const_iterator = Map::const_iterator;
+
+  // Holds `held` for `key`, replacing what the key held before.
+  void Put(const RankKey& key, HeldRank held);
+  // Drops an entry; returns the next one (as map::erase).
+  const_iterator Erase(const_iterator it);
+  // Drops the entry of `key`, if any.
+  void Erase(const RankKey& key);
+  template <typename Predicate>
+  void EraseIf(Predicate drop) {
+    for (const_iterator it = entries_.begin(); it != entries_.end();) {
+      it = drop(*it) ? Erase(it) : std::next(it);
+    }
+  }
+  // The rank was handed to its worker at `when`.
+  void MarkDelivered(const_iterator it, absl::Time when);
+
+  const_iterator begin() const { return entries_.begin(); }
+  const_iterator end() const { return entries_.end(); }
+  const_iterator find(const RankKey& key) const { return entries_.find(key); }
+  bool contains(const RankKey& key) const { return entries_.contains(key); }
+  bool empty() const { return entries_.empty(); }
+  size_t size() const { return entries_.size(); }
+  // What the entries hold, by team (teams holding nothing are absent).
+  const std::map<std::string, ResourceAmounts>& usage() const { return usage_; }
+
+ private:
+  void Uncharge(const HeldRank& held);
+  Map entries_;
+  std::map<std::string, ResourceAmounts> usage_;
+};
 
 // True for a data-parallel job (resources.replicas > 1).
 bool IsGang(const v1::JobSpec& spec);

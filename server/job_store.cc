@@ -200,10 +200,7 @@ absl::Status JobStore::AuditInTransaction(const std::optional<v1::AuditRecord>& 
   return AppendAudit(db_, record);
 }
 
-absl::Status JobStore::Save(const v1::Job& job, std::vector<v1::JobEvent> events,
-                            const std::optional<v1::AuditRecord>& audit) {
-  Transaction transaction(db_);
-  if (!transaction.began()) return Error("begin");
+absl::Status JobStore::SaveInTransaction(const v1::Job& job, std::vector<v1::JobEvent>& events) {
   Statement update(db_, "UPDATE jobs SET state = ?, priority = ?, job = ? WHERE id = ?");
   if (!update.ok()) return Error("prepare update");
   update.BindInt(1, job.state());
@@ -213,8 +210,26 @@ absl::Status JobStore::Save(const v1::Job& job, std::vector<v1::JobEvent> events
   if (sqlite3_step(update.get()) != SQLITE_DONE) return Error("update job");
   if (sqlite3_changes(db_) != 1)
     return absl::NotFoundError(absl::StrCat("no job '", job.id(), "'"));
-  STOKER_RETURN_IF_ERROR(AppendEvents(job, events));
+  return AppendEvents(job, events);
+}
+
+absl::Status JobStore::Save(const v1::Job& job, std::vector<v1::JobEvent> events,
+                            const std::optional<v1::AuditRecord>& audit) {
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  STOKER_RETURN_IF_ERROR(SaveInTransaction(job, events));
   STOKER_RETURN_IF_ERROR(AuditInTransaction(audit, job.id()));
+  if (!transaction.Commit()) return Error("commit");
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::SaveMany(std::vector<Change>& changes) {
+  if (changes.empty()) return absl::OkStatus();
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  for (Change& change : changes) {
+    STOKER_RETURN_IF_ERROR(SaveInTransaction(change.job, change.events));
+  }
   if (!transaction.Commit()) return Error("commit");
   return absl::OkStatus();
 }

@@ -68,6 +68,12 @@ class JobStore {
   // `audit`, when given, is appended in the same transaction (its target defaults to the job id).
   absl::Status Save(const v1::Job& job, std::vector<v1::JobEvent> events,
                     const std::optional<v1::AuditRecord>& audit = std::nullopt);
+  // Several Saves in one transaction (one fsync), all or none: a scheduling pass's starts.
+  struct Change {
+    v1::Job job;
+    std::vector<v1::JobEvent> events;
+  };
+  absl::Status SaveMany(std::vector<Change>& changes);
   // Appends an audit row on its own (a denied request, which changes nothing else).
   absl::Status Audit(const v1::AuditRecord& record);
 
@@ -100,6 +106,8 @@ class JobStore {
   absl::StatusOr<std::vector<v1::Job>> QueryJobs(const std::string& sql,
                                                  const std::vector<SqlValue>& params);
   absl::Status AppendEvents(const v1::Job& job, std::vector<v1::JobEvent>& events);
+  // The body of Save (without the audit row), inside a transaction the caller holds.
+  absl::Status SaveInTransaction(const v1::Job& job, std::vector<v1::JobEvent>& events);
   // The body of Insert, inside a transaction the caller holds.
   absl::StatusOr<Inserted> InsertInTransaction(NewJob& job);
   absl::Status Error(const char* what) const;

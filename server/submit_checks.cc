@@ -1,12 +1,16 @@
 #include "server/submit_checks.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "data/dataset.h"
 #include "data/image_dataset.h"
 #include "spec/job_options.h"
@@ -15,6 +19,38 @@
 
 namespace stoker {
 namespace {
+
+// ProbeDatasetFiles, remembered: a sweep submits one dataset thousands of times, and each probe
+// inflates its label files. Keyed by all the probe reads (the files' fields, the limit) and each
+// file's identity (device, inode, size, modification and change times), so a file changed in
+// place or replaced is probed again. Only successful probes are kept; at most 256, then it starts
+// over. Called concurrently by submits (outside the coordinator's lock).
+absl::StatusOr<DatasetSummary> CachedProbe(const DatasetFiles& files, int64_t limit) {
+  std::string key =
+      absl::StrCat(files.format, "|", files.samples_path, "|", files.labels_path, "|",
+                   files.label_column, "|", static_cast<int>(files.csv_header), "|", files.classes,
+                   "|", files.every_class_present, "|", files.classes_declared, "|", limit);
+  for (const std::string* path : {&files.samples_path, &files.labels_path}) {
+    if (path->empty()) continue;
+    struct stat st;
+    if (stat(path->c_str(), &st) != 0) return ProbeDatasetFiles(files, limit);  // it says why
+    absl::StrAppend(&key, "|", st.st_dev, ":", st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec,
+                    ".", st.st_mtim.tv_nsec, ":", st.st_ctim.tv_sec, ".", st.st_ctim.tv_nsec);
+  }
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* cache = new std::map<std::string, DatasetSummary>();
+  {
+    absl::MutexLock lock(&mu);
+    if (auto it = cache->find(key); it != cache->end()) return it->second;
+  }
+  absl::StatusOr<DatasetSummary> probed = ProbeDatasetFiles(files, limit);
+  if (probed.ok()) {
+    absl::MutexLock lock(&mu);
+    if (cache->size() >= 256) cache->clear();
+    cache->emplace(std::move(key), *probed);
+  }
+  return probed;
+}
 
 absl::Status CheckImageDataset(const v1::JobSpec& written, const v1::JobSpec& resolved,
                                const std::string& data_root) {
@@ -78,11 +114,10 @@ absl::Status CheckModelAgainstData(const v1::JobSpec& written, const v1::JobSpec
     return absl::OkStatus();
   }
   absl::StatusOr<DatasetSummary> train =
-      ProbeDatasetFiles(TrainDatasetFiles(resolved), resolved.dataset().train_limit());
+      CachedProbe(TrainDatasetFiles(resolved), resolved.dataset().train_limit());
   absl::StatusOr<DatasetSummary> test = absl::UnknownError("");
   if (train.ok()) {
-    test = ProbeDatasetFiles(TestDatasetFiles(resolved, train->classes),
-                             resolved.dataset().test_limit());
+    test = CachedProbe(TestDatasetFiles(resolved, train->classes), resolved.dataset().test_limit());
   }
   for (auto [field, probe] :
        {std::pair{"dataset.train_labels", &train}, std::pair{"dataset.test_labels", &test}}) {

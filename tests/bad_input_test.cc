@@ -154,6 +154,22 @@ train: {epochs: 1, batch_size: 8}
   EXPECT_TRUE(twelve) << "the job did not train with 12 classes";
 }
 
+// The server remembers the label files it probed (a sweep submits one dataset thousands of
+// times); a file rewritten in place after a submit is read again, not judged by its old labels.
+TEST_F(BadInputTest, LabelsRewrittenAfterASubmitAreReadAgain) {
+  StartServer();
+  const std::string job = WriteFile("job.yaml", JobYaml("  classes: 10", "train-labels.idx"));
+  CommandResult accepted = cluster_.Cli("submit " + job);
+  ASSERT_EQ(accepted.exit_code, 0) << accepted.output;
+  std::filesystem::copy_file(root_ + "/train-labels-200.idx", root_ + "/train-labels.idx",
+                             std::filesystem::copy_options::overwrite_existing);
+  CommandResult refused = cluster_.Cli("submit " + job);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("train-labels.idx: sample index 17 has label 200"),
+            std::string::npos)
+      << refused.output;
+}
+
 // Item 6: a job file with a non-UTF-8 path printed "[libprotobuf ERROR ...]" and "stoker:
 // submit: " with no message, exit 1; sent straight to the server, INTERNAL with no message.
 TEST_F(BadInputTest, TextThatIsNotUtf8IsRefusedNamingTheField) {

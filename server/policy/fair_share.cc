@@ -76,8 +76,8 @@ bool SchedulesBefore(const QueuedJob& a, const QueuedJob& b,
     const auto it = shares.find(team);
     return it == shares.end() ? 0.0 : it->second;
   };
-  return std::forward_as_tuple(-a.priority, share(a.team), a.submit_ms, a.job_id) <
-         std::forward_as_tuple(-b.priority, share(b.team), b.submit_ms, b.job_id);
+  return std::forward_as_tuple(-a.priority, share(a.team), a.submit_ms, a.seq, a.job_id) <
+         std::forward_as_tuple(-b.priority, share(b.team), b.submit_ms, b.seq, b.job_id);
 }
 
 void OrderByFairShare(std::vector<QueuedJob>& jobs, const std::map<std::string, double>& shares) {

@@ -79,10 +79,12 @@ struct QueuedJob {
   std::string team;  // "" for a job without a team (shares 0)
   int priority = 0;
   int64_t submit_ms = 0;
+  int64_t seq = 0;  // the store's sequence number (submit order; server/queue_index.h)
 };
 
 // True when `a` goes before `b`: higher priority, then the team with the lower share, then the
-// earlier submit, then the lower job id. A strict total order on distinct job ids.
+// earlier submit, then the lower sequence number, then the lower job id. A strict total order on
+// distinct job ids.
 bool SchedulesBefore(const QueuedJob& a, const QueuedJob& b,
                      const std::map<std::string, double>& shares);
 

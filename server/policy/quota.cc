@@ -31,8 +31,11 @@ ResourceAmounts ChargeOf(const v1::Placement& placement) {
 }
 
 ResourceAmounts LeastChargeOf(const v1::JobSpec& spec) {
-  const v1::ResourceSpec& r = spec.resources();
-  const int64_t ranks = ReplicasOf(spec);
+  return LeastChargeOf(spec.resources(), ReplicasOf(spec));
+}
+
+ResourceAmounts LeastChargeOf(const v1::ResourceSpec& r, int replicas) {
+  const int64_t ranks = replicas;
   return {ranks * r.gpus(), ranks * std::max(1, r.cpus()), ranks * r.memory_mib() * (1 << 20)};
 }
 

@@ -39,6 +39,7 @@ ResourceAmounts ChargeOf(const v1::Placement& placement);
 // The least a job will be charged, from its request: per rank its GPUs, its cpus (at least 1) and
 // its memory, times the ranks.
 ResourceAmounts LeastChargeOf(const v1::JobSpec& spec);
+ResourceAmounts LeastChargeOf(const v1::ResourceSpec& request, int replicas);
 
 struct QuotaLimit {
   int64_t nominal = 0;
