@@ -23,6 +23,7 @@
 #include "client/access_commands.h"
 #include "client/cli_common.h"
 #include "client/dry_run.h"
+#include "client/experiment_commands.h"
 #include "client/render.h"
 #include "common/auth.h"
 #include "common/grpc_status.h"
@@ -76,6 +77,7 @@ class Client {
     *request.mutable_spec() = file->spec;
     if (!team.empty()) request.mutable_spec()->set_team(team);
     request.set_request_id(request_id);
+    if (file->search.has_value()) *request.mutable_search() = *file->search;
     v1::SubmitJobResponse response;
     grpc::Status status = jobs_->SubmitJob(Context().get(), request, &response);
     if (!status.ok()) {
@@ -86,6 +88,22 @@ class Client {
         return kExitBadInput;
       }
       return ReportRpcError(options_, status, "submit");
+    }
+    if (response.has_experiment()) {
+      const v1::Experiment& e = response.experiment();
+      if (options_.json()) {
+        std::cout << ToJson(response, true) << "\n";
+      } else {
+        std::cout << (response.deduplicated() ? "already submitted as experiment "
+                                              : "submitted experiment ")
+                  << e.id() << " (" << e.name() << "): " << e.trial_count() << " trials by "
+                  << e.search().method() << ", " << e.trials_size() << " queued now\n"
+                  << "watch it with: stoker experiment status " << e.id() << "\n";
+      }
+      if (follow)
+        std::cerr << "stoker: --follow follows one job; an experiment is watched with "
+                     "stoker experiment status\n";
+      return kExitOk;
     }
     const v1::Job& job = response.job();
     if (options_.json() && !follow) {
@@ -183,18 +201,21 @@ class Client {
   }
 
   int List(const std::vector<std::string>& states, int limit, const std::string& team,
-           const std::string& user, bool all) {
+           const std::string& user, bool all, const std::string& experiment,
+           const std::vector<std::string>& labels) {
     v1::ListJobsRequest request;
     request.set_limit(limit);
     request.set_team(team);
     request.set_user(user);
     request.set_all(all);
+    request.set_experiment(experiment);
+    for (const std::string& label : labels) request.add_labels(label);
     for (const std::string& name : states) {
       v1::JobState state;
       if (!v1::JobState_Parse("JOB_STATE_" + absl::AsciiStrToUpper(name), &state) ||
           state == v1::JOB_STATE_UNSPECIFIED) {
         std::cerr << "stoker: unknown state '" << name
-                  << "' (expected queued, running, succeeded, failed or cancelled)\n";
+                  << "' (expected queued, running, succeeded, failed, cancelled or stopped)\n";
         return kExitBadInput;
       }
       request.add_states(state);
@@ -302,8 +323,10 @@ struct Commands {
   CLI::App* logs = nullptr;
   CLI::App* cancel = nullptr;
   CLI::App* artifact = nullptr;
-  std::string job_file, job_id, request_id, artifact_output, team, user;
+  std::string job_file, job_id, request_id, artifact_output, team, user, experiment;
+  std::vector<std::string> labels;
   bool all = false;
+  bool best = false;
   bool follow = false;
   bool dry_run = false;
   DryRunOptions dry_run_options;
@@ -341,6 +364,10 @@ void AddCommands(CLI::App& app, Commands& c) {
   c.list->add_option("--team", c.team, "only this team's jobs");
   c.list->add_option("--user", c.user, "only this user's jobs");
   c.list->add_flag("--all", c.all, "every job, whoever may see it (cluster admins)");
+  c.list->add_option("--experiment", c.experiment, "only this experiment's trials");
+  c.list->add_option("--label", c.labels,
+                     "only jobs with this label, key=value (repeatable), e.g. "
+                     "train.optimizer.type=adamw");
   c.status = app.add_subcommand("status", "show one job");
   c.status->add_option("job_id", c.job_id, "job id, e.g. j-000001")->required();
   c.logs = app.add_subcommand("logs", "print a job's event history");
@@ -350,7 +377,10 @@ void AddCommands(CLI::App& app, Commands& c) {
   c.cancel->add_option("job_id", c.job_id, "job id")->required();
   app.add_subcommand("workers", "list registered workers");
   c.artifact = app.add_subcommand("artifact", "download a job's latest checkpoint (safetensors)");
-  c.artifact->add_option("job_id", c.job_id, "job id")->required();
+  c.artifact->add_option("job_id", c.job_id, "job id (with --best: an experiment id)")->required();
+  c.artifact->add_flag("--best", c.best,
+                       "JOB_ID is an experiment: download its best trial's weights (the trial "
+                       "with the best final metric)");
   c.artifact
       ->add_option("-o,--output", c.artifact_output,
                    "file to write (an existing directory gets JOB_ID.safetensors)")
@@ -394,11 +424,22 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const Options& options) {
 
 int RunCommand(Client& client, Commands& c) {
   if (c.submit->parsed()) return client.Submit(c.job_file, c.follow, c.request_id, c.team);
-  if (c.list->parsed()) return client.List(c.states, c.limit, c.team, c.user, c.all);
+  if (c.list->parsed()) {
+    return client.List(c.states, c.limit, c.team, c.user, c.all, c.experiment, c.labels);
+  }
   if (c.status->parsed()) return client.Status(c.job_id);
   if (c.logs->parsed()) return client.Watch(c.job_id, c.follow);
   if (c.cancel->parsed()) return client.Cancel(c.job_id);
   if (c.artifact->parsed()) {
+    if (c.best) {
+      absl::StatusOr<std::string> best = BestTrialJob(client.channel(), client.token(), c.job_id);
+      if (!best.ok()) {
+        std::cerr << "stoker: artifact: " << best.status().message() << "\n";
+        return absl::IsNotFound(best.status()) ? kExitFailed : kExitBadInput;
+      }
+      std::cerr << "best trial of " << c.job_id << ": " << *best << "\n";
+      c.job_id = *best;
+    }
     std::error_code ignored;
     if (std::filesystem::is_directory(c.artifact_output, ignored)) {
       c.artifact_output =
@@ -418,9 +459,11 @@ int Main(int argc, char** argv) {
   Options options;
   Commands commands;
   AccessCommands access;
+  ExperimentCommands experiments;
   AddGlobalFlags(app, options);
   AddCommands(app, commands);
   AddAccessCommands(app, access);
+  AddExperimentCommands(app, experiments);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -431,6 +474,8 @@ int Main(int argc, char** argv) {
   for (const auto& [what, text] :
        {std::pair<const char*, const std::string&>{"job id", commands.job_id},
         {"--team", commands.team},
+        {"experiment id", experiments.id},
+        {"--experiment", commands.experiment},
         {"--user", commands.user}}) {
     if (absl::Status s = CheckUtf8(what, text); !s.ok()) {
       std::cerr << "stoker: " << s.message() << "\n";
@@ -444,6 +489,9 @@ int Main(int argc, char** argv) {
   }
   if (access.Parsed()) {
     return RunAccessCommand(access, options, (*client)->channel(), (*client)->token());
+  }
+  if (experiments.Parsed()) {
+    return RunExperimentCommand(experiments, options, (*client)->channel(), (*client)->token());
   }
   return RunCommand(**client, commands);
 }

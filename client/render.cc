@@ -109,6 +109,10 @@ std::string FormatSeconds(double seconds) {
   return absl::StrFormat("%d:%02d", total / 60, total % 60);
 }
 
+std::string TextTable(const std::vector<std::vector<std::string>>& rows) { return Table(rows); }
+
+std::string LocalClock(int64_t unix_ms) { return Clock(unix_ms); }
+
 std::string JobTable(const v1::ListJobsResponse& jobs) {
   std::vector<std::vector<std::string>> rows = {
       {"ID", "NAME", "STATE", "ATTEMPT", "EPOCH", "TEST ACC", "WORKER", "SUBMITTED"}};

@@ -4,6 +4,7 @@
 #define STOKER_CLIENT_RENDER_H_
 
 #include <string>
+#include <vector>
 
 #include "stoker.pb.h"
 
@@ -18,6 +19,10 @@ std::string EventLine(const v1::JobEvent& event);
 std::string ProgressText(const v1::TrainingProgress& progress, int bar_width);
 // "j-000001 succeeded: test accuracy 0.8876 (10 epochs, 52.3 s)" or the failure and its reason.
 std::string FinalSummary(const v1::Job& job);
+// Left-aligned columns separated by two spaces, the first row a header.
+std::string TextTable(const std::vector<std::vector<std::string>>& rows);
+// "2026-12-05 04:11:28" in local time; "-" for 0.
+std::string LocalClock(int64_t unix_ms);
 // "1:02:03" / "4:05".
 std::string FormatSeconds(double seconds);
 

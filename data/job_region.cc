@@ -474,8 +474,16 @@ bool JobRegion::StopRequested() const {
   return impl_->control->stop.load(std::memory_order_acquire) != 0;
 }
 
-void JobRegion::RequestCheckpointAndStop() {
-  impl_->control->checkpoint_and_stop.store(1, std::memory_order_release);
+void JobRegion::RequestCheckpointAndStop(StopReason reason) {
+  impl_->control->checkpoint_and_stop.store(static_cast<uint32_t>(reason),
+                                            std::memory_order_release);
+}
+
+JobRegion::StopReason JobRegion::CheckpointAndStopReason() const {
+  return impl_->control->checkpoint_and_stop.load(std::memory_order_acquire) ==
+                 static_cast<uint32_t>(StopReason::kPreempted)
+             ? StopReason::kPreempted
+             : StopReason::kShutdown;
 }
 
 bool JobRegion::CheckpointAndStopRequested() const {

@@ -144,9 +144,13 @@ class JobRegion {
   void RequestStop();
   bool StopRequested() const;
   // Sticky too, but wakes nobody: the trainer polls it between steps (and while it waits for a
-  // batch), writes a checkpoint at the step it reached, and exits. For a worker shutting down.
-  void RequestCheckpointAndStop();
+  // batch), writes a checkpoint at the step it reached, and exits. For a worker shutting down, or
+  // an attempt the server preempted (the reason is only for the trainer's log line).
+  enum class StopReason : uint32_t { kShutdown = 1, kPreempted = 2 };
+  void RequestCheckpointAndStop(StopReason reason = StopReason::kShutdown);
   bool CheckpointAndStopRequested() const;
+  // Why (kShutdown when not requested).
+  StopReason CheckpointAndStopReason() const;
   void SetConsumerPid(pid_t pid);
   pid_t ConsumerPid() const;
 

@@ -57,6 +57,7 @@ absl::Status Coordinator::Recover() {
   absl::MutexLock lock(&mu_);
   STOKER_ASSIGN_OR_RETURN(const std::vector<v1::Job> queued, store_->QueuedInOrder());
   queue_.Reset(queued);
+  STOKER_RETURN_IF_ERROR(LoadExperiments());
   STOKER_ASSIGN_OR_RETURN(const std::vector<v1::Job> running,
                           store_->InState(v1::JOB_STATE_RUNNING));
   for (const v1::Job& job : running) {
@@ -182,10 +183,30 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   for (int state : request.states()) states.push_back(static_cast<v1::JobState>(state));
   if (!request.team().empty()) filter.team = request.team();
   if (!request.user().empty()) filter.owner = request.user();
+  if (!request.experiment().empty()) filter.experiment = request.experiment();
+  std::vector<std::pair<std::string, std::string>> labels;
+  for (const std::string& label : request.labels()) {
+    const size_t eq = label.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("labels: '", label, "' is not key=value (e.g. experiment=e-000001)"));
+    }
+    labels.emplace_back(label.substr(0, eq), label.substr(eq + 1));
+  }
+  const int limit = request.limit() == 0 ? 100 : request.limit();
   absl::MutexLock lock(&mu_);
-  STOKER_ASSIGN_OR_RETURN(
-      std::vector<v1::Job> jobs,
-      store_->List(states, request.limit() == 0 ? 100 : request.limit(), filter));
+  // Labels are inside the job rows: filtered here, after the store's other filters.
+  STOKER_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs,
+                          store_->List(states, labels.empty() ? limit : 0, filter));
+  if (!labels.empty()) {
+    std::erase_if(jobs, [&](const v1::Job& job) {
+      return std::any_of(labels.begin(), labels.end(), [&](const auto& label) {
+        const auto it = job.labels().find(label.first);
+        return it == job.labels().end() || it->second != label.second;
+      });
+    });
+    if (static_cast<int>(jobs.size()) > limit) jobs.resize(limit);
+  }
   v1::ListJobsResponse response;
   std::optional<QuotaState> quotas;  // summed once, for the first queued job
   for (v1::Job& job : jobs) {
@@ -329,7 +350,9 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(
   if (!job.ok()) {
     // A cancelled job's own attempt is told to stop rather than refused.
     absl::StatusOr<v1::Job> current = store_->Get(request.job_id());
-    if (current.ok() && current->state() == v1::JOB_STATE_CANCELLED &&
+    if (current.ok() &&
+        (current->state() == v1::JOB_STATE_CANCELLED ||
+         current->state() == v1::JOB_STATE_STOPPED) &&
         RunsRank(*current, request.worker_id(), request.attempt(), request.rank())) {
       response.set_cancel_requested(true);
       return response;
@@ -354,6 +377,33 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(
       }
     }
     if (event.has_progress() && request.rank() == 0) *job->mutable_progress() = event.progress();
+  }
+  // A trial of an ASHA search: its epochs are the search's rungs.
+  if (auto experiment = running_experiments_.find(job->experiment_id());
+      request.rank() == 0 && experiment != running_experiments_.end() &&
+      experiment->second.search().method() == "asha") {
+    v1::Experiment decided = experiment->second;  // kept only once stored
+    const std::optional<std::string> stop = AshaDecision(decided, *job, events);
+    if (decided.asha_records_size() != experiment->second.asha_records_size()) {
+      int64_t judged_step = 0;
+      for (const v1::JobEvent& event : events) {
+        if (event.type() == v1::EVENT_TYPE_EPOCH) judged_step = event.progress().step();
+      }
+      std::vector<JobStore::Change> changes = {{*job, std::move(events)}};
+      STOKER_RETURN_IF_ERROR(store_->SaveExperiment(decided, changes));
+      experiment->second = std::move(decided);
+      events_changed_.SignalAll();
+      if (stop.has_value()) {
+        // It ends once the checkpoint of the epoch it was judged at is stored (the trainer
+        // uploads it right after the epoch's event), so that it keeps those weights.
+        pending_stops_[job->id()] = {*stop, judged_step, absl::Now() + absl::Seconds(30)};
+        if (job->checkpoint_step() >= judged_step) {
+          STOKER_RETURN_IF_ERROR(StopTrial(job->id()));
+          response.set_cancel_requested(true);
+        }
+      }
+      return response;
+    }
   }
   STOKER_RETURN_IF_ERROR(SaveAndNotify(*job, std::move(events)));
   return response;
@@ -385,7 +435,7 @@ absl::Status Coordinator::CompleteJob(const v1::CompleteJobRequest& request) {
     }
     if (current.ok() && current->attempt() == request.attempt() &&
         RunsRank(*current, request.worker_id(), request.attempt(), rank) &&
-        (current->state() == v1::JOB_STATE_CANCELLED ||
+        (current->state() == v1::JOB_STATE_CANCELLED || current->state() == v1::JOB_STATE_STOPPED ||
          (current->state() == v1::JOB_STATE_SUCCEEDED && rank != 0))) {
       return absl::OkStatus();  // the cancel (or rank 0's success) already finished it
     }

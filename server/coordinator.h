@@ -136,6 +136,19 @@ class Coordinator {
                                  const std::optional<v1::AuditRecord>& audit = std::nullopt);
   v1::ListWorkersResponse ListWorkers();
 
+  // --- Experiments: a submit with a search (request.search, spec/search.h) stores an experiment
+  // whose trials are jobs, made as the concurrency cap allows. Every trial is validated as a
+  // submitted job first (an error names the trial and its values).
+  absl::StatusOr<v1::SubmitJobResponse> SubmitExperiment(
+      const v1::SubmitJobRequest& request, const std::string& owner = "",
+      const std::optional<v1::AuditRecord>& audit = std::nullopt);
+  absl::StatusOr<v1::Experiment> GetExperiment(const std::string& id);
+  absl::StatusOr<v1::ListExperimentsResponse> ListExperiments(
+      const v1::ListExperimentsRequest& request, const JobFilter& filter);
+  // Cancels the experiment's queued and running trials; no more are made.
+  absl::StatusOr<v1::Experiment> CancelExperiment(
+      const std::string& id, const std::optional<v1::AuditRecord>& audit = std::nullopt);
+
   // Events of `job_id` after `after_seq`. If there are none yet, waits up to `wait` for some.
   // Sets *job_finished when the job is in a final state and every event has been returned.
   absl::StatusOr<std::vector<v1::JobEvent>> WaitForEvents(const std::string& job_id,
@@ -388,6 +401,32 @@ class Coordinator {
   std::map<std::string, Preempting> preempting_ ABSL_GUARDED_BY(mu_);
   // Jobs preempted since the server started, by the victim's team (the metrics' counter).
   std::map<std::string, int64_t> preemptions_by_team_ ABSL_GUARDED_BY(mu_);
+  // Experiments still running, by id (the store's rows as last saved); loaded by Recover.
+  std::map<std::string, v1::Experiment> running_experiments_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_experiment_pass_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Status LoadExperiments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Updates its trials' states, makes the trials the concurrency cap allows, and completes it
+  // when every trial is made and final; stores what changed (one transaction).
+  absl::Status AdvanceExperiment(v1::Experiment& experiment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdvanceExperiments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Trials ASHA decided to stop, by job id: each ends (STOPPED) once the checkpoint of the step
+  // it was judged at is stored, or at `deadline` (the decision itself is in the experiment's
+  // records; a restarted server finds it there).
+  struct PendingStop {
+    std::string reason;
+    int64_t step = 0;
+    absl::Time deadline;
+  };
+  std::map<std::string, PendingStop> pending_stops_ ABSL_GUARDED_BY(mu_);
+  // Ends a trial of pending_stops_: STOPPED, its experiment's trial state, one transaction.
+  absl::Status StopTrial(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the pending stops past their deadline.
+  void StopLateTrials() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ASHA: records the rungs `job` (a trial of `experiment`) reached with its epoch events, in
+  // `experiment`; the reason when the trial is to stop.
+  std::optional<std::string> AshaDecision(v1::Experiment& experiment, v1::Job& job,
+                                          const std::vector<v1::JobEvent>& events)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Snapshot's per-team part.
   void SnapshotTeams(CoordinatorSnapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time last_preemption_pass_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

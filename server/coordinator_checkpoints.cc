@@ -67,11 +67,17 @@ absl::Status Coordinator::CommitCheckpoint(const v1::CheckpointChunk& first_chun
   job->set_checkpoint_bytes(bytes);
   job->clear_waiting_reason();  // set while uploads failed
   write_failure_event_time_.erase(job->id());
-  return SaveAndNotify(
+  STOKER_RETURN_IF_ERROR(SaveAndNotify(
       *job, {MakeEvent(v1::EVENT_TYPE_LOG,
                        absl::StrCat("checkpoint stored: step ", first_chunk.step(), ", epoch ",
                                     first_chunk.epoch(), ", ", bytes, " bytes"),
-                       first_chunk.attempt())});
+                       first_chunk.attempt())}));
+  // A trial ASHA stopped at this epoch ends now that its weights are kept.
+  if (auto stop = pending_stops_.find(job->id());
+      stop != pending_stops_.end() && first_chunk.step() >= stop->second.step) {
+    return StopTrial(job->id());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Coordinator::CheckpointWriteFailed(const v1::CheckpointChunk& first_chunk,

@@ -261,6 +261,10 @@ void Coordinator::ExpireLeases() {
     }
   }
   RequeueUndelivered();
+  if (now - last_experiment_pass_ >= absl::Seconds(1)) {
+    AdvanceExperiments();
+    last_experiment_pass_ = now;
+  }
   if (now - last_prune_ > absl::Seconds(10)) {
     PrunePlacedJobs();
     last_prune_ = now;

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "common/grpc_status.h"
 #include "rpc/chunk_stream.h"
 #include "server/audit_log.h"
@@ -101,6 +102,12 @@ JobServiceImpl::JobServiceImpl(Coordinator* coordinator, Authenticator* auth, Ac
                      CheckedServerStream(this, auth_, &JobServiceImpl::Watch));
   MarkMethodStreamed(MethodIndex(service, "GetArtifact"),
                      CheckedServerStream(this, auth_, &JobServiceImpl::Artifact));
+  MarkMethodStreamed(MethodIndex(service, "GetExperiment"),
+                     CheckedUnary(this, auth_, &JobServiceImpl::GetExperiment));
+  MarkMethodStreamed(MethodIndex(service, "ListExperiments"),
+                     CheckedUnary(this, auth_, &JobServiceImpl::ListExperiments));
+  MarkMethodStreamed(MethodIndex(service, "CancelExperiment"),
+                     CheckedUnary(this, auth_, &JobServiceImpl::CancelExperiment));
 }
 
 absl::StatusOr<std::string> JobServiceImpl::SubmitTeam(const Principal& who,
@@ -123,7 +130,9 @@ absl::StatusOr<std::string> JobServiceImpl::SubmitTeam(const Principal& who,
 grpc::Status JobServiceImpl::Submit(const Principal& who, grpc::ServerContext*,
                                     const v1::SubmitJobRequest& request,
                                     v1::SubmitJobResponse* response) {
-  v1::AuditRecord audit = AuditFor(who, "job.submit", "", request.spec().team());
+  const bool search = request.has_search();
+  v1::AuditRecord audit =
+      AuditFor(who, search ? "experiment.submit" : "job.submit", "", request.spec().team());
   // A worker or join token is refused before anything is looked up for it.
   const absl::Status kind = Authorize(who, Action::kListJobs, {});
   absl::StatusOr<std::string> team =
@@ -161,7 +170,8 @@ grpc::Status JobServiceImpl::Submit(const Principal& who, grpc::ServerContext*,
   owned.mutable_spec()->set_team(*team);
   const std::string owner = who.kind == Principal::Kind::kOpen ? "" : who.Name();
   absl::StatusOr<v1::SubmitJobResponse> submitted =
-      coordinator_->Submit(owned, owner, Decided(audit, absl::OkStatus()));
+      search ? coordinator_->SubmitExperiment(owned, owner, Decided(audit, absl::OkStatus()))
+             : coordinator_->Submit(owned, owner, Decided(audit, absl::OkStatus()));
   if (!submitted.ok()) access_->AuditOutcome(audit, submitted.status());
   return Answer(std::move(submitted), response);
 }
@@ -207,6 +217,64 @@ grpc::Status JobServiceImpl::Cancel(const Principal& who, grpc::ServerContext*,
   absl::StatusOr<v1::Job> cancelled =
       job.ok() ? coordinator_->Cancel(request.job_id(), Decided(audit, absl::OkStatus()))
                : job.status();
+  if (!cancelled.ok()) access_->AuditOutcome(audit, cancelled.status());
+  return Answer(std::move(cancelled), response);
+}
+
+absl::StatusOr<v1::Experiment> JobServiceImpl::AuthorizedExperiment(const Principal& who,
+                                                                    Action action,
+                                                                    const std::string& id) {
+  if (absl::Status s = Authorize(who, Action::kListJobs, {}); !s.ok()) return s;
+  absl::StatusOr<v1::Experiment> experiment = coordinator_->GetExperiment(id);
+  if (!experiment.ok()) return experiment.status();
+  Resource resource;
+  resource.id = id;
+  resource.owner = experiment->owner();
+  resource.team = experiment->team();
+  if (absl::Status s = Authorize(who, action, resource); !s.ok()) {
+    if (absl::IsNotFound(s)) return absl::NotFoundError(absl::StrCat("no experiment '", id, "'"));
+    return absl::Status(s.code(), absl::StrReplaceAll(s.message(), {{"the job's",
+                                                                     "the "
+                                                                     "experiment's"},
+                                                                    {"job", "experiment"}}));
+  }
+  return experiment;
+}
+
+grpc::Status JobServiceImpl::GetExperiment(const Principal& who, grpc::ServerContext*,
+                                           const v1::GetExperimentRequest& request,
+                                           v1::Experiment* response) {
+  return Answer(AuthorizedExperiment(who, Action::kViewJob, request.experiment_id()), response);
+}
+
+grpc::Status JobServiceImpl::ListExperiments(const Principal& who, grpc::ServerContext*,
+                                             const v1::ListExperimentsRequest& request,
+                                             v1::ListExperimentsResponse* response) {
+  if (absl::Status s = Authorize(who, Action::kListJobs, {}); !s.ok()) return ToGrpcStatus(s);
+  if (request.all() && !who.IsClusterAdmin()) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "only cluster admins may list every experiment (--all)");
+  }
+  JobFilter filter;
+  if (who.kind == Principal::Kind::kUser && !request.all()) {
+    filter.everything = false;
+    filter.visible_owner = who.Name();
+    for (const auto& [team, role] : who.teams) filter.visible_teams.push_back(team);
+  }
+  return Answer(coordinator_->ListExperiments(request, filter), response);
+}
+
+grpc::Status JobServiceImpl::CancelExperiment(const Principal& who, grpc::ServerContext*,
+                                              const v1::CancelExperimentRequest& request,
+                                              v1::Experiment* response) {
+  v1::AuditRecord audit = AuditFor(who, "experiment.cancel", request.experiment_id());
+  absl::StatusOr<v1::Experiment> experiment =
+      AuthorizedExperiment(who, Action::kCancelJob, request.experiment_id());
+  if (experiment.ok()) audit.set_team(experiment->team());
+  absl::StatusOr<v1::Experiment> cancelled =
+      experiment.ok() ? coordinator_->CancelExperiment(request.experiment_id(),
+                                                       Decided(audit, absl::OkStatus()))
+                      : experiment.status();
   if (!cancelled.ok()) access_->AuditOutcome(audit, cancelled.status());
   return Answer(std::move(cancelled), response);
 }

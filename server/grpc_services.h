@@ -91,6 +91,18 @@ class JobServiceImpl final : public v1::JobService::Service {
                      const v1::WatchJobRequest& request, EventStream* stream);
   grpc::Status Artifact(const Principal& who, grpc::ServerContext* context,
                         const v1::GetArtifactRequest& request, ChunkStream* stream);
+  grpc::Status GetExperiment(const Principal& who, grpc::ServerContext* context,
+                             const v1::GetExperimentRequest& request, v1::Experiment* response);
+  grpc::Status ListExperiments(const Principal& who, grpc::ServerContext* context,
+                               const v1::ListExperimentsRequest& request,
+                               v1::ListExperimentsResponse* response);
+  grpc::Status CancelExperiment(const Principal& who, grpc::ServerContext* context,
+                                const v1::CancelExperimentRequest& request,
+                                v1::Experiment* response);
+  // The experiment, if `who` may do `action` to it (the rules of its jobs: kViewJob, kCancelJob);
+  // NOT_FOUND for one it may not see.
+  absl::StatusOr<v1::Experiment> AuthorizedExperiment(const Principal& who, Action action,
+                                                      const std::string& id);
   // The job, if `who` may do `action` to it; NOT_FOUND for a job it may not see.
   absl::StatusOr<v1::Job> AuthorizedJob(const Principal& who, Action action,
                                         const std::string& job_id);

@@ -22,6 +22,15 @@ CREATE TABLE IF NOT EXISTS jobs (
   job BLOB NOT NULL                        -- serialized stoker.v1.Job
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority DESC, seq);
+CREATE TABLE IF NOT EXISTS experiments (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  request_id TEXT UNIQUE,
+  state INTEGER NOT NULL,
+  owner TEXT NOT NULL,
+  team TEXT NOT NULL,
+  experiment BLOB NOT NULL                 -- serialized stoker.v1.Experiment
+);
 CREATE TABLE IF NOT EXISTS events (
   job_id TEXT NOT NULL,
   seq INTEGER NOT NULL,
@@ -56,15 +65,29 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 JobStore::~JobStore() { sqlite3_close(db_); }
 
 absl::Status JobStore::AddOwnerColumns() {
+  auto has_column = [&](const char* name) -> absl::StatusOr<bool> {
+    Statement info(db_, "SELECT COUNT(*) FROM pragma_table_info('jobs') WHERE name = ?");
+    info.BindText(1, name);
+    if (!info.ok() || info.Step() != SQLITE_ROW) return Error("read the jobs table's columns");
+    return info.ColumnInt(0) > 0;
+  };
   // Stores from before users existed lack them; their jobs get owner '' and team ''.
-  Statement info(db_, "SELECT COUNT(*) FROM pragma_table_info('jobs') WHERE name = 'owner'");
-  if (!info.ok() || info.Step() != SQLITE_ROW) return Error("read the jobs table's columns");
-  if (info.ColumnInt(0) > 0) return absl::OkStatus();
-  return Exec(
-      "ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';"
-      "ALTER TABLE jobs ADD COLUMN team TEXT NOT NULL DEFAULT '';"
-      "CREATE INDEX IF NOT EXISTS jobs_by_team ON jobs (team, seq);"
-      "CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, seq);");
+  STOKER_ASSIGN_OR_RETURN(const bool owner, has_column("owner"));
+  if (!owner) {
+    STOKER_RETURN_IF_ERROR(
+        Exec("ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';"
+             "ALTER TABLE jobs ADD COLUMN team TEXT NOT NULL DEFAULT '';"
+             "CREATE INDEX IF NOT EXISTS jobs_by_team ON jobs (team, seq);"
+             "CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, seq);"));
+  }
+  // And from before experiments: their jobs are no experiment's trials.
+  STOKER_ASSIGN_OR_RETURN(const bool experiment, has_column("experiment"));
+  if (!experiment) {
+    STOKER_RETURN_IF_ERROR(
+        Exec("ALTER TABLE jobs ADD COLUMN experiment TEXT NOT NULL DEFAULT '';"
+             "CREATE INDEX IF NOT EXISTS jobs_by_experiment ON jobs (experiment, seq);"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status JobStore::Error(const char* what) const {
@@ -125,8 +148,8 @@ absl::StatusOr<JobStore::Inserted> JobStore::InsertInTransaction(NewJob& new_job
     }
   }
   Statement insert(db_,
-                   "INSERT INTO jobs (id, request_id, state, priority, job, owner, team) "
-                   "VALUES ('pending-' || hex(randomblob(8)), ?, ?, ?, x'', ?, ?)");
+                   "INSERT INTO jobs (id, request_id, state, priority, job, owner, team, "
+                   "experiment) VALUES ('pending-' || hex(randomblob(8)), ?, ?, ?, x'', ?, ?, ?)");
   if (!insert.ok()) return Error("prepare insert");
   if (request_id.empty()) {
     sqlite3_bind_null(insert.get(), 1);
@@ -137,6 +160,7 @@ absl::StatusOr<JobStore::Inserted> JobStore::InsertInTransaction(NewJob& new_job
   insert.BindInt(3, spec.priority());
   insert.BindText(4, new_job.owner);
   insert.BindText(5, spec.team());
+  insert.BindText(6, new_job.experiment_id);
   if (sqlite3_step(insert.get()) != SQLITE_DONE) return Error("insert job");
   const int64_t seq = sqlite3_last_insert_rowid(db_);
 
@@ -147,6 +171,8 @@ absl::StatusOr<JobStore::Inserted> JobStore::InsertInTransaction(NewJob& new_job
   job.set_state(v1::JOB_STATE_QUEUED);
   job.set_submit_time_unix_ms(new_job.now_unix_ms);
   job.set_owner(new_job.owner);
+  job.set_experiment_id(new_job.experiment_id);
+  job.mutable_labels()->insert(new_job.labels.begin(), new_job.labels.end());
   job.mutable_progress()->set_test_accuracy(-1);
   job.mutable_progress()->set_test_loss(-1);
   Statement update(db_, "UPDATE jobs SET id = ?, job = ? WHERE seq = ?");
@@ -290,6 +316,10 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<v1::JobSta
     sql += " AND owner = ?";
     params.push_back(*filter.owner);
   }
+  if (filter.experiment.has_value()) {
+    sql += " AND experiment = ?";
+    params.push_back(*filter.experiment);
+  }
   sql += " ORDER BY seq DESC";
   if (limit > 0) {
     sql += " LIMIT ?";
@@ -355,6 +385,145 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& jo
   }
   if (rc != SQLITE_DONE) return Error("query events");
   return events;
+}
+
+absl::Status JobStore::PutExperiment(const v1::Experiment& experiment) {
+  Statement update(db_, "UPDATE experiments SET state = ?, experiment = ? WHERE id = ?");
+  if (!update.ok()) return Error("prepare experiment update");
+  update.BindInt(1, experiment.state());
+  update.BindBlob(2, experiment.SerializeAsString());
+  update.BindText(3, experiment.id());
+  if (update.Step() != SQLITE_DONE) return Error("update experiment");
+  if (sqlite3_changes(db_) != 1) {
+    return absl::NotFoundError(absl::StrCat("no experiment '", experiment.id(), "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobStore::InsertedExperiment> JobStore::InsertExperiment(
+    v1::Experiment experiment, const std::optional<v1::AuditRecord>& audit) {
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  InsertedExperiment result;
+  if (!experiment.request_id().empty()) {
+    Statement find(db_, "SELECT experiment FROM experiments WHERE request_id = ?");
+    find.BindText(1, experiment.request_id());
+    if (!find.ok()) return Error("prepare");
+    if (find.Step() == SQLITE_ROW) {
+      if (!result.experiment.ParseFromString(find.ColumnBlob(0))) {
+        return Error("corrupt experiment row");
+      }
+      if (result.experiment.owner() != experiment.owner()) {
+        return absl::AlreadyExistsError(
+            "request_id: already used by another user's submit; choose another");
+      }
+      result.deduplicated = true;
+      return result;
+    }
+  }
+  Statement insert(db_,
+                   "INSERT INTO experiments (id, request_id, state, owner, team, experiment) "
+                   "VALUES ('pending-' || hex(randomblob(8)), ?, ?, ?, ?, x'')");
+  if (!insert.ok()) return Error("prepare experiment insert");
+  if (experiment.request_id().empty()) {
+    sqlite3_bind_null(insert.get(), 1);
+  } else {
+    insert.BindText(1, experiment.request_id());
+  }
+  insert.BindInt(2, experiment.state());
+  insert.BindText(3, experiment.owner());
+  insert.BindText(4, experiment.team());
+  if (insert.Step() != SQLITE_DONE) return Error("insert experiment");
+  experiment.set_id(absl::StrFormat("e-%06d", sqlite3_last_insert_rowid(db_)));
+  Statement name(db_, "UPDATE experiments SET id = ? WHERE seq = ?");
+  name.BindText(1, experiment.id());
+  name.BindInt(2, sqlite3_last_insert_rowid(db_));
+  if (name.Step() != SQLITE_DONE) return Error("name experiment");
+  STOKER_RETURN_IF_ERROR(PutExperiment(experiment));
+  STOKER_RETURN_IF_ERROR(AuditInTransaction(audit, experiment.id()));
+  if (!transaction.Commit()) return Error("commit");
+  result.experiment = std::move(experiment);
+  return result;
+}
+
+absl::StatusOr<std::vector<JobStore::Inserted>> JobStore::InsertTrials(v1::Experiment* experiment,
+                                                                       std::vector<NewJob> jobs) {
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  std::vector<Inserted> results;
+  int next = 0;
+  for (NewJob& job : jobs) {
+    STOKER_ASSIGN_OR_RETURN(Inserted inserted, InsertInTransaction(job));
+    while (next < experiment->trials_size() && !experiment->trials(next).job_id().empty()) ++next;
+    if (next == experiment->trials_size()) {
+      return absl::InternalError("InsertTrials: more jobs than trials without one");
+    }
+    experiment->mutable_trials(next)->set_job_id(inserted.job.id());
+    experiment->mutable_trials(next)->set_state(v1::JOB_STATE_QUEUED);
+    results.push_back(std::move(inserted));
+  }
+  STOKER_RETURN_IF_ERROR(PutExperiment(*experiment));
+  if (!transaction.Commit()) return Error("commit");
+  return results;
+}
+
+absl::Status JobStore::SaveExperiment(const v1::Experiment& experiment,
+                                      std::vector<Change>& changes,
+                                      const std::optional<v1::AuditRecord>& audit) {
+  Transaction transaction(db_);
+  if (!transaction.began()) return Error("begin");
+  for (Change& change : changes) {
+    STOKER_RETURN_IF_ERROR(SaveInTransaction(change.job, change.events));
+  }
+  STOKER_RETURN_IF_ERROR(PutExperiment(experiment));
+  STOKER_RETURN_IF_ERROR(AuditInTransaction(audit, experiment.id()));
+  if (!transaction.Commit()) return Error("commit");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Experiment> JobStore::GetExperiment(const std::string& id) {
+  Statement get(db_, "SELECT experiment FROM experiments WHERE id = ?");
+  if (!get.ok()) return Error("prepare");
+  get.BindText(1, id);
+  if (get.Step() != SQLITE_ROW) {
+    return absl::NotFoundError(absl::StrCat("no experiment '", id, "'"));
+  }
+  v1::Experiment experiment;
+  if (!experiment.ParseFromString(get.ColumnBlob(0))) return Error("corrupt experiment row");
+  return experiment;
+}
+
+absl::StatusOr<std::vector<v1::Experiment>> JobStore::ListExperiments(int limit,
+                                                                      const JobFilter& filter,
+                                                                      bool running_only) {
+  std::string sql = "SELECT experiment FROM experiments WHERE 1";
+  std::vector<std::string> params;
+  if (running_only) {
+    sql += absl::StrCat(" AND state = ", static_cast<int>(v1::EXPERIMENT_STATE_RUNNING));
+  }
+  if (!filter.everything) {
+    sql += " AND (owner = ?";
+    params.push_back(filter.visible_owner);
+    for (const std::string& team : filter.visible_teams) {
+      sql += " OR team = ?";
+      params.push_back(team);
+    }
+    sql += ")";
+  }
+  sql += " ORDER BY seq DESC";
+  if (limit > 0) sql += absl::StrCat(" LIMIT ", limit);
+  Statement query(db_, sql);
+  if (!query.ok()) return Error("prepare experiment list");
+  for (size_t i = 0; i < params.size(); ++i) query.BindText(static_cast<int>(i) + 1, params[i]);
+  std::vector<v1::Experiment> experiments;
+  int rc;
+  while ((rc = query.Step()) == SQLITE_ROW) {
+    if (!experiments.emplace_back().ParseFromString(query.ColumnBlob(0))) {
+      return Error("corrupt experiment row");
+    }
+  }
+  if (rc != SQLITE_DONE) return Error("list experiments");
+  return experiments;
 }
 
 }  // namespace stoker

@@ -28,6 +28,7 @@ struct JobFilter {
   std::vector<std::string> visible_teams;
   std::optional<std::string> team;
   std::optional<std::string> owner;
+  std::optional<std::string> experiment;  // only this experiment's trials
 };
 
 class JobStore {
@@ -57,6 +58,9 @@ class JobStore {
     std::string owner;
     // Appended in the insert's transaction, its target set to the new (or deduplicated) job's id.
     std::optional<v1::AuditRecord> audit;
+    // A trial's experiment and labels (Job.experiment_id, Job.labels).
+    std::string experiment_id;
+    std::map<std::string, std::string> labels;
   };
   absl::StatusOr<std::vector<Inserted>> InsertMany(std::vector<NewJob> jobs);
 
@@ -91,6 +95,27 @@ class JobStore {
   // Jobs in one state (any order).
   absl::StatusOr<std::vector<v1::Job>> InState(v1::JobState state);
 
+  // --- Experiments (hyperparameter searches; server/coordinator.h). Each is one row, the whole
+  // v1::Experiment as a blob. An experiment and the jobs a change touches are written in one
+  // transaction, so a decision (a trial made, stopped, cancelled) is stored whole or not at all.
+  struct InsertedExperiment {
+    v1::Experiment experiment;  // with its id ("e-000001")
+    bool deduplicated = false;  // request_id matched an earlier experiment, which is returned
+  };
+  absl::StatusOr<InsertedExperiment> InsertExperiment(
+      v1::Experiment experiment, const std::optional<v1::AuditRecord>& audit = std::nullopt);
+  // Inserts trial jobs and records each one's id in the first of `experiment`'s trials without a
+  // job (the caller adds those trials first, in the jobs' order), then saves the experiment.
+  absl::StatusOr<std::vector<Inserted>> InsertTrials(v1::Experiment* experiment,
+                                                     std::vector<NewJob> jobs);
+  // Saves the experiment with the changes of some of its jobs.
+  absl::Status SaveExperiment(const v1::Experiment& experiment, std::vector<Change>& changes,
+                              const std::optional<v1::AuditRecord>& audit = std::nullopt);
+  absl::StatusOr<v1::Experiment> GetExperiment(const std::string& id);
+  // Newest first; `filter`'s visibility (everything, or owner and teams) applies.
+  absl::StatusOr<std::vector<v1::Experiment>> ListExperiments(int limit, const JobFilter& filter,
+                                                              bool running_only = false);
+
   // Events with seq > after_seq, in order, at most `limit`.
   absl::StatusOr<std::vector<v1::JobEvent>> Events(const std::string& job_id, int64_t after_seq,
                                                    int limit);
@@ -106,6 +131,8 @@ class JobStore {
   absl::StatusOr<std::vector<v1::Job>> QueryJobs(const std::string& sql,
                                                  const std::vector<SqlValue>& params);
   absl::Status AppendEvents(const v1::Job& job, std::vector<v1::JobEvent>& events);
+  // Rewrites an experiment's row (inside a transaction the caller holds).
+  absl::Status PutExperiment(const v1::Experiment& experiment);
   // The body of Save (without the audit row), inside a transaction the caller holds.
   absl::Status SaveInTransaction(const v1::Job& job, std::vector<v1::JobEvent>& events);
   // The body of Insert, inside a transaction the caller holds.

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -17,6 +18,9 @@ namespace stoker {
 
 struct JobFile {
   v1::JobSpec spec;
+  // The `search:` section (spec/search.h), when the file has one; `spec` is then the base every
+  // trial starts from.
+  std::optional<v1::SearchSpec> search;
   // Where each field was written: dotted field path -> "file:line:column".
   std::map<std::string, std::string> locations;
   std::string source;  // the file name used in messages
@@ -29,6 +33,12 @@ inline constexpr size_t kMaxJobFileBytes = size_t{1} << 20;
 // Reads and parses a file; NOT_FOUND if it cannot be read, INVALID_ARGUMENT for a directory or a
 // file larger than kMaxJobFileBytes (of which no more than kMaxJobFileBytes + 1 bytes are read).
 absl::StatusOr<JobFile> ReadJobFile(const std::string& path);
+
+// Maps one YAML value (`yaml`, e.g. "0.01", "adamw", "[256, 128]") onto the field at the dotted
+// `path` of `spec`, as the same value written at that path in a job file would be. `source`
+// names the value in messages.
+absl::Status ApplyYamlValue(v1::JobSpec* spec, const std::string& path, absl::string_view yaml,
+                            const std::string& source);
 
 // Prefixes a validation error whose message starts with a field path ("train.batch_size: ...")
 // with the location that field had in the file, so people see "job.yaml:7:15: train.batch_size:".

@@ -603,14 +603,14 @@ std::string DatasetPathsAsWritten(absl::string_view message, const v1::JobSpec& 
 
 std::string JobStateName(v1::JobState state) {
   // In the proto's order, from JOB_STATE_UNSPECIFIED (0).
-  static constexpr const char* kNames[] = {"unknown",   "queued", "running",
-                                           "succeeded", "failed", "cancelled"};
+  static constexpr const char* kNames[] = {"unknown", "queued",    "running", "succeeded",
+                                           "failed",  "cancelled", "stopped"};
   return EnumName(state, kNames);
 }
 
 bool IsFinal(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
-         state == v1::JOB_STATE_CANCELLED;
+         state == v1::JOB_STATE_CANCELLED || state == v1::JOB_STATE_STOPPED;
 }
 
 }  // namespace stoker

@@ -19,29 +19,6 @@
 namespace stoker::testing {
 namespace {
 
-// An unsigned-byte IDX file: magic 0x0000 08 NDIMS, big-endian dimensions, then the data.
-void WriteIdx(const std::string& path, const std::vector<int>& dims,
-              const std::vector<uint8_t>& data) {
-  std::string bytes = {0, 0, 0x08, static_cast<char>(dims.size())};
-  for (int d : dims) {
-    for (int shift : {24, 16, 8, 0}) bytes.push_back(static_cast<char>((d >> shift) & 0xff));
-  }
-  bytes.append(data.begin(), data.end());
-  std::ofstream(path, std::ios::binary) << bytes;
-}
-
-// `count` 8x8 images whose brightest row is the label (0..9), and their labels.
-void WriteDigits(const std::string& dir, const std::string& split, int count) {
-  std::vector<uint8_t> images, labels;
-  for (int i = 0; i < count; ++i) {
-    const int label = i % 10;
-    labels.push_back(static_cast<uint8_t>(label));
-    for (int p = 0; p < 64; ++p) images.push_back(p / 8 == label % 8 ? 250 : 10);
-  }
-  WriteIdx(dir + "/" + split + "-images.idx", {count, 8, 8}, images);
-  WriteIdx(dir + "/" + split + "-labels.idx", {count}, labels);
-}
-
 std::string JobYaml(const std::string& dataset_extra, const std::string& train_labels) {
   return absl::StrCat(R"(name: digits
 dataset:

@@ -86,6 +86,9 @@ TEST(PreemptionTest, AHigherPriorityJobTakesTheDeviceThroughTheVictimsDrain) {
   EXPECT_TRUE(absl::StrContains(status.output, "preemptions:")) << status.output;
   CommandResult logs = cluster.Cli("logs " + victim->id());
   EXPECT_TRUE(absl::StrContains(logs.output, by)) << logs.output;
+  EXPECT_TRUE(absl::StrContains(logs.output, "to give the devices back (preempted)"))
+      << logs.output;
+  EXPECT_FALSE(absl::StrContains(logs.output, "for the worker's shutdown")) << logs.output;
 
   // The preemptor runs and finishes; then the victim resumes and ends as the straight run did.
   absl::StatusOr<v1::Job> urgent_done = cluster.WaitForFinal(urgent->id(), absl::Seconds(60));

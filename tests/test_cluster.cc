@@ -247,4 +247,25 @@ v1::JobSpec SmallFashionMnistJob(int epochs, int train_limit, int test_limit) {
   return spec;
 }
 
+void WriteIdx(const std::string& path, const std::vector<int>& dims,
+              const std::vector<uint8_t>& data) {
+  std::string bytes = {0, 0, 0x08, static_cast<char>(dims.size())};
+  for (int d : dims) {
+    for (int shift : {24, 16, 8, 0}) bytes.push_back(static_cast<char>((d >> shift) & 0xff));
+  }
+  bytes.append(data.begin(), data.end());
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+void WriteDigits(const std::string& dir, const std::string& split, int count) {
+  std::vector<uint8_t> images, labels;
+  for (int i = 0; i < count; ++i) {
+    const int label = i % 10;
+    labels.push_back(static_cast<uint8_t>(label));
+    for (int p = 0; p < 64; ++p) images.push_back(p / 8 == label % 8 ? 250 : 10);
+  }
+  WriteIdx(dir + "/" + split + "-images.idx", {count, 8, 8}, images);
+  WriteIdx(dir + "/" + split + "-labels.idx", {count}, labels);
+}
+
 }  // namespace stoker::testing

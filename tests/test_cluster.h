@@ -92,6 +92,13 @@ inline constexpr char kFashionMnistDatasetYaml[] = R"(dataset:
 // A Fashion-MNIST MLP job small enough for a test (subset of the data, few epochs).
 v1::JobSpec SmallFashionMnistJob(int epochs, int train_limit, int test_limit);
 
+// An unsigned-byte IDX file: magic 0x0000 08 NDIMS, big-endian dimensions, then the data.
+void WriteIdx(const std::string& path, const std::vector<int>& dims,
+              const std::vector<uint8_t>& data);
+// `count` 8x8 images whose brightest row is the label (0..9), and their labels:
+// DIR/SPLIT-images.idx and DIR/SPLIT-labels.idx.
+void WriteDigits(const std::string& dir, const std::string& split, int count);
+
 }  // namespace stoker::testing
 
 #endif  // STOKER_TESTS_TEST_CLUSTER_H_

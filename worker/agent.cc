@@ -334,7 +334,7 @@ bool Agent::Run(const std::atomic<bool>& stop) {
         }
         Log(absl::StrCat("server preempts ", RankName(it->second->assignment), " attempt ",
                          preempt.attempt(), ": checkpointing and giving it back"));
-        it->second->runner->Drain();
+        it->second->runner->Drain(/*preempted=*/true);
       }
       for (const v1::Assignment& assignment : response.assignments()) StartJob(assignment);
     } else if (status.error_code() == grpc::StatusCode::NOT_FOUND) {

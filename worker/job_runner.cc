@@ -619,7 +619,8 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
     }
     if (drain_requested_.load() && !drain_started) {
       drain_started = absl::Now();
-      region.RequestCheckpointAndStop();
+      region.RequestCheckpointAndStop(preempted_.load() ? JobRegion::StopReason::kPreempted
+                                                        : JobRegion::StopReason::kShutdown);
     }
     if (drain_started && absl::Now() - *drain_started > options_.drain_timeout) {
       on_event_(

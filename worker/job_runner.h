@@ -150,7 +150,11 @@ class JobRunner {
   // The worker is shutting down (thread-safe): the trainer writes a checkpoint at the step it
   // reached and stops (within RunnerOptions::drain_timeout, else it is stopped as by Cancel);
   // Run() then returns FAILED with `released` set, unless the attempt had already finished.
-  void Drain() { drain_requested_.store(true); }
+  // `preempted`: the server asked for the devices back (the trainer's log line says so).
+  void Drain(bool preempted = false) {
+    preempted_.store(preempted);
+    drain_requested_.store(true);
+  }
 
   // Counters of the running attempt, for export; zero before the region exists.
   struct StatsSnapshot {
@@ -238,6 +242,7 @@ class JobRunner {
   EventCallback on_event_;
   std::atomic<bool> cancel_requested_{false};
   std::atomic<bool> drain_requested_{false};
+  std::atomic<bool> preempted_{false};
   absl::Mutex region_mu_;
   JobRegion* region_ ABSL_GUARDED_BY(region_mu_) = nullptr;
   // The spec with dataset paths resolved on this worker (set by Run).

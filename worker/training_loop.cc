@@ -356,9 +356,12 @@ absl::Status TrainingLoop::CheckpointAndStop(uint64_t step) {
   if (step > last_checkpoint_step_) {
     STOKER_RETURN_IF_ERROR(Checkpoint(step, EpochOf(step - 1)));  // the epoch of step's batch
   }
+  const bool preempted = region_.CheckpointAndStopReason() == JobRegion::StopReason::kPreempted;
   const std::string message =
       !options_.data_parallel || region_.CheckpointAndStopRequested()
-          ? absl::StrCat("stopped at step ", step, " for the worker's shutdown")
+          ? absl::StrCat(
+                "stopped at step ", step,
+                preempted ? " to give the devices back (preempted)" : " for the worker's shutdown")
           : absl::StrCat("stopped at step ", step,
                          " with the other ranks: a worker of the job is shutting down");
   Log(message);

@@ -215,6 +215,18 @@ TEST_F(TrainingLoopTest, ACheckpointAndStopRequestKeepsTheStepReachedAndStops) {
   EXPECT_EQ(logs[0].message(), "stopped at step 1 for the worker's shutdown");
 }
 
+TEST_F(TrainingLoopTest, APreemptedAttemptSaysSoWhenItStops) {
+  TrainingLoop loop(pipeline_.region(), *model_, View(data_), Options(), recorder_.Sink(),
+                    recorder_.Writer());
+  pipeline_.region().RequestCheckpointAndStop(JobRegion::StopReason::kPreempted);
+  pipeline_.StartLoader();
+  EXPECT_TRUE(absl::IsCancelled(loop.Run()));
+  EXPECT_THAT(recorder_.checkpoints, ElementsAre(Pair(1, 1)));
+  const std::vector<v1::JobEvent> logs = recorder_.OfType(v1::EVENT_TYPE_LOG);
+  ASSERT_EQ(logs.size(), 1u);
+  EXPECT_EQ(logs[0].message(), "stopped at step 1 to give the devices back (preempted)");
+}
+
 TEST_F(TrainingLoopTest, ACheckpointAndStopRequestWhileWaitingForABatchStopsThere) {
   const LabeledSamples data = TinyData();
   Pipeline pipeline(data);  // no loader: batch 0 never comes

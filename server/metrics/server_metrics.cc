@@ -26,7 +26,8 @@ using prometheus::Family;
 using prometheus::Gauge;
 using prometheus::Histogram;
 
-constexpr const char* kJobStates[] = {"queued", "running", "succeeded", "failed", "cancelled"};
+constexpr const char* kJobStates[] = {"queued", "running",   "succeeded",
+                                      "failed", "cancelled", "stopped"};
 constexpr size_t kMaxRpcMethods = 64;
 
 // Seconds: an idle cluster assigns within a heartbeat (~1 s); a busy one queues for hours.
