@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <set>
 #include <string>
@@ -272,6 +273,38 @@ TEST_F(ExperimentsTest, AshaStopsTrialsByItsRuleAcrossAServerKill) {
   }
   CommandResult compare = cluster_.Cli("experiment compare " + id);
   EXPECT_TRUE(absl::StrContains(compare.output, "stopped")) << compare.output;
+}
+
+// The README's example: an ASHA search over the MLP on Fashion-MNIST finds a trial of 0.89.
+TEST(ExampleSearchTest, TheFashionMnistSearchFindsATrialOfAtLeast089) {
+  ASSERT_TRUE(std::filesystem::exists("/usr/share/datasets/fashion-mnist"))
+      << "Fashion-MNIST is missing: install the Debian package dataset-fashion-mnist "
+         "(scripts/setup.sh does)";
+  TestCluster cluster;
+  cluster.StartServer();
+  cluster.StartWorker("w1");
+  CommandResult submitted =
+      cluster.Cli("submit " STOKER_SOURCE_DIR "/examples/fashion-mnist-search.yaml");
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.output;
+  const absl::Time deadline = absl::Now() + absl::Minutes(5);
+  v1::Experiment experiment;
+  while (absl::Now() < deadline) {
+    grpc::ClientContext context;
+    v1::GetExperimentRequest request;
+    request.set_experiment_id("e-000001");
+    ASSERT_TRUE(cluster.jobs().GetExperiment(&context, request, &experiment).ok());
+    if (experiment.state() != v1::EXPERIMENT_STATE_RUNNING) break;
+    absl::SleepFor(absl::Seconds(1));
+  }
+  ASSERT_EQ(experiment.state(), v1::EXPERIMENT_STATE_COMPLETED);
+  const double took = (experiment.end_time_unix_ms() - experiment.submit_time_unix_ms()) / 1e3;
+  CommandResult status = cluster.Cli("experiment status e-000001");
+  std::cout << status.output << "\nthe search took " << took << " s\n";
+  const size_t at = status.output.find("final test_accuracy ");
+  ASSERT_NE(at, std::string::npos) << status.output;
+  double best = 0;
+  ASSERT_TRUE(absl::SimpleAtod(status.output.substr(at + 20, 6), &best)) << status.output;
+  EXPECT_GE(best, 0.89) << status.output;
 }
 
 TEST_F(ExperimentsTest, BadSpacesAreRefusedWithTheirLine) {
