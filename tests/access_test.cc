@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -91,6 +92,42 @@ class Caller {
     while (reader->Read(&chunk)) {
     }
     return reader->Finish();
+  }
+  // An experiment over `spec`: a grid over two learning rates, one trial at a time.
+  grpc::Status SubmitSearch(v1::JobSpec spec, v1::Experiment* experiment) const {
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = std::move(spec);
+    v1::SearchSpec& search = *request.mutable_search();
+    search.set_method("grid");
+    search.set_max_concurrent_trials(1);
+    v1::ParameterSpace* lr = search.add_parameters();
+    lr->set_path("train.optimizer.lr");
+    lr->set_kind("choice");
+    lr->add_choices("0.1");
+    lr->add_choices("0.2");
+    v1::SubmitJobResponse response;
+    grpc::Status status = jobs_->SubmitJob(Context().get(), request, &response);
+    *experiment = response.experiment();
+    return status;
+  }
+  grpc::Status GetExperiment(const std::string& id) const {
+    v1::GetExperimentRequest request;
+    request.set_experiment_id(id);
+    v1::Experiment response;
+    return jobs_->GetExperiment(Context().get(), request, &response);
+  }
+  grpc::Status CancelExperiment(const std::string& id) const {
+    v1::CancelExperimentRequest request;
+    request.set_experiment_id(id);
+    v1::Experiment response;
+    return jobs_->CancelExperiment(Context().get(), request, &response);
+  }
+  std::set<std::string> ListExperiments() const {
+    v1::ListExperimentsResponse response;
+    EXPECT_TRUE(jobs_->ListExperiments(Context().get(), {}, &response).ok());
+    std::set<std::string> ids;
+    for (const v1::Experiment& e : response.experiments()) ids.insert(e.id());
+    return ids;
   }
   grpc::Status Cancel(const std::string& id) const {
     v1::CancelJobRequest request;
@@ -380,6 +417,44 @@ TEST_F(AccessTest, TheRoleActionResourceMatrixThroughGrpc) {
   CommandResult audit = As("bob", "audit");
   EXPECT_EQ(audit.exit_code, 1) << audit.output;
   ExpectNoSecretStored();
+}
+
+// An experiment follows its jobs' rules: seen by its teams and its owner, cancelled by its owner
+// and team admins, another team's reads as a missing one; its trials are its owner's; audited.
+TEST_F(AccessTest, ExperimentsFollowTheRulesOfTheirJobs) {
+  v1::Experiment experiment;
+  ASSERT_TRUE(As("bob").SubmitSearch(Job("search"), &experiment).ok());
+  EXPECT_EQ(experiment.owner(), "bob");
+  EXPECT_EQ(experiment.team(), "vision");
+  ASSERT_EQ(experiment.trials_size(), 1) << "one at a time";
+  v1::Job trial;
+  ASSERT_TRUE(As("bob").Get(experiment.trials(0).job_id(), &trial).ok());
+  EXPECT_EQ(trial.owner(), "bob");
+  EXPECT_EQ(trial.spec().team(), "vision");
+  using C = grpc::StatusCode;
+  EXPECT_EQ(As("carol").GetExperiment(experiment.id()).error_code(), C::OK);  // vision viewer
+  EXPECT_EQ(As("dave").GetExperiment(experiment.id()).error_message(),
+            absl::StrCat("no experiment '", experiment.id(), "'"));
+  EXPECT_EQ(As("dave").GetExperiment("e-999999").error_message(), "no experiment 'e-999999'");
+  EXPECT_EQ(As("dave").CancelExperiment(experiment.id()).error_code(), C::NOT_FOUND);
+  EXPECT_TRUE(As("dave").ListExperiments().empty());
+  EXPECT_EQ(As("carol").ListExperiments(), (std::set<std::string>{experiment.id()}));
+  const grpc::Status viewer = As("carol").CancelExperiment(experiment.id());
+  EXPECT_EQ(viewer.error_code(), C::PERMISSION_DENIED);
+  EXPECT_TRUE(absl::StrContains(viewer.error_message(), "experiment's owner (bob)"))
+      << viewer.error_message();
+  EXPECT_EQ(As("alice").CancelExperiment(experiment.id()).error_code(), C::OK);  // vision admin
+  v1::Job cancelled;
+  ASSERT_TRUE(As("bob").Get(trial.id(), &cancelled).ok());
+  EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);
+  std::set<std::string> actions;
+  for (const v1::AuditRecord& record : Root().Audit()) {
+    if (record.target() == experiment.id())
+      actions.insert(record.action() + " " + record.principal());
+  }
+  EXPECT_TRUE(actions.contains("experiment.submit bob")) << absl::StrJoin(actions, ", ");
+  EXPECT_TRUE(actions.contains("experiment.cancel alice")) << absl::StrJoin(actions, ", ");
+  EXPECT_TRUE(actions.contains("experiment.cancel carol")) << "a denied cancel is audited too";
 }
 
 TEST_F(AccessTest, TokensExpireAndAreRevokedAndAdminCommandsAreGuarded) {
