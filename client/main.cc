@@ -266,6 +266,33 @@ class Client {
     return kExitOk;
   }
 
+  // The job's whole metric history, paged: epochs, or with `steps` the sampled steps.
+  int Metrics(const std::string& job_id, bool steps, const std::string& format) {
+    std::vector<v1::MetricPoint> points;
+    v1::GetMetricsResponse all;
+    int64_t after = 0;
+    while (true) {
+      v1::GetMetricsRequest request;
+      request.set_job_id(job_id);
+      request.set_after_step(after);
+      v1::GetMetricsResponse page;
+      grpc::Status status = jobs_->GetMetrics(Context().get(), request, &page);
+      if (!status.ok()) return ReportRpcError(options_, status, "metrics");
+      const auto& kind = steps ? page.steps() : page.epochs();
+      points.insert(points.end(), kind.begin(), kind.end());
+      all.mutable_epochs()->MergeFrom(page.epochs());
+      all.mutable_steps()->MergeFrom(page.steps());
+      if (!page.more() || kind.empty()) break;
+      after = kind.rbegin()->step();
+    }
+    if (options_.json() || format == "json") {
+      std::cout << ToJson(all, true) << "\n";
+    } else {
+      std::cout << MetricsText(points, format) << "\n";
+    }
+    return kExitOk;
+  }
+
   int Workers() {
     v1::ListWorkersResponse response;
     grpc::Status status = jobs_->ListWorkers(Context().get(), {}, &response);
@@ -323,6 +350,9 @@ struct Commands {
   CLI::App* logs = nullptr;
   CLI::App* cancel = nullptr;
   CLI::App* artifact = nullptr;
+  CLI::App* metrics = nullptr;
+  bool steps = false;
+  std::string metrics_format = "table";
   std::string job_file, job_id, request_id, artifact_output, team, user, experiment;
   std::vector<std::string> labels;
   bool all = false;
@@ -376,6 +406,13 @@ void AddCommands(CLI::App& app, Commands& c) {
   c.cancel = app.add_subcommand("cancel", "cancel a queued or running job");
   c.cancel->add_option("job_id", c.job_id, "job id")->required();
   app.add_subcommand("workers", "list registered workers");
+  c.metrics = app.add_subcommand("metrics", "a job's metric history: a row per epoch (or step)");
+  c.metrics->add_option("job_id", c.job_id, "job id")->required();
+  c.metrics->add_flag("--steps", c.steps,
+                      "the sampled training steps (about 1,000 a job) instead of the epochs");
+  c.metrics->add_option("-o,--output", c.metrics_format, "table, csv or json")
+      ->check(CLI::IsMember({"table", "csv", "json"}))
+      ->capture_default_str();
   c.artifact = app.add_subcommand("artifact", "download a job's latest checkpoint (safetensors)");
   c.artifact->add_option("job_id", c.job_id, "job id (with --best: an experiment id)")->required();
   c.artifact->add_flag("--best", c.best,
@@ -430,6 +467,7 @@ int RunCommand(Client& client, Commands& c) {
   if (c.status->parsed()) return client.Status(c.job_id);
   if (c.logs->parsed()) return client.Watch(c.job_id, c.follow);
   if (c.cancel->parsed()) return client.Cancel(c.job_id);
+  if (c.metrics->parsed()) return client.Metrics(c.job_id, c.steps, c.metrics_format);
   if (c.artifact->parsed()) {
     if (c.best) {
       absl::StatusOr<std::string> best = BestTrialJob(client.channel(), client.token(), c.job_id);

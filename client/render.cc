@@ -109,6 +109,29 @@ std::string FormatSeconds(double seconds) {
   return absl::StrFormat("%d:%02d", total / 60, total % 60);
 }
 
+std::string MetricsText(const std::vector<v1::MetricPoint>& points, const std::string& format) {
+  const bool csv = format == "csv";
+  auto number = [csv](double value, const char* spec) {
+    if (value < 0) return csv ? std::string() : std::string("-");
+    return absl::StrFormat(spec, value);
+  };
+  std::vector<std::vector<std::string>> rows = {
+      {"step", "epoch", "attempt", csv ? "time_unix_ms" : "time", "train_loss", "test_loss",
+       "test_accuracy", "samples_per_second", "data_stall_ratio"}};
+  for (const v1::MetricPoint& p : points) {
+    rows.push_back({absl::StrCat(p.step()), absl::StrCat(p.epoch()), absl::StrCat(p.attempt()),
+                    csv ? absl::StrCat(p.time_unix_ms()) : Clock(p.time_unix_ms()),
+                    number(p.train_loss(), "%.6g"), number(p.test_loss(), "%.6g"),
+                    number(p.test_accuracy(), "%.6g"), number(p.samples_per_second(), "%.6g"),
+                    number(p.data_stall_ratio(), "%.4g")});
+  }
+  if (!csv) return Table(rows);
+  std::string out;
+  for (const auto& row : rows) absl::StrAppend(&out, absl::StrJoin(row, ","), "\n");
+  if (!out.empty()) out.pop_back();
+  return out;
+}
+
 std::string TextTable(const std::vector<std::vector<std::string>>& rows) { return Table(rows); }
 
 std::string LocalClock(int64_t unix_ms) { return Clock(unix_ms); }

@@ -19,6 +19,9 @@ std::string EventLine(const v1::JobEvent& event);
 std::string ProgressText(const v1::TrainingProgress& progress, int bar_width);
 // "j-000001 succeeded: test accuracy 0.8876 (10 epochs, 52.3 s)" or the failure and its reason.
 std::string FinalSummary(const v1::Job& job);
+// A job's metric history (GetMetrics' points of one kind) as a table or CSV ("table", "csv"):
+// step, epoch, attempt, time, train loss, test loss and accuracy (epochs), samples/s, stall.
+std::string MetricsText(const std::vector<v1::MetricPoint>& points, const std::string& format);
 // Left-aligned columns separated by two spaces, the first row a header.
 std::string TextTable(const std::vector<std::vector<std::string>>& rows);
 // "2026-12-05 04:11:28" in local time; "-" for 0.

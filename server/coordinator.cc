@@ -216,6 +216,32 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   return response;
 }
 
+absl::StatusOr<v1::GetMetricsResponse> Coordinator::GetMetrics(
+    const v1::GetMetricsRequest& request) {
+  STOKER_RETURN_IF_ERROR(RequireId(request.job_id(), "job_id"));
+  if (request.limit() < 0 || request.limit() > 10000) {
+    return absl::InvalidArgumentError("limit: must be between 0 and 10000");
+  }
+  const int limit = request.limit() == 0 ? 1000 : request.limit();
+  absl::MutexLock lock(&mu_);
+  STOKER_RETURN_IF_ERROR(store_->Get(request.job_id()).status());
+  v1::GetMetricsResponse response;
+  for (const bool epochs : {true, false}) {
+    // One more than asked tells whether another page follows.
+    STOKER_ASSIGN_OR_RETURN(
+        std::vector<v1::MetricPoint> points,
+        store_->Metrics(request.job_id(), epochs, request.after_step(), limit + 1));
+    if (static_cast<int>(points.size()) > limit) {
+      response.set_more(true);
+      points.resize(limit);
+    }
+    for (v1::MetricPoint& point : points) {
+      *(epochs ? response.add_epochs() : response.add_steps()) = std::move(point);
+    }
+  }
+  return response;
+}
+
 absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id,
                                             const std::optional<v1::AuditRecord>& audit) {
   STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));

@@ -145,6 +145,8 @@ class Coordinator {
   absl::StatusOr<v1::Experiment> GetExperiment(const std::string& id);
   absl::StatusOr<v1::ListExperimentsResponse> ListExperiments(
       const v1::ListExperimentsRequest& request, const JobFilter& filter);
+  // A job's metric history (JobStore::Metrics), a page of each kind.
+  absl::StatusOr<v1::GetMetricsResponse> GetMetrics(const v1::GetMetricsRequest& request);
   // Cancels the experiment's queued and running trials; no more are made.
   absl::StatusOr<v1::Experiment> CancelExperiment(
       const std::string& id, const std::optional<v1::AuditRecord>& audit = std::nullopt);

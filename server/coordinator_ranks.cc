@@ -125,7 +125,10 @@ absl::StatusOr<std::vector<v1::Assignment>> Coordinator::Assign(const std::strin
   // Every start of the pass in one transaction; only then do the ledgers hold them.
   std::vector<JobStore::Change> changes;
   changes.reserve(starts.size());
-  for (const Start& start : starts) changes.push_back({start.job, {start.event}});
+  for (const Start& start : starts) {
+    // The attempt resumes from the stored checkpoint: the lost attempt's points past it go.
+    changes.push_back({start.job, {start.event}, start.job.checkpoint_step()});
+  }
   STOKER_RETURN_IF_ERROR(SaveAllAndNotify(changes));
   for (const Start& start : starts) {
     const v1::Job& job = start.job;

@@ -102,6 +102,8 @@ JobServiceImpl::JobServiceImpl(Coordinator* coordinator, Authenticator* auth, Ac
                      CheckedServerStream(this, auth_, &JobServiceImpl::Watch));
   MarkMethodStreamed(MethodIndex(service, "GetArtifact"),
                      CheckedServerStream(this, auth_, &JobServiceImpl::Artifact));
+  MarkMethodStreamed(MethodIndex(service, "GetMetrics"),
+                     CheckedUnary(this, auth_, &JobServiceImpl::Metrics));
   MarkMethodStreamed(MethodIndex(service, "GetExperiment"),
                      CheckedUnary(this, auth_, &JobServiceImpl::GetExperiment));
   MarkMethodStreamed(MethodIndex(service, "ListExperiments"),
@@ -219,6 +221,17 @@ grpc::Status JobServiceImpl::Cancel(const Principal& who, grpc::ServerContext*,
                : job.status();
   if (!cancelled.ok()) access_->AuditOutcome(audit, cancelled.status());
   return Answer(std::move(cancelled), response);
+}
+
+grpc::Status JobServiceImpl::Metrics(const Principal& who, grpc::ServerContext*,
+                                     const v1::GetMetricsRequest& request,
+                                     v1::GetMetricsResponse* response) {
+  // As its logs: those who may read them.
+  if (absl::StatusOr<v1::Job> job = AuthorizedJob(who, Action::kReadJob, request.job_id());
+      !job.ok()) {
+    return ToGrpcStatus(job.status());
+  }
+  return Answer(coordinator_->GetMetrics(request), response);
 }
 
 absl::StatusOr<v1::Experiment> JobServiceImpl::AuthorizedExperiment(const Principal& who,

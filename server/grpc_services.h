@@ -91,6 +91,8 @@ class JobServiceImpl final : public v1::JobService::Service {
                      const v1::WatchJobRequest& request, EventStream* stream);
   grpc::Status Artifact(const Principal& who, grpc::ServerContext* context,
                         const v1::GetArtifactRequest& request, ChunkStream* stream);
+  grpc::Status Metrics(const Principal& who, grpc::ServerContext* context,
+                       const v1::GetMetricsRequest& request, v1::GetMetricsResponse* response);
   grpc::Status GetExperiment(const Principal& who, grpc::ServerContext* context,
                              const v1::GetExperimentRequest& request, v1::Experiment* response);
   grpc::Status ListExperiments(const Principal& who, grpc::ServerContext* context,

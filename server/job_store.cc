@@ -2,6 +2,8 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -31,6 +33,13 @@ CREATE TABLE IF NOT EXISTS experiments (
   team TEXT NOT NULL,
   experiment BLOB NOT NULL                 -- serialized stoker.v1.Experiment
 );
+CREATE TABLE IF NOT EXISTS metrics (
+  job_id TEXT NOT NULL,
+  kind INTEGER NOT NULL,                   -- 0 an epoch's end, 1 a sampled training step
+  step INTEGER NOT NULL,
+  point BLOB NOT NULL,                     -- serialized stoker.v1.MetricPoint
+  PRIMARY KEY (job_id, kind, step)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS events (
   job_id TEXT NOT NULL,
   seq INTEGER NOT NULL,
@@ -226,7 +235,78 @@ absl::Status JobStore::AuditInTransaction(const std::optional<v1::AuditRecord>& 
   return AppendAudit(db_, record);
 }
 
-absl::Status JobStore::SaveInTransaction(const v1::Job& job, std::vector<v1::JobEvent>& events) {
+absl::Status JobStore::RecordMetrics(const v1::Job& job, const std::vector<v1::JobEvent>& events,
+                                     int64_t truncate_after) {
+  if (truncate_after >= 0) {
+    Statement truncate(db_, "DELETE FROM metrics WHERE job_id = ? AND step > ?");
+    truncate.BindText(1, job.id());
+    truncate.BindInt(2, truncate_after);
+    if (!truncate.ok() || truncate.Step() != SQLITE_DONE) return Error("truncate metrics");
+  }
+  for (const v1::JobEvent& event : events) {
+    // Rank 0's epochs and progress (another rank's carry "rank N" as their message).
+    const bool epoch = event.type() == v1::EVENT_TYPE_EPOCH;
+    if ((!epoch && event.type() != v1::EVENT_TYPE_PROGRESS) || !event.has_progress() ||
+        !event.message().empty()) {
+      continue;
+    }
+    const v1::TrainingProgress& progress = event.progress();
+    if (!epoch) {
+      // Steps are sampled: about 1,000 points per job, whatever its length.
+      const int64_t stride = std::max<int64_t>(1, progress.total_steps() / 1000);
+      Statement last(db_, "SELECT MAX(step) FROM metrics WHERE job_id = ? AND kind = 1");
+      last.BindText(1, job.id());
+      if (!last.ok() || last.Step() != SQLITE_ROW) return Error("read metrics");
+      if (sqlite3_column_type(last.get(), 0) != SQLITE_NULL &&
+          progress.step() < last.ColumnInt(0) + stride) {
+        continue;
+      }
+    }
+    v1::MetricPoint point;
+    point.set_step(progress.step());
+    point.set_epoch(progress.epoch());
+    point.set_attempt(event.attempt());
+    point.set_time_unix_ms(event.time_unix_ms());
+    point.set_train_loss(progress.loss());
+    point.set_test_loss(epoch ? progress.test_loss() : -1);
+    point.set_test_accuracy(epoch ? progress.test_accuracy() : -1);
+    point.set_samples_per_second(progress.samples_per_second());
+    point.set_data_stall_ratio(progress.data_stall_ratio());
+    Statement put(db_,
+                  "INSERT OR REPLACE INTO metrics (job_id, kind, step, point) VALUES (?, ?, ?, ?)");
+    put.BindText(1, job.id());
+    put.BindInt(2, epoch ? 0 : 1);
+    put.BindInt(3, progress.step());
+    put.BindBlob(4, point.SerializeAsString());
+    if (!put.ok() || put.Step() != SQLITE_DONE) return Error("record metrics");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::MetricPoint>> JobStore::Metrics(const std::string& job_id,
+                                                               bool epochs, int64_t after_step,
+                                                               int limit) {
+  Statement query(db_,
+                  "SELECT point FROM metrics WHERE job_id = ? AND kind = ? AND step > ? "
+                  "ORDER BY step LIMIT ?");
+  if (!query.ok()) return Error("prepare metrics");
+  query.BindText(1, job_id);
+  query.BindInt(2, epochs ? 0 : 1);
+  query.BindInt(3, after_step);
+  query.BindInt(4, limit);
+  std::vector<v1::MetricPoint> points;
+  int rc;
+  while ((rc = query.Step()) == SQLITE_ROW) {
+    if (!points.emplace_back().ParseFromString(query.ColumnBlob(0))) {
+      return Error("corrupt metric point");
+    }
+  }
+  if (rc != SQLITE_DONE) return Error("read metrics");
+  return points;
+}
+
+absl::Status JobStore::SaveInTransaction(const v1::Job& job, std::vector<v1::JobEvent>& events,
+                                         int64_t truncate_metrics_after) {
   Statement update(db_, "UPDATE jobs SET state = ?, priority = ?, job = ? WHERE id = ?");
   if (!update.ok()) return Error("prepare update");
   update.BindInt(1, job.state());
@@ -236,7 +316,8 @@ absl::Status JobStore::SaveInTransaction(const v1::Job& job, std::vector<v1::Job
   if (sqlite3_step(update.get()) != SQLITE_DONE) return Error("update job");
   if (sqlite3_changes(db_) != 1)
     return absl::NotFoundError(absl::StrCat("no job '", job.id(), "'"));
-  return AppendEvents(job, events);
+  STOKER_RETURN_IF_ERROR(AppendEvents(job, events));
+  return RecordMetrics(job, events, truncate_metrics_after);
 }
 
 absl::Status JobStore::Save(const v1::Job& job, std::vector<v1::JobEvent> events,
@@ -254,7 +335,8 @@ absl::Status JobStore::SaveMany(std::vector<Change>& changes) {
   Transaction transaction(db_);
   if (!transaction.began()) return Error("begin");
   for (Change& change : changes) {
-    STOKER_RETURN_IF_ERROR(SaveInTransaction(change.job, change.events));
+    STOKER_RETURN_IF_ERROR(
+        SaveInTransaction(change.job, change.events, change.truncate_metrics_after));
   }
   if (!transaction.Commit()) return Error("commit");
   return absl::OkStatus();

@@ -76,6 +76,9 @@ class JobStore {
   struct Change {
     v1::Job job;
     std::vector<v1::JobEvent> events;
+    // An attempt that starts from the checkpoint at this step: the job's metric points past it
+    // (the lost attempt's) are dropped, so its history stays one monotone series.
+    int64_t truncate_metrics_after = -1;
   };
   absl::Status SaveMany(std::vector<Change>& changes);
   // Appends an audit row on its own (a denied request, which changes nothing else).
@@ -116,6 +119,11 @@ class JobStore {
   absl::StatusOr<std::vector<v1::Experiment>> ListExperiments(int limit, const JobFilter& filter,
                                                               bool running_only = false);
 
+  // A job's metric history (RecordMetrics'): epoch points or sampled step points with step >
+  // after_step, by step, at most `limit`.
+  absl::StatusOr<std::vector<v1::MetricPoint>> Metrics(const std::string& job_id, bool epochs,
+                                                       int64_t after_step, int limit);
+
   // Events with seq > after_seq, in order, at most `limit`.
   absl::StatusOr<std::vector<v1::JobEvent>> Events(const std::string& job_id, int64_t after_seq,
                                                    int limit);
@@ -133,8 +141,14 @@ class JobStore {
   absl::Status AppendEvents(const v1::Job& job, std::vector<v1::JobEvent>& events);
   // Rewrites an experiment's row (inside a transaction the caller holds).
   absl::Status PutExperiment(const v1::Experiment& experiment);
-  // The body of Save (without the audit row), inside a transaction the caller holds.
-  absl::Status SaveInTransaction(const v1::Job& job, std::vector<v1::JobEvent>& events);
+  // The body of Save (without the audit row), inside a transaction the caller holds; also records
+  // the metric points the events carry (RecordMetrics).
+  absl::Status SaveInTransaction(const v1::Job& job, std::vector<v1::JobEvent>& events,
+                                 int64_t truncate_metrics_after = -1);
+  // Rank 0's EPOCH events become epoch points, its PROGRESS events sampled step points (about
+  // 1,000 a job), upserted by step; `truncate_after` >= 0 first drops the points past that step.
+  absl::Status RecordMetrics(const v1::Job& job, const std::vector<v1::JobEvent>& events,
+                             int64_t truncate_after);
   // The body of Insert, inside a transaction the caller holds.
   absl::StatusOr<Inserted> InsertInTransaction(NewJob& job);
   absl::Status Error(const char* what) const;

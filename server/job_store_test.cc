@@ -116,5 +116,60 @@ TEST_F(JobStoreTest, QueueOrderIsPriorityThenSubmit) {
   EXPECT_EQ((*newest)[0].spec().name(), "high2");
 }
 
+// The metric history: rank 0's epoch and progress events become points, steps sampled by
+// total_steps / 1000, upserted by step; an attempt's start drops the points past its checkpoint.
+TEST_F(JobStoreTest, MetricPointsAreSampledUpsertedAndTruncated) {
+  std::unique_ptr<JobStore> store = Open();
+  absl::StatusOr<JobStore::Inserted> inserted = store->Insert(Spec("m"), "", 1, Event("submitted"));
+  ASSERT_TRUE(inserted.ok());
+  v1::Job job = inserted->job;
+  auto progress = [](v1::EventType type, int64_t step, int attempt, const std::string& message) {
+    v1::JobEvent event;
+    event.set_type(type);
+    event.set_attempt(attempt);
+    event.set_message(message);
+    event.mutable_progress()->set_step(step);
+    event.mutable_progress()->set_total_steps(5000);  // steps sampled every 5
+    event.mutable_progress()->set_epoch(static_cast<int>(step / 1000) + 1);
+    event.mutable_progress()->set_loss(1.0 / static_cast<double>(step));
+    event.mutable_progress()->set_test_accuracy(0.5);
+    return event;
+  };
+  std::vector<v1::JobEvent> events;
+  for (int64_t step = 1; step <= 20; ++step) {
+    events.push_back(progress(v1::EVENT_TYPE_PROGRESS, step, 1, ""));
+  }
+  events.push_back(progress(v1::EVENT_TYPE_PROGRESS, 21, 1, "rank 1"));  // another rank's
+  events.push_back(progress(v1::EVENT_TYPE_EPOCH, 1000, 1, ""));
+  events.push_back(progress(v1::EVENT_TYPE_EPOCH, 2000, 1, ""));
+  ASSERT_TRUE(store->Save(job, events).ok());
+  auto steps = [&](bool epochs) {
+    std::vector<int64_t> found;
+    absl::StatusOr<std::vector<v1::MetricPoint>> points = store->Metrics(job.id(), epochs, 0, 100);
+    EXPECT_TRUE(points.ok());
+    for (const v1::MetricPoint& p : *points) found.push_back(p.step());
+    return found;
+  };
+  EXPECT_EQ(steps(false), (std::vector<int64_t>{1, 6, 11, 16}));
+  EXPECT_EQ(steps(true), (std::vector<int64_t>{1000, 2000}));
+  absl::StatusOr<std::vector<v1::MetricPoint>> epoch = store->Metrics(job.id(), true, 1000, 1);
+  ASSERT_TRUE(epoch.ok());
+  ASSERT_EQ(epoch->size(), 1u);
+  EXPECT_EQ((*epoch)[0].step(), 2000);
+  EXPECT_DOUBLE_EQ((*epoch)[0].test_accuracy(), 0.5);
+  EXPECT_EQ((*epoch)[0].attempt(), 1);
+
+  // Attempt 2 starts from the checkpoint at step 1000: the points past it go, and its own points
+  // replace them.
+  std::vector<JobStore::Change> start = {{job, {Event("attempt 2 started")}, 1000}};
+  ASSERT_TRUE(store->SaveMany(start).ok());
+  EXPECT_EQ(steps(true), (std::vector<int64_t>{1000}));
+  ASSERT_TRUE(store->Save(job, {progress(v1::EVENT_TYPE_EPOCH, 2000, 2, "")}).ok());
+  absl::StatusOr<std::vector<v1::MetricPoint>> again = store->Metrics(job.id(), true, 0, 100);
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(again->size(), 2u);
+  EXPECT_EQ((*again)[1].attempt(), 2);
+}
+
 }  // namespace
 }  // namespace stoker

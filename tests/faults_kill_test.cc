@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 
@@ -53,6 +54,43 @@ TEST(FaultsTest, KilledWorkerJobResumesFromItsCheckpointOnAnotherWorker) {
   }
   EXPECT_TRUE(saw_resume);
   EXPECT_GE(first_epoch_of_attempt2, checkpointed->checkpoint_epoch() + 1);
+
+  // The metric history is one series: each epoch once, steps increasing, and past the step the
+  // second attempt resumed from, only its points (the lost attempt's were replaced).
+  auto history = [&]() {
+    grpc::ClientContext context;
+    v1::GetMetricsRequest request;
+    request.set_job_id(checkpointed->id());
+    v1::GetMetricsResponse response;
+    EXPECT_TRUE(cluster.jobs().GetMetrics(&context, request, &response).ok());
+    return response;
+  };
+  const v1::GetMetricsResponse metrics = history();
+  ASSERT_EQ(metrics.epochs_size(), 4);  // (its epochs, under a second, make no step points)
+  for (const auto* points : {&metrics.epochs(), &metrics.steps()}) {
+    int64_t previous = 0;
+    for (const v1::MetricPoint& point : *points) {
+      EXPECT_GT(point.step(), previous);
+      previous = point.step();
+      EXPECT_EQ(point.step() > resumed_step ? 2 : 1, point.attempt())
+          << "step " << point.step() << " (resumed from " << resumed_step << ")";
+    }
+  }
+  for (int e = 0; e < 4; ++e) {
+    EXPECT_EQ(metrics.epochs(e).epoch(), e + 1);
+    EXPECT_GT(metrics.epochs(e).test_accuracy(), 0);
+    EXPECT_GT(metrics.epochs(e).train_loss(), 0);
+  }
+  EXPECT_DOUBLE_EQ(metrics.epochs(3).test_accuracy(), done->progress().test_accuracy());
+  CommandResult csv = cluster.Cli("metrics " + checkpointed->id() + " -o csv");
+  EXPECT_EQ(csv.exit_code, 0) << csv.output;
+  EXPECT_EQ(std::count(csv.output.begin(), csv.output.end(), '\n'), 5) << csv.output;
+  EXPECT_TRUE(absl::StartsWith(csv.output, "step,epoch,attempt,time_unix_ms,train_loss,test_loss,"))
+      << csv.output;
+  // It survives a server restart.
+  cluster.KillServer(SIGKILL);
+  cluster.StartServer({"--lease-seconds", "2"});
+  EXPECT_EQ(history().SerializeAsString(), metrics.SerializeAsString());
 }
 
 TEST(FaultsTest, KilledServerRestartsWithEveryJobAndTheRunningJobFinishes) {

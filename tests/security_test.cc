@@ -81,9 +81,9 @@ TEST(SecurityTest, EveryRpcNeedsTheToken) {
           << method << " with the token";
     }
   }
-  // JobService 10 (the three experiment calls included), WorkerService 9 (the rendezvous pair and
-  // the join included), AccessService 15.
-  EXPECT_EQ(methods, 34);
+  // JobService 11 (the three experiment calls and the metrics included), WorkerService 9 (the
+  // rendezvous pair and the join included), AccessService 15.
+  EXPECT_EQ(methods, 35);
 
   CommandResult denied = cluster.Cli("list");
   EXPECT_EQ(denied.exit_code, 1);
