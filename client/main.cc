@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "client/dry_run.h"
 #include "client/experiment_commands.h"
 #include "client/render.h"
+#include "client/tensorboard.h"
 #include "common/auth.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -267,23 +269,48 @@ class Client {
   }
 
   // The job's whole metric history, paged: epochs, or with `steps` the sampled steps.
-  int Metrics(const std::string& job_id, bool steps, const std::string& format) {
-    std::vector<v1::MetricPoint> points;
-    v1::GetMetricsResponse all;
+  int Metrics(const std::string& job_id, bool steps, const std::string& format,
+              const std::string& tensorboard) {
+    // Each kind is paged on its own: the next page starts after the last step of a kind whose
+    // page was full; points seen twice are kept once (by step).
+    constexpr int kPage = 1000;
+    std::map<int64_t, v1::MetricPoint> epoch_points, step_points;
     int64_t after = 0;
     while (true) {
       v1::GetMetricsRequest request;
       request.set_job_id(job_id);
       request.set_after_step(after);
+      request.set_limit(kPage);
       v1::GetMetricsResponse page;
       grpc::Status status = jobs_->GetMetrics(Context().get(), request, &page);
       if (!status.ok()) return ReportRpcError(options_, status, "metrics");
-      const auto& kind = steps ? page.steps() : page.epochs();
-      points.insert(points.end(), kind.begin(), kind.end());
-      all.mutable_epochs()->MergeFrom(page.epochs());
-      all.mutable_steps()->MergeFrom(page.steps());
-      if (!page.more() || kind.empty()) break;
-      after = kind.rbegin()->step();
+      for (const v1::MetricPoint& p : page.epochs()) epoch_points[p.step()] = p;
+      for (const v1::MetricPoint& p : page.steps()) step_points[p.step()] = p;
+      int64_t next = -1;
+      for (const auto* kind : {&page.epochs(), &page.steps()}) {
+        if (kind->size() < kPage) continue;
+        const int64_t last = kind->rbegin()->step();
+        next = next < 0 ? last : std::min(next, last);
+      }
+      if (next <= after) break;
+      after = next;
+    }
+    v1::GetMetricsResponse all;
+    for (const auto& [step, p] : epoch_points) *all.add_epochs() = p;
+    for (const auto& [step, p] : step_points) *all.add_steps() = p;
+    const auto& chosen = steps ? all.steps() : all.epochs();
+    const std::vector<v1::MetricPoint> points(chosen.begin(), chosen.end());
+    if (!tensorboard.empty()) {
+      absl::StatusOr<std::string> written =
+          WriteTensorBoardEvents(tensorboard, job_id, {all.epochs().begin(), all.epochs().end()},
+                                 {all.steps().begin(), all.steps().end()});
+      if (!written.ok()) {
+        std::cerr << "stoker: metrics: " << written.status().message() << "\n";
+        return kExitBadInput;
+      }
+      std::cout << "wrote " << *written << " (" << all.epochs_size() << " epochs, "
+                << all.steps_size() << " steps)\n";
+      return kExitOk;
     }
     if (options_.json() || format == "json") {
       std::cout << ToJson(all, true) << "\n";
@@ -353,6 +380,7 @@ struct Commands {
   CLI::App* metrics = nullptr;
   bool steps = false;
   std::string metrics_format = "table";
+  std::string tensorboard;
   std::string job_file, job_id, request_id, artifact_output, team, user, experiment;
   std::vector<std::string> labels;
   bool all = false;
@@ -413,6 +441,8 @@ void AddCommands(CLI::App& app, Commands& c) {
   c.metrics->add_option("-o,--output", c.metrics_format, "table, csv or json")
       ->check(CLI::IsMember({"table", "csv", "json"}))
       ->capture_default_str();
+  c.metrics->add_option("--tensorboard", c.tensorboard,
+                        "write the history as a TensorBoard event file in this directory");
   c.artifact = app.add_subcommand("artifact", "download a job's latest checkpoint (safetensors)");
   c.artifact->add_option("job_id", c.job_id, "job id (with --best: an experiment id)")->required();
   c.artifact->add_flag("--best", c.best,
@@ -467,7 +497,9 @@ int RunCommand(Client& client, Commands& c) {
   if (c.status->parsed()) return client.Status(c.job_id);
   if (c.logs->parsed()) return client.Watch(c.job_id, c.follow);
   if (c.cancel->parsed()) return client.Cancel(c.job_id);
-  if (c.metrics->parsed()) return client.Metrics(c.job_id, c.steps, c.metrics_format);
+  if (c.metrics->parsed()) {
+    return client.Metrics(c.job_id, c.steps, c.metrics_format, c.tensorboard);
+  }
   if (c.artifact->parsed()) {
     if (c.best) {
       absl::StatusOr<std::string> best = BestTrialJob(client.channel(), client.token(), c.job_id);

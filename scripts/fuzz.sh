@@ -58,7 +58,7 @@ done
 # The job-file parser and JobSpec validation (with the generated protobuf code).
 mkdir -p "$out/gen"
 protoc --proto_path=proto --cpp_out="$out/gen" proto/stoker.proto
-jobfile_sources=("$out/gen/stoker.pb.cc" spec/job_file.cc spec/job_spec.cc common/utf8.cc)
+jobfile_sources=("$out/gen/stoker.pb.cc" spec/job_file.cc spec/job_spec.cc spec/search.cc common/utf8.cc)
 read -r -a jobfile_libs <<<"$(pkg-config --libs protobuf yaml-cpp absl_status absl_statusor absl_strings absl_str_format)"
 "$cxx" "${cxxflags[@]}" -I"$out/gen" -fsanitize=fuzzer fuzz/jobfile_fuzz.cc "${jobfile_sources[@]}" \
   "${jobfile_libs[@]}" -o "$out/jobfile_fuzz"

@@ -9,7 +9,9 @@
 #include <random>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/checkpoint.h"
 #include "gtest/gtest.h"
 #include "tests/faults_util.h"
@@ -87,6 +89,32 @@ TEST(FaultsTest, KilledWorkerJobResumesFromItsCheckpointOnAnotherWorker) {
   EXPECT_EQ(std::count(csv.output.begin(), csv.output.end(), '\n'), 5) << csv.output;
   EXPECT_TRUE(absl::StartsWith(csv.output, "step,epoch,attempt,time_unix_ms,train_loss,test_loss,"))
       << csv.output;
+  // TensorBoard's event file holds the same points (read back by an independent reader).
+  CommandResult tb =
+      cluster.Cli("metrics " + checkpointed->id() + " --tensorboard " + cluster.dir() + "/tb");
+  ASSERT_EQ(tb.exit_code, 0) << tb.output;
+  std::string event_file;
+  for (const auto& entry : std::filesystem::directory_iterator(cluster.dir() + "/tb")) {
+    event_file = entry.path().string();
+  }
+  CommandResult read =
+      RunCommand("python3 " STOKER_SOURCE_DIR "/tests/tfevents_reader.py " + event_file);
+  ASSERT_EQ(read.exit_code, 0) << read.output;
+  const std::vector<std::string> events = absl::StrSplit(read.output, '\n', absl::SkipEmpty());
+  ASSERT_EQ(events.size(), 1u + metrics.epochs_size() + metrics.steps_size()) << read.output;
+  for (int e = 0; e < 4; ++e) {
+    const std::string& line = events[1 + metrics.steps_size() + e];
+    EXPECT_TRUE(absl::StrContains(line, absl::StrCat("\"step\": ", metrics.epochs(e).step())))
+        << line;
+    const size_t at = line.find("\"epoch/test_accuracy\": ");
+    ASSERT_NE(at, std::string::npos) << line;
+    double value = 0;
+    ASSERT_TRUE(
+        absl::SimpleAtod(line.substr(at + 24, line.find_first_of(",}", at) - at - 24), &value))
+        << line;
+    EXPECT_FLOAT_EQ(static_cast<float>(value),
+                    static_cast<float>(metrics.epochs(e).test_accuracy()));
+  }
   // It survives a server restart.
   cluster.KillServer(SIGKILL);
   cluster.StartServer({"--lease-seconds", "2"});
