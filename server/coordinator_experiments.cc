@@ -139,7 +139,11 @@ absl::Status Coordinator::AdvanceExperiment(v1::Experiment& experiment) {
                                                      : experiment.trial_count();
   std::deque<v1::JobSpec> specs;  // the new jobs' specs (NewJob points at them)
   std::vector<JobStore::NewJob> jobs;
-  while (experiment.trials_size() < experiment.trial_count() && live < cap) {
+  // At most 500 new trials a pass (the rest a second later), so that a 10,000-trial search does
+  // not hold the scheduler for its whole insert.
+  constexpr size_t kTrialsPerPass = 500;
+  while (experiment.trials_size() < experiment.trial_count() && live < cap &&
+         jobs.size() < kTrialsPerPass) {
     const int index = experiment.trials_size();
     const v1::TrialParameters values = TrialAt(search, index);
     v1::ExperimentTrial* trial = experiment.add_trials();
