@@ -259,7 +259,9 @@ class SearchParser {
     v1::SearchSpec search;
     search.set_metric("test_accuracy");
     std::set<std::string> seen;
-    const YAML::Node* parameters = nullptr;
+    // A handle (copied): the loop's entries do not outlive it.
+    YAML::Node parameters;
+    bool has_parameters = false;
     for (const auto& entry : node) {
       if (!entry.first.IsScalar())
         return mapper_.Error(entry.first, "search", "keys must be plain names");
@@ -287,7 +289,8 @@ class SearchParser {
       } else if (key == "asha") {
         STOKER_RETURN_IF_ERROR(ParseAsha(value, search.mutable_asha()));
       } else if (key == "parameters") {
-        parameters = &entry.second;
+        parameters = entry.second;
+        has_parameters = true;
       } else {
         return mapper_.Error(entry.first, path,
                              "unknown key; known keys: method, seed, max_trials, "
@@ -304,12 +307,12 @@ class SearchParser {
     if (search.has_asha() && search.method() != "asha") {
       return mapper_.Error(node["asha"], "search.asha", "applies only to method: asha");
     }
-    if (parameters == nullptr) {
+    if (!has_parameters) {
       return mapper_.Error(node, "search.parameters",
                            "is required: a mapping of job-file paths to spaces, e.g. "
                            "train.optimizer.lr: {log_uniform: [1e-4, 1e-1]}");
     }
-    STOKER_RETURN_IF_ERROR(ParseParameters(*parameters, &search));
+    STOKER_RETURN_IF_ERROR(ParseParameters(parameters, &search));
     if (search.method() == "asha") {
       const int epochs = file_->spec.train().epochs();
       const int grace = std::max(1, search.asha().grace_epochs());
@@ -437,7 +440,8 @@ class SearchParser {
       v1::ParameterSpace* space = search->add_parameters();
       space->set_path(field);
       const std::string kind = space_node.begin()->first.Scalar();
-      const YAML::Node& values = space_node.begin()->second;
+      // A handle (copied), not a reference into the iterator's temporary.
+      const YAML::Node values = space_node.begin()->second;
       space->set_kind(kind);
       v1::JobSpec scratch = file_->spec;
       if (kind == "uniform" || kind == "log_uniform" || kind == "int") {
