@@ -24,16 +24,16 @@ absl::StatusOr<std::string> Coordinator::StartCheckpointUpload(const std::string
 
 absl::StatusOr<int64_t> Coordinator::ReceiveCheckpoint(const ChunkReader& read,
                                                        const std::function<bool()>& cancelled) {
-  STOKER_ASSIGN_OR_RETURN(
-      const CheckpointStore::ReceivedUpload upload,
-      checkpoints_.Receive(
-          read,
-          [&](const v1::CheckpointChunk& first) -> absl::StatusOr<std::string> {
-            if (first.step() <= 0) return absl::InvalidArgumentError("step: must be positive");
-            return StartCheckpointUpload(first.worker_id(), first.job_id(), first.attempt(),
-                                         first.rank());
-          },
-          cancelled));
+  STOKER_ASSIGN_OR_RETURN(const CheckpointStore::ReceivedUpload upload,
+                          checkpoints_.Receive(
+                              read,
+                              [&](const v1::CheckpointChunk& first) -> absl::StatusOr<std::string> {
+                                if (first.step() <= 0)
+                                  return absl::InvalidArgumentError("step: must be positive");
+                                return StartCheckpointUpload(first.worker_id(), first.job_id(),
+                                                             first.attempt(), first.rank());
+                              },
+                              cancelled));
   if (upload.write_failed) {
     // Counted, logged and shown on the job; the worker keeps its file and retries.
     return CheckpointWriteFailed(upload.first, upload.path, upload.write_error);

@@ -42,6 +42,18 @@ absl::Status MayActAs(const Principal& who, Action action, const std::string& wo
   return Authorize(who, action, resource);
 }
 
+// What a listing shows `who`: open and legacy callers (and `all`, checked by the caller) the
+// whole cluster; a user its teams' jobs or experiments and its own.
+JobFilter VisibleTo(const Principal& who, bool all) {
+  JobFilter filter;
+  if (who.kind == Principal::Kind::kUser && !all) {
+    filter.everything = false;
+    filter.visible_owner = who.Name();
+    for (const auto& [team, role] : who.teams) filter.visible_teams.push_back(team);
+  }
+  return filter;
+}
+
 Resource JobResource(const v1::Job& job) {
   Resource r;
   r.id = job.id();
@@ -202,12 +214,7 @@ grpc::Status JobServiceImpl::List(const Principal& who, grpc::ServerContext*,
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         "only cluster admins may list every job (--all)");
   }
-  // Open and legacy callers are the whole cluster; a user sees its teams' jobs and its own.
-  if (who.kind == Principal::Kind::kUser && !request.all()) {
-    filter.everything = false;
-    filter.visible_owner = who.Name();
-    for (const auto& [team, role] : who.teams) filter.visible_teams.push_back(team);
-  }
+  filter = VisibleTo(who, request.all());
   return Answer(coordinator_->ListJobs(request, filter), response);
 }
 
@@ -268,13 +275,7 @@ grpc::Status JobServiceImpl::ListExperiments(const Principal& who, grpc::ServerC
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         "only cluster admins may list every experiment (--all)");
   }
-  JobFilter filter;
-  if (who.kind == Principal::Kind::kUser && !request.all()) {
-    filter.everything = false;
-    filter.visible_owner = who.Name();
-    for (const auto& [team, role] : who.teams) filter.visible_teams.push_back(team);
-  }
-  return Answer(coordinator_->ListExperiments(request, filter), response);
+  return Answer(coordinator_->ListExperiments(request, VisibleTo(who, request.all())), response);
 }
 
 grpc::Status JobServiceImpl::CancelExperiment(const Principal& who, grpc::ServerContext*,

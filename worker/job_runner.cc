@@ -478,8 +478,8 @@ std::unique_ptr<JobRegion> JobRunner::CreateRegion(const v1::JobSpec& spec,
   geometry.sample_type = train.sample_type;
   geometry.loader_count = plan.loader_count;
   geometry.initial_loaders = plan.autotune ? 1 : plan.loader_count;
-  geometry.total_batches =
-      RankTotalBatches(train.count, spec.train().batch_size(), plan.replicas, spec.train().epochs());
+  geometry.total_batches = RankTotalBatches(train.count, spec.train().batch_size(), plan.replicas,
+                                            spec.train().epochs());
   // The shape the job was resolved to (an image job's {C, H, W} from ImageSampleShape): the
   // trainer and the loaders read it from the header (a shape of more than 4 dimensions, possible
   // only for NPY, is not carried; nothing reads it for NPY).
@@ -501,10 +501,10 @@ std::unique_ptr<JobRegion> JobRunner::CreateRegion(const v1::JobSpec& spec,
     uint64_t step = 0;
     if (!metadata.ok() || !metadata->contains("step") ||
         !absl::SimpleAtoi(metadata->at("step"), &step) || step > geometry.total_batches) {
-      *ended = Failed(
-          absl::StrCat("cannot resume from ", resume_checkpoint, ": ",
-                       metadata.ok() ? "bad or missing step" : metadata.status().message()),
-          false);
+      *ended =
+          Failed(absl::StrCat("cannot resume from ", resume_checkpoint, ": ",
+                              metadata.ok() ? "bad or missing step" : metadata.status().message()),
+                 false);
       return nullptr;
     }
     (*region)->StartAt(step);
@@ -525,14 +525,14 @@ std::optional<std::string> JobRunner::WriteJobFile(const v1::JobSpec& spec, Atte
 
 void JobRunner::LogPipeline(const DatasetSummary& train, const PipelinePlan& plan,
                             const RingGeometry& geometry) {
-  on_event_(LogEvent(absl::StrCat(
-      "dataset: ", train.count, " training samples of ",
-      plan.images ? absl::StrCat(absl::StrJoin(train.sample_dims, "x"), " ")
-                  : absl::StrCat(train.features, " "),
-      SampleTypeName(train.sample_type), plan.images ? " pixels, " : " features, ", train.classes,
-      " classes; ", geometry.initial_loaders, " loader process(es)",
-      plan.autotune ? absl::StrCat(" (auto, up to ", plan.loader_count, ")") : "", ", ",
-      geometry.slot_count, " ring slots")));
+  on_event_(LogEvent(
+      absl::StrCat("dataset: ", train.count, " training samples of ",
+                   plan.images ? absl::StrCat(absl::StrJoin(train.sample_dims, "x"), " ")
+                               : absl::StrCat(train.features, " "),
+                   SampleTypeName(train.sample_type), plan.images ? " pixels, " : " features, ",
+                   train.classes, " classes; ", geometry.initial_loaders, " loader process(es)",
+                   plan.autotune ? absl::StrCat(" (auto, up to ", plan.loader_count, ")") : "",
+                   ", ", geometry.slot_count, " ring slots")));
 }
 
 absl::StatusOr<pid_t> JobRunner::StartTrainer(JobRegion& region, int events_fd,

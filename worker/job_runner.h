@@ -188,8 +188,8 @@ class JobRunner {
   struct PipelinePlan {
     bool images = false;
     std::optional<absl::StatusOr<PreparedInfo>> image_index;  // image datasets
-    bool autotune = false;  // loader.processes: auto
-    int loader_count = 1;   // auto: the most it may grow to
+    bool autotune = false;                                    // loader.processes: auto
+    int loader_count = 1;                                     // auto: the most it may grow to
     int replicas = 1;
   };
   std::optional<PipelinePlan> PlanPipeline(const v1::JobSpec& spec, AttemptOutcome* ended);
