@@ -428,26 +428,6 @@ absl::StatusOr<std::map<v1::JobState, int64_t>> JobStore::CountByState() {
   return counts;
 }
 
-absl::StatusOr<int64_t> JobStore::OldestQueuedSubmitMs() {
-  absl::StatusOr<std::vector<v1::Job>> oldest = QueryJobs(
-      "SELECT job FROM jobs WHERE state = ? ORDER BY seq LIMIT 1", {int64_t{v1::JOB_STATE_QUEUED}});
-  if (!oldest.ok()) return oldest.status();
-  return oldest->empty() ? 0 : oldest->front().submit_time_unix_ms();
-}
-
-absl::StatusOr<int> JobStore::QueuePosition(const std::string& job_id) {
-  Statement query(
-      db_,
-      "SELECT COUNT(*) FROM jobs AS other, jobs AS me WHERE me.id = ?1 AND me.state = ?2 "
-      "AND other.state = ?2 AND (other.priority > me.priority OR "
-      "(other.priority = me.priority AND other.seq < me.seq))");
-  if (!query.ok()) return Error("prepare queue position");
-  query.BindText(1, job_id);
-  query.BindInt(2, v1::JOB_STATE_QUEUED);
-  if (sqlite3_step(query.get()) != SQLITE_ROW) return Error("queue position");
-  return static_cast<int>(sqlite3_column_int64(query.get(), 0));
-}
-
 absl::StatusOr<std::vector<v1::Job>> JobStore::InState(v1::JobState state) {
   return QueryJobs("SELECT job FROM jobs WHERE state = ?", {int64_t{state}});
 }

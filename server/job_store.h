@@ -89,12 +89,8 @@ class JobStore {
                                             const JobFilter& filter = {});
   // Queued jobs in scheduling order: priority (high first), then submit order.
   absl::StatusOr<std::vector<v1::Job>> QueuedInOrder();
-  // Queued jobs ahead of `job_id` in scheduling order (0 = next); NOT_FOUND if not queued.
-  absl::StatusOr<int> QueuePosition(const std::string& job_id);
   // How many jobs are in each state.
   absl::StatusOr<std::map<v1::JobState, int64_t>> CountByState();
-  // Submit time of the oldest queued job (0 when none is queued).
-  absl::StatusOr<int64_t> OldestQueuedSubmitMs();
   // Jobs in one state (any order).
   absl::StatusOr<std::vector<v1::Job>> InState(v1::JobState state);
 
