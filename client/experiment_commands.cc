@@ -22,7 +22,7 @@ std::unique_ptr<grpc::ClientContext> Context(const std::string& token,
 }
 
 // The experiment and a row per trial (restricted to `only` when given): each made trial's job and
-// the search metric over its epochs, from the job's EPOCH events (rank 0's).
+// the search metric over its epochs, from the job's metric history.
 absl::StatusOr<std::pair<v1::Experiment, std::vector<TrialRow>>> Load(
     v1::JobService::Stub& jobs, const std::string& token, const std::string& id,
     const std::vector<std::string>& only = {}) {
@@ -46,7 +46,6 @@ absl::StatusOr<std::pair<v1::Experiment, std::vector<TrialRow>>> Load(
       return absl::NotFoundError(absl::StrCat(job_id, " is not a trial of ", id));
     }
   }
-  const bool minimised = experiment.search().metric() == "test_loss";
   std::vector<TrialRow> rows;
   for (const v1::ExperimentTrial& trial : experiment.trials()) {
     if (!only.empty() && std::find(only.begin(), only.end(), trial.job_id()) == only.end()) {
@@ -57,24 +56,20 @@ absl::StatusOr<std::pair<v1::Experiment, std::vector<TrialRow>>> Load(
     auto job = by_id.find(trial.job_id());
     if (job == by_id.end()) continue;
     row.job = job->second;
-    v1::WatchJobRequest watch;
-    watch.set_job_id(trial.job_id());
-    auto context = Context(token, absl::Seconds(60));
-    auto reader = jobs.WatchJob(context.get(), watch);
-    v1::JobEvent event;
-    while (reader->Read(&event)) {
-      if (event.type() != v1::EVENT_TYPE_EPOCH || !event.message().empty()) continue;
-      const double value =
-          minimised ? event.progress().test_loss() : event.progress().test_accuracy();
-      if (value < 0) continue;
-      row.final = value;
-      row.epochs = event.progress().epoch();
-      if (!row.best.has_value() || (minimised ? value < *row.best : value > *row.best)) {
-        row.best = value;
-        row.best_epoch = event.progress().epoch();
+    // The epoch points, a page at a time (a job has one per epoch).
+    std::vector<v1::MetricPoint> epochs;
+    v1::GetMetricsRequest request;
+    request.set_job_id(trial.job_id());
+    while (true) {
+      v1::GetMetricsResponse page;
+      if (grpc::Status s = jobs.GetMetrics(Context(token).get(), request, &page); !s.ok()) {
+        return FromGrpcStatus(s);
       }
+      epochs.insert(epochs.end(), page.epochs().begin(), page.epochs().end());
+      if (!page.more() || page.epochs().empty()) break;
+      request.set_after_step(page.epochs().rbegin()->step());
     }
-    if (grpc::Status s = reader->Finish(); !s.ok()) return FromGrpcStatus(s);
+    SetTrialMetric(experiment, epochs, &row);
   }
   return std::make_pair(std::move(experiment), std::move(rows));
 }

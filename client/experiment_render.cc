@@ -142,19 +142,17 @@ std::string ExperimentDetails(const v1::Experiment& experiment, const std::vecto
   return out;
 }
 
-std::string CompareTrials(const v1::Experiment& experiment, const std::vector<TrialRow>& rows,
-                          const std::string& format) {
-  const std::vector<std::string> paths = DifferingPaths(rows);
-  const std::string metric = MetricName(experiment.search());
-  std::vector<std::string> header = {"trial", "job", "state"};
-  header.insert(header.end(), paths.begin(), paths.end());
-  for (const char* column : {"best", "best_epoch", "final", "epochs"}) header.push_back(column);
-  std::vector<std::vector<std::string>> table;
+Comparison CompareRows(const v1::Experiment& experiment, const std::vector<TrialRow>& rows) {
+  Comparison c;
+  c.paths = DifferingPaths(rows);
+  c.header = {"trial", "job", "state"};
+  c.header.insert(c.header.end(), c.paths.begin(), c.paths.end());
+  for (const char* column : {"best", "best_epoch", "final", "epochs"}) c.header.push_back(column);
   for (const TrialRow& row : rows) {
     std::vector<std::string> line = {absl::StrCat(row.trial.index()),
                                      row.trial.job_id().empty() ? "-" : row.trial.job_id(),
                                      TrialState(row)};
-    for (const std::string& path : paths) {
+    for (const std::string& path : c.paths) {
       const auto it = row.trial.values().find(path);
       line.push_back(it == row.trial.values().end() ? "" : it->second);
     }
@@ -162,8 +160,33 @@ std::string CompareTrials(const v1::Experiment& experiment, const std::vector<Tr
     line.push_back(row.best.has_value() ? absl::StrCat(row.best_epoch) : "-");
     line.push_back(Metric(row.final));
     line.push_back(absl::StrCat(row.epochs));
-    table.push_back(std::move(line));
+    c.lines.push_back(std::move(line));
   }
+  return c;
+}
+
+void SetTrialMetric(const v1::Experiment& experiment, const std::vector<v1::MetricPoint>& epochs,
+                    TrialRow* row) {
+  const bool minimised = Minimised(experiment);
+  for (const v1::MetricPoint& point : epochs) {
+    const double value = minimised ? point.test_loss() : point.test_accuracy();
+    if (value < 0) continue;  // an epoch without a test pass
+    row->final = value;
+    row->epochs = point.epoch();
+    if (!row->best.has_value() || (minimised ? value < *row->best : value > *row->best)) {
+      row->best = value;
+      row->best_epoch = point.epoch();
+    }
+  }
+}
+
+std::string CompareTrials(const v1::Experiment& experiment, const std::vector<TrialRow>& rows,
+                          const std::string& format) {
+  const Comparison comparison = CompareRows(experiment, rows);
+  const std::vector<std::string>& paths = comparison.paths;
+  const std::vector<std::string>& header = comparison.header;
+  const std::vector<std::vector<std::string>>& table = comparison.lines;
+  const std::string metric = MetricName(experiment.search());
   if (format == "csv") {
     std::string out = absl::StrJoin(
         header, ",", [](std::string* o, const std::string& f) { absl::StrAppend(o, Csv(f)); });

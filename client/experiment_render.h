@@ -13,7 +13,7 @@
 namespace stoker {
 
 // One trial as the comparison shows it: its job (when made) and the search metric over the
-// job's epochs (from its EPOCH events, as reported: accuracy or loss).
+// job's epochs (SetTrialMetric: accuracy or loss).
 struct TrialRow {
   v1::ExperimentTrial trial;
   std::optional<v1::Job> job;
@@ -28,6 +28,20 @@ std::string MetricName(const v1::SearchSpec& search);
 
 std::string ExperimentTable(const v1::ListExperimentsResponse& response);
 std::string ExperimentDetails(const v1::Experiment& experiment, const std::vector<TrialRow>& rows);
+
+// The comparison's columns (trial, job, state, the hyperparameters whose values differ among
+// `rows` by their paths, best, best_epoch, final, epochs) and a line of cells per row.
+struct Comparison {
+  std::vector<std::string> paths;  // the differing hyperparameters
+  std::vector<std::string> header;
+  std::vector<std::vector<std::string>> lines;
+};
+Comparison CompareRows(const v1::Experiment& experiment, const std::vector<TrialRow>& rows);
+
+// Sets the row's best (and its epoch), final and epochs from its job's epoch points
+// (GetMetrics): the search metric, maximised or minimised; epochs without a test pass skipped.
+void SetTrialMetric(const v1::Experiment& experiment, const std::vector<v1::MetricPoint>& epochs,
+                    TrialRow* row);
 
 // `format`: "table", "csv" or "json". The columns: trial, job, state, the hyperparameters whose
 // values differ among `rows` (by their paths), best (and its epoch), final, epochs.

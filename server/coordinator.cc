@@ -194,10 +194,16 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
     labels.emplace_back(label.substr(0, eq), label.substr(eq + 1));
   }
   const int limit = request.limit() == 0 ? 100 : request.limit();
+  if (!request.before_id().empty()) filter.before_id = request.before_id();
   absl::MutexLock lock(&mu_);
-  // Labels are inside the job rows: filtered here, after the store's other filters.
+  if (filter.before_id.has_value() && !store_->Get(*filter.before_id).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("before_id: no job '", *filter.before_id, "' (a page starts after a job)"));
+  }
+  // Labels are inside the job rows: filtered here, after the store's other filters. One more
+  // than asked tells whether another page follows.
   STOKER_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs,
-                          store_->List(states, labels.empty() ? limit : 0, filter));
+                          store_->List(states, labels.empty() ? limit + 1 : 0, filter));
   if (!labels.empty()) {
     std::erase_if(jobs, [&](const v1::Job& job) {
       return std::any_of(labels.begin(), labels.end(), [&](const auto& label) {
@@ -205,9 +211,12 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
         return it == job.labels().end() || it->second != label.second;
       });
     });
-    if (static_cast<int>(jobs.size()) > limit) jobs.resize(limit);
   }
   v1::ListJobsResponse response;
+  if (static_cast<int>(jobs.size()) > limit) {
+    jobs.resize(limit);
+    response.set_next_before_id(jobs.back().id());
+  }
   std::optional<QuotaState> quotas;  // summed once, for the first queued job
   for (v1::Job& job : jobs) {
     FillQueueInfo(&job, quotas);  // queued jobs: position and why they wait
@@ -317,6 +326,21 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::WaitForEvents(const std::
     }
     if (events_changed_.WaitWithDeadline(&mu_, deadline)) return events;  // timed out
   }
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::RecentEvents(const std::string& job_id,
+                                                                    int limit) {
+  STOKER_RETURN_IF_ERROR(RequireId(job_id, "job_id"));
+  absl::MutexLock lock(&mu_);
+  STOKER_RETURN_IF_ERROR(store_->Get(job_id).status());
+  STOKER_ASSIGN_OR_RETURN(std::vector<v1::JobEvent> events,
+                          store_->LatestEvents(job_id, 20 * limit));
+  std::erase_if(events,
+                [](const v1::JobEvent& event) { return event.type() == v1::EVENT_TYPE_PROGRESS; });
+  if (static_cast<int>(events.size()) > limit) {
+    events.erase(events.begin(), events.end() - limit);
+  }
+  return events;
 }
 
 void Coordinator::Shutdown() {

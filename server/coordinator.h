@@ -151,6 +151,9 @@ class Coordinator {
   absl::StatusOr<v1::Experiment> CancelExperiment(
       const std::string& id, const std::optional<v1::AuditRecord>& audit = std::nullopt);
 
+  // The job's latest `limit` events other than PROGRESS ones, oldest first (of the newest 20
+  // times `limit` events: a job's PROGRESS events far outnumber the others).
+  absl::StatusOr<std::vector<v1::JobEvent>> RecentEvents(const std::string& job_id, int limit);
   // Events of `job_id` after `after_seq`. If there are none yet, waits up to `wait` for some.
   // Sets *job_finished when the job is in a final state and every event has been returned.
   absl::StatusOr<std::vector<v1::JobEvent>> WaitForEvents(const std::string& job_id,

@@ -42,26 +42,6 @@ absl::Status MayActAs(const Principal& who, Action action, const std::string& wo
   return Authorize(who, action, resource);
 }
 
-// What a listing shows `who`: open and legacy callers (and `all`, checked by the caller) the
-// whole cluster; a user its teams' jobs or experiments and its own.
-JobFilter VisibleTo(const Principal& who, bool all) {
-  JobFilter filter;
-  if (who.kind == Principal::Kind::kUser && !all) {
-    filter.everything = false;
-    filter.visible_owner = who.Name();
-    for (const auto& [team, role] : who.teams) filter.visible_teams.push_back(team);
-  }
-  return filter;
-}
-
-Resource JobResource(const v1::Job& job) {
-  Resource r;
-  r.id = job.id();
-  r.owner = job.owner();
-  r.team = job.spec().team();
-  return r;
-}
-
 }  // namespace
 
 absl::StatusOr<StreamSlots::Slot> StreamSlots::Acquire(const std::string& client) {
@@ -100,7 +80,11 @@ std::string StreamSlots::ClientOf(const std::string& peer) {
 
 JobServiceImpl::JobServiceImpl(Coordinator* coordinator, Authenticator* auth, AccessStore* access,
                                StreamLimits limits)
-    : coordinator_(coordinator), auth_(auth), access_(access), streams_(limits) {
+    : coordinator_(coordinator),
+      queries_(coordinator),
+      auth_(auth),
+      access_(access),
+      streams_(limits) {
   const char* service = v1::JobService::service_full_name();
   MarkMethodStreamed(MethodIndex(service, "SubmitJob"),
                      CheckedUnary(this, auth_, &JobServiceImpl::Submit));
@@ -190,38 +174,21 @@ grpc::Status JobServiceImpl::Submit(const Principal& who, grpc::ServerContext*,
   return Answer(std::move(submitted), response);
 }
 
-absl::StatusOr<v1::Job> JobServiceImpl::AuthorizedJob(const Principal& who, Action action,
-                                                      const std::string& job_id) {
-  // The token's kind first: a worker token learns nothing about which jobs exist.
-  if (absl::Status s = Authorize(who, Action::kListJobs, {}); !s.ok()) return s;
-  absl::StatusOr<v1::Job> job = coordinator_->GetJob(job_id);
-  if (!job.ok()) return job.status();
-  if (absl::Status s = Authorize(who, action, JobResource(*job)); !s.ok()) return s;
-  return job;
-}
-
 grpc::Status JobServiceImpl::Get(const Principal& who, grpc::ServerContext*,
                                  const v1::GetJobRequest& request, v1::Job* response) {
-  return Answer(AuthorizedJob(who, Action::kViewJob, request.job_id()), response);
+  return Answer(queries_.AuthorizedJob(who, Action::kViewJob, request.job_id()), response);
 }
 
 grpc::Status JobServiceImpl::List(const Principal& who, grpc::ServerContext*,
                                   const v1::ListJobsRequest& request,
                                   v1::ListJobsResponse* response) {
-  if (absl::Status s = Authorize(who, Action::kListJobs, {}); !s.ok()) return ToGrpcStatus(s);
-  JobFilter filter;
-  if (request.all() && !who.IsClusterAdmin()) {
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        "only cluster admins may list every job (--all)");
-  }
-  filter = VisibleTo(who, request.all());
-  return Answer(coordinator_->ListJobs(request, filter), response);
+  return Answer(queries_.ListJobs(who, request), response);
 }
 
 grpc::Status JobServiceImpl::Cancel(const Principal& who, grpc::ServerContext*,
                                     const v1::CancelJobRequest& request, v1::Job* response) {
   v1::AuditRecord audit = AuditFor(who, "job.cancel", request.job_id());
-  absl::StatusOr<v1::Job> job = AuthorizedJob(who, Action::kCancelJob, request.job_id());
+  absl::StatusOr<v1::Job> job = queries_.AuthorizedJob(who, Action::kCancelJob, request.job_id());
   if (job.ok()) audit.set_team(job->spec().team());
   absl::StatusOr<v1::Job> cancelled =
       job.ok() ? coordinator_->Cancel(request.job_id(), Decided(audit, absl::OkStatus()))
@@ -233,49 +200,20 @@ grpc::Status JobServiceImpl::Cancel(const Principal& who, grpc::ServerContext*,
 grpc::Status JobServiceImpl::Metrics(const Principal& who, grpc::ServerContext*,
                                      const v1::GetMetricsRequest& request,
                                      v1::GetMetricsResponse* response) {
-  // As its logs: those who may read them.
-  if (absl::StatusOr<v1::Job> job = AuthorizedJob(who, Action::kReadJob, request.job_id());
-      !job.ok()) {
-    return ToGrpcStatus(job.status());
-  }
-  return Answer(coordinator_->GetMetrics(request), response);
-}
-
-absl::StatusOr<v1::Experiment> JobServiceImpl::AuthorizedExperiment(const Principal& who,
-                                                                    Action action,
-                                                                    const std::string& id) {
-  if (absl::Status s = Authorize(who, Action::kListJobs, {}); !s.ok()) return s;
-  absl::StatusOr<v1::Experiment> experiment = coordinator_->GetExperiment(id);
-  if (!experiment.ok()) return experiment.status();
-  Resource resource;
-  resource.id = id;
-  resource.owner = experiment->owner();
-  resource.team = experiment->team();
-  if (absl::Status s = Authorize(who, action, resource); !s.ok()) {
-    if (absl::IsNotFound(s)) return absl::NotFoundError(absl::StrCat("no experiment '", id, "'"));
-    return absl::Status(s.code(), absl::StrReplaceAll(s.message(), {{"the job's",
-                                                                     "the "
-                                                                     "experiment's"},
-                                                                    {"job", "experiment"}}));
-  }
-  return experiment;
+  return Answer(queries_.Metrics(who, request), response);
 }
 
 grpc::Status JobServiceImpl::GetExperiment(const Principal& who, grpc::ServerContext*,
                                            const v1::GetExperimentRequest& request,
                                            v1::Experiment* response) {
-  return Answer(AuthorizedExperiment(who, Action::kViewJob, request.experiment_id()), response);
+  return Answer(queries_.AuthorizedExperiment(who, Action::kViewJob, request.experiment_id()),
+                response);
 }
 
 grpc::Status JobServiceImpl::ListExperiments(const Principal& who, grpc::ServerContext*,
                                              const v1::ListExperimentsRequest& request,
                                              v1::ListExperimentsResponse* response) {
-  if (absl::Status s = Authorize(who, Action::kListJobs, {}); !s.ok()) return ToGrpcStatus(s);
-  if (request.all() && !who.IsClusterAdmin()) {
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        "only cluster admins may list every experiment (--all)");
-  }
-  return Answer(coordinator_->ListExperiments(request, VisibleTo(who, request.all())), response);
+  return Answer(queries_.ListExperiments(who, request), response);
 }
 
 grpc::Status JobServiceImpl::CancelExperiment(const Principal& who, grpc::ServerContext*,
@@ -283,7 +221,7 @@ grpc::Status JobServiceImpl::CancelExperiment(const Principal& who, grpc::Server
                                               v1::Experiment* response) {
   v1::AuditRecord audit = AuditFor(who, "experiment.cancel", request.experiment_id());
   absl::StatusOr<v1::Experiment> experiment =
-      AuthorizedExperiment(who, Action::kCancelJob, request.experiment_id());
+      queries_.AuthorizedExperiment(who, Action::kCancelJob, request.experiment_id());
   if (experiment.ok()) audit.set_team(experiment->team());
   absl::StatusOr<v1::Experiment> cancelled =
       experiment.ok() ? coordinator_->CancelExperiment(request.experiment_id(),
@@ -295,7 +233,7 @@ grpc::Status JobServiceImpl::CancelExperiment(const Principal& who, grpc::Server
 
 grpc::Status JobServiceImpl::Watch(const Principal& who, grpc::ServerContext* context,
                                    const v1::WatchJobRequest& request, EventStream* writer) {
-  if (absl::StatusOr<v1::Job> job = AuthorizedJob(who, Action::kReadJob, request.job_id());
+  if (absl::StatusOr<v1::Job> job = queries_.AuthorizedJob(who, Action::kReadJob, request.job_id());
       !job.ok()) {
     return ToGrpcStatus(job.status());
   }
@@ -321,37 +259,12 @@ grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* context,
                                          v1::ListWorkersResponse* response) {
   absl::StatusOr<Principal> who = auth_->Authenticate(*context);
   if (!who.ok()) return ToGrpcStatus(who.status());
-  if (absl::Status s = Authorize(*who, Action::kListWorkers, {}); !s.ok()) return ToGrpcStatus(s);
-  *response = coordinator_->ListWorkers();
-  if (who->IsClusterAdmin()) return grpc::Status::OK;
-  // Other teams' jobs show as occupied capacity: counted, never named.
-  std::map<std::string, bool> visible;
-  auto may_see = [&](const std::string& job_id) {
-    auto [it, fresh] = visible.emplace(job_id, false);
-    if (fresh) it->second = AuthorizedJob(*who, Action::kViewJob, job_id).ok();
-    return it->second;
-  };
-  for (v1::WorkerStatus& worker : *response->mutable_workers()) {
-    std::vector<std::string> shown;
-    for (const std::string& id : worker.job_ids()) {
-      if (may_see(id)) {
-        shown.push_back(id);
-      } else {
-        worker.set_hidden_jobs(worker.hidden_jobs() + 1);
-      }
-    }
-    worker.clear_job_ids();
-    for (std::string& id : shown) worker.add_job_ids(std::move(id));
-    for (v1::Placement& placement : *worker.mutable_placements()) {
-      if (!may_see(placement.job_id())) placement.clear_job_id();
-    }
-  }
-  return grpc::Status::OK;
+  return Answer(queries_.ListWorkers(*who), response);
 }
 
 grpc::Status JobServiceImpl::Artifact(const Principal& who, grpc::ServerContext* context,
                                       const v1::GetArtifactRequest& request, ChunkStream* writer) {
-  if (absl::StatusOr<v1::Job> job = AuthorizedJob(who, Action::kReadJob, request.job_id());
+  if (absl::StatusOr<v1::Job> job = queries_.AuthorizedJob(who, Action::kReadJob, request.job_id());
       !job.ok()) {
     return ToGrpcStatus(job.status());
   }

@@ -13,6 +13,7 @@
 #include "server/access/authenticator.h"
 #include "server/access/authorize.h"
 #include "server/coordinator.h"
+#include "server/job_queries.h"
 #include "stoker.grpc.pb.h"
 
 namespace stoker {
@@ -101,17 +102,11 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status CancelExperiment(const Principal& who, grpc::ServerContext* context,
                                 const v1::CancelExperimentRequest& request,
                                 v1::Experiment* response);
-  // The experiment, if `who` may do `action` to it (the rules of its jobs: kViewJob, kCancelJob);
-  // NOT_FOUND for one it may not see.
-  absl::StatusOr<v1::Experiment> AuthorizedExperiment(const Principal& who, Action action,
-                                                      const std::string& id);
-  // The job, if `who` may do `action` to it; NOT_FOUND for a job it may not see.
-  absl::StatusOr<v1::Job> AuthorizedJob(const Principal& who, Action action,
-                                        const std::string& job_id);
   // The team a submit is for: the spec's, else the caller's only team.
   absl::StatusOr<std::string> SubmitTeam(const Principal& who, const v1::JobSpec& spec);
 
   Coordinator* coordinator_;
+  JobQueries queries_;
   Authenticator* auth_;
   AccessStore* access_;
   StreamSlots streams_;

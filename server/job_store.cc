@@ -402,6 +402,10 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<v1::JobSta
     sql += " AND experiment = ?";
     params.push_back(*filter.experiment);
   }
+  if (filter.before_id.has_value()) {
+    sql += " AND seq < (SELECT seq FROM jobs WHERE id = ?)";
+    params.push_back(*filter.before_id);
+  }
   sql += " ORDER BY seq DESC";
   if (limit > 0) {
     sql += " LIMIT ?";
@@ -432,14 +436,30 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::InState(v1::JobState state) {
   return QueryJobs("SELECT job FROM jobs WHERE state = ?", {int64_t{state}});
 }
 
+absl::StatusOr<std::vector<v1::JobEvent>> JobStore::LatestEvents(const std::string& job_id,
+                                                                 int limit) {
+  return ReadEvents(
+      "SELECT event FROM (SELECT event, seq FROM events WHERE job_id = ? ORDER BY seq DESC LIMIT "
+      "?) ORDER BY seq",
+      job_id, std::nullopt, limit);
+}
+
 absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(const std::string& job_id,
                                                            int64_t after_seq, int limit) {
-  Statement query(db_,
-                  "SELECT event FROM events WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?");
+  return ReadEvents("SELECT event FROM events WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                    job_id, after_seq, limit);
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobStore::ReadEvents(const char* sql,
+                                                               const std::string& job_id,
+                                                               std::optional<int64_t> after_seq,
+                                                               int limit) {
+  Statement query(db_, sql);
   if (!query.ok()) return Error("prepare events");
-  query.BindText(1, job_id);
-  query.BindInt(2, after_seq);
-  query.BindInt(3, limit);
+  int slot = 1;
+  query.BindText(slot++, job_id);
+  if (after_seq.has_value()) query.BindInt(slot++, *after_seq);
+  query.BindInt(slot, limit);
   std::vector<v1::JobEvent> events;
   int rc;
   while ((rc = sqlite3_step(query.get())) == SQLITE_ROW) {

@@ -29,6 +29,7 @@ struct JobFilter {
   std::optional<std::string> team;
   std::optional<std::string> owner;
   std::optional<std::string> experiment;  // only this experiment's trials
+  std::optional<std::string> before_id;   // only jobs submitted before this one (paging)
 };
 
 class JobStore {
@@ -120,6 +121,8 @@ class JobStore {
   absl::StatusOr<std::vector<v1::MetricPoint>> Metrics(const std::string& job_id, bool epochs,
                                                        int64_t after_step, int limit);
 
+  // The newest `limit` events, oldest first.
+  absl::StatusOr<std::vector<v1::JobEvent>> LatestEvents(const std::string& job_id, int limit);
   // Events with seq > after_seq, in order, at most `limit`.
   absl::StatusOr<std::vector<v1::JobEvent>> Events(const std::string& job_id, int64_t after_seq,
                                                    int limit);
@@ -128,6 +131,9 @@ class JobStore {
   using SqlValue = std::variant<int64_t, std::string>;
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::Status Exec(const char* sql);
+  // Events by `sql`, whose parameters are the job id, `after_seq` (when given) and `limit`.
+  absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(const char* sql, const std::string& job_id,
+                                                       std::optional<int64_t> after_seq, int limit);
   // Adds the owner and team columns to a store created before they existed.
   absl::Status AddOwnerColumns();
   absl::Status AuditInTransaction(const std::optional<v1::AuditRecord>& audit,

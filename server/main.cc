@@ -106,6 +106,10 @@ int main(int argc, char** argv) {
   app.add_option("--port-file", options.port_file,
                  "write the bound port to this file once serving");
   std::string token_file;
+  app.add_option("--web-listen", options.web_listen,
+                 "serve the web page (jobs, curves, experiments, workers) on HOST:PORT, over "
+                 "HTTPS with --tls-cert; users sign in with their token (port 0 picks one; "
+                 "empty = off)");
   app.add_option("--metrics-listen", options.metrics_listen,
                  "serve Prometheus /metrics on HOST:PORT (port 0 picks one; empty = off)");
   stoker::TlsFiles tls;
@@ -196,8 +200,13 @@ int main(int argc, char** argv) {
   }
   options.credentials = *credentials;
   options.tls = !tls.cert.empty();
-  if (!stoker::IsLoopbackAddress(options.listen) && tls.cert.empty() && !insecure) {
-    std::cerr << "stoker-server: refusing to serve " << options.listen
+  options.tls_cert = tls.cert;
+  options.tls_key = tls.key;
+  for (const std::string* address : {&options.listen, &options.web_listen}) {
+    if (address->empty() || stoker::IsLoopbackAddress(*address) || !tls.cert.empty() || insecure) {
+      continue;
+    }
+    std::cerr << "stoker-server: refusing to serve " << *address
               << " without TLS (--tls-cert/--tls-key); pass --insecure to allow it on a trusted "
                  "network\n";
     return 2;

@@ -26,6 +26,7 @@
 #include "server/job_store.h"
 #include "server/metrics/rpc_metrics_interceptor.h"
 #include "server/metrics/server_metrics.h"
+#include "server/web/web_server.h"
 
 namespace stoker {
 namespace {
@@ -154,6 +155,16 @@ absl::Status RunServer(const ServerOptions& options) {
         "--token-file; pass --insecure to allow it on a trusted network"));
   }
   JobServiceImpl job_service(&coordinator, &auth, access.get(), options.stream_limits);
+  JobQueries web_queries(&coordinator);
+  std::unique_ptr<web::WebServer> web_server;
+  if (!options.web_listen.empty()) {
+    STOKER_ASSIGN_OR_RETURN(web_server, web::WebServer::Start({.listen = options.web_listen,
+                                                               .tls_cert = options.tls_cert,
+                                                               .tls_key = options.tls_key},
+                                                              &web_queries, &auth));
+    std::cerr << "stoker-server: web page on port " << web_server->port()
+              << (options.tls_cert.empty() ? " (http)" : " (https)") << "\n";
+  }
   WorkerServiceImpl worker_service(&coordinator, &auth, access.get());
   AccessServiceImpl access_service(&auth, access.get(), &coordinator);
   coordinator.SetQuotaSource([store = access.get()] { return store->AllQuotas(); });

@@ -36,6 +36,11 @@ struct ServerOptions {
   absl::Duration preemption_grace = absl::Minutes(2);
   // HOST:PORT for Prometheus /metrics; empty = no metrics.
   std::string metrics_listen;
+  // HOST:PORT for the web page (server/web/web_server.h); empty = none. It serves HTTPS with
+  // `tls_cert` and `tls_key` when they are set.
+  std::string web_listen;
+  std::string tls_cert;
+  std::string tls_key;
   // The legacy shared bearer token (--token-file): a cluster admin and a worker; empty = none.
   std::string token;
   // Refuse to serve (INVALID_ARGUMENT) unless calls need a token: a non-loopback address without
@@ -61,7 +66,8 @@ void BlockShutdownSignals();
 // and returns OK. Logs its progress to stderr ("stoker-server: serving on port ..."). An error
 // is returned before serving starts, its message ready to print after "stoker-server: ": the
 // store cannot be opened, jobs cannot be recovered ("recovering jobs: ..."), the metrics port
-// cannot be bound ("metrics: ...") or the gRPC address cannot ("cannot listen on ...").
+// cannot be bound ("metrics: ..."), nor the web page's ("web: ...") or the gRPC address cannot
+// ("cannot listen on ...").
 absl::Status RunServer(const ServerOptions& options);
 
 }  // namespace stoker
