@@ -127,9 +127,12 @@ std::optional<int> TestCluster::WaitWorkerExit(pid_t pid, absl::Duration timeout
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-int TestCluster::ServerMetricsPort() const {
+int TestCluster::ServerMetricsPort() const { return LoggedPort("metrics on port "); }
+
+int TestCluster::ServerWebPort() const { return LoggedPort("web page on port "); }
+
+int TestCluster::LoggedPort(const std::string& needle) const {
   std::ifstream log(dir_ + "/server.log");
-  const std::string needle = "metrics on port ";
   int port = 0;
   for (std::string line; std::getline(log, line);) {
     const size_t at = line.find(needle);

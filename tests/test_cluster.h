@@ -40,6 +40,8 @@ class TestCluster {
   std::optional<int> WaitWorkerExit(pid_t pid, absl::Duration timeout);
   // The server's --metrics-listen port, read from its log ("metrics on port N"); 0 if none.
   int ServerMetricsPort() const;
+  // The web page's port (--web-listen), read from its log ("web page on port N"); 0 if none.
+  int ServerWebPort() const;
   void KillServer(int signal_number);
   pid_t server_pid() const { return server_pid_; }
   void KillWorker(pid_t pid, int signal_number);
@@ -69,6 +71,8 @@ class TestCluster {
   std::vector<v1::JobEvent> History(const std::string& job_id);
 
  private:
+  // The port of the server log's last line holding `needle` followed by a number.
+  int LoggedPort(const std::string& needle) const;
   std::string dir_;
   int port_ = 0;
   pid_t server_pid_ = -1;

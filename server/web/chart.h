@@ -20,7 +20,7 @@ struct ChartPoint {
 struct Series {
   std::string name;   // legend (escaped here)
   std::string color;  // "#rrggbb"
-  std::vector<ChartPoint> points;
+  std::vector<ChartPoint> points = {};
   bool markers = false;  // draw a marker (with its tooltip) on each point
 };
 
@@ -29,7 +29,7 @@ struct Chart {
   std::string title;    // caption (escaped here)
   std::string x_label;  // axis names (escaped here)
   std::string y_label;
-  std::vector<Series> series;
+  std::vector<Series> series = {};
   bool y_from_zero = false;  // the y range includes 0
   int width = 600;
   int height = 260;

@@ -163,7 +163,8 @@ a { color: #1f5fbf; }
 .bar .w8 { width: 80% } .bar .w9 { width: 90% } .bar .w10 { width: 100% }
 dl.facts { display: grid; grid-template-columns: max-content auto; gap: 4px 16px; margin: 0; }
 dl.facts dt { color: #5b6475; } dl.facts dd { margin: 0; }
-.error { background: #fdecea; border: 1px solid #f3b8b3; padding: 8px 12px; white-space: pre-wrap; }
+.error { background: #fdecea; border: 1px solid #f3b8b3; padding: 8px 12px; margin-bottom: 12px;
+         white-space: pre-wrap; word-break: break-word; }
 .note { color: #5b6475; }
 .charts { display: flex; flex-wrap: wrap; gap: 16px; }
 figure { margin: 0; background: #fff; border: 1px solid #e3e6eb; padding: 8px; }
@@ -174,6 +175,7 @@ svg.chart .axis { stroke: #9aa3b2; }
 .legend { display: flex; flex-wrap: wrap; gap: 10px; font-size: 12px; margin-top: 4px; }
 .legend i { display: inline-block; width: 12px; height: 3px; margin-right: 4px; vertical-align: middle; }
 .pager { margin: 10px 0; display: flex; gap: 16px; }
+td.time { white-space: nowrap; }
 .events td.msg { white-space: pre-wrap; word-break: break-word; }
 form.login { background: #fff; border: 1px solid #e3e6eb; padding: 20px; max-width: 520px; }
 form.login input[type=password] { width: 100%; padding: 6px; margin: 6px 0 12px; font-family: monospace; }

@@ -32,7 +32,8 @@ std::string Or(const std::string& text, const char* absent = "-") {
 std::string Bytes(int64_t bytes) {
   if (bytes <= 0) return "-";
   if (bytes >= (int64_t{1} << 30)) return absl::StrFormat("%.1f GiB", bytes / double(1 << 30));
-  return absl::StrFormat("%.0f MiB", bytes / double(1 << 20));
+  if (bytes >= (int64_t{1} << 20)) return absl::StrFormat("%.0f MiB", bytes / double(1 << 20));
+  return absl::StrFormat("%.0f KiB", bytes / 1024.0);
 }
 
 // "epoch 3/10" and a bar of the steps done.
@@ -288,9 +289,9 @@ std::string JobPage(const Frame& frame, const v1::Job& job, const History& histo
                                ": test accuracy ", Number(e.progress().test_accuracy(), 4, true),
                                ", test loss ", Number(e.progress().test_loss(), 4, true));
       }
-      absl::StrAppend(&out, "<tr><td>", Clock(e.time_unix_ms()), "</td><td class=\"num\">",
-                      e.attempt(), "</td><td>", EventType(e.type()), "</td><td>",
-                      StateCell(e.state()), "</td><td class=\"msg\">", Escape(message),
+      absl::StrAppend(&out, "<tr><td class=\"time\">", Clock(e.time_unix_ms()),
+                      "</td><td class=\"num\">", e.attempt(), "</td><td>", EventType(e.type()),
+                      "</td><td>", StateCell(e.state()), "</td><td class=\"msg\">", Escape(message),
                       "</td></tr>");
     }
     absl::StrAppend(&out, "</tbody></table>");

@@ -1,8 +1,5 @@
 #include "server/web/web_server.h"
 
-#include <openssl/err.h>
-#include <openssl/ssl.h>
-
 #include <algorithm>
 #include <vector>
 
@@ -11,8 +8,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "civetweb.h"
+#include "httplib.h"
 #include "server/access/token_secret.h"
 #include "server/web/html.h"
 #include "server/web/pages.h"
@@ -27,41 +25,19 @@ constexpr size_t kMaxFormBytes = 8192;
 // Trials whose curves an experiment page draws (the table lists them all).
 constexpr int kMaxTrialCurves = 100;
 
-struct Response {
+// A page's answer before it is written out.
+struct Answer {
   int status = 200;
   std::string content_type = "text/html; charset=utf-8";
   std::string body;
-  std::vector<std::string> headers;  // "Name: value"
+  std::vector<std::pair<std::string, std::string>> headers = {};
 };
 
-Response Redirect(const std::string& location) {
-  Response r;
+Answer Redirect(const std::string& location) {
+  Answer r;
   r.status = 303;
-  r.headers.push_back(absl::StrCat("Location: ", location));
+  r.headers.push_back({"Location", location});
   return r;
-}
-
-const char* StatusText(int status) {
-  switch (status) {
-    case 200:
-      return "OK";
-    case 303:
-      return "See Other";
-    case 400:
-      return "Bad Request";
-    case 401:
-      return "Unauthorized";
-    case 403:
-      return "Forbidden";
-    case 404:
-      return "Not Found";
-    case 405:
-      return "Method Not Allowed";
-    case 413:
-      return "Payload Too Large";
-    default:
-      return "Internal Server Error";
-  }
 }
 
 int HttpStatusOf(const absl::Status& status) {
@@ -79,50 +55,31 @@ int HttpStatusOf(const absl::Status& status) {
   }
 }
 
-void Send(mg_connection* connection, const Response& r) {
-  std::string head =
-      absl::StrCat("HTTP/1.1 ", r.status, " ", StatusText(r.status),
-                   "\r\nContent-Type: ", r.content_type, "\r\nContent-Length: ", r.body.size(),
-                   "\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
-                   "Referrer-Policy: no-referrer\r\nX-Frame-Options: DENY\r\n"
-                   "Content-Security-Policy: default-src 'none'; style-src 'self'; img-src 'self'; "
-                   "form-action 'self'; frame-ancestors 'none'; base-uri 'none'\r\n"
-                   "Connection: close\r\n");
-  for (const std::string& header : r.headers) absl::StrAppend(&head, header, "\r\n");
-  absl::StrAppend(&head, "\r\n");
-  mg_write(connection, head.data(), head.size());
-  if (!r.body.empty()) mg_write(connection, r.body.data(), r.body.size());
-}
-
-// A form or query variable ("" when absent or too long).
-std::string Var(const std::string& data, const char* name) {
-  std::vector<char> value(std::max<size_t>(data.size() + 1, 16));
-  const int n = mg_get_var(data.data(), data.size(), name, value.data(), value.size());
-  return n > 0 ? std::string(value.data(), n) : std::string();
-}
-
-std::string Header(mg_connection* connection, const char* name) {
-  const char* value = mg_get_header(connection, name);
-  return value == nullptr ? std::string() : std::string(value);
+// A query or form variable ("" when absent).
+std::string Param(const httplib::Params& params, const char* name) {
+  const auto it = params.find(name);
+  return it == params.end() ? std::string() : it->second;
 }
 
 // The session id from the Cookie header ("" = none).
-std::string SessionCookie(mg_connection* connection) {
-  const std::string cookies = Header(connection, "Cookie");
-  if (cookies.empty()) return "";
-  char value[256];
-  const int n = mg_get_cookie(cookies.c_str(), kCookie, value, sizeof(value));
-  return n > 0 ? std::string(value, n) : std::string();
+std::string SessionCookie(const httplib::Request& request) {
+  for (absl::string_view part : absl::StrSplit(request.get_header_value("Cookie"), ';')) {
+    part = absl::StripAsciiWhitespace(part);
+    if (absl::ConsumePrefix(&part, kCookie) && absl::ConsumePrefix(&part, "=")) {
+      return std::string(part);
+    }
+  }
+  return "";
 }
 
 // A POST from another site (its Origin is not this host) is refused: with the SameSite cookie,
 // a second guard against cross-site requests.
-bool SameOrigin(mg_connection* connection) {
-  const std::string origin = Header(connection, "Origin");
-  if (origin.empty() || origin == "null") return origin.empty();
-  const std::string host = Header(connection, "Host");
+bool SameOrigin(const httplib::Request& request) {
+  const std::string origin = request.get_header_value("Origin");
+  if (origin.empty()) return true;
   const size_t scheme = origin.find("://");
-  return scheme != std::string::npos && origin.substr(scheme + 3) == host;
+  return scheme != std::string::npos &&
+         origin.substr(scheme + 3) == request.get_header_value("Host");
 }
 
 bool ParseJobState(const std::string& name, v1::JobState* state) {
@@ -135,19 +92,19 @@ bool ParseJobState(const std::string& name, v1::JobState* state) {
   return false;
 }
 
-int HandleRequest(mg_connection* connection, void* server) {
-  return static_cast<WebServer*>(server)->Handle(connection);
-}
-
-int InitSsl(void* ssl_context, void* user_data) {
-  return static_cast<WebServer*>(user_data)->InitTls(ssl_context);
-}
-
-int LogMessage(const mg_connection*, const char* message) {
-  // civetweb's own complaints (a bad request line, a TLS handshake that failed) are not ours to
-  // print on every occurrence; errors that stop the server are returned by Start.
-  (void)message;
-  return 1;
+// HOST:PORT -> host (without brackets) and port; nothing for anything else.
+std::optional<std::pair<std::string, int>> SplitHostPort(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return std::nullopt;
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return std::make_pair(host, port);
 }
 
 }  // namespace
@@ -155,54 +112,61 @@ int LogMessage(const mg_connection*, const char* message) {
 absl::StatusOr<std::unique_ptr<WebServer>> WebServer::Start(const WebOptions& options,
                                                             JobQueries* queries,
                                                             Authenticator* auth) {
-  std::unique_ptr<WebServer> server(new WebServer(options, queries, auth));
-  const bool tls = !options.tls_cert.empty();
-  const std::string ports = absl::StrCat(options.listen, tls ? "s" : "");
-  const std::string threads = absl::StrCat(options.threads);
-  const char* config[] = {"listening_ports",
-                          ports.c_str(),
-                          "num_threads",
-                          threads.c_str(),
-                          "request_timeout_ms",
-                          "15000",
-                          "enable_directory_listing",
-                          "no",
-                          nullptr};
-  mg_callbacks callbacks{};
-  callbacks.log_message = LogMessage;
-  if (tls) callbacks.init_ssl = InitSsl;
-  mg_init_library(tls ? MG_FEATURES_TLS : 0);
-  server->context_ = mg_start(&callbacks, server.get(), config);
-  if (server->context_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat(
-        "web: cannot serve on ", options.listen,
-        server->tls_error_.empty() ? " (is the port in use, or the address not this machine's?)"
-                                   : absl::StrCat(": ", server->tls_error_)));
+  const std::optional<std::pair<std::string, int>> address = SplitHostPort(options.listen);
+  if (!address.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("web: '", options.listen, "' is not HOST:PORT (e.g. 127.0.0.1:8080)"));
   }
-  mg_set_request_handler(server->context_, "/", HandleRequest, server.get());
-  mg_server_port bound[4];
-  const int n = mg_get_server_ports(server->context_, 4, bound);
-  if (n > 0) server->port_ = bound[0].port;
+  std::unique_ptr<WebServer> server(new WebServer(options, queries, auth));
+  if (options.tls_cert.empty()) {
+    server->http_ = std::make_unique<httplib::Server>();
+  } else {
+    auto https =
+        std::make_unique<httplib::SSLServer>(options.tls_cert.c_str(), options.tls_key.c_str());
+    if (!https->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "web: cannot load the TLS certificate ", options.tls_cert, " and key ", options.tls_key));
+    }
+    server->http_ = std::move(https);
+  }
+  httplib::Server& http = *server->http_;
+  const int threads = options.threads;
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http.set_payload_max_length(kMaxFormBytes);
+  http.set_read_timeout(15, 0);
+  http.set_write_timeout(15, 0);
+  // Every request goes through Handle, whatever its method and path (after cpp-httplib has read
+  // its body: a pre-routing handler would run before).
+  WebServer* self = server.get();
+  const auto handle = [self](const httplib::Request& request, httplib::Response& response) {
+    self->Handle(request, response);
+  };
+  http.Get(".*", handle);
+  http.Post(".*", handle);
+  http.Put(".*", handle);
+  http.Patch(".*", handle);
+  http.Delete(".*", handle);
+  http.Options(".*", handle);
+  const int port =
+      address->second == 0
+          ? http.bind_to_any_port(address->first)
+          : (http.bind_to_port(address->first, address->second) ? address->second : -1);
+  if (port <= 0) {
+    return absl::UnavailableError(
+        absl::StrCat("web: cannot listen on ", options.listen,
+                     " (is the port in use, or the address not one of this machine's?)"));
+  }
+  server->port_ = port;
+  server->serving_ = std::thread([self] { self->http_->listen_after_bind(); });
   return server;
 }
 
-WebServer::~WebServer() {
-  if (context_ != nullptr) mg_stop(context_);
-}
+WebServer::WebServer(const WebOptions& options, JobQueries* queries, Authenticator* auth)
+    : options_(options), queries_(queries), auth_(auth) {}
 
-int WebServer::InitTls(void* ssl_context) {
-  SSL_CTX* context = static_cast<SSL_CTX*>(ssl_context);
-  if (SSL_CTX_use_certificate_chain_file(context, options_.tls_cert.c_str()) != 1 ||
-      SSL_CTX_use_PrivateKey_file(context, options_.tls_key.c_str(), SSL_FILETYPE_PEM) != 1 ||
-      SSL_CTX_check_private_key(context) != 1) {
-    char error[256];
-    ERR_error_string_n(ERR_get_error(), error, sizeof(error));
-    tls_error_ =
-        absl::StrCat("cannot load ", options_.tls_cert, " and ", options_.tls_key, ": ", error);
-    return -1;
-  }
-  SSL_CTX_set_min_proto_version(context, TLS1_2_VERSION);
-  return 1;  // configured here; civetweb needs no certificate option
+WebServer::~WebServer() {
+  if (http_ != nullptr) http_->stop();
+  if (serving_.joinable()) serving_.join();
 }
 
 absl::StatusOr<std::string> WebServer::NewSession(const std::string& token) {
@@ -238,29 +202,35 @@ void WebServer::EndSession(const std::string& id) {
   sessions_.erase(HashSecret(id));
 }
 
-int WebServer::Handle(mg_connection* connection) {
-  const mg_request_info* request = mg_get_request_info(connection);
-  const std::string method = request->request_method ? request->request_method : "";
-  const std::string path = request->local_uri ? request->local_uri : "/";
-  const std::string query = request->query_string ? request->query_string : "";
+void WebServer::Handle(const httplib::Request& request, httplib::Response& response) {
+  const std::string& method = request.method;
+  const std::string& path = request.path;
   const bool tls = !options_.tls_cert.empty();
-  const std::string clear_cookie =
-      absl::StrCat("Set-Cookie: ", kCookie, "=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0",
-                   tls ? "; Secure" : "");
-  auto respond = [&](Response r) {
-    Send(connection, r);
-    return r.status;
+  const std::pair<std::string, std::string> clear_cookie = {
+      "Set-Cookie", absl::StrCat(kCookie, "=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0",
+                                 tls ? "; Secure" : "")};
+  auto respond = [&](Answer page) {
+    response.status = page.status;
+    response.set_header("Cache-Control", "no-store");
+    response.set_header("X-Content-Type-Options", "nosniff");
+    response.set_header("Referrer-Policy", "same-origin");
+    response.set_header("X-Frame-Options", "DENY");
+    response.set_header("Content-Security-Policy",
+                        "default-src 'none'; style-src 'self'; img-src 'self'; "
+                        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'");
+    for (const auto& [name, value] : page.headers) response.set_header(name.c_str(), value);
+    response.set_content(page.body, page.content_type.c_str());
   };
   if (method != "GET" && method != "POST") {
     return respond({.status = 405,
                     .content_type = "text/plain; charset=utf-8",
                     .body = "only GET and POST\n",
-                    .headers = {"Allow: GET, POST"}});
+                    .headers = {{"Allow", "GET, POST"}}});
   }
   if (path == "/static/style.css" && method == "GET") {
     return respond({.content_type = "text/css; charset=utf-8", .body = std::string(StyleSheet())});
   }
-  if (method == "POST" && !SameOrigin(connection)) {
+  if (method == "POST" && !SameOrigin(request)) {
     return respond({.status = 403,
                     .content_type = "text/plain; charset=utf-8",
                     .body = "cross-site form refused\n"});
@@ -268,25 +238,22 @@ int WebServer::Handle(mg_connection* connection) {
   if (path == "/login") {
     if (!auth_->required()) return respond(Redirect("/jobs"));
     if (method == "GET") return respond({.body = LoginPage("")});
-    std::string form(std::min<long long>(
-                         request->content_length < 0 ? kMaxFormBytes + 1 : request->content_length,
-                         kMaxFormBytes + 1),
-                     '\0');
-    if (form.size() > kMaxFormBytes) {
-      return respond({.status = 413, .body = LoginPage("The form is too large.")});
+    // cpp-httplib has parsed the form into the request's parameters, with the URL's query: a
+    // token there is refused, as URLs end up in histories and logs.
+    httplib::Params query;
+    if (const size_t mark = request.target.find('?'); mark != std::string::npos) {
+      httplib::detail::parse_query_text(request.target.substr(mark + 1), query);
     }
-    size_t got = 0;
-    while (got < form.size()) {
-      const int n = mg_read(connection, form.data() + got, form.size() - got);
-      if (n <= 0) break;
-      got += n;
+    if (query.count("token") > 0) {
+      return respond(
+          {.status = 400, .body = LoginPage("A token never goes in a URL: enter it in the form.")});
     }
-    form.resize(got);
-    const std::string token = Var(form, "token");
-    absl::StatusOr<Principal> who =
-        token.empty()
-            ? absl::UnauthenticatedError("enter a token")
-            : auth_->AuthenticateToken(std::string(absl::StripAsciiWhitespace(token)), true);
+    httplib::Params form;
+    httplib::detail::parse_query_text(request.body, form);
+    const std::string token(absl::StripAsciiWhitespace(
+        form.count("token") > 0 ? Param(form, "token") : Param(request.params, "token")));
+    absl::StatusOr<Principal> who = token.empty() ? absl::UnauthenticatedError("enter a token")
+                                                  : auth_->AuthenticateToken(token, true);
     if (who.ok() && !Authorize(*who, Action::kListJobs, {}).ok()) {
       who = absl::PermissionDeniedError(
           "this is a worker's token, which cannot sign in; use a user token (stoker token create)");
@@ -294,21 +261,21 @@ int WebServer::Handle(mg_connection* connection) {
     if (!who.ok()) {
       return respond({.status = 401, .body = LoginPage(std::string(who.status().message()))});
     }
-    absl::StatusOr<std::string> session =
-        NewSession(std::string(absl::StripAsciiWhitespace(token)));
+    absl::StatusOr<std::string> session = NewSession(token);
     if (!session.ok()) {
       return respond({.status = 500, .body = LoginPage("cannot make a session; try again")});
     }
-    Response r = Redirect("/jobs");
-    r.headers.push_back(absl::StrCat(
-        "Set-Cookie: ", kCookie, "=", *session, "; Path=/; HttpOnly; SameSite=Strict; Max-Age=",
-        absl::ToInt64Seconds(options_.session_lifetime), tls ? "; Secure" : ""));
+    Answer r = Redirect("/jobs");
+    r.headers.push_back(
+        {"Set-Cookie",
+         absl::StrCat(kCookie, "=", *session, "; Path=/; HttpOnly; SameSite=Strict; Max-Age=",
+                      absl::ToInt64Seconds(options_.session_lifetime), tls ? "; Secure" : "")});
     return respond(std::move(r));
   }
   if (path == "/logout") {
     if (method != "POST") return respond(Redirect("/jobs"));
-    EndSession(SessionCookie(connection));
-    Response r = Redirect(auth_->required() ? "/login" : "/jobs");
+    EndSession(SessionCookie(request));
+    Answer r = Redirect(auth_->required() ? "/login" : "/jobs");
     r.headers.push_back(clear_cookie);
     return respond(std::move(r));
   }
@@ -316,25 +283,25 @@ int WebServer::Handle(mg_connection* connection) {
     return respond({.status = 405,
                     .content_type = "text/plain; charset=utf-8",
                     .body = "only GET here\n",
-                    .headers = {"Allow: GET"}});
+                    .headers = {{"Allow", "GET"}}});
   }
 
   // Every page below needs the caller.
   absl::StatusOr<Principal> who = Principal{};
   Frame frame;
   if (auth_->required()) {
-    const std::string cookie = SessionCookie(connection);
+    const std::string cookie = SessionCookie(request);
     const std::optional<Session> session = FindSession(cookie);
     if (!session.has_value()) {
-      Response r = Redirect("/login");
+      Answer r = Redirect("/login");
       if (!cookie.empty()) r.headers.push_back(clear_cookie);
       return respond(std::move(r));
     }
     who = auth_->AuthenticateToken(session->token, true);
     if (!who.ok()) {
       EndSession(cookie);
-      Response r{.status = 401,
-                 .body = LoginPage(absl::StrCat("Signed out: ", who.status().message()))};
+      Answer r{.status = 401,
+               .body = LoginPage(absl::StrCat("Signed out: ", who.status().message()))};
       r.headers.push_back(clear_cookie);
       return respond(std::move(r));
     }
@@ -351,9 +318,9 @@ int WebServer::Handle(mg_connection* connection) {
   if (path == "/jobs") {
     frame.title = "Jobs";
     frame.active = "jobs";
-    JobListQuery q{.state = Var(query, "state"),
-                   .before_id = Var(query, "before"),
-                   .all = Var(query, "all") == "1",
+    JobListQuery q{.state = Param(request.params, "state"),
+                   .before_id = Param(request.params, "before"),
+                   .all = Param(request.params, "all") == "1",
                    .may_list_all = who->IsClusterAdmin() && who->kind != Principal::Kind::kOpen};
     v1::ListJobsRequest list;
     list.set_limit(50);

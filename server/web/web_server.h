@@ -1,16 +1,18 @@
 // The web page of stoker-server (--web-listen): the job list, job pages with their curves,
-// experiments and workers, server-rendered over civetweb with no script. Same TLS certificate as
-// the gRPC port; the same tokens and permissions (JobQueries): a user signs in once with a token
-// in a form, and the browser keeps only an HttpOnly, SameSite=Strict (and, over TLS, Secure)
-// session cookie, never the token and never anything in a URL. Every request re-authenticates
-// the session's token, so a revoked or expired token, or a disabled user, ends the session at
-// once. A server without tokens (loopback development) needs no sign-in.
+// experiments and workers, server-rendered (cpp-httplib serves them) with no script. Same TLS
+// certificate as the gRPC port; the same tokens and permissions (JobQueries): a user signs in once
+// with a token in a form, and the browser keeps only an HttpOnly, SameSite=Strict (and, over TLS,
+// Secure) session cookie, never the token and never anything in a URL. Every request
+// re-authenticates the session's token, so a revoked or expired token, or a disabled user, ends the
+// session at once. A server without tokens (loopback development) needs no sign-in.
 #ifndef STOKER_SERVER_WEB_WEB_SERVER_H_
 #define STOKER_SERVER_WEB_WEB_SERVER_H_
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -19,8 +21,11 @@
 #include "server/access/authenticator.h"
 #include "server/job_queries.h"
 
-struct mg_context;
-struct mg_connection;
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
 
 namespace stoker::web {
 
@@ -41,13 +46,8 @@ class WebServer {
   ~WebServer();
   int port() const { return port_; }
 
-  // civetweb's entry points (public for its C callbacks).
-  int Handle(mg_connection* connection);
-  int InitTls(void* ssl_context);
-
  private:
-  WebServer(const WebOptions& options, JobQueries* queries, Authenticator* auth)
-      : options_(options), queries_(queries), auth_(auth) {}
+  WebServer(const WebOptions& options, JobQueries* queries, Authenticator* auth);
   struct Session {
     std::string token;
     absl::Time expires;
@@ -56,13 +56,14 @@ class WebServer {
   absl::StatusOr<std::string> NewSession(const std::string& token);
   std::optional<Session> FindSession(const std::string& id);
   void EndSession(const std::string& id);
+  void Handle(const httplib::Request& request, httplib::Response& response);
 
   const WebOptions options_;
   JobQueries* queries_;
   Authenticator* auth_;
-  mg_context* context_ = nullptr;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread serving_;
   int port_ = 0;
-  std::string tls_error_;
   absl::Mutex mu_;
   // By the SHA-256 of the cookie's id.
   std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
