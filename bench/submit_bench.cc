@@ -2,10 +2,11 @@
 // stoker-server (each submit is acknowledged only after its SQLite commit), then every job is
 // checked to be stored exactly once. Prints submits/s and latency percentiles.
 //
-// Usage: submit_bench --server HOST:PORT [--clients 8] [--jobs 2000]
+// Usage: submit_bench --server HOST:PORT [--clients 8] [--jobs 2000] [--token-file F]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <iostream>
 #include <set>
 #include <thread>
@@ -24,7 +25,18 @@ int main(int argc, char** argv) {
   app.add_option("--server", server, "stoker-server address")->required();
   app.add_option("--clients", clients, "concurrent clients")->capture_default_str();
   app.add_option("--jobs", jobs, "jobs in total")->capture_default_str();
+  std::string token_file;
+  app.add_option("--token-file", token_file, "submit with this user token");
   CLI11_PARSE(app, argc, argv);
+  std::string token;
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    in >> token;
+    if (token.empty()) {
+      std::cerr << "submit_bench: no token in " << token_file << "\n";
+      return 2;
+    }
+  }
 
   stoker::v1::JobSpec spec = stoker::DefaultJobSpec();
   stoker::v1::DatasetSpec* data = spec.mutable_dataset();
@@ -54,6 +66,7 @@ int main(int argc, char** argv) {
         request.set_request_id(absl::StrCat(run, "-", i));
         stoker::v1::SubmitJobResponse response;
         grpc::ClientContext context;
+        if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
         const auto t0 = std::chrono::steady_clock::now();
         grpc::Status status = stub->SubmitJob(&context, request, &response);
         const auto t1 = std::chrono::steady_clock::now();
@@ -83,6 +96,7 @@ int main(int argc, char** argv) {
   list.set_limit(10000);
   stoker::v1::ListJobsResponse listed;
   grpc::ClientContext context;
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
   grpc::Status status = stub->ListJobs(&context, list, &listed);
   std::multiset<std::string> names;
   for (const auto& job : listed.jobs()) {
