@@ -12,7 +12,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libsqlite3-dev libdnnl-dev libyaml-cpp-dev
   libcli11-dev zlib1g-dev nlohmann-json3-dev libssl-dev libjpeg62-turbo-dev libpng-dev libarchive-dev
-  libgloo-dev
+  libgloo-dev libcpp-httplib-dev
   dataset-fashion-mnist
   prometheus docker-compose curl python3 openssl
 )

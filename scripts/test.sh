@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The tests also need PyTorch (Debian's python3-torch): a trained checkpoint is loaded into
 # torch.nn modules and scored there (tests/e2e_test.cc, scripts/pytorch_eval.py); and torchvision
-# with PIL, the reference the image decoder and transforms are checked against (data/image).
-STOKER_EXTRA_PACKAGES="python3-torch python3-torchvision python3-pil ${STOKER_EXTRA_PACKAGES:-}" \
+# with PIL, the reference the image decoder and transforms are checked against (data/image); and
+# Chromium with its WebDriver, the real browser the web page is tested in (tests/web_e2e_test.cc).
+STOKER_EXTRA_PACKAGES="python3-torch python3-torchvision python3-pil chromium chromium-driver ${STOKER_EXTRA_PACKAGES:-}" \
   scripts/setup.sh
 # The standalone GPU build (tests/gpu, what tests/gpu/check.sh builds on a GPU machine) must
 # compile and link here too, or it rots unseen; no device is needed. Skipped without nvcc.

@@ -80,8 +80,9 @@ trap 'exit 130' INT TERM
 free_port() {
   /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
-export STOKER_GRPC_PORT STOKER_PROMETHEUS_PORT STOKER_GRAFANA_PORT
+export STOKER_GRPC_PORT STOKER_PROMETHEUS_PORT STOKER_GRAFANA_PORT STOKER_WEB_PORT
 STOKER_GRPC_PORT=$(free_port)
+STOKER_WEB_PORT=$(free_port)
 STOKER_PROMETHEUS_PORT=$(free_port)
 STOKER_GRAFANA_PORT=$(free_port)
 export STOKER_SECRETS_DIR="$tmp/secrets"
@@ -202,6 +203,20 @@ done
 step_at_stop=$(job_field "$job" progress.step)
 total_steps=$(job_field "$job" progress.total_steps)
 echo "running: epoch $epoch, step $step_at_stop of $total_steps"
+
+step "web page over HTTPS (127.0.0.1:$STOKER_WEB_PORT): sign in, the job list, the job's curves"
+web="https://127.0.0.1:$STOKER_WEB_PORT"
+signin=$(curl -sS -i --cacert "$STOKER_SECRETS_DIR/stoker_tls_cert.pem" \
+  --data-urlencode "token@$STOKER_SECRETS_DIR/stoker_admin_token" "$web/login" | tr -d '\r') ||
+  fail "the web page does not answer on $web"
+cookie=$(grep -i '^set-cookie: stoker_session=' <<<"$signin" | sed 's/^[^:]*: //; s/;.*//')
+[[ -n "$cookie" ]] || fail "signing in gave no session cookie: $(head -5 <<<"$signin")"
+grep -qi '^set-cookie:.*; Secure' <<<"$signin" || fail "the session cookie is not Secure over TLS"
+curl -fsS --cacert "$STOKER_SECRETS_DIR/stoker_tls_cert.pem" -H "Cookie: $cookie" "$web/jobs?all=1" |
+  grep -q "data-job=\"$job\"" || fail "the job list does not show $job"
+curl -fsS --cacert "$STOKER_SECRETS_DIR/stoker_tls_cert.pem" -H "Cookie: $cookie" "$web/jobs/$job" |
+  grep -q 'id="chart-accuracy"' || fail "the job page of $job has no accuracy chart"
+echo "signed in as admin; $job is listed and its page has its charts"
 
 step "compose stop worker-cpu mid-job (drain)"
 stop_start=$SECONDS
