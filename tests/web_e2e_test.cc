@@ -169,6 +169,13 @@ TEST(WebTest, SignInOverTlsKeepsOnlyASessionCookieAndTheRulesOfTheApi) {
   const std::string daves =
       web.Submit("dave", "dave", absl::StrReplaceAll(job, {{"alices", "daves"}}));
   ASSERT_TRUE(absl::StartsWith(alices, "j-")) << alices;
+  // A job named with HTML and script is refused at the door, with the reason.
+  const std::string named =
+      WriteFile(d + "/named.yaml",
+                absl::StrReplaceAll(job, {{"alices-job", "\"<script>alert(1)</script>\""}}));
+  CommandResult refused = web.As("alice", "submit " + named);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_TRUE(absl::StrContains(refused.output, "name")) << refused.output;
 
   // Plain HTTP gets no page from an HTTPS port.
   EXPECT_EQ(Curl(absl::StrCat("http://127.0.0.1:", port, "/jobs")).status, 0);
@@ -230,6 +237,22 @@ TEST(WebTest, SignInOverTlsKeepsOnlyASessionCookieAndTheRulesOfTheApi) {
   page = Curl(absl::StrCat(tls, "-H 'Cookie: stoker_session=stks_", std::string(64, 'a'), "' ",
                            base, "/jobs"));
   EXPECT_EQ(page.status, 303);
+
+  // A viewer of alice's team sees her job but not its curves and events, and is told why.
+  ASSERT_EQ(web.As("root", "user add carol --team vision --role viewer --token-out " +
+                               web.TokenFile("carol"))
+                .exit_code,
+            0);
+  page = Curl(
+      absl::StrCat(tls, "--data-urlencode token@", web.TokenFile("carol"), " ", base, "/login"));
+  ASSERT_EQ(page.status, 303);
+  const std::string as_carol = absl::StrCat(
+      tls, "-H 'Cookie: ", page.Header("Set-Cookie").substr(0, page.Header("Set-Cookie").find(';')),
+      "' ");
+  page = Curl(as_carol + base + "/jobs/" + alices);
+  EXPECT_EQ(page.status, 200);
+  EXPECT_TRUE(absl::StrContains(page.body, "id=\"not-readable\"")) << page.body;
+  EXPECT_FALSE(absl::StrContains(page.body, "id=\"chart-loss\""));
 
   // Disabling the user ends its session at the next request.
   ASSERT_EQ(web.As("root", "user disable alice").exit_code, 0);

@@ -200,6 +200,13 @@ std::string JobPage(const Frame& frame, const v1::Job& job, const History& histo
                          : "-"});
   absl::StrAppend(&out, Facts(facts));
 
+  if (!history.readable) {
+    absl::StrAppend(
+        &out,
+        "<p class=\"note\" id=\"not-readable\">Its curves, epochs and events are for its "
+        "owner and its team's admins.</p>");
+    return Page(frame, out);
+  }
   // Curves: losses by step, accuracy by epoch, throughput and stall by time.
   Chart loss{.id = "chart-loss", .title = "Loss", .x_label = "step", .y_label = "loss"};
   Series sampled{.name = "train loss (sampled steps)", .color = SeriesColor(0)};

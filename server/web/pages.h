@@ -28,6 +28,9 @@ std::string JobListPage(const Frame& frame, const JobListQuery& query,
 struct History {
   std::vector<v1::MetricPoint> epochs;
   std::vector<v1::MetricPoint> steps;
+  // False when the caller may see the job but not read its curves and logs (a team's viewer of
+  // another member's job): the page says so instead of showing empty charts.
+  bool readable = true;
 };
 // `events`: the job's latest events other than PROGRESS ones.
 std::string JobPage(const Frame& frame, const v1::Job& job, const History& history,

@@ -355,8 +355,9 @@ void WebServer::Handle(const httplib::Request& request, httplib::Response& respo
     while (true) {
       absl::StatusOr<v1::GetMetricsResponse> page = queries_->Metrics(*who, metrics);
       if (!page.ok()) {
-        if (absl::IsPermissionDenied(page.status())) break;
-        return fail(page.status());
+        if (!absl::IsPermissionDenied(page.status())) return fail(page.status());
+        history.readable = false;
+        break;
       }
       history.epochs.insert(history.epochs.end(), page->epochs().begin(), page->epochs().end());
       history.steps.insert(history.steps.end(), page->steps().begin(), page->steps().end());
