@@ -30,6 +30,33 @@ TEST_F(CoordinatorTest, ASubmittedJobIsQueuedAndSaysWhyItWaits) {
   EXPECT_EQ(Get(Submit()).queue_position(), 1);
 }
 
+// ListJobs pages by key: each page ends where the next starts, none twice, none lost.
+TEST_F(CoordinatorTest, ListJobsPagesNewestFirstByKey) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 7; ++i) ids.push_back(Submit());
+  std::vector<std::string> seen;
+  v1::ListJobsRequest request;
+  request.set_limit(3);
+  int pages = 0;
+  while (true) {
+    absl::StatusOr<v1::ListJobsResponse> page = coordinator_->ListJobs(request);
+    ASSERT_TRUE(page.ok()) << page.status();
+    ++pages;
+    for (const v1::Job& job : page->jobs()) seen.push_back(job.id());
+    if (page->next_before_id().empty()) break;
+    EXPECT_EQ(page->next_before_id(), page->jobs().rbegin()->id());
+    request.set_before_id(page->next_before_id());
+  }
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(seen, std::vector<std::string>(ids.rbegin(), ids.rend()));
+  // A full last page says there is no more.
+  request.clear_before_id();
+  request.set_limit(7);
+  EXPECT_TRUE(coordinator_->ListJobs(request)->next_before_id().empty());
+  request.set_before_id("j-999999");
+  EXPECT_TRUE(absl::IsInvalidArgument(coordinator_->ListJobs(request).status()));
+}
+
 TEST_F(CoordinatorTest, AHeartbeatWithAFreeSlotGetsTheQueuedJob) {
   const std::string job_id = Submit();
   ASSERT_TRUE(Register("w1", "i1").ok());
