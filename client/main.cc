@@ -204,9 +204,10 @@ class Client {
 
   int List(const std::vector<std::string>& states, int limit, const std::string& team,
            const std::string& user, bool all, const std::string& experiment,
-           const std::vector<std::string>& labels) {
+           const std::vector<std::string>& labels, const std::string& before) {
     v1::ListJobsRequest request;
     request.set_limit(limit);
+    request.set_before_id(before);
     request.set_team(team);
     request.set_user(user);
     request.set_all(all);
@@ -226,6 +227,10 @@ class Client {
     grpc::Status status = jobs_->ListJobs(Context().get(), request, &response);
     if (!status.ok()) return ReportRpcError(options_, status, "list");
     std::cout << (options_.json() ? ToJson(response, true) : JobTable(response)) << "\n";
+    if (!options_.json() && !response.next_before_id().empty()) {
+      std::cerr << "older jobs: stoker list --before " << response.next_before_id()
+                << " (with the same filters)\n";
+    }
     return kExitOk;
   }
 
@@ -381,7 +386,7 @@ struct Commands {
   bool steps = false;
   std::string metrics_format = "table";
   std::string tensorboard;
-  std::string job_file, job_id, request_id, artifact_output, team, user, experiment;
+  std::string job_file, job_id, request_id, artifact_output, team, user, experiment, before;
   std::vector<std::string> labels;
   bool all = false;
   bool best = false;
@@ -426,6 +431,9 @@ void AddCommands(CLI::App& app, Commands& c) {
   c.list->add_option("--label", c.labels,
                      "only jobs with this label, key=value (repeatable), e.g. "
                      "train.optimizer.type=adamw");
+  c.list->add_option("--before", c.before,
+                     "only jobs submitted before this one: the next page (the job id the list "
+                     "names when more are older)");
   c.status = app.add_subcommand("status", "show one job");
   c.status->add_option("job_id", c.job_id, "job id, e.g. j-000001")->required();
   c.logs = app.add_subcommand("logs", "print a job's event history");
@@ -492,7 +500,7 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const Options& options) {
 int RunCommand(Client& client, Commands& c) {
   if (c.submit->parsed()) return client.Submit(c.job_file, c.follow, c.request_id, c.team);
   if (c.list->parsed()) {
-    return client.List(c.states, c.limit, c.team, c.user, c.all, c.experiment, c.labels);
+    return client.List(c.states, c.limit, c.team, c.user, c.all, c.experiment, c.labels, c.before);
   }
   if (c.status->parsed()) return client.Status(c.job_id);
   if (c.logs->parsed()) return client.Watch(c.job_id, c.follow);
