@@ -14,21 +14,21 @@ namespace stoker::web {
 struct ChartPoint {
   double x = 0;
   double y = 0;
-  std::string label;  // the marker's tooltip (escaped here); "" = "x, y"
+  std::string label = {};  // the marker's tooltip (escaped here); "" = "x, y"
 };
 
 struct Series {
-  std::string name;   // legend (escaped here)
-  std::string color;  // "#rrggbb"
+  std::string name = {};   // legend (escaped here)
+  std::string color = {};  // "#rrggbb"
   std::vector<ChartPoint> points = {};
   bool markers = false;  // draw a marker (with its tooltip) on each point
 };
 
 struct Chart {
-  std::string id;       // the <svg>'s id (letters, digits and '-')
-  std::string title;    // caption (escaped here)
-  std::string x_label;  // axis names (escaped here)
-  std::string y_label;
+  std::string id = {};       // the <svg>'s id (letters, digits and '-')
+  std::string title = {};    // caption (escaped here)
+  std::string x_label = {};  // axis names (escaped here)
+  std::string y_label = {};
   std::vector<Series> series = {};
   bool y_from_zero = false;  // the y range includes 0
   int width = 600;

@@ -27,10 +27,10 @@ std::string Span(double seconds);
 std::string Number(double value, int digits = 4, bool absent_below_zero = false);
 
 struct Frame {
-  std::string title;     // escaped here
-  std::string user;      // signed-in user, escaped here ("" = none)
-  bool show_nav = true;  // the Jobs / Experiments / Workers links and sign-out
-  std::string active;    // "jobs", "experiments" or "workers"
+  std::string title = {};   // escaped here
+  std::string user = {};    // signed-in user, escaped here ("" = none)
+  bool show_nav = true;     // the Jobs / Experiments / Workers links and sign-out
+  std::string active = {};  // "jobs", "experiments" or "workers"
 };
 // A whole page: the head (style sheet /static/style.css, no script), the navigation and `body`
 // (HTML, already escaped by its maker).
