@@ -189,7 +189,7 @@ void JpegTermDestination(j_compress_ptr cinfo) {
   dest->out->resize(dest->out->size() - dest->pub.free_in_buffer);
 }
 
-bool GuardedJpegWrite(JpegWriter* w, const Image* image, int quality) {
+bool GuardedJpegWrite(JpegWriter* w, const Image* image, int quality, JpegSampling sampling) {
   if (setjmp(w->err.jump)) return false;
   jpeg_create_compress(&w->cinfo);
   w->dest.pub.init_destination = JpegInitDestination;
@@ -202,6 +202,10 @@ bool GuardedJpegWrite(JpegWriter* w, const Image* image, int quality) {
   w->cinfo.in_color_space = image->channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
   jpeg_set_defaults(&w->cinfo);
   jpeg_set_quality(&w->cinfo, quality, TRUE);
+  if (image->channels == 3) {
+    w->cinfo.comp_info[0].h_samp_factor = sampling == JpegSampling::k444 ? 1 : 2;
+    w->cinfo.comp_info[0].v_samp_factor = sampling == JpegSampling::k420 ? 2 : 1;
+  }
   jpeg_start_compress(&w->cinfo, TRUE);
   const size_t row_bytes = static_cast<size_t>(image->width) * image->channels;
   while (w->cinfo.next_scanline < w->cinfo.image_height) {
@@ -231,7 +235,8 @@ absl::StatusOr<std::vector<uint8_t>> EncodePng(const Image& image) {
   return out;
 }
 
-absl::StatusOr<std::vector<uint8_t>> EncodeJpeg(const Image& image, int quality) {
+absl::StatusOr<std::vector<uint8_t>> EncodeJpeg(const Image& image, int quality,
+                                                JpegSampling sampling) {
   if (absl::Status status = CheckImage(image); !status.ok()) return status;
   if (quality < 1 || quality > 100) {
     return absl::InvalidArgumentError(
@@ -243,7 +248,7 @@ absl::StatusOr<std::vector<uint8_t>> EncodeJpeg(const Image& image, int quality)
   w.err.pub.error_exit = JpegWriteErrorExit;
   w.err.pub.output_message = JpegWriteOutputMessage;
   w.dest.out = &out;
-  if (!GuardedJpegWrite(&w, &image, quality)) {
+  if (!GuardedJpegWrite(&w, &image, quality, sampling)) {
     return absl::InvalidArgumentError(absl::StrCat("EncodeJpeg: ", w.err.message));
   }
   return out;

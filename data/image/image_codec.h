@@ -82,9 +82,13 @@ absl::StatusOr<Image> DecodeImage(absl::string_view name, const uint8_t* data, s
 // or RGB PNG (zlib default compression, no interlacing). INVALID_ARGUMENT for a malformed image.
 absl::StatusOr<std::vector<uint8_t>> EncodePng(const Image& image);
 
+// Chroma subsampling of a colour JPEG.
+enum class JpegSampling { k420, k422, k444 };
+
 // Encodes `image` (1 or 3 channels) as a baseline JFIF JPEG at `quality` (1..100), libjpeg's
-// defaults otherwise (4:2:0 chroma subsampling for colour, as PIL's default).
-absl::StatusOr<std::vector<uint8_t>> EncodeJpeg(const Image& image, int quality);
+// defaults otherwise (4:2:0 chroma subsampling for colour, as PIL's default, unless `sampling`).
+absl::StatusOr<std::vector<uint8_t>> EncodeJpeg(const Image& image, int quality,
+                                                JpegSampling sampling = JpegSampling::k420);
 
 }  // namespace stoker
 

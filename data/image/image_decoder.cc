@@ -8,6 +8,7 @@
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 // jpeglib.h needs <cstdio> first, jerror.h needs jpeglib.h.
 // clang-format off
 #include <jpeglib.h>
@@ -18,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "data/image/jpeg_restart.h"
 
 namespace stoker::image_internal {
 namespace {
@@ -149,16 +151,8 @@ struct JpegState {
   }
 };
 
-namespace {
-
-[[noreturn]] void JpegErrorExit(j_common_ptr cinfo) {
-  auto* err = reinterpret_cast<JpegErrorManager*>(cinfo->err);
-  (*cinfo->err->format_message)(cinfo, err->message);
-  std::longjmp(err->jump, 1);
-}
-
 // Warnings that mean the entropy-coded data is damaged or missing: the decoded image would be
-// partly grey or garbage, so they end the decoding as errors.
+// partly grey or garbage, so they end the decoding as errors (image_decoder.h).
 bool IsFatalJpegWarning(int code) {
   switch (code) {
     case JWRN_HIT_MARKER:
@@ -175,6 +169,14 @@ bool IsFatalJpegWarning(int code) {
     default:
       return false;
   }
+}
+
+namespace {
+
+[[noreturn]] void JpegErrorExit(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<JpegErrorManager*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  std::longjmp(err->jump, 1);
 }
 
 void JpegEmitMessage(j_common_ptr cinfo, int msg_level) {
@@ -451,6 +453,10 @@ absl::Status ImageDecoder::Open(absl::string_view name, const uint8_t* data, siz
     }
     header_ = ImageHeader{static_cast<int>(c.image_width), static_cast<int>(c.image_height),
                           channels, ImageEncoding::kJpeg};
+    data_ = data;
+    size_ = size;
+    scale_num_ = scale_denom_ = 1;
+    fast_ = false;
     scaled_width_ = header_.width;
     scaled_height_ = header_.height;
     return absl::OkStatus();
@@ -505,6 +511,9 @@ absl::Status ImageDecoder::SetFastScale(int eighths) {
 // not, is made from them).
 absl::Status ImageDecoder::ApplyScale(unsigned num, unsigned denom, bool fast) {
   if (open_ == ImageEncoding::kJpeg) {
+    scale_num_ = num;
+    scale_denom_ = denom;
+    fast_ = fast;
     jpeg_->cinfo.scale_num = num;
     jpeg_->cinfo.scale_denom = denom;
     if (fast) {
@@ -545,9 +554,55 @@ absl::Status ImageDecoder::ReadRegion(int channels, int x0, int x1, int y0, int 
   return absl::FailedPreconditionError("ImageDecoder::ReadRegion before Open");
 }
 
+bool ImageDecoder::OpenJpegSlice(int y0, int y1, int* first_row) {
+  const std::optional<JpegRowIndex> index = IndexJpegRows(data_, size_);
+  if (!index.has_value()) return false;
+  // An MCU row is mcu_height rows, scaled exactly (DCT scaling maps 8 rows to 8 num/denom).
+  if ((index->mcu_height * scale_num_) % scale_denom_ != 0) return false;
+  const int rows = static_cast<int>(index->mcu_height * scale_num_ / scale_denom_);
+  // One MCU row of margin on each side: the chroma upsampler of 4:2:0 reads the chroma row above
+  // and below, which then lies inside the slice as in the whole image.
+  const int first = std::max(0, y0 / rows - 1);
+  const int last = std::min(index->mcu_rows, (y1 - 1) / rows + 2);
+  if (first == 0) return false;
+  SliceJpegRows(data_, *index, first, last, &slice_);
+  JpegState* s = jpeg_.get();
+  const J_COLOR_SPACE out_color_space = s->cinfo.out_color_space;
+  // libjpeg opened on `data` with the settings the whole image had.
+  auto reopen = [&](const uint8_t* data, size_t size) {
+    s->Reset();
+    if (!GuardedJpegOpen(s, data, size)) return false;
+    s->cinfo.out_color_space = out_color_space;
+    s->cinfo.scale_num = scale_num_;
+    s->cinfo.scale_denom = scale_denom_;
+    if (fast_) {
+      s->cinfo.dct_method = JDCT_IFAST;
+      s->cinfo.do_fancy_upsampling = FALSE;
+    }
+    return GuardedJpegCalcDimensions(s);
+  };
+  if (reopen(slice_.data(), slice_.size()) &&
+      static_cast<int>(s->cinfo.output_width) == scaled_width_) {
+    *first_row = first * rows;
+    ++sliced_images_;
+    return true;
+  }
+  // The slice did not open as it should: the whole image, as before (its errors are reported
+  // when it is decoded).
+  reopen(data_, size_);
+  return false;
+}
+
 absl::Status ImageDecoder::ReadJpegRegion(int channels, int x0, int x1, int y0, int y1,
                                           absl::FunctionRef<void(int, const uint8_t*)> row) {
   JpegState* s = jpeg_.get();
+  // A restart-indexed JPEG: decode only a slice of MCU rows around [y0, y1); the rows are then
+  // numbered from the slice's first, `first_row` of the whole image.
+  int first_row = 0;
+  if (y0 > 0 && OpenJpegSlice(y0, y1, &first_row)) {
+    y0 -= first_row;
+    y1 -= first_row;
+  }
   // jpeg_crop_scanline makes the decoded columns start on an iMCU boundary at or left of the
   // offset asked for, and end exactly where asked. The chroma upsampler treats both ends as image
   // edges, so the columns next to them differ from a full decode: ask for 2 more columns on
@@ -591,20 +646,20 @@ absl::Status ImageDecoder::ReadJpegRegion(int channels, int x0, int x1, int y0, 
     JDIMENSION read = 0;
     if (!GuardedJpegReadRows(s, row_pointers, want, &read)) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("%s: corrupt JPEG at row %d: %s", name_, y, s->err.message));
+          absl::StrFormat("%s: corrupt JPEG at row %d: %s", name_, first_row + y, s->err.message));
     }
     if (read < 1 || read > want) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("%s: JPEG ended after %d of its rows", name_, y));
+          absl::StrFormat("%s: JPEG ended after %d of its rows", name_, first_row + y));
     }
     for (JDIMENSION i = 0; i < read; ++i, ++y) {
       const uint8_t* first = row_pointers[i] + offset;
       if (in_place) {
-        row(y, first);
+        row(first_row + y, first);
         continue;
       }
       ConvertPixels(s->layout, first, x1 - x0, channels, converted_row_.data());
-      row(y, converted_row_.data());
+      row(first_row + y, converted_row_.data());
     }
   }
   Close();  // releases libjpeg's image memory now; the rest of the file is not needed

@@ -30,6 +30,10 @@
 
 namespace stoker::image_internal {
 
+// libjpeg warnings that mean damaged or missing entropy-coded data: decoders treat them as
+// errors (a partly grey image is never handed out).
+bool IsFatalJpegWarning(int code);
+
 // The pixel layout a decoder produces before conversion to 1 or 3 channels.
 enum class NativeLayout {
   kGray8,       // 1 byte
@@ -69,6 +73,8 @@ class ImageDecoder {
   // mode). Call after Open and before ReadRegion, instead of SetScale.
   absl::Status SetFastScale(int eighths);
   int scaled_width() const { return scaled_width_; }
+  // JPEGs whose region was decoded from a slice of their MCU rows (restart-indexed), so far.
+  int64_t sliced_images() const { return sliced_images_; }
   int scaled_height() const { return scaled_height_; }
 
   // Decodes rows [y0, y1) and columns [x0, x1) of the (scaled) image converted to `channels`,
@@ -87,6 +93,11 @@ class ImageDecoder {
                                  absl::FunctionRef<void(int, const uint8_t*)> row);
   void Close();  // releases libjpeg's or libpng's state, keeps header()
   absl::Status ApplyScale(unsigned num, unsigned denom, bool fast);
+  // A JPEG with a restart marker after every MCU row (jpeg_restart.h) and rows [y0, y1) far
+  // enough down: reopens libjpeg on a slice of MCU rows around them, so that the rows above are
+  // never Huffman-decoded. The slice's first scaled row is full-image row *first_row; false
+  // (nothing changed) when the image has no such index or the slice would start at the top.
+  bool OpenJpegSlice(int y0, int y1, int* first_row);
 
   std::string name_;
   ImageHeader header_;
@@ -99,6 +110,13 @@ class ImageDecoder {
   std::vector<uint8_t> converted_row_;  // the region's columns after conversion
   std::vector<uint8_t> whole_image_;    // interlaced PNG only
   std::vector<uint8_t*> row_pointers_;  // into whole_image_
+  // JPEG: the data given to Open, the scale asked for, and the slice being decoded.
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  unsigned scale_num_ = 1, scale_denom_ = 1;
+  bool fast_ = false;
+  std::vector<uint8_t> slice_;
+  int64_t sliced_images_ = 0;
 };
 
 }  // namespace stoker::image_internal
