@@ -13,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "data/dataset.h"
 #include "data/image/image_codec.h"
+#include "data/image/jpeg_restart.h"
 #include "data/index/index_test_util.h"
 #include "data/index/sample_index.h"
 #include "data/test_util.h"
@@ -24,6 +25,7 @@ namespace {
 
 using namespace ::stoker::testing;  // NOLINT: the test helpers
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kImages = 23;
 constexpr int kHeight = 5;
@@ -154,10 +156,37 @@ TEST(DatasetTool, JpegExportAndOneShard) {
                 /*with_stderr=*/false);
   ASSERT_EQ(status, 0) << output;
   EXPECT_EQ(absl::StripTrailingAsciiWhitespace(output), dir.File("one-000000.tar"));
+  EXPECT_THAT(output, Not(HasSubstr("restart")));  // stdout holds only the pattern
   absl::StatusOr<SampleIndex> shards = BuildShardIndex(dir.File("one-000000.tar"), nullptr);
   ASSERT_TRUE(shards.ok()) << shards.status();
   EXPECT_EQ(shards->count(), kImages);
   EXPECT_EQ(shards->sample(0).encoding, kIndexedJpeg);
+  // Each JPEG is stored with a restart marker every MCU row, and decodes to the same pixels as
+  // the file it came from; --keep-jpeg-bytes stores the files unchanged.
+  output = Tool(
+      absl::StrCat("pack --keep-jpeg-bytes --root ", dir.File("jpg"), " --out ", dir.File("kept")),
+      &status, /*with_stderr=*/false);
+  ASSERT_EQ(status, 0) << output;
+  absl::StatusOr<SampleIndex> kept = BuildShardIndex(dir.File("kept-000000.tar"), nullptr);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  const std::vector<uint32_t> order = EpochPermutation(kImages, 1, 0);
+  for (int64_t k = 0; k < shards->count(); ++k) {
+    const std::string marked = SampleBytes(*shards, k);
+    const std::string original = SampleBytes(*folder, order[k]);
+    EXPECT_EQ(SampleBytes(*kept, k), original) << k;
+    const auto* bytes = reinterpret_cast<const uint8_t*>(marked.data());
+    EXPECT_TRUE(IndexJpegRows(bytes, marked.size()).has_value()) << k;
+    EXPECT_FALSE(IndexJpegRows(reinterpret_cast<const uint8_t*>(original.data()), original.size())
+                     .has_value());
+    const Image a = *DecodeImage("marked", bytes, marked.size(), 1);
+    const Image b = *DecodeImage("original", reinterpret_cast<const uint8_t*>(original.data()),
+                                 original.size(), 1);
+    EXPECT_EQ(a.pixels, b.pixels) << k;
+  }
+  // The progress line says what was done.
+  output =
+      Tool(absl::StrCat("pack --root ", dir.File("jpg"), " --out ", dir.File("again")), &status);
+  EXPECT_THAT(output, HasSubstr(absl::StrCat(kImages, " JPEGs given restart markers")));
 }
 
 TEST(DatasetTool, ExitCodesAndErrorsNameTheFile) {

@@ -24,6 +24,7 @@
 #include "common/status_macros.h"
 #include "data/dataset.h"
 #include "data/image/image_codec.h"
+#include "data/image/jpeg_restart.h"
 #include "data/index/sample_index.h"
 
 namespace stoker {
@@ -280,6 +281,10 @@ absl::StatusOr<std::string> PackShards(const PackOptions& options, const Progres
     }
   }
   const std::vector<uint32_t> order = EpochPermutation(count, options.seed, 0);
+  struct {
+    int64_t marked = 0, kept = 0;
+    uint64_t bytes_before = 0, bytes_after = 0;
+  } jpegs;
   const int key_digits = std::max(6, Digits(count - 1));
   for (int64_t s = 0; s < shards; ++s) {
     ShardWriter writer(absl::StrFormat("%s-%06d.tar", options.out_prefix, s));
@@ -289,8 +294,20 @@ absl::StatusOr<std::string> PackShards(const PackOptions& options, const Progres
       const uint32_t i = order[k];
       const IndexedSample& sample = index.sample(i);
       const std::string path(index.source_path(sample.source));
-      STOKER_ASSIGN_OR_RETURN(const std::vector<uint8_t> bytes, ReadWholeFile(path, sample.size));
+      STOKER_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadWholeFile(path, sample.size));
       const std::string extension = absl::AsciiStrToLower(path.substr(path.find_last_of('.') + 1));
+      if (options.restart_markers && (extension == "jpg" || extension == "jpeg")) {
+        absl::StatusOr<std::vector<uint8_t>> marked =
+            AddJpegRestartMarkers(path, bytes.data(), bytes.size());
+        if (marked.ok()) {
+          ++jpegs.marked;
+          jpegs.bytes_before += bytes.size();
+          jpegs.bytes_after += marked->size();
+          bytes = std::move(*marked);
+        } else {
+          ++jpegs.kept;
+        }
+      }
       const std::string key = absl::StrFormat("%0*d", key_digits, k);
       STOKER_RETURN_IF_ERROR(
           writer.Add(absl::StrCat(key, ".", extension), bytes.data(), bytes.size()));
@@ -302,8 +319,15 @@ absl::StatusOr<std::string> PackShards(const PackOptions& options, const Progres
     }
     STOKER_RETURN_IF_ERROR(writer.Finish());
   }
-  report.Report(absl::StrFormat("pack: %d images in %d shards of up to %d", count, shards,
-                                options.samples_per_shard),
+  std::string restart;
+  if (jpegs.marked > 0 || jpegs.kept > 0) {
+    restart = absl::StrFormat(
+        "; %d JPEGs given restart markers (%.1f MiB -> %.1f MiB), %d kept as they were "
+        "(progressive, arithmetic-coded or damaged)",
+        jpegs.marked, jpegs.bytes_before / 1048576.0, jpegs.bytes_after / 1048576.0, jpegs.kept);
+  }
+  report.Report(absl::StrFormat("pack: %d images in %d shards of up to %d%s", count, shards,
+                                options.samples_per_shard, restart),
                 /*final=*/true);
   if (shards == 1) return absl::StrFormat("%s-%06d.tar", options.out_prefix, 0);
   return absl::StrFormat("%s-{%06d..%06d}.tar", options.out_prefix, 0, shards - 1);

@@ -41,12 +41,20 @@ struct PackOptions {
   std::string out_prefix;  // shards are OUT_PREFIX-000000.tar, OUT_PREFIX-000001.tar, ...
   int64_t samples_per_shard = 10000;
   uint64_t seed = 1;
+  // JPEGs are stored re-encoded losslessly with a restart marker after every MCU row
+  // (data/image/jpeg_restart.h), so that a loader decodes a crop without the rows above it; false
+  // keeps every file's bytes unchanged.
+  bool restart_markers = true;
 };
 
 // Packs the image folder's samples (BuildImageFolderIndex order) into WebDataset shards: sample
 // EpochPermutation(count, seed, 0)[k] becomes the k-th sample of the shards (so each shard mixes
 // classes), with key k zero-padded to at least 6 digits, as two members: KEY.EXT holding the
-// image file's bytes unchanged (EXT its lowercased extension) and KEY.cls its label in decimal.
+// image file's bytes (EXT its lowercased extension; a JPEG re-encoded losslessly with restart
+// markers unless options.restart_markers is false, or kept as it was when it cannot be: a
+// progressive, arithmetic-coded or damaged one) and KEY.cls its label in decimal. The last
+// progress line counts the JPEGs given restart markers, their bytes before and after, and those
+// kept.
 // Shards are pax-restricted tar (ustar unless a name needs more), each written under a temporary
 // name beside it and renamed once complete; the directory of OUT_PREFIX is created. Returns the
 // brace pattern naming the shards ("OUT_PREFIX-{000000..000005}.tar", or the one shard's path).

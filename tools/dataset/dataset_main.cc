@@ -6,6 +6,7 @@
 //                             [--limit N]
 //   stoker-dataset export-fashion-mnist --out DIR [--format png|jpeg]  (DIR/train and DIR/test)
 //   stoker-dataset pack --root DIR --out PREFIX [--samples-per-shard 10000] [--seed 1]
+//                       [--keep-jpeg-bytes]
 //
 // Progress goes to stderr; pack prints the shards' brace pattern on stdout. Exit codes
 // (common/exit_codes.h): 0 done, 1 the output could not be written, 2 bad input (a missing or
@@ -84,6 +85,10 @@ int Main(int argc, char** argv) {
   pack_command->add_option("--samples-per-shard", pack.samples_per_shard, "samples per shard")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  bool keep_jpeg_bytes = false;
+  pack_command->add_flag("--keep-jpeg-bytes", keep_jpeg_bytes,
+                         "store JPEGs as they are, without the restart markers that let loaders "
+                         "decode a crop without the rows above it");
   pack_command->add_option("--seed", pack.seed, "seed of the shuffle across shards")
       ->capture_default_str();
 
@@ -115,6 +120,7 @@ int Main(int argc, char** argv) {
     }
     return kExitSuccess;
   }
+  pack.restart_markers = !keep_jpeg_bytes;
   absl::StatusOr<std::string> pattern = PackShards(pack, PrintProgress);
   if (!pattern.ok()) return Fail(pattern.status());
   std::cout << *pattern << "\n";
