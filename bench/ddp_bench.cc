@@ -67,6 +67,9 @@ ABSL_FLAG(std::string, precision, "fp32", "fp32 or bf16");
 ABSL_FLAG(double, lr, 0.05, "SGD learning rate");
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
 ABSL_FLAG(int64_t, bucket_bytes, 25ll << 20, "reducer bucket size (PyTorch DDP: 25 MiB)");
+ABSL_FLAG(std::string, transport, "gloo",
+          "how the ranks sum: gloo (TCP over loopback) or shm (shared memory, as the trainer "
+          "does when every rank is on one machine)");
 ABSL_FLAG(double, timeout_seconds, 120, "the whole run; ranks still running then are killed");
 ABSL_FLAG(std::string, job, "",
           "train this job file's network (cnn or resnet, Fashion-MNIST's 28x28 shape) instead of "
@@ -91,6 +94,7 @@ struct Options {
   double lr = 0.05;
   double momentum = 0.9;
   int64_t bucket_bytes = 25ll << 20;
+  std::string transport = "gloo";  // or "shm"
   std::string store_directory;
   int threads_per_rank = 1;
   std::optional<NetworkConfig> network;  // --job
@@ -164,7 +168,11 @@ absl::StatusOr<std::string> RunRank(int rank, const Options& options) {
     gloo.size = options.ranks;
     gloo.host = "127.0.0.1";
     gloo.store_prefix = "ddp_bench/";
-    absl::StatusOr<std::unique_ptr<Collective>> connected = ConnectGloo(gloo, *store);
+    absl::StatusOr<std::unique_ptr<Collective>> connected =
+        options.transport == "shm"
+            ? ConnectSharedMemory(
+                  {.rank = rank, .size = options.ranks, .store_prefix = "ddp_bench/"}, *store)
+            : ConnectGloo(gloo, *store);
     if (!connected.ok()) return connected.status();
     collective = std::move(*connected);
     BucketOptions bucket;
@@ -235,7 +243,7 @@ absl::StatusOr<std::string> RunRank(int rank, const Options& options) {
   const int64_t global_batch = static_cast<int64_t>(options.ranks) * options.batch;
   nlohmann::ordered_json json = {
       {"impl", "stoker"},
-      {"mode", options.ranks > 1 ? "ddp-gloo" : "single"},
+      {"mode", options.ranks > 1 ? "ddp-" + options.transport : std::string("single")},
       {"ranks", options.ranks},
       {"batch_per_rank", options.batch},
       {"global_batch", global_batch},
@@ -252,6 +260,7 @@ absl::StatusOr<std::string> RunRank(int rank, const Options& options) {
   if (reducer != nullptr) {
     const double window_steps = static_cast<double>(steps);
     json["bucket_bytes"] = options.bucket_bytes;
+    json["transport"] = options.transport;
     json["allreduce_seconds"] = after.allreduce_seconds - before.allreduce_seconds;
     json["exposed_seconds"] = after.exposed_seconds - before.exposed_seconds;
     json["allreduce_bytes"] = after.allreduce_bytes - before.allreduce_bytes;
@@ -278,6 +287,10 @@ absl::StatusOr<Options> ParseOptions() {
   options.lr = absl::GetFlag(FLAGS_lr);
   options.momentum = absl::GetFlag(FLAGS_momentum);
   options.bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
+  options.transport = absl::GetFlag(FLAGS_transport);
+  if (options.transport != "gloo" && options.transport != "shm") {
+    return absl::InvalidArgumentError("--transport must be gloo or shm");
+  }
   if (options.ranks < 1 || options.ranks > 64) {
     return absl::InvalidArgumentError("--ranks must be in [1, 64]");
   }

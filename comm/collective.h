@@ -73,6 +73,21 @@ struct GlooOptions {
 absl::StatusOr<std::unique_ptr<Collective>> ConnectGloo(const GlooOptions& options,
                                                         KeyValueStore& store);
 
+struct SharedMemoryOptions {
+  int rank = 0;
+  int size = 1;
+  std::string store_prefix;  // as GlooOptions.store_prefix
+  // Connecting and each collective; a rank whose peer process is gone learns it within ~20 ms.
+  absl::Duration timeout = absl::Seconds(60);
+};
+
+// Every rank on this machine: the ranks sum through a POSIX shared-memory segment (about
+// (size + 1) x 4 MiB of /dev/shm), bit-identical on every rank, each element summed in rank
+// order (shm_collective.cc). FAILED_PRECONDITION on every rank, together, when one of them cannot
+// map it (another machine, a full /dev/shm): connect with Gloo then.
+absl::StatusOr<std::unique_ptr<Collective>> ConnectSharedMemory(const SharedMemoryOptions& options,
+                                                                KeyValueStore& store);
+
 // Counters of a reducer, read while it runs (from another thread).
 struct ReducerCounters {
   double allreduce_seconds = 0;  // wall time spent in all-reduce calls (overlapped or not)

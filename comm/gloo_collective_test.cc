@@ -1,6 +1,7 @@
-// Real Gloo over loopback TCP: ranks as threads of this process (in-process store) and ranks as
-// forked processes (a directory of files as the store), including ranks that never arrive, leave
-// mid-run or are killed with SIGKILL.
+// Real Gloo over loopback TCP and the shared-memory collective (shm_collective.cc): ranks as
+// threads of this process (in-process store) and ranks as forked processes (a directory of files
+// as the store), including ranks that never arrive, leave mid-run or are killed with SIGKILL. The
+// tests that hold for any Collective run on both transports.
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -17,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -55,14 +57,31 @@ GlooOptions Options(int rank, int size, const std::string& prefix, absl::Duratio
   return options;
 }
 
+enum class Transport { kGloo, kSharedMemory };
+
+std::string TransportName(Transport transport) {
+  return transport == Transport::kGloo ? "Gloo" : "SharedMemory";
+}
+
+absl::StatusOr<std::unique_ptr<Collective>> Connect(Transport transport, const GlooOptions& options,
+                                                    KeyValueStore& store) {
+  if (transport == Transport::kGloo) return ConnectGloo(options, store);
+  return ConnectSharedMemory({.rank = options.rank,
+                              .size = options.size,
+                              .store_prefix = options.store_prefix,
+                              .timeout = options.timeout},
+                             store);
+}
+
 // Connects `size` ranks as threads; every collective is in `collectives[rank]`.
-std::vector<std::unique_ptr<Collective>> ConnectThreads(int size, absl::Duration timeout) {
+std::vector<std::unique_ptr<Collective>> ConnectThreads(int size, absl::Duration timeout,
+                                                        Transport transport = Transport::kGloo) {
   std::unique_ptr<KeyValueStore> store = CreateInProcessStore();
   std::vector<std::unique_ptr<Collective>> collectives(size);
   std::vector<absl::Status> statuses(size);
   OnRanks(size, [&](int rank) {
     absl::StatusOr<std::unique_ptr<Collective>> collective =
-        ConnectGloo(Options(rank, size, "job-1/", timeout), *store);
+        Connect(transport, Options(rank, size, "job-1/", timeout), *store);
     statuses[rank] = collective.status();
     if (collective.ok()) collectives[rank] = std::move(*collective);
   });
@@ -134,19 +153,21 @@ TEST(GlooCollectiveTest, OneRankIsItsOwnSum) {
             absl::StatusCode::kInvalidArgument);
 }
 
-class RanksTest : public testing::TestWithParam<int> {};
+class RanksTest : public testing::TestWithParam<std::tuple<Transport, int>> {};
 
 TEST_P(RanksTest, AllReduceGivesTheExactSumOnEveryRankBitIdentical) {
-  const int size = GetParam();
-  std::vector<std::unique_ptr<Collective>> collectives = ConnectThreads(size, absl::Seconds(20));
+  const auto [transport, size] = GetParam();
+  std::vector<std::unique_ptr<Collective>> collectives =
+      ConnectThreads(size, absl::Seconds(20), transport);
   ASSERT_EQ(collectives.size(), static_cast<size_t>(size));
   for (int rank = 0; rank < size; ++rank) {
     ASSERT_NE(collectives[rank], nullptr);
     EXPECT_EQ(collectives[rank]->rank(), rank);
     EXPECT_EQ(collectives[rank]->size(), size);
   }
-  // Sizes around Gloo's segment boundaries: small, odd, and more than one 1 MiB segment.
-  for (size_t count : {size_t{1}, size_t{7}, size_t{1000}, size_t{300001}}) {
+  // Sizes around the pieces' boundaries: small, odd, more than one 1 MiB piece of Gloo's and
+  // more than one 4 MiB chunk of the shared segment.
+  for (size_t count : {size_t{1}, size_t{7}, size_t{1000}, size_t{300001}, size_t{2500003}}) {
     // Integers: exact whatever the order of the sum.
     std::vector<std::vector<float>> exact(size, std::vector<float>(count));
     // Random reals: the order matters, so every rank must get the same bits.
@@ -187,11 +208,12 @@ TEST_P(RanksTest, AllReduceGivesTheExactSumOnEveryRankBitIdentical) {
 }
 
 TEST_P(RanksTest, BroadcastCopiesTheRootsDataAndBarrierPasses) {
-  const int size = GetParam();
-  std::vector<std::unique_ptr<Collective>> collectives = ConnectThreads(size, absl::Seconds(20));
+  const auto [transport, size] = GetParam();
+  std::vector<std::unique_ptr<Collective>> collectives =
+      ConnectThreads(size, absl::Seconds(20), transport);
   for (const auto& collective : collectives) ASSERT_NE(collective, nullptr);
   const int root = size - 1;
-  const size_t count = 100000;
+  const size_t count = 1100000;
   std::vector<std::vector<float>> data(size, std::vector<float>(count));
   for (int rank = 0; rank < size; ++rank) {
     for (size_t i = 0; i < count; ++i) data[rank][i] = static_cast<float>(rank * 1e6 + i);
@@ -209,7 +231,14 @@ TEST_P(RanksTest, BroadcastCopiesTheRootsDataAndBarrierPasses) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(TwoAndThree, RanksTest, testing::Values(2, 3));
+INSTANTIATE_TEST_SUITE_P(TwoAndThree, RanksTest,
+                         testing::Combine(testing::Values(Transport::kGloo,
+                                                          Transport::kSharedMemory),
+                                          testing::Values(2, 3)),
+                         [](const auto& info) {
+                           return absl::StrCat(TransportName(std::get<0>(info.param)),
+                                               std::get<1>(info.param));
+                         });
 
 // A first message of a few bytes must not leave a pair's send buffer at the kernel's minimum:
 // then (in Gloo's sync mode) every write of a few KiB waited ~40 ms for a delayed
@@ -392,7 +421,10 @@ int WaitFor(pid_t pid) {
   return -WTERMSIG(status);
 }
 
-TEST(GlooForkedTest, ThreeProcessesSumExactly) {
+class ForkedTest : public testing::TestWithParam<Transport> {};
+
+TEST_P(ForkedTest, ThreeProcessesSumExactly) {
+  const Transport transport = GetParam();
   const std::string directory = MakeTempDirectory();
   ASSERT_FALSE(directory.empty());
   const size_t count = 50000;
@@ -400,7 +432,7 @@ TEST(GlooForkedTest, ThreeProcessesSumExactly) {
   auto rank_body = [&](int rank) {
     std::unique_ptr<KeyValueStore> store = CreateDirectoryStore(directory);
     absl::StatusOr<std::unique_ptr<Collective>> collective =
-        ConnectGloo(Options(rank, 3, "forked/", absl::Seconds(20)), *store);
+        Connect(transport, Options(rank, 3, "forked/", absl::Seconds(20)), *store);
     if (!collective.ok()) return 10;
     std::vector<float> data(count, static_cast<float>(rank + 1));
     if (!(*collective)->AllReduceSum(data.data(), count).ok()) return 11;
@@ -423,13 +455,14 @@ TEST(GlooForkedTest, ThreeProcessesSumExactly) {
 // rank stuck in backward would) until it is killed. Rank 0's all-reduce must fail UNAVAILABLE or
 // DEADLINE_EXCEEDED within 5 s, under a long timeout: the failure must come from the peer's death,
 // not from the clock.
-void ExpectKilledRankFailsAllReduce(const std::string& prefix, size_t count, bool both_sending) {
+void ExpectKilledRankFailsAllReduce(const std::string& prefix, size_t count, bool both_sending,
+                                    Transport transport = Transport::kGloo) {
   const std::string directory = MakeTempDirectory();
   ASSERT_FALSE(directory.empty());
   const pid_t child = ForkRank([&] {
     std::unique_ptr<KeyValueStore> store = CreateDirectoryStore(directory);
     absl::StatusOr<std::unique_ptr<Collective>> collective =
-        ConnectGloo(Options(1, 2, prefix, absl::Seconds(60)), *store);
+        Connect(transport, Options(1, 2, prefix, absl::Seconds(60)), *store);
     if (!collective.ok()) return 10;
     std::vector<float> data(count, 1.0f);
     if (both_sending) {
@@ -442,7 +475,7 @@ void ExpectKilledRankFailsAllReduce(const std::string& prefix, size_t count, boo
   });
   std::unique_ptr<KeyValueStore> store = CreateDirectoryStore(directory);
   absl::StatusOr<std::unique_ptr<Collective>> collective =
-      ConnectGloo(Options(0, 2, prefix, absl::Seconds(60)), *store);
+      Connect(transport, Options(0, 2, prefix, absl::Seconds(60)), *store);
   ASSERT_TRUE(collective.ok()) << collective.status();
   const float value = both_sending ? 1.0f : 2.0f;
   std::vector<float> data(count, value);
@@ -466,8 +499,56 @@ void ExpectKilledRankFailsAllReduce(const std::string& prefix, size_t count, boo
   std::filesystem::remove_all(directory);
 }
 
-TEST(GlooForkedTest, AKilledRankFailsTheParentsAllReduceWithinSeconds) {
-  ExpectKilledRankFailsAllReduce("killed/", 1 << 20, /*both_sending=*/false);
+TEST_P(ForkedTest, AKilledRankFailsTheParentsAllReduceWithinSeconds) {
+  ExpectKilledRankFailsAllReduce("killed/", 1 << 20, /*both_sending=*/false, GetParam());
+}
+
+TEST_P(ForkedTest, AKilledRankWhileBothAreSummingFailsTheOther) {
+  ExpectKilledRankFailsAllReduce("both/", 3 << 20, /*both_sending=*/true, GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ForkedTest,
+                         testing::Values(Transport::kGloo, Transport::kSharedMemory),
+                         [](const auto& info) { return TransportName(info.param); });
+
+// The shared segment's name is gone from /dev/shm once the ranks have it; a rank that never
+// arrives fails the others' connect within the timeout; a group where one rank cannot map the
+// segment (a full /dev/shm, another machine) is refused on every rank alike, so all fall back.
+TEST(SharedMemoryTest, LeavesNothingInDevShmAndWaitsNoLongerThanItsTimeout) {
+  auto segments = [] {
+    int n = 0;
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+      n += entry.path().filename().string().rfind("stoker-dp-", 0) == 0;
+    }
+    return n;
+  };
+  const int before = segments();
+  {
+    std::vector<std::unique_ptr<Collective>> collectives =
+        ConnectThreads(2, absl::Seconds(20), Transport::kSharedMemory);
+    ASSERT_NE(collectives[1], nullptr);
+    EXPECT_EQ(segments(), before);
+  }
+  std::unique_ptr<KeyValueStore> store = CreateInProcessStore();
+  std::vector<absl::Status> statuses(2);
+  OnRanks(2, [&](int rank) {
+    statuses[rank] =
+        Connect(Transport::kSharedMemory, Options(rank, 3, "absent/", absl::Seconds(1)), *store)
+            .status();
+  });
+  for (const absl::Status& status : statuses) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  }
+  EXPECT_EQ(segments(), before);
+  // Rank 1 says it cannot map the segment (as a rank on another machine would): both refuse.
+  store = CreateInProcessStore();
+  ASSERT_TRUE(store->Set("refused/shm/ok/1", "shm_open: No such file or directory").ok());
+  const absl::Status refused =
+      Connect(Transport::kSharedMemory, Options(0, 2, "refused/", absl::Seconds(5)), *store)
+          .status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("rank 1"), std::string::npos) << refused;
+  EXPECT_EQ(segments(), before);
 }
 
 // Both ranks keep all-reducing large buffers when the child is killed, so the parent is likely

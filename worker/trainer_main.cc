@@ -265,9 +265,9 @@ struct RankChoice {
 struct DataParallelSetup {
   std::unique_ptr<KeyValueStore> store;
   std::unique_ptr<Collective> device_collective;  // GPUs: the NCCL communicator
-  std::unique_ptr<Collective> collective;         // host buffers: Gloo, or NCCL through copies
+  std::unique_ptr<Collective> collective;  // host buffers: shared memory or Gloo, or NCCL copies
   std::unique_ptr<BucketedReducer> reducer;
-  std::string description;  // for the log: "gloo over HOST", "nccl ..."
+  std::string description;  // for the log: "shared memory ...", "gloo over HOST", "nccl ..."
 };
 
 // Connects the ranks, copies rank 0's parameters (initialised or resumed) to every rank, and hands
@@ -307,6 +307,23 @@ absl::Status SetUpDataParallel(const RankChoice& choice, uint32_t batch_size,
     dp.reducer = std::move(rank->reducer);
     dp.description = rank->description;
   } else {
+    // Ranks that all run on this machine sum through shared memory; when one of them cannot map
+    // the segment (it runs elsewhere), all of them connect Gloo instead, together.
+    absl::StatusOr<std::unique_ptr<Collective>> shared =
+        ConnectSharedMemory({.rank = choice.rank,
+                             .size = choice.replicas,
+                             .store_prefix = store_prefix,
+                             .timeout = absl::Seconds(choice.timeout_seconds)},
+                            *dp.store);
+    if (shared.ok()) {
+      dp.collective = std::move(*shared);
+      dp.description = "shared memory (every rank on this machine)";
+    } else if (!absl::IsFailedPrecondition(shared.status())) {
+      return absl::Status(shared.status().code(),
+                          absl::StrCat("connecting the ranks: ", shared.status().message()));
+    }
+  }
+  if (backend != "cuda" && dp.collective == nullptr) {
     GlooOptions gloo;
     gloo.rank = choice.rank;
     gloo.size = choice.replicas;
@@ -321,9 +338,9 @@ absl::Status SetUpDataParallel(const RankChoice& choice, uint32_t batch_size,
                                        "): ", collective.status().message()));
     }
     dp.collective = std::move(*collective);
-    dp.reducer = CreateBucketedReducer(*dp.collective, buckets);
     dp.description = absl::StrCat("gloo over ", choice.host);
   }
+  if (backend != "cuda") dp.reducer = CreateBucketedReducer(*dp.collective, buckets);
   // Every rank starts from rank 0's weights (and BatchNorm buffers), whatever its own
   // initialisation or checkpoint read gave it.
   std::vector<NamedTensor> parameters = model.Parameters();
