@@ -79,6 +79,9 @@ struct SharedMemoryOptions {
   std::string store_prefix;  // as GlooOptions.store_prefix
   // Connecting and each collective; a rank whose peer process is gone learns it within ~20 ms.
   absl::Duration timeout = absl::Seconds(60);
+  // Take part in the agreement only to say no (its worker turned shared memory off): every rank
+  // then gets FAILED_PRECONDITION.
+  bool refuse = false;
 };
 
 // Every rank on this machine: the ranks sum through a POSIX shared-memory segment (about

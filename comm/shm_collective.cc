@@ -201,7 +201,10 @@ absl::StatusOr<std::unique_ptr<Collective>> ConnectSharedMemory(const SharedMemo
   uint64_t nonce = 0;
   int fd = -1;
   std::string why;
-  if (options.rank == 0) {
+  if (options.refuse) why = "its worker runs with --collective-transport gloo";
+  if (options.rank == 0 && options.refuse) {
+    if (absl::Status s = store.Set(absl::StrCat(prefix, "shm/segment"), ""); !s.ok()) return s;
+  } else if (options.rank == 0) {
     nonce = RandomWord();
     name = absl::StrFormat("/stoker-dp-%016x", RandomWord());
     fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -221,7 +224,7 @@ absl::StatusOr<std::unique_ptr<Collective>> ConnectSharedMemory(const SharedMemo
       if (fd >= 0) shm_unlink(name.c_str());
       return s;
     }
-  } else {
+  } else if (!options.refuse) {
     absl::StatusOr<std::vector<std::string>> segment =
         store.Get({absl::StrCat(prefix, "shm/segment")}, options.timeout);
     if (!segment.ok()) return segment.status();

@@ -70,7 +70,8 @@ TEST(DataParallelE2eTest, TwoRanksOnTwoWorkersMatchOneRankWithTheGlobalBatch) {
   TestCluster cluster;
   cluster.StartServer();
   cluster.StartWorker("w1", {"--cpus", "1"});
-  cluster.StartWorker("w2", {"--cpus", "1"});
+  // As if w2 were another machine: its ranks refuse shared memory, so the gang sums over Gloo.
+  cluster.StartWorker("w2", {"--cpus", "1", "--collective-transport", "gloo"});
 
   absl::StatusOr<v1::Job> two = cluster.Submit(DataParallelJob(2, 32, 2));
   ASSERT_TRUE(two.ok()) << two.status();
@@ -80,7 +81,7 @@ TEST(DataParallelE2eTest, TwoRanksOnTwoWorkersMatchOneRankWithTheGlobalBatch) {
   // One rank on each worker (each has one core).
   ASSERT_EQ(two_done->rank_placements_size(), 2);
   EXPECT_NE(two_done->rank_placements(0).worker_id(), two_done->rank_placements(1).worker_id());
-  EXPECT_TRUE(HistoryMentions(cluster, two->id(), "rank 1 of 2"));
+  EXPECT_TRUE(HistoryMentions(cluster, two->id(), "rank 1 of 2, gloo over"));
   // Each rank's epoch line is there, rank 1's named as such (its train loss is its own half's).
   int rank0_epochs = 0, rank1_epochs = 0;
   for (const v1::JobEvent& event : cluster.History(two->id())) {
@@ -263,14 +264,15 @@ TEST(DataParallelE2eTest, OneGpuPerRankRunsWithADistinctDeviceForEachRank) {
     gpus.insert(placement.gpu_indices(0));
   }
   EXPECT_EQ(gpus, (std::set<int>{0, 1}));
-  // Each rank's trainer was told its own GPU, and summed over Gloo (the cpu backend trains).
+  // Each rank's trainer was told its own GPU, and summed through shared memory (the cpu backend
+  // trains; both ranks are on this machine).
   for (int gpu : {0, 1}) {
     EXPECT_TRUE(HistoryMentions(
         cluster, done->id(),
         absl::StrCat("devices: CUDA_VISIBLE_DEVICES=", gpu, " (fake GPUs for tests")))
         << "no rank was given GPU " << gpu;
   }
-  EXPECT_TRUE(HistoryMentions(cluster, done->id(), "rank 1 of 2, gloo over"));
+  EXPECT_TRUE(HistoryMentions(cluster, done->id(), "rank 1 of 2, shared memory"));
   EXPECT_TRUE(HistoryMentions(cluster, done->id(), "training on cpu"));
   EXPECT_GT(done->progress().test_accuracy(), 0.6);
 }

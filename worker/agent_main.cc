@@ -86,6 +86,12 @@ void AddWorkerFlags(CLI::App& app, stoker::WorkerFlags& flags) {
                  "each collective) before the attempt fails")
       ->check(CLI::Range(1.0, 3600.0))
       ->capture_default_str();
+  app.add_option("--collective-transport", flags.collective_transport,
+                 "data-parallel jobs: auto (the ranks sum through shared memory when every rank "
+                 "is on one machine, else Gloo over TCP) or gloo (never shared memory, e.g. where "
+                 "/dev/shm is small)")
+      ->check(CLI::IsMember({"auto", "gloo"}))
+      ->capture_default_str();
 }
 
 }  // namespace

@@ -41,6 +41,7 @@ absl::Status ApplyFlags(const WorkerFlags& flags, AgentOptions& options) {
           ? flags.collective_host
           : (IsLoopbackAddress(options.server_address) ? "127.0.0.1" : flags.hostname);
   options.runner.collective_timeout = absl::Seconds(flags.collective_timeout_seconds);
+  options.runner.collective_transport = flags.collective_transport;
   options.runner.drain_timeout = absl::Seconds(flags.drain_seconds);
   options.runner.trainer_stall_timeout =
       flags.stall_seconds > 0 ? absl::Seconds(flags.stall_seconds) : absl::InfiniteDuration();

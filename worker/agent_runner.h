@@ -19,6 +19,7 @@ struct WorkerFlags {
   AgentOptions agent;  // --server, --worker-id, --data-root, --work-dir, --trainer, --loader
   std::string hostname;
   std::string token_file, tls_ca, metrics_listen, collective_host;
+  std::string collective_transport = "auto";
   // A single-use join token, exchanged once for a worker token kept in the work directory.
   std::string join_token_file;
   double drain_seconds = 0;

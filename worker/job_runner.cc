@@ -222,13 +222,26 @@ std::vector<std::string> TrainerArguments(const RunnerOptions& options,
     argv.push_back(resume_checkpoint);
   }
   if (assignment.replicas() > 1) {
-    argv.insert(argv.end(),
-                {"--rank", absl::StrCat(assignment.rank()), "--replicas",
-                 absl::StrCat(assignment.replicas()), "--server", options.server_address,
-                 "--train-samples", absl::StrCat(train_samples), "--worker-id", options.worker_id,
-                 "--job-id", assignment.job_id(), "--attempt", absl::StrCat(assignment.attempt()),
-                 "--collective-host", options.collective_host, "--collective-timeout-seconds",
-                 absl::StrCat(absl::ToDoubleSeconds(options.collective_timeout))});
+    argv.insert(argv.end(), {"--rank",
+                             absl::StrCat(assignment.rank()),
+                             "--replicas",
+                             absl::StrCat(assignment.replicas()),
+                             "--server",
+                             options.server_address,
+                             "--train-samples",
+                             absl::StrCat(train_samples),
+                             "--worker-id",
+                             options.worker_id,
+                             "--job-id",
+                             assignment.job_id(),
+                             "--attempt",
+                             absl::StrCat(assignment.attempt()),
+                             "--collective-host",
+                             options.collective_host,
+                             "--collective-timeout-seconds",
+                             absl::StrCat(absl::ToDoubleSeconds(options.collective_timeout)),
+                             "--collective-transport",
+                             options.collective_transport});
     if (!options.token_file.empty()) argv.insert(argv.end(), {"--token-file", options.token_file});
     if (!options.tls_ca.empty()) argv.insert(argv.end(), {"--tls-ca", options.tls_ca});
   }

@@ -73,6 +73,9 @@ struct RunnerOptions {
   std::string collective_host = "127.0.0.1";
   // Connecting the ranks (all must arrive within it) and each collective.
   absl::Duration collective_timeout = absl::Seconds(60);
+  // "auto": the ranks sum through shared memory when all of them are on one machine, else Gloo;
+  // "gloo": this worker's ranks never use shared memory (so neither do their gangs).
+  std::string collective_transport = "auto";
 };
 
 // The attempt's directory under `work_dir`: <job>-a<attempt>, and -r<rank> after it for a rank

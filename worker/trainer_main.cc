@@ -256,6 +256,7 @@ struct RankChoice {
   RendezvousStoreOptions rendezvous;   // server, token file, CA, worker, job, attempt, rank
   std::string host = "127.0.0.1";      // where the other ranks reach this one (Gloo binds it)
   double timeout_seconds = 60;         // connecting, and each collective
+  std::string transport = "auto";      // "gloo": this rank refuses shared memory
   uint64_t stop_vote_every_steps = 0;  // 0: about every 0.5 s (DataParallelContext)
   int64_t train_samples = 0;           // the training set's count (each step's global batch)
 };
@@ -313,7 +314,8 @@ absl::Status SetUpDataParallel(const RankChoice& choice, uint32_t batch_size,
         ConnectSharedMemory({.rank = choice.rank,
                              .size = choice.replicas,
                              .store_prefix = store_prefix,
-                             .timeout = absl::Seconds(choice.timeout_seconds)},
+                             .timeout = absl::Seconds(choice.timeout_seconds),
+                             .refuse = choice.transport == "gloo"},
                             *dp.store);
     if (shared.ok()) {
       dp.collective = std::move(*shared);
@@ -510,6 +512,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
   app.add_option("--collective-host", rank_choice.host,
                  "data-parallel: the address other ranks reach this one at");
+  app.add_option("--collective-transport", rank_choice.transport,
+                 "data-parallel: auto (shared memory when every rank is on this machine) or gloo")
+      ->check(CLI::IsMember({"auto", "gloo"}));
   app.add_option("--collective-timeout-seconds", rank_choice.timeout_seconds,
                  "data-parallel: connecting the ranks, and each collective")
       ->check(CLI::Range(1.0, 3600.0));
