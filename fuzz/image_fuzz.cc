@@ -1,15 +1,21 @@
 // libFuzzer target: arbitrary bytes through the image header reader, the full decoder (1 and 3
-// channels) and the transforms (RandomResizedCrop + flip, Resize + CenterCrop, the size-0 copy).
+// channels) and the transforms (RandomResizedCrop + flip, Resize + CenterCrop, the size-0 copy);
+// a JPEG that transcodes to restart-indexed form (jpeg_restart.h) must give the same pixels as
+// the original for a crop of its lower half (decoded from a slice of MCU rows), and the row index
+// of any input must stay inside it.
 // Errors must name the file; a decoded image must have the header's size. Full decodes are
 // limited to 2^20 pixels so that a tiny input claiming a huge image does not spend the run
 // zero-filling memory (the decoder's own bound, 2^28 pixels, is checked by image_test).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include "data/image/image_codec.h"
 #include "data/image/image_transform.h"
+#include "data/image/jpeg_restart.h"
 
 namespace {
 
@@ -67,6 +73,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<uint8_t> out(stoker::TransformOutputBytes(*t));
     CheckError(
         stoker::DecodeTransformed("fuzz.img", copy.data(), size, *t, bits, out.data(), &scratch));
+  }
+
+  // The row index reads only inside the data (ASan), and its rows lie inside it, in order.
+  if (std::optional<stoker::JpegRowIndex> index = stoker::IndexJpegRows(copy.data(), size)) {
+    for (int r = 0; r < index->mcu_rows; ++r) {
+      if (index->row_begin[r] > index->row_end[r] || index->row_end[r] > size) std::abort();
+    }
+  }
+  // A transcodable JPEG: a crop of its lower half, from the original and from the restart-indexed
+  // copy (decoded from a slice), must be the same pixels.
+  if (header->encoding == stoker::ImageEncoding::kJpeg && header->height >= 4) {
+    absl::StatusOr<std::vector<uint8_t>> marked =
+        stoker::AddJpegRestartMarkers("fuzz.img", copy.data(), size);
+    CheckError(marked.status());
+    if (marked.ok()) {
+      const int side = std::max(1, std::min(header->width, header->height) / 2);
+      const stoker::CropBox box{header->height - side, (header->width - side) / 2, side, side};
+      std::vector<uint8_t> a(3 * 3 * 3), b(a.size());
+      const absl::Status first = stoker::DecodeCropResize("fuzz.img", copy.data(), size, 3, box, 3,
+                                                          false, a.data(), &scratch);
+      const absl::Status second = stoker::DecodeCropResize(
+          "fuzz.img", marked->data(), marked->size(), 3, box, 3, false, b.data(), &scratch);
+      CheckError(first);
+      CheckError(second);
+      if (first.ok() && second.ok() && a != b) std::abort();
+    }
   }
   return 0;
 }

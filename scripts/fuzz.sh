@@ -65,7 +65,7 @@ read -r -a jobfile_libs <<<"$(pkg-config --libs protobuf yaml-cpp absl_status ab
 targets+=(jobfile)
 # The image codecs and transforms (data/image) with libjpeg-turbo and libpng.
 image_sources=(data/image/image_decoder.cc data/image/image_codec.cc data/image/image_resample.cc
-  data/image/image_transform.cc)
+  data/image/image_transform.cc data/image/jpeg_restart.cc)
 "$cxx" "${cxxflags[@]}" -fsanitize=fuzzer fuzz/image_fuzz.cc "${image_sources[@]}" "${libs[@]}" \
   -ljpeg -lpng16 -o "$out/image_fuzz"
 targets+=(image)

@@ -142,8 +142,70 @@ struct JpegState {
     jpeg_destroy_decompress(&cinfo);
     Clear();
   }
+  // A reused object keeps the Huffman and quantization tables of earlier images in its permanent
+  // pool: a JPEG that defines fewer of them (a Motion-JPEG frame relying on the standard Huffman
+  // tables, a damaged header) would decode with a previous image's. Before such a JPEG the object
+  // is made anew, so that it decodes as a fresh one does (as PIL's, one object per image).
+  void ForgetTablesUnlessRedefined(const uint8_t* data, size_t size) {
+    if (!created) return;
+    const std::optional<TableSlots> defined = DefinedTables(data, size);
+    for (int i = 0; i < NUM_HUFF_TBLS; ++i) {
+      const bool dc_stale =
+          cinfo.dc_huff_tbl_ptrs[i] != nullptr && !(defined.has_value() && defined->dc[i]);
+      const bool ac_stale =
+          cinfo.ac_huff_tbl_ptrs[i] != nullptr && !(defined.has_value() && defined->ac[i]);
+      const bool quant_stale =
+          cinfo.quant_tbl_ptrs[i] != nullptr && !(defined.has_value() && defined->quant[i]);
+      if (dc_stale || ac_stale || quant_stale) {
+        jpeg_destroy_decompress(&cinfo);
+        Clear();
+        created = false;
+        return;
+      }
+    }
+  }
 
  private:
+  // The tables a JPEG's markers up to its first scan define; nothing when the markers cannot be
+  // read (the object is then made anew, to be safe).
+  struct TableSlots {
+    bool dc[NUM_HUFF_TBLS] = {}, ac[NUM_HUFF_TBLS] = {}, quant[NUM_QUANT_TBLS] = {};
+  };
+  static std::optional<TableSlots> DefinedTables(const uint8_t* data, size_t size) {
+    TableSlots slots;
+    size_t pos = 2;
+    while (pos + 4 <= size) {
+      if (data[pos] != 0xFF) return std::nullopt;
+      const uint8_t marker = data[pos + 1];
+      if (marker == 0xFF) {  // fill byte
+        ++pos;
+        continue;
+      }
+      if (marker == 0xDA || marker == 0xD9) return slots;  // the first scan, or the end
+      const size_t end = pos + 2 + ((size_t{data[pos + 2]} << 8) | data[pos + 3]);
+      if (end > size || end < pos + 4) return std::nullopt;
+      size_t p = pos + 4;
+      if (marker == 0xC4) {  // DHT: class/id, 16 counts, the values
+        while (p + 17 <= end) {
+          const int table = data[p] & 15;
+          if (table >= NUM_HUFF_TBLS) return std::nullopt;
+          ((data[p] >> 4) ? slots.ac : slots.dc)[table] = true;
+          size_t values = 0;
+          for (int k = 1; k <= 16; ++k) values += data[p + k];
+          p += 17 + values;
+        }
+      } else if (marker == 0xDB) {  // DQT: precision/id, 64 or 128 bytes
+        while (p + 1 <= end) {
+          const int table = data[p] & 15;
+          if (table >= NUM_QUANT_TBLS) return std::nullopt;
+          slots.quant[table] = true;
+          p += 1 + ((data[p] >> 4) ? 128 : 64);
+        }
+      }
+      pos = end;
+    }
+    return std::nullopt;
+  }
   void Clear() {
     std::memset(&cinfo, 0, sizeof cinfo);
     std::memset(&err, 0, sizeof err);
@@ -413,6 +475,7 @@ absl::Status ImageDecoder::Open(absl::string_view name, const uint8_t* data, siz
     if (jpeg_ == nullptr) jpeg_ = std::make_unique<JpegState>();
     open_ = ImageEncoding::kJpeg;
     JpegState* s = jpeg_.get();
+    s->ForgetTablesUnlessRedefined(data, size);
     if (!s->created) {
       s->cinfo.err = jpeg_std_error(&s->err.pub);
       s->err.pub.error_exit = JpegErrorExit;

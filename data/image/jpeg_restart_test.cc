@@ -144,5 +144,43 @@ TEST(JpegRestartTest, WhatCannotBeTranscodedSaysSo) {
   EXPECT_FALSE(IndexJpegRows(marked.data(), marked.size()).has_value());
 }
 
+// A JPEG without Huffman tables of its own (as Motion-JPEG frames: libjpeg then uses the standard
+// ones) decodes alike in a reused decoder after an image with other tables (a restart-marked
+// file's optimized ones) as in a fresh one. The decoder's libjpeg object keeps tables from image
+// to image; the image fuzzer found the difference.
+TEST(JpegRestartTest, AReusedDecoderForgetsTheTablesOfTheImageBefore) {
+  const Image image = PhotoLike(48, 40, 3, 9);
+  const std::vector<uint8_t> plain = *EncodeJpeg(image, 90);  // libjpeg's standard tables
+  // The same file without its DHT segments.
+  std::vector<uint8_t> bare(plain.begin(), plain.begin() + 2);
+  size_t pos = 2;
+  while (pos + 4 <= plain.size() && plain[pos + 1] != 0xDA) {
+    const size_t length = (size_t{plain[pos + 2]} << 8) | plain[pos + 3];
+    if (plain[pos + 1] != 0xC4) {
+      bare.insert(bare.end(), plain.begin() + pos, plain.begin() + pos + 2 + length);
+    }
+    pos += 2 + length;
+  }
+  bare.insert(bare.end(), plain.begin() + pos, plain.end());
+  ASSERT_LT(bare.size(), plain.size());
+  const std::vector<uint8_t> marked = *AddJpegRestartMarkers("t.jpg", plain.data(), plain.size());
+  auto decode = [](ImageDecoder& decoder, const std::vector<uint8_t>& jpeg) {
+    std::vector<uint8_t> out;
+    EXPECT_TRUE(decoder.Open("t.jpg", jpeg.data(), jpeg.size()).ok());
+    EXPECT_TRUE(
+        decoder
+            .ReadRegion(3, 0, 48, 8, 40,
+                        [&](int, const uint8_t* row) { out.insert(out.end(), row, row + 48 * 3); })
+            .ok());
+    return out;
+  };
+  ImageDecoder fresh;
+  const std::vector<uint8_t> want = decode(fresh, bare);
+  ImageDecoder reused;
+  decode(reused, marked);
+  EXPECT_EQ(decode(reused, bare), want);
+  EXPECT_EQ(decode(reused, plain), want) << "the bare file's pixels are the plain file's";
+}
+
 }  // namespace
 }  // namespace stoker
