@@ -53,9 +53,12 @@ class Driver:
             except (urllib.error.URLError, ConnectionError):
                 pass
             time.sleep(0.1)
+        # --remote-debugging-pipe: chromedriver talks to the browser over a pipe, not a TCP port
+        # it reaches as "localhost" (which a root without /etc/hosts, as a fresh Debian chroot,
+        # does not resolve to the browser's 127.0.0.1: "unable to connect to renderer").
         options = {"args": ["--headless=new", "--no-sandbox", "--disable-gpu",
                             "--disable-dev-shm-usage", "--hide-scrollbars",
-                            "--window-size=1300,1500"]}
+                            "--remote-debugging-pipe", "--window-size=1300,1500"]}
         if os.path.exists("/usr/bin/chromium"):
             options["binary"] = "/usr/bin/chromium"
         session = self.call("POST", "/session", {"capabilities": {"alwaysMatch": {
