@@ -253,7 +253,7 @@ for k in loader_counts:
             anon_sum += m["RssAnon"]
         total_anon = max(total_anon, anon_sum)
         max_usage_seen = max(max_usage_seen, int(cgroup_read("memory.usage_in_bytes")))
-        time.sleep(0.1)
+        time.sleep(0.02)
     wall = time.time() - start
     max_usage = int(cgroup_read("memory.max_usage_in_bytes"))
     failcnt = int(cgroup_read("memory.failcnt"))
@@ -279,7 +279,7 @@ print()
 print(f"{len(shards)} training shards, {dataset_bytes / MIB:.0f} MiB "
       f"({dataset_bytes / (int(cgroup_mib) * MIB):.1f}x the cgroup's {cgroup_mib} MiB limit); "
       f"one epoch, batch {BATCH}, {size}x{size} random_resized_crop + flip, MLP [64]. Per loader: "
-      "the largest RssAnon seen (every 0.1 s); total: the largest sum over one sample.")
+      "the largest RssAnon seen (every 0.02 s); total: the largest sum over one sample.")
 print()
 print("| K | job | per-loader max RssAnon MiB | total RssAnon MiB | per-loader max RssFile MiB "
       "| per-loader VmHWM MiB | trainer max RssAnon MiB | cgroup max usage MiB "
