@@ -48,12 +48,6 @@ absl::StatusOr<v1::Job> SubmitUntilCheckpoint(TestCluster& cluster, int epochs,
   return checkpointed;
 }
 
-// The whole text of a file ("" if it cannot be read).
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 std::optional<double> ServerMetric(TestCluster& cluster, const std::string& series) {
   absl::StatusOr<std::string> text = HttpGetForTest(cluster.ServerMetricsPort());
   if (!text.ok()) return std::nullopt;

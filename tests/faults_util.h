@@ -27,9 +27,6 @@ v1::JobSpec SlowJob(int epochs);
 absl::StatusOr<v1::Job> SubmitUntilCheckpoint(TestCluster& cluster, int epochs,
                                               int checkpoint_epochs);
 
-// The whole text of a file ("" if it cannot be read).
-std::string ReadAll(const std::string& path);
-
 // A series of the server's /metrics, if it is there.
 std::optional<double> ServerMetric(TestCluster& cluster, const std::string& series);
 

@@ -16,11 +16,6 @@ namespace {
 
 constexpr char kToken[] = "0123456789abcdef0123456789abcdef";
 
-std::string WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-  return path;
-}
-
 // Calls `method` ("/stoker.v1.JobService/GetJob") with an empty request and returns its status.
 grpc::Status CallWithEmptyRequest(const std::shared_ptr<grpc::Channel>& channel,
                                   const std::string& method, const std::string& token) {

@@ -24,6 +24,11 @@ struct CommandResult {
 // Runs a command line through /bin/sh, capturing its output.
 CommandResult RunCommand(const std::string& command);
 
+// The whole content of a file ("" if it cannot be read).
+std::string ReadAll(const std::string& path);
+// Writes `text` to `path` (replacing it); returns `path`.
+std::string WriteFile(const std::string& path, const std::string& text);
+
 class TestCluster {
  public:
   // Creates a fresh directory under /tmp; starts nothing yet.
