@@ -13,19 +13,6 @@
 namespace stoker {
 namespace {
 
-std::string StateName(v1::ExperimentState state) {
-  switch (state) {
-    case v1::EXPERIMENT_STATE_RUNNING:
-      return "running";
-    case v1::EXPERIMENT_STATE_COMPLETED:
-      return "completed";
-    case v1::EXPERIMENT_STATE_CANCELLED:
-      return "cancelled";
-    default:
-      return "unknown";
-  }
-}
-
 std::string Metric(const std::optional<double>& value) {
   return value.has_value() ? absl::StrFormat("%.4f", *value) : "-";
 }
@@ -88,6 +75,19 @@ std::string JsonString(const std::string& text) {
 
 }  // namespace
 
+std::string ExperimentStateName(v1::ExperimentState state) {
+  switch (state) {
+    case v1::EXPERIMENT_STATE_RUNNING:
+      return "running";
+    case v1::EXPERIMENT_STATE_COMPLETED:
+      return "completed";
+    case v1::EXPERIMENT_STATE_CANCELLED:
+      return "cancelled";
+    default:
+      return "unknown";
+  }
+}
+
 std::string MetricName(const v1::SearchSpec& search) {
   return search.metric().empty() ? "test_accuracy" : search.metric();
 }
@@ -97,7 +97,7 @@ std::string ExperimentTable(const v1::ListExperimentsResponse& response) {
   std::vector<std::vector<std::string>> rows = {
       {"ID", "NAME", "METHOD", "STATE", "TRIALS", "OWNER", "SUBMITTED"}};
   for (const v1::Experiment& e : response.experiments()) {
-    rows.push_back({e.id(), e.name(), e.search().method(), StateName(e.state()),
+    rows.push_back({e.id(), e.name(), e.search().method(), ExperimentStateName(e.state()),
                     absl::StrCat(e.trials_size(), "/", e.trial_count()),
                     e.owner().empty() ? "-" : e.owner(), LocalClock(e.submit_time_unix_ms())});
   }
@@ -108,7 +108,8 @@ std::string ExperimentDetails(const v1::Experiment& experiment, const std::vecto
   const v1::SearchSpec& search = experiment.search();
   std::string out = absl::StrCat(
       "experiment ", experiment.id(), " (", experiment.name(), ")\n",
-      "state:      ", StateName(experiment.state()), "\n", "method:     ", search.method(),
+      "state:      ", ExperimentStateName(experiment.state()), "\n",
+      "method:     ", search.method(),
       search.method() == "asha"
           ? absl::StrFormat(
                 " (grace %d epochs, reduction factor %d)",

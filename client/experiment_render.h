@@ -23,6 +23,9 @@ struct TrialRow {
   int epochs = 0;               // epochs finished
 };
 
+// "running", "completed", "cancelled" (or "unknown").
+std::string ExperimentStateName(v1::ExperimentState state);
+
 // The metric as reported ("test_accuracy" when the search leaves it unset).
 std::string MetricName(const v1::SearchSpec& search);
 

@@ -76,19 +76,6 @@ std::string EventType(v1::EventType type) {
   }
 }
 
-std::string ExperimentStateName(v1::ExperimentState state) {
-  switch (state) {
-    case v1::EXPERIMENT_STATE_RUNNING:
-      return "running";
-    case v1::EXPERIMENT_STATE_COMPLETED:
-      return "succeeded";
-    case v1::EXPERIMENT_STATE_CANCELLED:
-      return "cancelled";
-    default:
-      return "unknown";
-  }
-}
-
 // The points' x: seconds since the first point of the history.
 double SecondsSince(int64_t first_ms, const v1::MetricPoint& p) {
   return (p.time_unix_ms() - first_ms) / 1000.0;
