@@ -91,6 +91,36 @@ struct SharedMemoryOptions {
 absl::StatusOr<std::unique_ptr<Collective>> ConnectSharedMemory(const SharedMemoryOptions& options,
                                                                 KeyValueStore& store);
 
+struct CpuRanksOptions {
+  int rank = 0;
+  int size = 1;
+  std::string host = "127.0.0.1";  // as GlooOptions.host: where other machines reach this rank
+  std::string store_prefix;        // as GlooOptions.store_prefix
+  absl::Duration timeout = absl::Seconds(60);
+  // This rank sums through Gloo only, as if alone on its machine (its worker runs with
+  // --collective-transport gloo).
+  bool refuse_shared_memory = false;
+  // The machine this rank runs on, as the ranks group themselves: empty for this machine's own
+  // identity (MachineIdentity). Tests name machines to make several groups on one host.
+  std::string machine;
+};
+
+// The ranks of a cpu job, however they are spread (cpu_ranks.cc): ranks that share a machine sum
+// through shared memory, one rank of each machine (its lowest) sums those machine sums with the
+// other machines' over Gloo, and shares the result back; every rank gets the same bits. All on
+// one machine: shared memory alone; one rank a machine: Gloo alone. When a machine's ranks cannot
+// map their segment after all, every rank falls back to Gloo alone, together.
+struct CpuRanks {
+  std::unique_ptr<Collective> collective;
+  std::string description;  // for the log: "shared memory (...)", "gloo over HOST", "two-level ..."
+};
+absl::StatusOr<CpuRanks> ConnectCpuRanks(const CpuRanksOptions& options, KeyValueStore& store);
+
+// This machine as ranks compare it: the host name, the boot id and /dev/shm's device and inode
+// (two containers of one host have different /dev/shm mounts, so they are different machines
+// here; the segment's nonce check catches any that still collide).
+std::string MachineIdentity();
+
 // Counters of a reducer, read while it runs (from another thread).
 struct ReducerCounters {
   double allreduce_seconds = 0;  // wall time spent in all-reduce calls (overlapped or not)

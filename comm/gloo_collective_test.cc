@@ -28,25 +28,16 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "comm/collective.h"
+#include "comm/test_util.h"
 #include "gtest/gtest.h"
 
 namespace stoker {
 namespace {
 
-std::string MakeTempDirectory() {
-  std::string pattern =
-      (std::filesystem::temp_directory_path() / "stoker-comm-test-XXXXXX").string();
-  if (mkdtemp(pattern.data()) == nullptr) return "";
-  return pattern;
-}
-
-// Runs `body(rank)` on `size` threads and waits for all.
-template <typename F>
-void OnRanks(int size, F body) {
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < size; ++rank) threads.emplace_back([&body, rank] { body(rank); });
-  for (std::thread& thread : threads) thread.join();
-}
+using comm_testing::ForkRank;
+using comm_testing::MakeTempDirectory;
+using comm_testing::OnRanks;
+using comm_testing::WaitFor;
 
 GlooOptions Options(int rank, int size, const std::string& prefix, absl::Duration timeout) {
   GlooOptions options;
@@ -57,15 +48,38 @@ GlooOptions Options(int rank, int size, const std::string& prefix, absl::Duratio
   return options;
 }
 
-enum class Transport { kGloo, kSharedMemory };
+// kTwoLevel: ConnectCpuRanks with the ranks on two named "machines", even ranks on one and odd
+// ranks on the other (so a group's ranks are not consecutive and the second group's leader is
+// rank 1): shared memory inside each, Gloo between the two leaders. With two ranks it is Gloo
+// alone (one rank a machine).
+enum class Transport { kGloo, kSharedMemory, kTwoLevel };
 
 std::string TransportName(Transport transport) {
-  return transport == Transport::kGloo ? "Gloo" : "SharedMemory";
+  switch (transport) {
+    case Transport::kGloo:
+      return "Gloo";
+    case Transport::kSharedMemory:
+      return "SharedMemory";
+    case Transport::kTwoLevel:
+      return "TwoLevel";
+  }
+  return "?";
 }
 
 absl::StatusOr<std::unique_ptr<Collective>> Connect(Transport transport, const GlooOptions& options,
                                                     KeyValueStore& store) {
   if (transport == Transport::kGloo) return ConnectGloo(options, store);
+  if (transport == Transport::kTwoLevel) {
+    absl::StatusOr<CpuRanks> ranks =
+        ConnectCpuRanks({.rank = options.rank,
+                         .size = options.size,
+                         .store_prefix = options.store_prefix,
+                         .timeout = options.timeout,
+                         .machine = absl::StrCat("m", options.rank % 2)},
+                        store);
+    if (!ranks.ok()) return ranks.status();
+    return std::move(ranks->collective);
+  }
   return ConnectSharedMemory({.rank = options.rank,
                               .size = options.size,
                               .store_prefix = options.store_prefix,
@@ -212,22 +226,25 @@ TEST_P(RanksTest, BroadcastCopiesTheRootsDataAndBarrierPasses) {
   std::vector<std::unique_ptr<Collective>> collectives =
       ConnectThreads(size, absl::Seconds(20), transport);
   for (const auto& collective : collectives) ASSERT_NE(collective, nullptr);
-  const int root = size - 1;
-  const size_t count = 1100000;
-  std::vector<std::vector<float>> data(size, std::vector<float>(count));
-  for (int rank = 0; rank < size; ++rank) {
-    for (size_t i = 0; i < count; ++i) data[rank][i] = static_cast<float>(rank * 1e6 + i);
-  }
-  const std::vector<float> expected = data[root];
-  std::vector<absl::Status> statuses(size);
-  OnRanks(size, [&](int rank) {
-    absl::Status status = collectives[rank]->Broadcast(data[rank].data(), count, root);
-    if (status.ok()) status = collectives[rank]->Barrier();
-    statuses[rank] = status;
-  });
-  for (int rank = 0; rank < size; ++rank) {
-    ASSERT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
-    EXPECT_EQ(data[rank], expected) << "rank " << rank;
+  // Every root: for two levels, a group's leader, a rank behind its leader, either group.
+  for (int root = 0; root < size; ++root) {
+    const size_t count = 1100000;
+    std::vector<std::vector<float>> data(size, std::vector<float>(count));
+    for (int rank = 0; rank < size; ++rank) {
+      for (size_t i = 0; i < count; ++i) data[rank][i] = static_cast<float>(rank * 1e6 + i);
+    }
+    const std::vector<float> expected = data[root];
+    std::vector<absl::Status> statuses(size);
+    OnRanks(size, [&](int rank) {
+      absl::Status status = collectives[rank]->Broadcast(data[rank].data(), count, root);
+      if (status.ok()) status = collectives[rank]->Barrier();
+      statuses[rank] = status;
+    });
+    for (int rank = 0; rank < size; ++rank) {
+      ASSERT_TRUE(statuses[rank].ok())
+          << "root " << root << " rank " << rank << ": " << statuses[rank];
+      EXPECT_EQ(data[rank], expected) << "root " << root << " rank " << rank;
+    }
   }
 }
 
@@ -235,6 +252,13 @@ INSTANTIATE_TEST_SUITE_P(TwoAndThree, RanksTest,
                          testing::Combine(testing::Values(Transport::kGloo,
                                                           Transport::kSharedMemory),
                                           testing::Values(2, 3)),
+                         [](const auto& info) {
+                           return absl::StrCat(TransportName(std::get<0>(info.param)),
+                                               std::get<1>(info.param));
+                         });
+INSTANTIATE_TEST_SUITE_P(ThreeAndFour, RanksTest,
+                         testing::Combine(testing::Values(Transport::kTwoLevel),
+                                          testing::Values(3, 4)),
                          [](const auto& info) {
                            return absl::StrCat(TransportName(std::get<0>(info.param)),
                                                std::get<1>(info.param));
@@ -405,22 +429,6 @@ TEST(GlooCollectiveTest, APeerThatStopsAnsweringTimesOut) {
   EXPECT_LT(waited, absl::Seconds(5));
 }
 
-// Forked ranks. A child runs `body`, exits with its result and never returns to the test.
-template <typename F>
-pid_t ForkRank(F body) {
-  const pid_t pid = fork();
-  if (pid == 0) _exit(body());
-  return pid;
-}
-
-// The exit code of `pid`, or -signal when a signal ended it.
-int WaitFor(pid_t pid) {
-  int status = 0;
-  if (waitpid(pid, &status, 0) != pid) return -1000;
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return -WTERMSIG(status);
-}
-
 class ForkedTest : public testing::TestWithParam<Transport> {};
 
 TEST_P(ForkedTest, ThreeProcessesSumExactly) {
@@ -508,7 +516,8 @@ TEST_P(ForkedTest, AKilledRankWhileBothAreSummingFailsTheOther) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ForkedTest,
-                         testing::Values(Transport::kGloo, Transport::kSharedMemory),
+                         testing::Values(Transport::kGloo, Transport::kSharedMemory,
+                                         Transport::kTwoLevel),
                          [](const auto& info) { return TransportName(info.param); });
 
 // The shared segment's name is gone from /dev/shm once the ranks have it; a rank that never

@@ -26,6 +26,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -36,6 +37,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "comm/collective.h"
+#include "comm/shm_group.h"
 
 namespace stoker {
 namespace {
@@ -49,6 +51,8 @@ struct Header {
   uint64_t nonce;
   int32_t size;
   std::atomic<int32_t> pids[kMaxRanks];
+  std::atomic<int32_t> abandoned_by;  // 1 + the rank that gave up (Abandon), 0 while none has
+  char abandon_reason[256];           // written before abandoned_by
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
@@ -80,7 +84,7 @@ uint64_t RandomWord() {
   return (uint64_t{device()} << 32) ^ device();
 }
 
-class SharedMemoryCollective : public Collective {
+class SharedMemoryCollective : public SharedMemoryGroup {
  public:
   SharedMemoryCollective(int rank, int size, void* base, size_t bytes, absl::Duration timeout)
       : rank_(rank), size_(size), base_(base), bytes_(bytes), timeout_(timeout) {}
@@ -93,24 +97,33 @@ class SharedMemoryCollective : public Collective {
   absl::Status AllReduceSum(double* data, size_t count) override { return Sum(data, count); }
 
   absl::Status Broadcast(float* data, size_t count, int root) override {
-    if (root < 0 || root >= size_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("broadcast root ", root, " is not a rank of ", size_));
-    }
-    if (size_ == 1 || count == 0) return absl::OkStatus();
-    if (data == nullptr) return absl::InvalidArgumentError("broadcast of a null buffer");
-    const size_t per_chunk = kChunkBytes / sizeof(float);
-    for (size_t begin = 0; begin < count; begin += per_chunk) {
-      const size_t n = std::min(per_chunk, count - begin);
-      if (rank_ == root) std::memcpy(Result(), data + begin, n * sizeof(float));
-      if (absl::Status s = Wait("broadcast"); !s.ok()) return s;
-      if (rank_ != root) std::memcpy(data + begin, Result(), n * sizeof(float));
-      if (absl::Status s = Wait("broadcast"); !s.ok()) return s;
-    }
-    return absl::OkStatus();
+    return Copy(data, count, root);
+  }
+  absl::Status Broadcast(double* data, size_t count, int root) override {
+    return Copy(data, count, root);
   }
 
   absl::Status Barrier() override { return size_ == 1 ? absl::OkStatus() : Wait("barrier"); }
+
+  absl::Status ReduceSum(float* data, size_t count, int root) override {
+    return Reduce(data, count, root);
+  }
+  absl::Status ReduceSum(double* data, size_t count, int root) override {
+    return Reduce(data, count, root);
+  }
+
+  void Abandon(absl::string_view why) override {
+    Header* h = header();
+    int32_t none = 0;
+    if (h->abandoned_by.load(std::memory_order_acquire) == 0) {
+      const size_t n = std::min(why.size(), sizeof h->abandon_reason - 1);
+      std::memcpy(h->abandon_reason, why.data(), n);
+      h->abandon_reason[n] = '\0';
+      h->abandoned_by.compare_exchange_strong(none, rank_ + 1, std::memory_order_acq_rel);
+    }
+    // Wakes the waiters without passing the barrier: they find abandoned_by set.
+    Futex(&h->generation, FUTEX_WAKE, INT32_MAX, nullptr);
+  }
 
  private:
   Header* header() const { return static_cast<Header*>(base_); }
@@ -128,16 +141,8 @@ class SharedMemoryCollective : public Collective {
       const size_t n = std::min(per_chunk, count - begin);
       std::memcpy(Slot(rank_), data + begin, n * sizeof(T));
       if (absl::Status s = Wait("all-reduce"); !s.ok()) return s;
-      // This rank's share, summed over the slots in rank order.
-      const size_t share = (n + size_ - 1) / size_;
-      const size_t lo = std::min(n, share * rank_), hi = std::min(n, lo + share);
       T* out = reinterpret_cast<T*>(Result());
-      const T* first = reinterpret_cast<const T*>(Slot(0));
-      for (size_t i = lo; i < hi; ++i) out[i] = first[i];
-      for (int r = 1; r < size_; ++r) {
-        const T* slot = reinterpret_cast<const T*>(Slot(r));
-        for (size_t i = lo; i < hi; ++i) out[i] += slot[i];
-      }
+      SumShare(n, out);
       if (absl::Status s = Wait("all-reduce"); !s.ok()) return s;
       std::memcpy(data + begin, out, n * sizeof(T));
       if (absl::Status s = Wait("all-reduce"); !s.ok()) return s;
@@ -145,8 +150,77 @@ class SharedMemoryCollective : public Collective {
     return absl::OkStatus();
   }
 
+  // Broadcast: rank `root`'s data copied to every rank through the result area.
+  template <typename T>
+  absl::Status Copy(T* data, size_t count, int root) {
+    if (root < 0 || root >= size_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("broadcast root ", root, " is not a rank of ", size_));
+    }
+    if (size_ == 1 || count == 0) return absl::OkStatus();
+    if (data == nullptr) return absl::InvalidArgumentError("broadcast of a null buffer");
+    const size_t per_chunk = kChunkBytes / sizeof(T);
+    for (size_t begin = 0; begin < count; begin += per_chunk) {
+      const size_t n = std::min(per_chunk, count - begin);
+      if (rank_ == root) std::memcpy(Result(), data + begin, n * sizeof(T));
+      if (absl::Status s = Wait("broadcast"); !s.ok()) return s;
+      if (rank_ != root) std::memcpy(data + begin, Result(), n * sizeof(T));
+      if (absl::Status s = Wait("broadcast"); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  // The sum of the ranks' chunks, in rank order, into the root's `data`: as Sum, but only the
+  // root copies the result out. The last barrier keeps the next collective from writing the
+  // result area before the root has read it.
+  template <typename T>
+  absl::Status Reduce(T* data, size_t count, int root) {
+    if (root < 0 || root >= size_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reduce root ", root, " is not a rank of ", size_));
+    }
+    if (size_ == 1 || count == 0) return absl::OkStatus();
+    if (data == nullptr) return absl::InvalidArgumentError("reduce of a null buffer");
+    const size_t per_chunk = kChunkBytes / sizeof(T);
+    for (size_t begin = 0; begin < count; begin += per_chunk) {
+      const size_t n = std::min(per_chunk, count - begin);
+      std::memcpy(Slot(rank_), data + begin, n * sizeof(T));
+      if (absl::Status s = Wait("reduce"); !s.ok()) return s;
+      SumShare(n, reinterpret_cast<T*>(Result()));
+      if (absl::Status s = Wait("reduce"); !s.ok()) return s;
+      // The next chunk's sums into the result area start after the next barrier, which the root
+      // reaches only once it has copied this one.
+      if (rank_ == root) std::memcpy(data + begin, Result(), n * sizeof(T));
+    }
+    return Wait("reduce");
+  }
+
+  // This rank's 1/size share of a chunk of `n` elements, summed over the slots in rank order.
+  template <typename T>
+  void SumShare(size_t n, T* out) {
+    const size_t share = (n + size_ - 1) / size_;
+    const size_t lo = std::min(n, share * rank_), hi = std::min(n, lo + share);
+    const T* first = reinterpret_cast<const T*>(Slot(0));
+    for (size_t i = lo; i < hi; ++i) out[i] = first[i];
+    for (int r = 1; r < size_; ++r) {
+      const T* slot = reinterpret_cast<const T*>(Slot(r));
+      for (size_t i = lo; i < hi; ++i) out[i] += slot[i];
+    }
+  }
+
+  absl::Status Abandoned(const char* what) const {
+    const Header* h = header();
+    const int32_t by = h->abandoned_by.load(std::memory_order_acquire);
+    if (by == 0) return absl::OkStatus();
+    return absl::UnavailableError(
+        absl::StrFormat("%s: rank %d gave up: %s (shared memory, rank "
+                        "%d of %d)",
+                        what, by - 1, h->abandon_reason, rank_, size_));
+  }
+
   // The barrier (see the file comment).
   absl::Status Wait(const char* what) {
+    if (absl::Status s = Abandoned(what); !s.ok()) return s;
     Header* h = header();
     const uint32_t generation = h->generation.load(std::memory_order_acquire);
     if (h->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == uint32_t(size_)) {
@@ -161,6 +235,7 @@ class SharedMemoryCollective : public Collective {
       const timespec slice{0, 20'000'000};
       Futex(&h->generation, FUTEX_WAIT, generation, &slice);
       if (h->generation.load(std::memory_order_acquire) != generation) break;
+      if (absl::Status s = Abandoned(what); !s.ok()) return s;
       for (int r = 0; r < size_; ++r) {
         const int pid = h->pids[r].load(std::memory_order_relaxed);
         if (r != rank_ && pid > 0 && Gone(pid)) {
@@ -190,6 +265,14 @@ class SharedMemoryCollective : public Collective {
 
 absl::StatusOr<std::unique_ptr<Collective>> ConnectSharedMemory(const SharedMemoryOptions& options,
                                                                 KeyValueStore& store) {
+  absl::StatusOr<std::unique_ptr<SharedMemoryGroup>> group =
+      ConnectSharedMemoryGroup(options, store);
+  if (!group.ok()) return group.status();
+  return std::unique_ptr<Collective>(std::move(*group));
+}
+
+absl::StatusOr<std::unique_ptr<SharedMemoryGroup>> ConnectSharedMemoryGroup(
+    const SharedMemoryOptions& options, KeyValueStore& store) {
   if (absl::Status s = CheckGroup(options.rank, options.size, options.timeout); !s.ok()) return s;
   if (options.size > kMaxRanks) {
     return absl::FailedPreconditionError(

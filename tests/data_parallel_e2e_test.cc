@@ -3,7 +3,8 @@
 // Gloo over TCP.
 //
 // - Two ranks of batch b reach the weights of one rank of batch 2b (the same stream of global
-//   batches, sliced by rank), within fp32 summation-order noise.
+//   batches, sliced by rank), within fp32 summation-order noise; so do four ranks on two
+//   "machines" (two workers told to act as two), summing in two levels.
 // - Gang scheduling: a gang starts whole or waits holding nothing, saying why.
 // - GPU ranks (resources.gpus: 1 each) are accepted and each gets its own GPU (fake GPUs here).
 // - Faults: a rank's trainer killed with SIGKILL stops the whole gang within seconds; the job is
@@ -66,6 +67,37 @@ bool HistoryMentions(TestCluster& cluster, const std::string& job_id, const std:
   return false;
 }
 
+// `ranks` (data-parallel) and `one` (one rank of the same global batch) took the same number of
+// steps to the same weights, up to the order of the sums.
+void ExpectSameTraining(TestCluster& cluster, const v1::Job& ranks, const v1::Job& one) {
+  EXPECT_EQ(ranks.progress().step(), one.progress().step());
+  absl::StatusOr<Checkpoint> a = Artifact(cluster, ranks.id());
+  absl::StatusOr<Checkpoint> b = Artifact(cluster, one.id());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(a->tensors.size(), b->tensors.size());
+  double worst = 0, largest = 0;
+  for (size_t t = 0; t < a->tensors.size(); ++t) {
+    const CheckpointTensor& x = a->tensors[t];
+    const CheckpointTensor& y = b->tensors[t];
+    ASSERT_EQ(x.name, y.name);
+    ASSERT_EQ(x.values.size(), y.values.size()) << x.name;
+    for (size_t i = 0; i < x.values.size(); ++i) {
+      worst = std::max(worst, std::fabs(static_cast<double>(x.values[i]) - y.values[i]));
+      largest = std::max(largest, std::fabs(static_cast<double>(y.values[i])));
+    }
+  }
+  std::cout << ranks.rank_placements_size() << " ranks vs one: max |weight difference| " << worst
+            << " (largest weight " << largest << "), test accuracy "
+            << ranks.progress().test_accuracy() << " vs " << one.progress().test_accuracy() << ", "
+            << ranks.progress().step() << " steps\n";
+  EXPECT_GT(largest, 0.01);
+  // fp32 sums of 32 + 32 rows against sums of 64 rows differ in the last bits; ~190 SGD steps
+  // with momentum carry that to ~1e-5 at most.
+  EXPECT_LT(worst, 1e-4) << "largest weight " << largest;
+  EXPECT_NEAR(ranks.progress().test_accuracy(), one.progress().test_accuracy(), 0.01);
+}
+
 TEST(DataParallelE2eTest, TwoRanksOnTwoWorkersMatchOneRankWithTheGlobalBatch) {
   TestCluster cluster;
   cluster.StartServer();
@@ -101,33 +133,38 @@ TEST(DataParallelE2eTest, TwoRanksOnTwoWorkersMatchOneRankWithTheGlobalBatch) {
   ASSERT_TRUE(one_done.ok()) << one_done.status();
   ASSERT_EQ(one_done->state(), v1::JOB_STATE_SUCCEEDED) << one_done->error();
 
-  // The same number of steps, and the same weights up to the order of the sums.
-  EXPECT_EQ(two_done->progress().step(), one_done->progress().step());
-  absl::StatusOr<Checkpoint> a = Artifact(cluster, two->id());
-  absl::StatusOr<Checkpoint> b = Artifact(cluster, one->id());
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(b.ok()) << b.status();
-  ASSERT_EQ(a->tensors.size(), b->tensors.size());
-  double worst = 0, largest = 0;
-  for (size_t t = 0; t < a->tensors.size(); ++t) {
-    const CheckpointTensor& x = a->tensors[t];
-    const CheckpointTensor& y = b->tensors[t];
-    ASSERT_EQ(x.name, y.name);
-    ASSERT_EQ(x.values.size(), y.values.size()) << x.name;
-    for (size_t i = 0; i < x.values.size(); ++i) {
-      worst = std::max(worst, std::fabs(static_cast<double>(x.values[i]) - y.values[i]));
-      largest = std::max(largest, std::fabs(static_cast<double>(y.values[i])));
-    }
+  ExpectSameTraining(cluster, *two_done, *one_done);
+}
+
+// Four ranks on two workers that act as two machines: each worker's two ranks sum through shared
+// memory, the two machines through Gloo between their first ranks (the two-level sum), and reach
+// the weights of one rank of the 4 x 16 global batch.
+TEST(DataParallelE2eTest, FourRanksOnTwoMachinesSumInTwoLevelsAndMatchOneRank) {
+  TestCluster cluster;
+  cluster.StartServer();
+  cluster.StartWorker("w1", {"--cpus", "2", "--collective-machine-for-tests", "machine-a"});
+  cluster.StartWorker("w2", {"--cpus", "2", "--collective-machine-for-tests", "machine-b"});
+  absl::StatusOr<v1::Job> four = cluster.Submit(DataParallelJob(4, 16, 2));
+  ASSERT_TRUE(four.ok()) << four.status();
+  absl::StatusOr<v1::Job> four_done = cluster.WaitForFinal(four->id(), absl::Seconds(180));
+  ASSERT_TRUE(four_done.ok()) << four_done.status();
+  ASSERT_EQ(four_done->state(), v1::JOB_STATE_SUCCEEDED) << four_done->error();
+  ASSERT_EQ(four_done->rank_placements_size(), 4);
+  std::set<std::string> workers;
+  for (const auto& placement : four_done->rank_placements()) {
+    workers.insert(placement.worker_id());
   }
-  std::cout << "two ranks vs one: max |weight difference| " << worst << " (largest weight "
-            << largest << "), test accuracy " << two_done->progress().test_accuracy() << " vs "
-            << one_done->progress().test_accuracy() << ", " << two_done->progress().step()
-            << " steps\n";
-  EXPECT_GT(largest, 0.01);
-  // fp32 sums of 32 + 32 rows against sums of 64 rows differ in the last bits; ~190 SGD steps
-  // with momentum carry that to ~1e-5 at most.
-  EXPECT_LT(worst, 1e-4) << "largest weight " << largest;
-  EXPECT_NEAR(two_done->progress().test_accuracy(), one_done->progress().test_accuracy(), 0.01);
+  EXPECT_EQ(workers, (std::set<std::string>{"w1", "w2"}));
+  EXPECT_TRUE(HistoryMentions(cluster, four->id(),
+                              "two-level: shared memory within each of 2 "
+                              "machines"));
+
+  absl::StatusOr<v1::Job> one = cluster.Submit(DataParallelJob(1, 64, 2));
+  ASSERT_TRUE(one.ok()) << one.status();
+  absl::StatusOr<v1::Job> one_done = cluster.WaitForFinal(one->id(), absl::Seconds(120));
+  ASSERT_TRUE(one_done.ok()) << one_done.status();
+  ASSERT_EQ(one_done->state(), v1::JOB_STATE_SUCCEEDED) << one_done->error();
+  ExpectSameTraining(cluster, *four_done, *one_done);
 }
 
 TEST(DataParallelE2eTest, AGangStartsWholeOrWaitsHoldingNothing) {

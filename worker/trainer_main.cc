@@ -257,6 +257,7 @@ struct RankChoice {
   std::string host = "127.0.0.1";      // where the other ranks reach this one (Gloo binds it)
   double timeout_seconds = 60;         // connecting, and each collective
   std::string transport = "auto";      // "gloo": this rank refuses shared memory
+  std::string machine_for_tests;       // CpuRanksOptions.machine ("" = this machine's identity)
   uint64_t stop_vote_every_steps = 0;  // 0: about every 0.5 s (DataParallelContext)
   int64_t train_samples = 0;           // the training set's count (each step's global batch)
 };
@@ -308,39 +309,25 @@ absl::Status SetUpDataParallel(const RankChoice& choice, uint32_t batch_size,
     dp.reducer = std::move(rank->reducer);
     dp.description = rank->description;
   } else {
-    // Ranks that all run on this machine sum through shared memory; when one of them cannot map
-    // the segment (it runs elsewhere), all of them connect Gloo instead, together.
-    absl::StatusOr<std::unique_ptr<Collective>> shared =
-        ConnectSharedMemory({.rank = choice.rank,
-                             .size = choice.replicas,
-                             .store_prefix = store_prefix,
-                             .timeout = absl::Seconds(choice.timeout_seconds),
-                             .refuse = choice.transport == "gloo"},
-                            *dp.store);
-    if (shared.ok()) {
-      dp.collective = std::move(*shared);
-      dp.description = "shared memory (every rank on this machine)";
-    } else if (!absl::IsFailedPrecondition(shared.status())) {
-      return absl::Status(shared.status().code(),
-                          absl::StrCat("connecting the ranks: ", shared.status().message()));
-    }
-  }
-  if (backend != "cuda" && dp.collective == nullptr) {
-    GlooOptions gloo;
-    gloo.rank = choice.rank;
-    gloo.size = choice.replicas;
-    gloo.host = choice.host;
-    gloo.store_prefix = store_prefix;
-    gloo.timeout = absl::Seconds(choice.timeout_seconds);
-    absl::StatusOr<std::unique_ptr<Collective>> collective = ConnectGloo(gloo, *dp.store);
-    if (!collective.ok()) {
-      return absl::Status(absl::IsInvalidArgument(collective.status()) ? absl::StatusCode::kInternal
-                                                                       : collective.status().code(),
+    // Ranks on one machine sum through shared memory, machines through Gloo between one rank of
+    // each (ConnectCpuRanks).
+    CpuRanksOptions options;
+    options.rank = choice.rank;
+    options.size = choice.replicas;
+    options.host = choice.host;
+    options.store_prefix = store_prefix;
+    options.timeout = absl::Seconds(choice.timeout_seconds);
+    options.refuse_shared_memory = choice.transport == "gloo";
+    options.machine = choice.machine_for_tests;
+    absl::StatusOr<CpuRanks> ranks = ConnectCpuRanks(options, *dp.store);
+    if (!ranks.ok()) {
+      return absl::Status(absl::IsInvalidArgument(ranks.status()) ? absl::StatusCode::kInternal
+                                                                  : ranks.status().code(),
                           absl::StrCat("connecting the ranks (gloo at ", choice.host,
-                                       "): ", collective.status().message()));
+                                       "): ", ranks.status().message()));
     }
-    dp.collective = std::move(*collective);
-    dp.description = absl::StrCat("gloo over ", choice.host);
+    dp.collective = std::move(ranks->collective);
+    dp.description = ranks->description;
   }
   if (backend != "cuda") dp.reducer = CreateBucketedReducer(*dp.collective, buckets);
   // Every rank starts from rank 0's weights (and BatchNorm buffers), whatever its own
@@ -513,8 +500,12 @@ int main(int argc, char** argv) {
   app.add_option("--collective-host", rank_choice.host,
                  "data-parallel: the address other ranks reach this one at");
   app.add_option("--collective-transport", rank_choice.transport,
-                 "data-parallel: auto (shared memory when every rank is on this machine) or gloo")
+                 "data-parallel: auto (shared memory among the ranks on this machine, Gloo between "
+                 "machines) or gloo (Gloo only)")
       ->check(CLI::IsMember({"auto", "gloo"}));
+  app.add_option("--collective-machine-for-tests", rank_choice.machine_for_tests,
+                 "data-parallel: group the ranks as if this rank ran on machine NAME (tests of "
+                 "the two-level sum on one host)");
   app.add_option("--collective-timeout-seconds", rank_choice.timeout_seconds,
                  "data-parallel: connecting the ranks, and each collective")
       ->check(CLI::Range(1.0, 3600.0));
