@@ -349,12 +349,76 @@ ImageBatchSource::ImageBatchSource(SampleIndex index, uint32_t batch_size,
       subset_(LimitedSubset(index_.count(), options_.limit)),
       scratch_(std::make_unique<TransformScratch>()) {
   if (options_.bad_samples == nullptr) local_bad_samples_ = std::make_unique<BadSampleSet>();
+  if (!options_.jpeg_cache_dir.empty() && !index_.sharded()) {
+    absl::StatusOr<std::unique_ptr<JpegCache>> cache =
+        JpegCache::Open({.dir = options_.jpeg_cache_dir,
+                         .max_bytes = options_.jpeg_cache_bytes,
+                         .touch_interval = options_.jpeg_cache_touch_interval});
+    if (cache.ok()) {
+      jpeg_cache_ = std::move(*cache);
+    } else if (options_.log) {
+      options_.log(absl::StrCat("jpeg cache not used (images are read as they are): ",
+                                cache.status().message()));
+    }
+  }
+}
+
+ImageBatchSource::~ImageBatchSource() {
+  if (cached_epoch_ != UINT64_MAX) LogJpegCache(absl::StrCat("epoch ", cached_epoch_));
+}
+
+void ImageBatchSource::LogJpegCache(const std::string& when) {
+  if (jpeg_cache_ == nullptr || !options_.log) return;
+  const JpegCacheStats now = jpeg_cache_->stats();
+  const std::string what = DescribeJpegCacheStats(JpegCacheStatsSince(now, jpeg_cache_logged_));
+  jpeg_cache_logged_ = now;
+  if (what != "nothing") options_.log(absl::StrCat("jpeg cache, ", when, ": ", what));
+}
+
+absl::Status ImageBatchSource::ReadAndDecode(int64_t sample, uint64_t random_bits, uint8_t* out) {
+  const IndexedSample& s = index_.sample(sample);
+  const std::string name = index_.SampleName(sample);
+  auto decode = [&] {
+    return DecodeTransformed(name, bytes_.data(), bytes_.size(), options_.transform, random_bits,
+                             out, scratch_.get());
+  };
+  // Image folders' JPEGs (by name: a .png is never looked up) of the size indexed; anything the
+  // cache cannot do leaves `file` empty and the sample read as without it.
+  std::optional<JpegFileIdentity> file;
+  if (jpeg_cache_ != nullptr && s.encoding == static_cast<uint8_t>(ImageEncoding::kJpeg)) {
+    const absl::string_view path = index_.source_path(s.source);
+    if (absl::StatusOr<int> fd = files_.Get(s.source, path, index_.root()); fd.ok()) {
+      if (absl::StatusOr<JpegFileIdentity> id = IdentifyOpenFile(*fd, path);
+          id.ok() && id->size_bytes == s.size && s.offset == 0) {
+        file = *std::move(id);
+      }
+    }
+  }
+  if (file) {
+    switch (jpeg_cache_->Find(*file, &bytes_)) {
+      case JpegCache::Found::kMarked:
+        if (absl::Status decoded = decode(); decoded.ok()) return decoded;
+        jpeg_cache_->Forget(*file);  // the original decides whether the sample is bad
+        file.reset();
+        break;
+      case JpegCache::Found::kNotTranscodable:
+        file.reset();
+        break;
+      case JpegCache::Found::kMissing:
+        break;
+    }
+  }
+  STOKER_RETURN_IF_ERROR(ReadSampleBytes(index_, sample, files_, bytes_));
+  STOKER_RETURN_IF_ERROR(decode());
+  if (file) jpeg_cache_->Store(*file, bytes_.data(), bytes_.size());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<uint32_t> ImageBatchSource::Make(uint64_t batch, uint8_t* samples, uint8_t* labels) {
   const uint64_t epoch = batch / static_cast<uint64_t>(batches_per_epoch_);
   const int64_t index = static_cast<int64_t>(batch % static_cast<uint64_t>(batches_per_epoch_));
   if (epoch != cached_epoch_) {
+    if (cached_epoch_ != UINT64_MAX) LogJpegCache(absl::StrCat("epoch ", cached_epoch_));
     if (subset_.empty()) {
       order_ = EpochSampleOrder(index_, options_.seed, epoch, options_.shuffle_buffer);
     } else {
@@ -392,13 +456,8 @@ absl::StatusOr<uint32_t> ImageBatchSource::Make(uint64_t batch, uint8_t* samples
         continue;
       }
     }
-    absl::Status status = ReadSampleBytes(index_, sample, files_, bytes_);
-    if (status.ok()) {
-      status =
-          DecodeTransformed(index_.SampleName(sample), bytes_.data(), bytes_.size(),
-                            options_.transform, SampleRandomBits(options_.seed, batch, position),
-                            samples + made * sample_bytes_, scratch_.get());
-    }
+    const absl::Status status = ReadAndDecode(
+        sample, SampleRandomBits(options_.seed, batch, position), samples + made * sample_bytes_);
     if (status.ok()) {
       labels[made++] = index_.sample(sample).label;
       continue;

@@ -36,6 +36,7 @@
 #include "data/image/image_transform.h"
 #include "data/index/sample_index.h"
 #include "data/job_region.h"
+#include "data/jpeg_cache.h"
 #include "data/loader.h"
 
 namespace stoker {
@@ -123,6 +124,17 @@ struct ImageSourceOptions {
   // The training split decoded once (decoded_cache.h), for a deterministic transform: a present
   // sample's pixels are copied from it instead of being read and decoded. May be null.
   std::shared_ptr<const DecodedCache> decoded_cache;
+  // Image folders (not shards, whose JPEGs are restart-marked when packed): the worker's cache of
+  // restart-indexed JPEGs (jpeg_cache.h) in this directory ("" = none), bounded to this many
+  // bytes. A JPEG with a verified copy there is decoded from the copy (the same pixels; a crop
+  // low in the image skips the rows above it); one without is decoded from the original, then
+  // transcoded and stored. A cache that cannot be opened is named on `log` and not used; its
+  // errors only ever send a sample back to its original file. `log` gets a line per epoch with
+  // what the cache did ("jpeg cache, epoch 3: 1000 hits, ...") and one when the source is
+  // destroyed.
+  std::string jpeg_cache_dir;
+  int64_t jpeg_cache_bytes = kDefaultJpegCacheBytes;
+  absl::Duration jpeg_cache_touch_interval = absl::Minutes(10);  // JpegCacheOptions
 };
 
 class ImageBatchSource : public BatchSource {
@@ -133,7 +145,13 @@ class ImageBatchSource : public BatchSource {
                                                                   uint32_t batch_size,
                                                                   ImageSourceOptions options);
 
+  ~ImageBatchSource() override;
+
   int64_t count() const { return count_; }
+  // What the JPEG cache did so far; null without one.
+  const JpegCacheStats* jpeg_cache_stats() const {
+    return jpeg_cache_ != nullptr ? &jpeg_cache_->stats() : nullptr;
+  }
   int64_t batches_per_epoch() const override { return batches_per_epoch_; }
   SampleType sample_type() const override { return SampleType::kUint8; }
   int sample_bytes() const override { return static_cast<int>(sample_bytes_); }
@@ -141,6 +159,10 @@ class ImageBatchSource : public BatchSource {
 
  private:
   ImageBatchSource(SampleIndex index, uint32_t batch_size, ImageSourceOptions options);
+  // Reads sample `sample` (through the JPEG cache when there is one) and decodes it into `out`.
+  absl::Status ReadAndDecode(int64_t sample, uint64_t random_bits, uint8_t* out);
+  // Logs what the JPEG cache did since the last line, if anything.
+  void LogJpegCache(const std::string& when);
 
   SampleIndex index_;
   uint32_t batch_size_;
@@ -157,6 +179,8 @@ class ImageBatchSource : public BatchSource {
   std::atomic<uint64_t> local_bad_{0};
   std::unique_ptr<BadSampleSet> local_bad_samples_;
   std::vector<std::string> bad_names_;  // the first few this loader skipped, for the error
+  std::unique_ptr<JpegCache> jpeg_cache_;
+  JpegCacheStats jpeg_cache_logged_;  // the counters at the last line logged
 };
 
 // dataset.train_limit / test_limit on an image dataset: the index numbers of a fixed random

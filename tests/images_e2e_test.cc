@@ -228,5 +228,41 @@ TEST_F(ImagesEndToEndTest, MissingShardsAndUnknownTestClassesAreRefusedAtSubmit)
             "file; remove it or add its images");
 }
 
+// stoker-worker --jpeg-cache-dir: a JPEG folder's loaders build the cache in the first epoch, read
+// it in the second, and a later job reads it from its first.
+TEST_F(ImagesEndToEndTest, AJpegFolderIsReadThroughTheWorkersJpegCache) {
+  const CommandResult exported = RunCommand(absl::StrCat(
+      STOKER_DATASET_PATH, " export-idx --images ", kFashionMnistDir,
+      "/train-images-idx3-ubyte.gz --labels ", kFashionMnistDir,
+      "/train-labels-idx1-ubyte.gz --out ", root_, "/jpeg/train --format jpeg --limit 600 2>&1"));
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const std::string cache = cluster_.dir() + "/jpeg-cache";
+  cluster_.StartWorker("w1", {"--data-root", root_, "--jpeg-cache-dir", cache});
+  std::vector<std::string> loader_logs;
+  for (int job = 0; job < 2; ++job) {
+    v1::JobSpec spec = ImageJob("image_folder", "jpeg/train");
+    spec.set_name(absl::StrCat("jpeg-cache-", job));
+    spec.mutable_dataset()->set_decoded_cache("off");  // else the loaders never decode
+    spec.mutable_train()->set_epochs(2);
+    spec.mutable_loader()->set_processes(1);
+    absl::StatusOr<v1::Job> done = cluster_.RunJob(spec, absl::Minutes(3));
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->error();
+    std::ifstream in(cluster_.dir() + "/w1/" + done->id() + "-a1/loader-0.log");
+    loader_logs.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  // 600 JPEGs: built in the first job's first epoch, hits from then on.
+  EXPECT_TRUE(absl::StrContains(loader_logs[0], "jpeg cache, epoch 0: 600 built ("))
+      << loader_logs[0];
+  EXPECT_TRUE(absl::StrContains(loader_logs[0], "jpeg cache, epoch 1: 600 hits")) << loader_logs[0];
+  EXPECT_TRUE(absl::StrContains(loader_logs[1], "jpeg cache, epoch 0: 600 hits")) << loader_logs[1];
+  EXPECT_FALSE(absl::StrContains(loader_logs[1], "built")) << loader_logs[1];
+  int entries = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(cache)) {
+    entries += e.path().extension() == ".jpg" ? 1 : 0;
+  }
+  EXPECT_EQ(entries, 600);
+}
+
 }  // namespace
 }  // namespace stoker::testing

@@ -42,6 +42,14 @@ void AddWorkerFlags(CLI::App& app, stoker::WorkerFlags& flags) {
       ->capture_default_str();
   app.add_option("--loader", flags.agent.runner.loader_path, "stoker-loader executable")
       ->capture_default_str();
+  app.add_option("--jpeg-cache-dir", flags.agent.runner.jpeg_cache_dir,
+                 "image folders: keep restart-indexed copies of their JPEGs here, made by the "
+                 "loaders the first time a job reads each file and used by later epochs and jobs "
+                 "(the same pixels; crops low in an image decode faster); empty = off");
+  app.add_option("--jpeg-cache-mib", flags.jpeg_cache_mib,
+                 "the --jpeg-cache-dir bound in MiB; the least recently used copies make room")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->capture_default_str();
   app.add_option("--drain-seconds", flags.drain_seconds,
                  "on SIGTERM/SIGINT, how long each trainer gets to checkpoint and stop before it "
                  "is stopped outright; its job goes back to the queue either way")
@@ -87,11 +95,14 @@ void AddWorkerFlags(CLI::App& app, stoker::WorkerFlags& flags) {
       ->check(CLI::Range(1.0, 3600.0))
       ->capture_default_str();
   app.add_option("--collective-transport", flags.collective_transport,
-                 "data-parallel jobs: auto (the ranks sum through shared memory when every rank "
-                 "is on one machine, else Gloo over TCP) or gloo (never shared memory, e.g. where "
-                 "/dev/shm is small)")
+                 "data-parallel jobs: auto (the ranks on one machine sum through shared memory, "
+                 "machines through Gloo over TCP between one rank of each) or gloo (never shared "
+                 "memory, e.g. where /dev/shm is small)")
       ->check(CLI::IsMember({"auto", "gloo"}))
       ->capture_default_str();
+  app.add_option("--collective-machine-for-tests", flags.collective_machine_for_tests,
+                 "data-parallel jobs: this worker's ranks act as if on machine NAME (tests of the "
+                 "two-level sum on one host)");
 }
 
 }  // namespace

@@ -42,6 +42,7 @@ absl::Status ApplyFlags(const WorkerFlags& flags, AgentOptions& options) {
           : (IsLoopbackAddress(options.server_address) ? "127.0.0.1" : flags.hostname);
   options.runner.collective_timeout = absl::Seconds(flags.collective_timeout_seconds);
   options.runner.collective_transport = flags.collective_transport;
+  options.runner.collective_machine_for_tests = flags.collective_machine_for_tests;
   options.runner.drain_timeout = absl::Seconds(flags.drain_seconds);
   options.runner.trainer_stall_timeout =
       flags.stall_seconds > 0 ? absl::Seconds(flags.stall_seconds) : absl::InfiniteDuration();
@@ -56,6 +57,22 @@ absl::Status ApplyFlags(const WorkerFlags& flags, AgentOptions& options) {
   }
   if (!flags.tls_ca.empty())
     options.runner.tls_ca = std::filesystem::absolute(flags.tls_ca).string();
+  options.runner.jpeg_cache_bytes = flags.jpeg_cache_mib << 20;
+  if (!options.runner.jpeg_cache_dir.empty()) {
+    // Created here, so that a path that cannot be used is said at start (the loaders would only
+    // log it and read the originals).
+    std::error_code error;
+    std::filesystem::create_directories(options.runner.jpeg_cache_dir, error);
+    if (error) {
+      return absl::InvalidArgumentError(absl::StrCat("--jpeg-cache-dir ",
+                                                     options.runner.jpeg_cache_dir,
+                                                     ": cannot create it: ", error.message()));
+    }
+    options.runner.jpeg_cache_dir =
+        std::filesystem::absolute(options.runner.jpeg_cache_dir).string();
+    std::cerr << "stoker-worker: image folders' JPEGs are cached restart-indexed in "
+              << options.runner.jpeg_cache_dir << " (up to " << flags.jpeg_cache_mib << " MiB)\n";
+  }
   return absl::OkStatus();
 }
 

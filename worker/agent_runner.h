@@ -20,13 +20,15 @@ struct WorkerFlags {
   std::string hostname;
   std::string token_file, tls_ca, metrics_listen, collective_host;
   std::string collective_transport = "auto";
+  std::string collective_machine_for_tests;
   // A single-use join token, exchanged once for a worker token kept in the work directory.
   std::string join_token_file;
   double drain_seconds = 0;
   double stall_seconds = 0;  // 0: never
   double collective_timeout_seconds = 0;
   int cpus = 1;
-  int64_t memory_mib = 0;  // 0: what is available
+  int64_t memory_mib = 0;          // 0: what is available
+  int64_t jpeg_cache_mib = 10240;  // the bound of agent.runner.jpeg_cache_dir
   int fake_gpus = 0;
 };
 

@@ -242,6 +242,10 @@ std::vector<std::string> TrainerArguments(const RunnerOptions& options,
                              absl::StrCat(absl::ToDoubleSeconds(options.collective_timeout)),
                              "--collective-transport",
                              options.collective_transport});
+    if (!options.collective_machine_for_tests.empty()) {
+      argv.insert(argv.end(),
+                  {"--collective-machine-for-tests", options.collective_machine_for_tests});
+    }
     if (!options.token_file.empty()) argv.insert(argv.end(), {"--token-file", options.token_file});
     if (!options.tls_ca.empty()) argv.insert(argv.end(), {"--tls-ca", options.tls_ca});
   }
@@ -602,7 +606,9 @@ AttemptOutcome JobRunner::Supervise(JobRegion& region, const std::string& job_fi
                       .dir = dir,
                       .max_restarts = options_.max_loader_restarts,
                       .rank = assignment_.replicas() > 1 ? assignment_.rank() : 0,
-                      .replicas = std::max(1, assignment_.replicas())},
+                      .replicas = std::max(1, assignment_.replicas()),
+                      .jpeg_cache_dir = options_.jpeg_cache_dir,
+                      .jpeg_cache_bytes = options_.jpeg_cache_bytes},
                      [this](const std::string& line) { on_event_(LogEvent(line)); });
   if (absl::Status s = loaders.StartInitial(); !s.ok()) fail(s);
 

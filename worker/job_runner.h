@@ -39,6 +39,10 @@ struct RunnerOptions {
   // data-parallel job: <job>-a<attempt>-r<r>/).
   std::string work_dir;
   std::string data_root;  // dataset paths resolve under it
+  // Image folders: the worker's cache of restart-indexed JPEGs (data/jpeg_cache.h), handed to the
+  // loaders with its bound; "" = none.
+  std::string jpeg_cache_dir;
+  int64_t jpeg_cache_bytes = 0;
   // The job's cores (its Placement): the trainer's thread count (--threads), and the bound of
   // loader.processes: auto. Loaders share these cores with the trainer.
   int cpu_count = 1;
@@ -73,9 +77,12 @@ struct RunnerOptions {
   std::string collective_host = "127.0.0.1";
   // Connecting the ranks (all must arrive within it) and each collective.
   absl::Duration collective_timeout = absl::Seconds(60);
-  // "auto": the ranks sum through shared memory when all of them are on one machine, else Gloo;
-  // "gloo": this worker's ranks never use shared memory (so neither do their gangs).
+  // "auto": ranks on one machine sum through shared memory, machines through Gloo
+  // (ConnectCpuRanks); "gloo": this worker's ranks never use shared memory (each is a machine of
+  // its own).
   std::string collective_transport = "auto";
+  // --collective-machine-for-tests of the trainers (empty: their machine's own identity).
+  std::string collective_machine_for_tests;
 };
 
 // The attempt's directory under `work_dir`: <job>-a<attempt>, and -r<rank> after it for a rank

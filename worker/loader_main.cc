@@ -44,7 +44,7 @@ using stoker::kExitUsage;
 
 constexpr char kUsage[] =
     "usage: stoker-loader --region-fd N --index K --job FILE --data FILE [--parent-pid P]\n"
-    "                     [--rank R --replicas N]\n"
+    "                     [--rank R --replicas N] [--jpeg-cache-dir DIR --jpeg-cache-bytes B]\n"
     "  --region-fd N   inherited fd of the job's shared-memory region\n"
     "  --index K       this loader's index, 0 <= K < the region's loader count\n"
     "  --job FILE      binary stoker.v1.JobSpec (the loader's options: seed, delay, augment)\n"
@@ -53,6 +53,9 @@ constexpr char kUsage[] =
     "  --rank R        data-parallel jobs: the rank this region feeds, 0 <= R < N (default 0)\n"
     "  --replicas N    data-parallel jobs: the job's ranks, 1 to 256 (default 1); the region's\n"
     "                  batches are rank R's slices of global batches of N x the batch size\n"
+    "  --jpeg-cache-dir DIR    image folders: read JPEGs through the worker's cache of\n"
+    "                  restart-indexed copies in DIR, adding what is missing (data/jpeg_cache.h)\n"
+    "  --jpeg-cache-bytes B    its bound (default 10 GiB)\n"
     "exit status: 0 done or stopped, 1 region/prepared data/parent error, 2 data or options\n"
     "that do not fit the job, 64 bad arguments\n";
 
@@ -64,6 +67,8 @@ struct Args {
   std::optional<pid_t> parent_pid;
   int rank = 0;
   int replicas = 1;
+  std::string jpeg_cache_dir;
+  int64_t jpeg_cache_bytes = stoker::kDefaultJpegCacheBytes;
 };
 
 // Flags whose errors must exit 64 (EX_USAGE); absl's flag parser exits 1 on its own.
@@ -104,6 +109,13 @@ std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
       args.job_path = value;
     } else if (name == "--data") {
       args.data_path = value;
+    } else if (name == "--jpeg-cache-dir") {
+      args.jpeg_cache_dir = value;
+    } else if (name == "--jpeg-cache-bytes") {
+      if (!absl::SimpleAtoi(value, &args.jpeg_cache_bytes) || args.jpeg_cache_bytes <= 0) {
+        *error = absl::StrCat(name, ": '", value, "' is not a positive integer");
+        return std::nullopt;
+      }
     } else {
       *error = absl::StrCat("unknown argument ", arg);
       return std::nullopt;
@@ -163,6 +175,8 @@ absl::StatusOr<std::unique_ptr<stoker::BatchSource>> OpenImageSource(
   options.bad_samples = &region.stats().bad_samples;
   options.rank = static_cast<uint32_t>(args.rank);
   options.replicas = static_cast<uint32_t>(args.replicas);
+  options.jpeg_cache_dir = args.jpeg_cache_dir;
+  options.jpeg_cache_bytes = args.jpeg_cache_bytes;
   options.log = [prefix](const std::string& line) {
     std::fprintf(stderr, "%s: %s\n", prefix.c_str(), line.c_str());
   };

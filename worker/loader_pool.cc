@@ -35,6 +35,10 @@ absl::Status LoaderPool::Start(int k) {
     argv.insert(argv.end(), {"--rank", absl::StrCat(options_.rank), "--replicas",
                              absl::StrCat(options_.replicas)});
   }
+  if (!options_.jpeg_cache_dir.empty()) {
+    argv.insert(argv.end(), {"--jpeg-cache-dir", options_.jpeg_cache_dir, "--jpeg-cache-bytes",
+                             absl::StrCat(options_.jpeg_cache_bytes)});
+  }
   absl::StatusOr<pid_t> pid = Spawn({argv, {region_.fd()}, LogPath(k), {}});
   if (!pid.ok()) return absl::InternalError(pid.status().message());
   loaders_[k] = *pid;

@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -30,6 +31,9 @@ struct LoaderPoolOptions {
   // when replicas > 1).
   int rank = 0;
   int replicas = 1;
+  // The worker's JPEG cache (--jpeg-cache-dir/--jpeg-cache-bytes; passed only when set).
+  std::string jpeg_cache_dir;
+  int64_t jpeg_cache_bytes = 0;
 };
 
 // Where loader k of the attempt in `dir` logs: <dir>/loader-<k>.log.
