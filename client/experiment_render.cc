@@ -143,7 +143,7 @@ std::string ExperimentDetails(const v1::Experiment& experiment, const std::vecto
   return out;
 }
 
-Comparison CompareRows(const v1::Experiment& experiment, const std::vector<TrialRow>& rows) {
+Comparison CompareRows(const std::vector<TrialRow>& rows) {
   Comparison c;
   c.paths = DifferingPaths(rows);
   c.header = {"trial", "job", "state"};
@@ -183,7 +183,7 @@ void SetTrialMetric(const v1::Experiment& experiment, const std::vector<v1::Metr
 
 std::string CompareTrials(const v1::Experiment& experiment, const std::vector<TrialRow>& rows,
                           const std::string& format) {
-  const Comparison comparison = CompareRows(experiment, rows);
+  const Comparison comparison = CompareRows(rows);
   const std::vector<std::string>& paths = comparison.paths;
   const std::vector<std::string>& header = comparison.header;
   const std::vector<std::vector<std::string>>& table = comparison.lines;

@@ -39,7 +39,7 @@ struct Comparison {
   std::vector<std::string> header;
   std::vector<std::vector<std::string>> lines;
 };
-Comparison CompareRows(const v1::Experiment& experiment, const std::vector<TrialRow>& rows);
+Comparison CompareRows(const std::vector<TrialRow>& rows);
 
 // Sets the row's best (and its epoch), final and epochs from its job's epoch points
 // (GetMetrics): the search metric, maximised or minimised; epochs without a test pass skipped.

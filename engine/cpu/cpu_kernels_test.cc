@@ -271,7 +271,9 @@ TEST(CpuKernelsTest, MaxPoolMatchesReference) {
                                       dxb.data());
         EXPECT_EQ(argb, arg) << label << " bf16";
         for (size_t o = 0; o < out_n; ++o) {
-          if (!std::isnan(y_ref[o])) EXPECT_EQ(yb[o], FloatToBf16(y_ref[o])) << label << " bf16";
+          if (!std::isnan(y_ref[o])) {
+            EXPECT_EQ(yb[o], FloatToBf16(y_ref[o])) << label << " bf16";
+          }
         }
         for (size_t t = 0; t < in_n; ++t) {
           EXPECT_EQ(dxb[t], FloatToBf16(dx_ref[t])) << label << " bf16 input " << t;

@@ -373,7 +373,7 @@ std::string ExperimentPage(const Frame& frame, const v1::Experiment& experiment,
   absl::StrAppend(&out, "<h2>Curves</h2><div class=\"charts\">", RenderChart(by_epoch),
                   RenderChart(by_step), "</div>");
 
-  const Comparison comparison = CompareRows(experiment, rows);
+  const Comparison comparison = CompareRows(rows);
   absl::StrAppend(&out, "<h2>Trials</h2><table id=\"trials\"><thead><tr>");
   for (const std::string& column : comparison.header) {
     absl::StrAppend(&out, "<th>", Escape(column), "</th>");
