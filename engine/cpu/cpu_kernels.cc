@@ -2,6 +2,8 @@
 // update, which converts to bf16), the baseline build otherwise. Chosen once per process.
 #include "engine/cpu/cpu_kernels.h"
 
+#include <algorithm>
+
 #include "engine/cpu/cpu_kernels_table.h"
 
 namespace stoker::cpu {
@@ -72,6 +74,45 @@ template <>
 void MaxPoolBackward<bf16_t>(const bf16_t* dy, const bf16_t* relu_y, const uint8_t* arg,
                              const PoolShape& shape, bf16_t* dx) {
   Kernels().max_pool_backward_bf16(dy, relu_y, arg, shape, dx);
+}
+
+int64_t NormWorkDoubles(const NormShape& shape) {
+  // As cpu_norm_kernels.inc: the chunks' partial sums, the totals, three floats a channel.
+  const int64_t rows_per_chunk = std::max<int64_t>(1, 4096 / std::max(1, shape.channels));
+  const int64_t chunks = (shape.rows + rows_per_chunk - 1) / rows_per_chunk;
+  return (chunks * 2 + 4) * std::max(1, shape.channels);
+}
+
+template <>
+void BatchNormForward<float>(const float* x, const NormShape& shape, const float* scale,
+                             const float* shift, bool relu, float* mean, float* variance,
+                             float* y, double* work) {
+  Kernels().batch_norm_forward_f32(x, shape, scale, shift, relu, mean, variance, y, work);
+}
+
+template <>
+void BatchNormForward<bf16_t>(const bf16_t* x, const NormShape& shape, const float* scale,
+                              const float* shift, bool relu, float* mean, float* variance,
+                              bf16_t* y, double* work) {
+  Kernels().batch_norm_forward_bf16(x, shape, scale, shift, relu, mean, variance, y, work);
+}
+
+template <>
+void BatchNormBackward<float>(const float* x, const float* dy, const float* relu_y,
+                              const NormShape& shape, const float* mean, const float* variance,
+                              const float* scale, float* dscale, float* dshift, float* dx,
+                              double* work) {
+  Kernels().batch_norm_backward_f32(x, dy, relu_y, shape, mean, variance, scale, dscale, dshift,
+                                    dx, work);
+}
+
+template <>
+void BatchNormBackward<bf16_t>(const bf16_t* x, const bf16_t* dy, const bf16_t* relu_y,
+                               const NormShape& shape, const float* mean, const float* variance,
+                               const float* scale, float* dscale, float* dshift, bf16_t* dx,
+                               double* work) {
+  Kernels().batch_norm_backward_bf16(x, dy, relu_y, shape, mean, variance, scale, dscale, dshift,
+                                     dx, work);
 }
 
 }  // namespace stoker::cpu

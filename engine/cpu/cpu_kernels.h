@@ -68,6 +68,30 @@ template <typename T>
 void MaxPoolBackward(const T* dy, const T* relu_y, const uint8_t* arg, const PoolShape& shape,
                      T* dx);
 
+// BatchNorm in training over NHWC activations: `rows` rows (N x H x W) of `channels` values.
+struct NormShape {
+  int64_t rows = 0;
+  int channels = 0;
+  float eps = 1e-5f;
+};
+// Doubles of scratch the two functions below need for `shape` (`work`).
+int64_t NormWorkDoubles(const NormShape& shape);
+// The batch's mean and biased variance per channel (sums in float over chunks of ~4096 values,
+// the chunks added in double in a fixed order: the same bits whatever the thread count), then
+// y = x * a + b with a = scale / sqrt(variance + eps) and b = shift - mean * a (fp32, rounded to
+// bf16 for bf16), and y = max(y, 0) with `relu` (the ReLU after it, fused). T = float or bf16_t.
+template <typename T>
+void BatchNormForward(const T* x, const NormShape& shape, const float* scale, const float* shift,
+                      bool relu, float* mean, float* variance, T* y, double* work);
+// The gradients of that forward pass (mean and variance the batch's, from it): g = dy, or 0
+// where relu_y (the forward's output, when it fused the ReLU) is not positive; dshift = sum g,
+// dscale = sum g * xhat; dx (skipped when null) = scale / std * (g - mean(g) - xhat *
+// mean(g * xhat)), xhat = (x - mean) / std. dy and dx may be the same buffer.
+template <typename T>
+void BatchNormBackward(const T* x, const T* dy, const T* relu_y, const NormShape& shape,
+                       const float* mean, const float* variance, const float* scale,
+                       float* dscale, float* dshift, T* dx, double* work);
+
 }  // namespace stoker::cpu
 
 #endif  // STOKER_ENGINE_CPU_CPU_KERNELS_H_

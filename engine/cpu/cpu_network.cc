@@ -11,6 +11,7 @@
 #include <new>
 #include <numeric>
 #include <optional>
+#include <type_traits>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -299,6 +300,12 @@ const float* CpuNetwork::Forward(Plan& plan, bool training) {
       }
     } else if (node.own_pool) {
       OwnMaxPool(i, plan, /*forward=*/true);
+    } else if (node.own_norm) {
+      if (training) {
+        OwnBatchNorm(i, plan, /*forward=*/true);
+      } else {
+        ExecuteAll(ops.eval);
+      }
     } else {
       continue;  // Flatten
     }
@@ -311,6 +318,40 @@ const float* CpuNetwork::Forward(Plan& plan, bool training) {
   cpu::ConvertBf16ToF32(reinterpret_cast<const bf16_t*>(Value(output_)),
                         static_cast<int64_t>(plan.batch) * config_.classes, logits_.data());
   return logits_.data();
+}
+
+void CpuNetwork::OwnBatchNorm(size_t index, const Plan& plan, bool forward) {
+  Node& node = nodes_[index];
+  const Dims dims = plan.value_md[node.in].dims();  // N, C[, H, W]
+  const int64_t rows = dims.size() == 4 ? dims[0] * dims[2] * dims[3] : dims[0];
+  const cpu::NormShape shape = {.rows = rows,
+                                .channels = static_cast<int>(dims[1]),
+                                .eps = node.config.eps};
+  const Param& scale = params_[node.norm];
+  const Param& shift = params_[node.norm + 1];
+  double* work = node.norm_work.data();
+  auto run = [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    const T* x = reinterpret_cast<const T*>(Value(node.in));
+    T* y = reinterpret_cast<T*>(Value(node.out));
+    if (forward) {
+      cpu::BatchNormForward(x, shape, scale.value.data(), shift.value.data(), node.fuse_relu,
+                            node.mean.data(), node.variance.data(), y, work);
+      return;
+    }
+    cpu::BatchNormBackward(x, reinterpret_cast<const T*>(Grad(node.out)),
+                           node.fuse_relu ? static_cast<const T*>(y) : nullptr, shape,
+                           node.mean.data(), node.variance.data(), scale.value.data(),
+                           params_[node.norm].grad.data(), params_[node.norm + 1].grad.data(),
+                           node.needs_input_grad ? reinterpret_cast<T*>(Buffer(node.diff_src))
+                                                 : nullptr,
+                           work);
+  };
+  if (plan.value_md[node.in].data_type() == DataType::bf16) {
+    run(static_cast<bf16_t*>(nullptr));
+  } else {
+    run(static_cast<float*>(nullptr));
+  }
 }
 
 void CpuNetwork::OwnMaxPool(size_t index, const Plan& plan, bool forward) {
@@ -363,6 +404,7 @@ void CpuNetwork::Backward(Plan& plan) {
       continue;
     }
     ExecuteAll(ops.backward_weights);
+    if (node.own_norm) OwnBatchNorm(i, plan, /*forward=*/false);
     // The plain gradient right away (not after the whole backward): final here, so a reducer can
     // start summing it while the layers below still compute theirs.
     if (node.grad_gather >= 0) {

@@ -141,6 +141,10 @@ struct Node : GraphNode {
   // f32 on copies (PlanBatchNorm). `norm_src` keeps the forward input for backward; `norm_dst`
   // holds the forward output, then the output gradient; `norm_diff_src` the input gradient.
   AlignedArray<float> norm_src, norm_dst, norm_diff_src;
+  // BatchNorm on f32 or bf16: training forward and backward by cpu::BatchNormForward/Backward
+  // (OwnBatchNorm) with `norm_work` as their scratch; oneDNN's primitive for evaluation only.
+  bool own_norm = false;
+  AlignedArray<double> norm_work;
 };
 
 struct NodeOps {
@@ -296,6 +300,8 @@ class CpuNetwork final : public ModelBase {
   // Backward through every node; with a reducer, each node's trained gradients go to it as soon as
   // they are final (HandOverGradients).
   void Backward(Plan& plan);
+  // Training forward or backward of a BatchNorm with own_norm, at the plan's batch size.
+  void OwnBatchNorm(size_t index, const Plan& plan, bool forward);
   // Forward or backward of a MaxPool2d with own_pool, at the plan's batch size.
   void OwnMaxPool(size_t index, const Plan& plan, bool forward);
   // Passes the trained gradients of `node` (one with parameters) to the reducer, in reverse

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
+#include "engine/cpu/cpu_kernels.h"
 #include "engine/cpu/cpu_network_internal.h"
 #include "engine/cpu/cpu_train_kernels.h"
 #include "engine/layer_kinds.h"
@@ -359,6 +360,16 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
   auto param_grad = [&](int offset) {
     return std::make_pair(channel_md, static_cast<void*>(params_[layer.norm + offset].grad.data()));
   };
+  // Training passes on f32 and bf16 are Stoker's own (OwnBatchNorm): oneDNN 2.6's took 1.6-2.9x
+  // as long in bf16 (docs/profile-vision.md); evaluation stays oneDNN's.
+  layer.own_norm =
+      io.src.data_type() == DataType::f32 || io.src.data_type() == DataType::bf16;
+  if (layer.own_norm && io.full) {
+    const Dims dims = data.dims();
+    layer.norm_work = AlignedArray<double>(cpu::NormWorkDoubles(
+        {.rows = dims[0] * dims[2] * dims[3], .channels = static_cast<int>(dims[1])}));
+  }
+  const bool own = layer.own_norm;
   const std::pair<memory::desc, void*> batch_mean = {channel_md, layer.mean.data()};
   const std::pair<memory::desc, void*> batch_variance = {channel_md, layer.variance.data()};
   // With fuse_relu (FuseRelus) the output is ReLU'd and the ReLU's mask kept as a workspace,
@@ -411,7 +422,7 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
   };
   NodeOps& ops = plan.ops[io.index];
   if (via_f32) {
-    convert(bf16_data, io.src_ptr, data, src_ptr, &ops.forward);
+    if (!own) convert(bf16_data, io.src_ptr, data, src_ptr, &ops.forward);
     convert(bf16_data, io.src_ptr, data, src_ptr, &ops.eval);
   }
   const memory::desc workspace = fwd.workspace_desc();
@@ -428,8 +439,8 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
                      {DNNL_ARG_VARIANCE, batch_variance}},
                     &ops.forward};
   if (workspace.get_size() > 0) forward.args.emplace(DNNL_ARG_WORKSPACE, workspace_arg);
-  pending.push_back(std::move(forward));
-  if (via_f32) convert(data, dst_ptr, bf16_data, io.dst_ptr, &ops.forward);
+  if (!own) pending.push_back(std::move(forward));
+  if (via_f32 && !own) convert(data, dst_ptr, bf16_data, io.dst_ptr, &ops.forward);
   dnnl::batch_normalization_forward::primitive_desc eval(
       dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_inference, data, c.eps,
                                               flags | dnnl::normalization_flags::use_global_stats),
@@ -443,10 +454,9 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
                       {DNNL_ARG_MEAN, param(2)},
                       {DNNL_ARG_VARIANCE, param(3)}},
                      &ops.eval});
-  if (via_f32) {
-    convert(data, dst_ptr, bf16_data, io.dst_ptr, &ops.eval);
-    convert(bf16_diff, io.diff_dst_ptr, diff, diff_dst_ptr, &ops.backward_weights);
-  }
+  if (via_f32) convert(data, dst_ptr, bf16_data, io.dst_ptr, &ops.eval);
+  if (own) return;
+  if (via_f32) convert(bf16_diff, io.diff_dst_ptr, diff, diff_dst_ptr, &ops.backward_weights);
   // Backward always gives the input gradient; with no use for it, it lands in the input's
   // gradient buffer unread.
   dnnl::batch_normalization_backward::primitive_desc bwd(
