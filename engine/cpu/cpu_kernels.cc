@@ -85,16 +85,16 @@ int64_t NormWorkDoubles(const NormShape& shape) {
 
 template <>
 void BatchNormForward<float>(const float* x, const NormShape& shape, const float* scale,
-                             const float* shift, bool relu, float* mean, float* variance,
-                             float* y, double* work) {
-  Kernels().batch_norm_forward_f32(x, shape, scale, shift, relu, mean, variance, y, work);
+                             const float* shift, const float* add, bool relu, float* mean,
+                             float* variance, float* y, double* work) {
+  Kernels().batch_norm_forward_f32(x, shape, scale, shift, add, relu, mean, variance, y, work);
 }
 
 template <>
 void BatchNormForward<bf16_t>(const bf16_t* x, const NormShape& shape, const float* scale,
-                              const float* shift, bool relu, float* mean, float* variance,
-                              bf16_t* y, double* work) {
-  Kernels().batch_norm_forward_bf16(x, shape, scale, shift, relu, mean, variance, y, work);
+                              const float* shift, const bf16_t* add, bool relu, float* mean,
+                              float* variance, bf16_t* y, double* work) {
+  Kernels().batch_norm_forward_bf16(x, shape, scale, shift, add, relu, mean, variance, y, work);
 }
 
 template <>

@@ -78,11 +78,12 @@ struct NormShape {
 int64_t NormWorkDoubles(const NormShape& shape);
 // The batch's mean and biased variance per channel (sums in float over chunks of ~4096 values,
 // the chunks added in double in a fixed order: the same bits whatever the thread count), then
-// y = x * a + b with a = scale / sqrt(variance + eps) and b = shift - mean * a (fp32, rounded to
-// bf16 for bf16), and y = max(y, 0) with `relu` (the ReLU after it, fused). T = float or bf16_t.
+// y = (x - mean) * a + shift with a = scale / sqrt(variance + eps) (fp32, rounded to bf16 for
+// bf16), plus add[i] when `add` is set (a residual block's sum, fused: one rounding),
+// then y = max(y, 0) with `relu` (the ReLU after it, fused). T = float or bf16_t.
 template <typename T>
 void BatchNormForward(const T* x, const NormShape& shape, const float* scale, const float* shift,
-                      bool relu, float* mean, float* variance, T* y, double* work);
+                      const T* add, bool relu, float* mean, float* variance, T* y, double* work);
 // The gradients of that forward pass (mean and variance the batch's, from it): g = dy, or 0
 // where relu_y (the forward's output, when it fused the ReLU) is not positive; dshift = sum g,
 // dscale = sum g * xhat; dx (skipped when null) = scale / std * (g - mean(g) - xhat *

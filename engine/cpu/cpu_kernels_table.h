@@ -24,10 +24,10 @@ struct KernelTable {
                                 float*);
   void (*max_pool_backward_bf16)(const bf16_t*, const bf16_t*, const uint8_t*, const PoolShape&,
                                  bf16_t*);
-  void (*batch_norm_forward_f32)(const float*, const NormShape&, const float*, const float*, bool,
-                                 float*, float*, float*, double*);
+  void (*batch_norm_forward_f32)(const float*, const NormShape&, const float*, const float*,
+                                 const float*, bool, float*, float*, float*, double*);
   void (*batch_norm_forward_bf16)(const bf16_t*, const NormShape&, const float*, const float*,
-                                  bool, float*, float*, bf16_t*, double*);
+                                  const bf16_t*, bool, float*, float*, bf16_t*, double*);
   void (*batch_norm_backward_f32)(const float*, const float*, const float*, const NormShape&,
                                   const float*, const float*, const float*, float*, float*,
                                   float*, double*);

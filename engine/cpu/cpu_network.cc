@@ -58,6 +58,7 @@ CpuNetwork::CpuNetwork(const NetworkConfig& config, ParameterNaming naming)
   output_ = graph.output;
   for (GraphNode& node : graph.nodes) nodes_.push_back(CpuNode(std::move(node)));
   FuseRelus();
+  FuseNormAdds();
   const size_t logits = static_cast<size_t>(config.max_batch) * config.classes;
   loss_grad_ = AlignedArray<float>(logits);
   logits_ = AlignedArray<float>(logits);
@@ -71,8 +72,10 @@ void CpuNetwork::FuseRelus() {
         next.in != node.out) {
       continue;
     }
+    // Stoker's BatchNorm kernels apply the ReLU (own_norm); evaluation's oneDNN primitive with
+    // fuse_norm_relu runs in f32 where its bf16 one is not jit (PlanBatchNorm).
     if (IsBatchNorm(node.config.kind) && next.config.kind == Kind::kRelu && !fp16() &&
-        FusedNormReluIsJit(node)) {
+        node.own_norm) {
       node.fuse_relu = true;
       node.out = next.out;
       next.fused_away = true;
@@ -88,22 +91,31 @@ void CpuNetwork::FuseRelus() {
   }
 }
 
-bool CpuNetwork::FusedNormReluIsJit(const Node& node) const {
-  const std::vector<int>& shape = activations_[node.in].shape;
-  const memory::dim channels = shape[0];
-  const memory::dim height = shape.size() == 3 ? shape[1] : 1;
-  const memory::dim width = shape.size() == 3 ? shape[2] : 1;
-  const memory::desc data({config_.max_batch, channels, height, width}, ComputeType(), Tag::nhwc);
-  try {
-    dnnl::batch_normalization_forward::primitive_desc fwd(
-        dnnl::batch_normalization_forward::desc(
-            dnnl::prop_kind::forward_training, data, node.config.eps,
-            dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift |
-                dnnl::normalization_flags::fuse_norm_relu),
-        engine_);
-    return std::string(fwd.impl_info_str()).find("jit") != std::string::npos;
-  } catch (const dnnl::error&) {
-    return false;
+void CpuNetwork::FuseNormAdds() {
+  // fp16 rounds every layer's output to fp16 (RoundFp16): a fused sum would skip one rounding.
+  if (fp16()) return;
+  for (size_t a = 1; a < nodes_.size(); ++a) {
+    Node& add = nodes_[a];
+    if (add.type != Node::Type::kAdd || add.pre >= 0 ||
+        (add.config.activation != LayerConfig::Activation::kRelu &&
+         add.config.activation != LayerConfig::Activation::kNone)) {
+      continue;
+    }
+    // Only the node right before the sum: the branch that runs last (the shortcut's, when there
+    // is a projection), so the other input is ready when it runs. It must be a BatchNorm whose
+    // output nothing else reads.
+    Node& norm = nodes_[a - 1];
+    if (norm.type != Node::Type::kLayer || !norm.own_norm || norm.fuse_relu ||
+        norm.fused_away || (norm.out != add.in && norm.out != add.in2) || add.in == add.in2) {
+      continue;
+    }
+    int readers = 0;
+    for (const Node& n : nodes_) {
+      readers += (n.in == norm.out) + (n.type == Node::Type::kAdd && n.in2 == norm.out);
+    }
+    if (readers != 1) continue;
+    norm.sum_node = static_cast<int>(a);
+    add.sum_in_norm = true;
   }
 }
 
@@ -122,6 +134,9 @@ Node CpuNetwork::CpuNode(GraphNode graph_node) const {
   node.own_pool = config.kind == Kind::kMaxPool2d && config.kernel == node.stride &&
                   config.padding == 0 && config.kernel <= 15;
   const std::vector<int>& in = activations_[node.in].shape;
+  // BatchNorm's training passes are Stoker's own (OwnBatchNorm): so they can take a residual
+  // block's sum and ReLU (FuseNormAdds), which oneDNN 2.6's primitive cannot.
+  node.own_norm = IsBatchNorm(config.kind);
   if (IsBatchNorm(config.kind)) {
     node.mean = AlignedArray<float>(in[0]);
     node.variance = AlignedArray<float>(in[0]);
@@ -273,7 +288,8 @@ const float* CpuNetwork::Forward(Plan& plan, bool training) {
     const NodeOps& ops = plan.ops[i];
     if (node.type == Node::Type::kFork) continue;
     if (node.type == Node::Type::kAdd) {
-      ExecuteAll(ops.forward);
+      // In training, the BatchNorm before it wrote the sum (FuseNormAdds).
+      if (!(node.sum_in_norm && training)) ExecuteAll(ops.forward);
       if (node.pre >= 0) RoundFp16(node.pre, plan.value_md[node.out]);
       RoundFp16(activations_[node.out].value, plan.value_md[node.out]);
       continue;
@@ -334,9 +350,22 @@ void CpuNetwork::OwnBatchNorm(size_t index, const Plan& plan, bool forward) {
     using T = std::remove_pointer_t<decltype(type)>;
     const T* x = reinterpret_cast<const T*>(Value(node.in));
     T* y = reinterpret_cast<T*>(Value(node.out));
+    if (forward && node.sum_node >= 0) {
+      // The residual block's output: this BatchNorm's output plus the sum's other input, ReLU'd
+      // when the block has one.
+      const Node& sum = nodes_[node.sum_node];
+      const int other = sum.in == node.out ? sum.in2 : sum.in;
+      cpu::BatchNormForward(x, shape, scale.value.data(), shift.value.data(),
+                            reinterpret_cast<const T*>(Value(other)),
+                            sum.config.activation == LayerConfig::Activation::kRelu,
+                            node.mean.data(), node.variance.data(),
+                            reinterpret_cast<T*>(Value(sum.out)), work);
+      return;
+    }
     if (forward) {
-      cpu::BatchNormForward(x, shape, scale.value.data(), shift.value.data(), node.fuse_relu,
-                            node.mean.data(), node.variance.data(), y, work);
+      cpu::BatchNormForward(x, shape, scale.value.data(), shift.value.data(),
+                            static_cast<const T*>(nullptr), node.fuse_relu, node.mean.data(),
+                            node.variance.data(), y, work);
       return;
     }
     cpu::BatchNormBackward(x, reinterpret_cast<const T*>(Grad(node.out)),

@@ -137,14 +137,20 @@ struct Node : GraphNode {
   AlignedArray<std::byte> workspace;    // MaxPool2d; BatchNorm with fuse_relu (ReLU's mask)
   AlignedArray<uint8_t> keep;           // Dropout mask
   AlignedArray<float> mean, variance;   // BatchNorm: the last training batch's statistics
-  // bf16 BatchNorm that oneDNN has no jit kernel for (channels not a multiple of 16): it runs in
-  // f32 on copies (PlanBatchNorm). `norm_src` keeps the forward input for backward; `norm_dst`
+  // bf16 BatchNorm that oneDNN has no jit kernel for (channels not a multiple of 16): its
+  // evaluation (and a training pass that is not own_norm) runs in f32 on copies (PlanBatchNorm). `norm_src` keeps the forward input for backward; `norm_dst`
   // holds the forward output, then the output gradient; `norm_diff_src` the input gradient.
   AlignedArray<float> norm_src, norm_dst, norm_diff_src;
   // BatchNorm on f32 or bf16: training forward and backward by cpu::BatchNormForward/Backward
   // (OwnBatchNorm) with `norm_work` as their scratch; oneDNN's primitive for evaluation only.
   bool own_norm = false;
   AlignedArray<double> norm_work;
+  // A residual block's sum fused into the BatchNorm that makes one of its inputs (FuseNormAdds,
+  // training only): the BatchNorm's `sum_node` is the kAdd node whose output (after its ReLU, if
+  // any) it writes, adding the other input; that kAdd's `sum_in_norm` skips its own forward.
+  // Evaluation runs them apart (oneDNN's BatchNorm, then the sum).
+  int sum_node = -1;
+  bool sum_in_norm = false;
 };
 
 struct NodeOps {
@@ -231,10 +237,6 @@ class CpuNetwork final : public ModelBase {
   // post-op forward and on the pooled gradient backward. fp16 keeps BatchNorm's ReLU apart: the
   // mask must come from the output rounded to fp16, as PyTorch's would.
   void FuseRelus();
-  // Whether oneDNN has a jit kernel for BatchNorm `node` with a fused ReLU in training. It has
-  // none for channels that are not a multiple of 16 (its generic loop instead, many times slower
-  // than BatchNorm and ReLU apart).
-  bool FusedNormReluIsJit(const Node& node) const;
 
   memory::desc ActivationMd(size_t index, int batch, DataType type) const;
   // The primitives of every node at `batch`, bound to this model's buffers. BuildPlan dispatches
@@ -300,6 +302,8 @@ class CpuNetwork final : public ModelBase {
   // Backward through every node; with a reducer, each node's trained gradients go to it as soon as
   // they are final (HandOverGradients).
   void Backward(Plan& plan);
+  // Marks the BatchNorm + residual sum pairs (Node::sum_node) after FuseRelus.
+  void FuseNormAdds();
   // Training forward or backward of a BatchNorm with own_norm, at the plan's batch size.
   void OwnBatchNorm(size_t index, const Plan& plan, bool forward);
   // Forward or backward of a MaxPool2d with own_pool, at the plan's batch size.

@@ -360,10 +360,7 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
   auto param_grad = [&](int offset) {
     return std::make_pair(channel_md, static_cast<void*>(params_[layer.norm + offset].grad.data()));
   };
-  // Training passes on f32 and bf16 are Stoker's own (OwnBatchNorm): oneDNN 2.6's took 1.6-2.9x
-  // as long in bf16 (docs/profile-vision.md); evaluation stays oneDNN's.
-  layer.own_norm =
-      io.src.data_type() == DataType::f32 || io.src.data_type() == DataType::bf16;
+  // Training passes are Stoker's own (CpuNode, OwnBatchNorm); evaluation stays oneDNN's.
   if (layer.own_norm && io.full) {
     const Dims dims = data.dims();
     layer.norm_work = AlignedArray<double>(cpu::NormWorkDoubles(
@@ -400,7 +397,7 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
       const size_t values = static_cast<size_t>(Elements(data));
       layer.norm_src = AlignedArray<float>(values);
       layer.norm_dst = AlignedArray<float>(values);
-      layer.norm_diff_src = AlignedArray<float>(values);
+      if (!own) layer.norm_diff_src = AlignedArray<float>(values);
     }
     src_ptr = layer.norm_src.data();
     dst_ptr = layer.norm_dst.data();
@@ -426,7 +423,7 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
     convert(bf16_data, io.src_ptr, data, src_ptr, &ops.eval);
   }
   const memory::desc workspace = fwd.workspace_desc();
-  if (io.full) layer.workspace = AlignedArray<std::byte>(workspace.get_size());
+  if (io.full && !own) layer.workspace = AlignedArray<std::byte>(workspace.get_size());
   // A partial batch's workspace is smaller; the full batch's buffer holds it.
   const std::pair<memory::desc, void*> workspace_arg = {workspace, layer.workspace.data()};
   PendingOp forward{dnnl::batch_normalization_forward(fwd),

@@ -61,7 +61,10 @@ absl::StatusOr<std::vector<KernelTime>> CpuNetwork::TimeKernels(int batch, int r
                        node.type == Node::Type::kLayer ? LayerKindName(node.config.kind)
                        : node.type == Node::Type::kAdd ? "add"
                                                        : "fork");
-      if (node.type != Node::Type::kFork) time_ops(name + " forward", ops.forward);
+      // A sum fused into the BatchNorm before it has no forward of its own in training.
+      if (node.type != Node::Type::kFork && !node.sum_in_norm) {
+        time_ops(name + " forward", ops.forward);
+      }
       time_ops(name + " backward_weights", ops.backward_weights);
       if (node.needs_input_grad || node.type == Node::Type::kAdd) {
         time_ops(name + " backward_data", ops.backward_data);
@@ -92,6 +95,12 @@ absl::StatusOr<std::vector<KernelTime>> CpuNetwork::TimeKernels(int batch, int r
                                  reinterpret_cast<float*>(Buffer(node.diff_src)));
           });
         }
+      }
+      if (node.own_norm) {
+        time(name + (node.sum_node >= 0 ? " forward (own norm, residual sum fused)"
+                                        : " forward (own norm)"),
+             [&] { OwnBatchNorm(i, plan, /*forward=*/true); });
+        time(name + " backward (own norm)", [&] { OwnBatchNorm(i, plan, /*forward=*/false); });
       }
       if (node.own_pool) {
         time(name + " forward (own pool)", [&] { OwnMaxPool(i, plan, /*forward=*/true); });
