@@ -102,8 +102,8 @@ void BatchNormBackward<float>(const float* x, const float* dy, const float* relu
                               const NormShape& shape, const float* mean, const float* variance,
                               const float* scale, float* dscale, float* dshift, float* dx,
                               double* work) {
-  Kernels().batch_norm_backward_f32(x, dy, relu_y, shape, mean, variance, scale, dscale, dshift,
-                                    dx, work);
+  Kernels().batch_norm_backward_f32(x, dy, relu_y, shape, mean, variance, scale, dscale, dshift, dx,
+                                    work);
 }
 
 template <>

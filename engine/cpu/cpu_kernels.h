@@ -90,8 +90,8 @@ void BatchNormForward(const T* x, const NormShape& shape, const float* scale, co
 // mean(g * xhat)), xhat = (x - mean) / std. dy and dx may be the same buffer.
 template <typename T>
 void BatchNormBackward(const T* x, const T* dy, const T* relu_y, const NormShape& shape,
-                       const float* mean, const float* variance, const float* scale,
-                       float* dscale, float* dshift, T* dx, double* work);
+                       const float* mean, const float* variance, const float* scale, float* dscale,
+                       float* dshift, T* dx, double* work);
 
 }  // namespace stoker::cpu
 

@@ -29,8 +29,8 @@ struct KernelTable {
   void (*batch_norm_forward_bf16)(const bf16_t*, const NormShape&, const float*, const float*,
                                   const bf16_t*, bool, float*, float*, bf16_t*, double*);
   void (*batch_norm_backward_f32)(const float*, const float*, const float*, const NormShape&,
-                                  const float*, const float*, const float*, float*, float*,
-                                  float*, double*);
+                                  const float*, const float*, const float*, float*, float*, float*,
+                                  double*);
   void (*batch_norm_backward_bf16)(const bf16_t*, const bf16_t*, const bf16_t*, const NormShape&,
                                    const float*, const float*, const float*, float*, float*,
                                    bf16_t*, double*);

@@ -11,8 +11,8 @@
 #include <new>
 #include <numeric>
 #include <optional>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -105,8 +105,8 @@ void CpuNetwork::FuseNormAdds() {
     // is a projection), so the other input is ready when it runs. It must be a BatchNorm whose
     // output nothing else reads.
     Node& norm = nodes_[a - 1];
-    if (norm.type != Node::Type::kLayer || !norm.own_norm || norm.fuse_relu ||
-        norm.fused_away || (norm.out != add.in && norm.out != add.in2) || add.in == add.in2) {
+    if (norm.type != Node::Type::kLayer || !norm.own_norm || norm.fuse_relu || norm.fused_away ||
+        (norm.out != add.in && norm.out != add.in2) || add.in == add.in2) {
       continue;
     }
     int readers = 0;
@@ -340,9 +340,8 @@ void CpuNetwork::OwnBatchNorm(size_t index, const Plan& plan, bool forward) {
   Node& node = nodes_[index];
   const Dims dims = plan.value_md[node.in].dims();  // N, C[, H, W]
   const int64_t rows = dims.size() == 4 ? dims[0] * dims[2] * dims[3] : dims[0];
-  const cpu::NormShape shape = {.rows = rows,
-                                .channels = static_cast<int>(dims[1]),
-                                .eps = node.config.eps};
+  const cpu::NormShape shape = {
+      .rows = rows, .channels = static_cast<int>(dims[1]), .eps = node.config.eps};
   const Param& scale = params_[node.norm];
   const Param& shift = params_[node.norm + 1];
   double* work = node.norm_work.data();
@@ -368,13 +367,12 @@ void CpuNetwork::OwnBatchNorm(size_t index, const Plan& plan, bool forward) {
                             node.variance.data(), y, work);
       return;
     }
-    cpu::BatchNormBackward(x, reinterpret_cast<const T*>(Grad(node.out)),
-                           node.fuse_relu ? static_cast<const T*>(y) : nullptr, shape,
-                           node.mean.data(), node.variance.data(), scale.value.data(),
-                           params_[node.norm].grad.data(), params_[node.norm + 1].grad.data(),
-                           node.needs_input_grad ? reinterpret_cast<T*>(Buffer(node.diff_src))
-                                                 : nullptr,
-                           work);
+    cpu::BatchNormBackward(
+        x, reinterpret_cast<const T*>(Grad(node.out)),
+        node.fuse_relu ? static_cast<const T*>(y) : nullptr, shape, node.mean.data(),
+        node.variance.data(), scale.value.data(), params_[node.norm].grad.data(),
+        params_[node.norm + 1].grad.data(),
+        node.needs_input_grad ? reinterpret_cast<T*>(Buffer(node.diff_src)) : nullptr, work);
   };
   if (plan.value_md[node.in].data_type() == DataType::bf16) {
     run(static_cast<bf16_t*>(nullptr));

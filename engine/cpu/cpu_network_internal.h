@@ -138,8 +138,9 @@ struct Node : GraphNode {
   AlignedArray<uint8_t> keep;           // Dropout mask
   AlignedArray<float> mean, variance;   // BatchNorm: the last training batch's statistics
   // bf16 BatchNorm that oneDNN has no jit kernel for (channels not a multiple of 16): its
-  // evaluation (and a training pass that is not own_norm) runs in f32 on copies (PlanBatchNorm). `norm_src` keeps the forward input for backward; `norm_dst`
-  // holds the forward output, then the output gradient; `norm_diff_src` the input gradient.
+  // evaluation (and a training pass that is not own_norm) runs in f32 on copies (PlanBatchNorm).
+  // `norm_src` keeps the forward input for backward; `norm_dst` holds the forward output, then the
+  // output gradient; `norm_diff_src` the input gradient.
   AlignedArray<float> norm_src, norm_dst, norm_diff_src;
   // BatchNorm on f32 or bf16: training forward and backward by cpu::BatchNormForward/Backward
   // (OwnBatchNorm) with `norm_work` as their scratch; oneDNN's primitive for evaluation only.

@@ -76,19 +76,18 @@ struct OneDnnNorm {
   void Forward(const std::vector<T>& x, const std::vector<float>& scale,
                const std::vector<float>& shift, std::vector<float>& mean,
                std::vector<float>& variance, std::vector<T>& y) {
-    const auto flags =
-        dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+    const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
     dnnl::batch_normalization_forward::primitive_desc pd(
         dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, Data(), eps,
                                                 flags),
         engine);
-    dnnl::batch_normalization_forward(pd).execute(
-        stream, {{DNNL_ARG_SRC, Wrap(Data(), x.data())},
-                 {DNNL_ARG_DST, Wrap(Data(), y.data())},
-                 {DNNL_ARG_SCALE, Channels(scale.data())},
-                 {DNNL_ARG_SHIFT, Channels(shift.data())},
-                 {DNNL_ARG_MEAN, Channels(mean.data())},
-                 {DNNL_ARG_VARIANCE, Channels(variance.data())}});
+    dnnl::batch_normalization_forward(pd).execute(stream,
+                                                  {{DNNL_ARG_SRC, Wrap(Data(), x.data())},
+                                                   {DNNL_ARG_DST, Wrap(Data(), y.data())},
+                                                   {DNNL_ARG_SCALE, Channels(scale.data())},
+                                                   {DNNL_ARG_SHIFT, Channels(shift.data())},
+                                                   {DNNL_ARG_MEAN, Channels(mean.data())},
+                                                   {DNNL_ARG_VARIANCE, Channels(variance.data())}});
     stream.wait();
   }
 
@@ -112,8 +111,7 @@ struct OneDnnNorm {
                 const std::vector<float>& variance, const std::vector<float>& scale,
                 const std::vector<float>& shift, std::vector<float>& dscale,
                 std::vector<float>& dshift, std::vector<T>& dx) {
-    const auto flags =
-        dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+    const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
     dnnl::batch_normalization_forward::primitive_desc hint(
         dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, Data(), eps,
                                                 flags),
@@ -146,8 +144,8 @@ void ExpectClose(const std::vector<T>& got, const std::vector<T>& want, double r
     const double g = Get(got[i]), w = Get(want[i]);
     const double limit = relative * std::max(std::abs(w), floor);
     if (!(std::abs(g - w) <= limit) && reported++ < 5) {
-      ADD_FAILURE() << what << " [" << i << "]: " << g << " against oneDNN's " << w
-                    << " (limit " << limit << ")";
+      ADD_FAILURE() << what << " [" << i << "]: " << g << " against oneDNN's " << w << " (limit "
+                    << limit << ")";
     }
   }
 }
@@ -199,8 +197,7 @@ void CompareWithOneDnn(int channels, int64_t rows) {
     onednn.Add(y_ref, shortcut, relu, sum_ref);
     BatchNormForward(x.data(), shape, scale.data(), shift.data(), shortcut.data(), relu,
                      mean.data(), variance.data(), sum.data(), work.data());
-    ExpectClose(sum, sum_ref, bf16 ? 0x1.0p-6 : 2e-5, 1.0,
-                label + (relu ? " sum+relu" : " sum"));
+    ExpectClose(sum, sum_ref, bf16 ? 0x1.0p-6 : 2e-5, 1.0, label + (relu ? " sum+relu" : " sum"));
     // ReLU alone, fused: exactly max(y, 0) of the plain output.
     std::vector<T> relu_y(n);
     BatchNormForward(x.data(), shape, scale.data(), shift.data(), static_cast<const T*>(nullptr),

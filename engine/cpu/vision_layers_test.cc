@@ -428,21 +428,21 @@ TEST(VisionLayersTest, FusedResidualSumTrainsAsTheUnfusedLayers) {
       if (apart) layers.push_back(Dropout(0));
       return layers;
     };
-    NetworkConfig config = TinyNet(
-        {3, 8, 8},
-        {NoBias(Conv(width, 3, 1, 1)), Norm2d(), Of(Kind::kRelu),
-         Residual(branch({NoBias(Conv(width, 3, 1, 1)), Norm2d(), Of(Kind::kRelu),
-                          NoBias(Conv(width, 3, 1, 1)), Norm2d()}),
-                  {}),
-         Residual(branch({NoBias(Conv(width, 3, 1, 1)), Norm2d()}), {},
-                  LayerConfig::Activation::kNone),
-         Residual(branch({NoBias(Conv(2 * width, 3, 2, 1)), Norm2d(), Of(Kind::kRelu),
-                          NoBias(Conv(2 * width, 3, 1, 1)), Norm2d()}),
-                  branch({NoBias(Conv(2 * width, 1, 2, 0)), Norm2d()})),
-         Residual(branch({NoBias(Conv(2 * width, 3, 1, 1))}),
-                  branch({NoBias(Conv(2 * width, 1, 1, 0)), Norm2d()})),
-         Of(Kind::kGlobalAvgPool), Of(Kind::kFlatten), Linear(3)},
-        37);
+    NetworkConfig config =
+        TinyNet({3, 8, 8},
+                {NoBias(Conv(width, 3, 1, 1)), Norm2d(), Of(Kind::kRelu),
+                 Residual(branch({NoBias(Conv(width, 3, 1, 1)), Norm2d(), Of(Kind::kRelu),
+                                  NoBias(Conv(width, 3, 1, 1)), Norm2d()}),
+                          {}),
+                 Residual(branch({NoBias(Conv(width, 3, 1, 1)), Norm2d()}), {},
+                          LayerConfig::Activation::kNone),
+                 Residual(branch({NoBias(Conv(2 * width, 3, 2, 1)), Norm2d(), Of(Kind::kRelu),
+                                  NoBias(Conv(2 * width, 3, 1, 1)), Norm2d()}),
+                          branch({NoBias(Conv(2 * width, 1, 2, 0)), Norm2d()})),
+                 Residual(branch({NoBias(Conv(2 * width, 3, 1, 1))}),
+                          branch({NoBias(Conv(2 * width, 1, 1, 0)), Norm2d()})),
+                 Of(Kind::kGlobalAvgPool), Of(Kind::kFlatten), Linear(3)},
+                37);
     config.max_batch = 8;
     config.optimizer.momentum = 0.9;
     config.optimizer.weight_decay = 1e-3;
@@ -496,8 +496,9 @@ TEST(VisionLayersTest, FusedResidualSumTrainsAsTheUnfusedLayers) {
     EXPECT_EQ(fused_sums(*fused), 4) << label;
     EXPECT_EQ(fused_sums(*apart), 0) << label;
 
-    // bf16: one step of each from the same start, against fp32's. The unfused path rounds the BatchNorm's output to bf16 before the
-    // sum and the fused one does not, so they are not bit-equal; each must track fp32 alike.
+    // bf16: one step of each from the same start, against fp32's. The unfused path rounds the
+    // BatchNorm's output to bf16 before the sum and the fused one does not, so they are not
+    // bit-equal; each must track fp32 alike.
     std::unique_ptr<Model> reference = MakeNetwork(apart_config);
     ASSERT_NE(reference, nullptr);
     same_start(*reference);
@@ -524,8 +525,7 @@ TEST(VisionLayersTest, FusedResidualSumTrainsAsTheUnfusedLayers) {
       if (!trained[t]) continue;
       fused_all.insert(fused_all.end(), fused_step[t].begin(), fused_step[t].end());
       apart_all.insert(apart_all.end(), apart_step[t].begin(), apart_step[t].end());
-      reference_all.insert(reference_all.end(), reference_step[t].begin(),
-                           reference_step[t].end());
+      reference_all.insert(reference_all.end(), reference_step[t].begin(), reference_step[t].end());
     }
     const double fused_off = RelativeDifference(fused_all, reference_all);
     const double apart_off = RelativeDifference(apart_all, reference_all);
@@ -557,7 +557,9 @@ TEST(VisionLayersTest, Bf16SmallImageWeightGradientsTrackFp32) {
   const DoubleParams bf16_step = StepGradient(*bf16, batch.View(), 1.0, nullptr);
   const std::vector<bool> trained = Trained(config);
   for (size_t t = 0; t < fp32_step.size(); ++t) {
-    if (trained[t]) EXPECT_LT(RelativeDifference(bf16_step[t], fp32_step[t]), 0.1) << t;
+    if (trained[t]) {
+      EXPECT_LT(RelativeDifference(bf16_step[t], fp32_step[t]), 0.1) << t;
+    }
   }
   std::unique_ptr<Model> resumed = MakeNetwork(config);
   ASSERT_NE(resumed, nullptr);
