@@ -101,18 +101,18 @@ template <>
 void BatchNormBackward<float>(const float* x, const float* dy, const float* relu_y,
                               const NormShape& shape, const float* mean, const float* variance,
                               const float* scale, float* dscale, float* dshift, float* dx,
-                              double* work) {
+                              float* g_out, float* g_out2, double* work) {
   Kernels().batch_norm_backward_f32(x, dy, relu_y, shape, mean, variance, scale, dscale, dshift, dx,
-                                    work);
+                                    g_out, g_out2, work);
 }
 
 template <>
 void BatchNormBackward<bf16_t>(const bf16_t* x, const bf16_t* dy, const bf16_t* relu_y,
                                const NormShape& shape, const float* mean, const float* variance,
                                const float* scale, float* dscale, float* dshift, bf16_t* dx,
-                               double* work) {
+                               bf16_t* g_out, bf16_t* g_out2, double* work) {
   Kernels().batch_norm_backward_bf16(x, dy, relu_y, shape, mean, variance, scale, dscale, dshift,
-                                     dx, work);
+                                     dx, g_out, g_out2, work);
 }
 
 }  // namespace stoker::cpu

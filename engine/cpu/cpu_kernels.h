@@ -87,11 +87,13 @@ void BatchNormForward(const T* x, const NormShape& shape, const float* scale, co
 // The gradients of that forward pass (mean and variance the batch's, from it): g = dy, or 0
 // where relu_y (the forward's output, when it fused the ReLU) is not positive; dshift = sum g,
 // dscale = sum g * xhat; dx (skipped when null) = scale / std * (g - mean(g) - xhat *
-// mean(g * xhat)), xhat = (x - mean) / std. dy and dx may be the same buffer.
+// mean(g * xhat)), xhat = (x - mean) / std. dy and dx may be the same buffer. g_out and g_out2
+// (each may be null) receive g itself (a fused residual sum's ReLU backward: the gradient of the
+// sum's inputs), written by the first pass and read back by the second instead of dy and relu_y.
 template <typename T>
 void BatchNormBackward(const T* x, const T* dy, const T* relu_y, const NormShape& shape,
                        const float* mean, const float* variance, const float* scale, float* dscale,
-                       float* dshift, T* dx, double* work);
+                       float* dshift, T* dx, T* g_out, T* g_out2, double* work);
 
 }  // namespace stoker::cpu
 

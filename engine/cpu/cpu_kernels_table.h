@@ -30,10 +30,10 @@ struct KernelTable {
                                   const bf16_t*, bool, float*, float*, bf16_t*, double*);
   void (*batch_norm_backward_f32)(const float*, const float*, const float*, const NormShape&,
                                   const float*, const float*, const float*, float*, float*, float*,
-                                  double*);
+                                  float*, float*, double*);
   void (*batch_norm_backward_bf16)(const bf16_t*, const bf16_t*, const bf16_t*, const NormShape&,
                                    const float*, const float*, const float*, float*, float*,
-                                   bf16_t*, double*);
+                                   bf16_t*, bf16_t*, bf16_t*, double*);
 };
 
 extern const KernelTable kGenericKernels;  // baseline x86-64

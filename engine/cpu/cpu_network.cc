@@ -367,12 +367,31 @@ void CpuNetwork::OwnBatchNorm(size_t index, const Plan& plan, bool forward) {
                             node.variance.data(), y, work);
       return;
     }
-    cpu::BatchNormBackward(
-        x, reinterpret_cast<const T*>(Grad(node.out)),
-        node.fuse_relu ? static_cast<const T*>(y) : nullptr, shape, node.mean.data(),
-        node.variance.data(), scale.value.data(), params_[node.norm].grad.data(),
-        params_[node.norm + 1].grad.data(),
-        node.needs_input_grad ? reinterpret_cast<T*>(Buffer(node.diff_src)) : nullptr, work);
+    T* dx = node.needs_input_grad ? reinterpret_cast<T*>(Buffer(node.diff_src)) : nullptr;
+    if (node.sum_node >= 0 &&
+        nodes_[node.sum_node].config.activation == LayerConfig::Activation::kRelu) {
+      // The sum's ReLU backward, done here (its node skips it): g = the block output's gradient
+      // where the output is positive, written where this BatchNorm's output gradient lives and,
+      // when the sum's other input keeps its gradient elsewhere (a projection shortcut), there.
+      const Node& sum = nodes_[node.sum_node];
+      const bool main = sum.in == node.out;
+      const int other = main ? (sum.needs_input2_grad ? sum.diff_src2 : -1)
+                             : (sum.needs_input_grad ? sum.diff_src : -1);
+      T* other_grad = other >= 0 && other != (main ? sum.diff_src : sum.diff_src2)
+                          ? reinterpret_cast<T*>(Buffer(other))
+                          : nullptr;
+      cpu::BatchNormBackward(x, reinterpret_cast<const T*>(Grad(sum.out)),
+                             reinterpret_cast<const T*>(Value(sum.out)), shape, node.mean.data(),
+                             node.variance.data(), scale.value.data(),
+                             params_[node.norm].grad.data(), params_[node.norm + 1].grad.data(), dx,
+                             reinterpret_cast<T*>(Grad(node.out)), other_grad, work);
+      return;
+    }
+    cpu::BatchNormBackward(x, reinterpret_cast<const T*>(Grad(node.out)),
+                           node.fuse_relu ? static_cast<const T*>(y) : nullptr, shape,
+                           node.mean.data(), node.variance.data(), scale.value.data(),
+                           params_[node.norm].grad.data(), params_[node.norm + 1].grad.data(), dx,
+                           static_cast<T*>(nullptr), static_cast<T*>(nullptr), work);
   };
   if (plan.value_md[node.in].data_type() == DataType::bf16) {
     run(static_cast<bf16_t*>(nullptr));
@@ -425,7 +444,10 @@ void CpuNetwork::Backward(Plan& plan) {
       continue;
     }
     if (node.type == Node::Type::kAdd) {
-      ExecuteAll(ops.backward_data);
+      // A ReLU'd sum fused into the BatchNorm before it: that BatchNorm's backward does its part.
+      if (!(node.sum_in_norm && node.config.activation == LayerConfig::Activation::kRelu)) {
+        ExecuteAll(ops.backward_data);
+      }
       if (node.needs_input_grad) RoundFp16(node.diff_src, plan.grad_md[node.in]);
       if (node.needs_input2_grad) RoundFp16(node.diff_src2, plan.grad_md[node.in2]);
       continue;

@@ -148,7 +148,9 @@ struct Node : GraphNode {
   AlignedArray<double> norm_work;
   // A residual block's sum fused into the BatchNorm that makes one of its inputs (FuseNormAdds,
   // training only): the BatchNorm's `sum_node` is the kAdd node whose output (after its ReLU, if
-  // any) it writes, adding the other input; that kAdd's `sum_in_norm` skips its own forward.
+  // any) it writes, adding the other input; that kAdd's `sum_in_norm` skips its own forward, and
+  // with a ReLU its backward too (the BatchNorm's backward masks the gradient and hands it to
+  // both inputs).
   // Evaluation runs them apart (oneDNN's BatchNorm, then the sum).
   int sum_node = -1;
   bool sum_in_norm = false;

@@ -66,7 +66,9 @@ absl::StatusOr<std::vector<KernelTime>> CpuNetwork::TimeKernels(int batch, int r
         time_ops(name + " forward", ops.forward);
       }
       time_ops(name + " backward_weights", ops.backward_weights);
-      if (node.needs_input_grad || node.type == Node::Type::kAdd) {
+      const bool relu_sum_in_norm =
+          node.sum_in_norm && node.config.activation == LayerConfig::Activation::kRelu;
+      if ((node.needs_input_grad || node.type == Node::Type::kAdd) && !relu_sum_in_norm) {
         time_ops(name + " backward_data", ops.backward_data);
       }
       if (node.type == Node::Type::kLayer && node.config.kind == Kind::kDropout &&

@@ -224,7 +224,7 @@ void CompareWithOneDnn(int channels, int64_t rows) {
     std::vector<T> dx(n);
     BatchNormBackward(x.data(), dy.data(), relu ? relu_y.data() : nullptr, shape, mean.data(),
                       variance.data(), scale.data(), dscale.data(), dshift.data(), dx.data(),
-                      work.data());
+                      static_cast<T*>(nullptr), static_cast<T*>(nullptr), work.data());
     const std::string what = label + (relu ? " backward, relu" : " backward");
     const double sums = bf16 ? 1e-3 : 1e-5;
     for (int c = 0; c < channels; ++c) {
@@ -241,9 +241,24 @@ void CompareWithOneDnn(int channels, int64_t rows) {
     std::vector<float> dscale2(channels), dshift2(channels);
     BatchNormBackward(x.data(), dy.data(), relu ? relu_y.data() : nullptr, shape, mean.data(),
                       variance.data(), scale.data(), dscale2.data(), dshift2.data(),
-                      static_cast<T*>(nullptr), work.data());
+                      static_cast<T*>(nullptr), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
+                      work.data());
     EXPECT_EQ(dscale2, dscale) << what;
     EXPECT_EQ(dshift2, dshift) << what;
+    // Handing the masked gradient out (a fused sum's ReLU backward): both copies are exactly the
+    // masked dy, and the gradients are the same bits as without them.
+    std::vector<T> g(n, Put<T>(7.0f)), g2(n, Put<T>(7.0f)), dx3(n);
+    std::vector<float> dscale3(channels), dshift3(channels);
+    BatchNormBackward(x.data(), dy.data(), relu ? relu_y.data() : nullptr, shape, mean.data(),
+                      variance.data(), scale.data(), dscale3.data(), dshift3.data(), dx3.data(),
+                      g.data(), g2.data(), work.data());
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(Get(g[i]), Get(masked[i])) << what << " g " << i;
+      ASSERT_EQ(Get(g2[i]), Get(masked[i])) << what << " g2 " << i;
+      ASSERT_EQ(Get(dx3[i]), Get(dx[i])) << what << " dx with g " << i;
+    }
+    EXPECT_EQ(dscale3, dscale) << what;
+    EXPECT_EQ(dshift3, dshift) << what;
   }
 }
 
@@ -284,7 +299,8 @@ TEST(NormKernelsTest, TheSameBitsWhateverTheThreadCount) {
                      static_cast<const float*>(nullptr), true, mean.data(), variance.data(),
                      y.data(), work.data());
     BatchNormBackward(x.data(), dy.data(), y.data(), shape, mean.data(), variance.data(),
-                      scale.data(), dscale.data(), dshift.data(), dx.data(), work.data());
+                      scale.data(), dscale.data(), dshift.data(), dx.data(),
+                      static_cast<float*>(nullptr), static_cast<float*>(nullptr), work.data());
     omp_set_num_threads(before);
     stats = mean;
     stats.insert(stats.end(), variance.begin(), variance.end());

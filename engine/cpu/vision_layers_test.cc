@@ -448,16 +448,19 @@ TEST(VisionLayersTest, FusedResidualSumTrainsAsTheUnfusedLayers) {
     config.optimizer.weight_decay = 1e-3;
     return config;
   };
-  // Which path ran: the four blocks' sums fused in one network, none in the other.
-  auto fused_sums = [](Model& model) {
+  // Which path ran, from the kernels a step runs: the four blocks' sums fused in one network,
+  // none in the other (`what` "residual sum fused"); the three ReLU'd sums' backward left to
+  // their BatchNorms (`what` "add backward_data": fewer kernels).
+  auto kernels_named = [](Model& model, const std::string& what) {
     absl::StatusOr<std::vector<KernelTime>> kernels = model.TimeKernels(8, 1);
     EXPECT_TRUE(kernels.ok()) << kernels.status();
     int n = 0;
     for (const KernelTime& k : kernels.ok() ? *kernels : std::vector<KernelTime>{}) {
-      n += absl::StrContains(k.name, "residual sum fused");
+      n += absl::StrContains(k.name, what);
     }
     return n;
   };
+  auto fused_sums = [&](Model& model) { return kernels_named(model, "residual sum fused"); };
   for (int width : {16, 6}) {
     const std::string label = absl::StrCat("width ", width);
     NetworkConfig fused_config = net(width, false);
@@ -495,6 +498,9 @@ TEST(VisionLayersTest, FusedResidualSumTrainsAsTheUnfusedLayers) {
     EXPECT_EQ(ea->correct, eb->correct) << label;
     EXPECT_EQ(fused_sums(*fused), 4) << label;
     EXPECT_EQ(fused_sums(*apart), 0) << label;
+    EXPECT_LT(kernels_named(*fused, "add backward_data"),
+              kernels_named(*apart, "add backward_data") - 2)
+        << label;
 
     // bf16: one step of each from the same start, against fp32's. The unfused path rounds the
     // BatchNorm's output to bf16 before the sum and the fused one does not, so they are not
