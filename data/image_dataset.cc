@@ -4,10 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <functional>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -109,10 +109,9 @@ absl::StatusOr<SampleIndex> BuildImageIndex(const std::string& format, const std
   };
   absl::StatusOr<SampleIndex> index =
       format == "image_folder" ? BuildImageFolderIndex(path, progress, confinement)
-      : format == "shards"
-          ? BuildShardIndex(path, progress, confinement)
-          : absl::InvalidArgumentError(
-                absl::StrCat("dataset format '", format, "' is not an image format"));
+      : format == "shards"     ? BuildShardIndex(path, progress, confinement)
+                               : absl::InvalidArgumentError(absl::StrCat("dataset format '", format,
+                                                                         "' is not an image format"));
   if (index.ok() && index->outside() > 0 && log) {
     log(absl::StrCat(index->outside(), " entr", index->outside() == 1 ? "y" : "ies", " of ", path,
                      " left out: they lead outside the data root through symbolic links"));

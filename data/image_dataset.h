@@ -86,7 +86,8 @@ class FileCache {
   // An open descriptor of `path` (source number `source`), or an error naming the path; opened
   // beneath `real_root` (OpenBeneath; empty: anywhere): PERMISSION_DENIED for a file that leads
   // outside it.
-  absl::StatusOr<int> Get(uint32_t source, absl::string_view path, absl::string_view real_root = "");
+  absl::StatusOr<int> Get(uint32_t source, absl::string_view path,
+                          absl::string_view real_root = "");
 
  private:
   size_t capacity_;

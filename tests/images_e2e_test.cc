@@ -104,12 +104,10 @@ TEST_F(ImagesEndToEndTest, SymbolicLinksOutOfTheDataRootAreLeftOut) {
   // Outside the root: a whole class directory and one image.
   const std::string outside = cluster_.dir() + "/outside";
   std::filesystem::create_directories(outside + "/intruder");
-  std::filesystem::copy_file(root_ + "/png/train/0/" +
-                                 std::filesystem::directory_iterator(root_ + "/png/train/0")
-                                     ->path()
-                                     .filename()
-                                     .string(),
-                             outside + "/intruder/x.png");
+  std::filesystem::copy_file(
+      root_ + "/png/train/0/" +
+          std::filesystem::directory_iterator(root_ + "/png/train/0")->path().filename().string(),
+      outside + "/intruder/x.png");
   std::filesystem::copy_file(outside + "/intruder/x.png", outside + "/secret.png");
   std::filesystem::create_directory_symlink(outside + "/intruder", root_ + "/png/train/intruder");
   std::filesystem::create_symlink(outside + "/secret.png", root_ + "/png/train/1/secret.png");
@@ -130,8 +128,9 @@ TEST_F(ImagesEndToEndTest, SymbolicLinksOutOfTheDataRootAreLeftOut) {
   const std::string log = Log(done->id());
   // 3000 images, one more through the inside link, none from outside.
   EXPECT_TRUE(absl::StrContains(log, "3001 training samples")) << log;
-  EXPECT_TRUE(absl::StrContains(log, "left out (leads outside the data root through a symbolic "
-                                     "link): png/train/intruder"))
+  EXPECT_TRUE(absl::StrContains(log,
+                                "left out (leads outside the data root through a symbolic "
+                                "link): png/train/intruder"))
       << log;
   EXPECT_TRUE(absl::StrContains(log, "png/train/1/secret.png")) << log;
   EXPECT_TRUE(absl::StrContains(log, "2 entries of png/train left out")) << log;

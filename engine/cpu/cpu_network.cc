@@ -149,7 +149,6 @@ Node CpuNetwork::CpuNode(GraphNode graph_node) const {
   return node;
 }
 
-
 absl::Status CpuNetwork::Init() {
   absl::StatusOr<std::unique_ptr<Plan>> plan = BuildPlan(config_.max_batch);
   if (!plan.ok()) return plan.status();
@@ -187,7 +186,6 @@ absl::Status CpuNetwork::Init() {
   full_plan_ = *std::move(plan);
   return SetParameters(InitialNetworkParameters(config_, naming_));
 }
-
 
 void CpuNetwork::RefreshComputeWeights() {
   // Every small tensor in one parallel region, split evenly between the threads without a
