@@ -72,10 +72,9 @@ void CpuNetwork::FuseRelus() {
         next.in != node.out) {
       continue;
     }
-    // Stoker's BatchNorm kernels apply the ReLU (own_norm); evaluation's oneDNN primitive with
-    // fuse_norm_relu runs in f32 where its bf16 one is not jit (PlanBatchNorm).
-    if (IsBatchNorm(node.config.kind) && next.config.kind == Kind::kRelu && !fp16() &&
-        node.own_norm) {
+    // Stoker's BatchNorm kernels apply the ReLU (OwnBatchNorm); evaluation's oneDNN primitive
+    // with fuse_norm_relu runs in f32 where its bf16 one is not jit (PlanBatchNorm).
+    if (IsBatchNorm(node.config.kind) && next.config.kind == Kind::kRelu && !fp16()) {
       node.fuse_relu = true;
       node.out = next.out;
       next.fused_away = true;
@@ -105,8 +104,8 @@ void CpuNetwork::FuseNormAdds() {
     // is a projection), so the other input is ready when it runs. It must be a BatchNorm whose
     // output nothing else reads.
     Node& norm = nodes_[a - 1];
-    if (norm.type != Node::Type::kLayer || !norm.own_norm || norm.fuse_relu || norm.fused_away ||
-        (norm.out != add.in && norm.out != add.in2) || add.in == add.in2) {
+    if (norm.type != Node::Type::kLayer || !IsBatchNorm(norm.config.kind) || norm.fuse_relu ||
+        norm.fused_away || (norm.out != add.in && norm.out != add.in2) || add.in == add.in2) {
       continue;
     }
     int readers = 0;
@@ -134,9 +133,6 @@ Node CpuNetwork::CpuNode(GraphNode graph_node) const {
   node.own_pool = config.kind == Kind::kMaxPool2d && config.kernel == node.stride &&
                   config.padding == 0 && config.kernel <= 15;
   const std::vector<int>& in = activations_[node.in].shape;
-  // BatchNorm's training passes are Stoker's own (OwnBatchNorm): so they can take a residual
-  // block's sum and ReLU (FuseNormAdds), which oneDNN 2.6's primitive cannot.
-  node.own_norm = IsBatchNorm(config.kind);
   if (IsBatchNorm(config.kind)) {
     node.mean = AlignedArray<float>(in[0]);
     node.variance = AlignedArray<float>(in[0]);
@@ -314,7 +310,7 @@ const float* CpuNetwork::Forward(Plan& plan, bool training) {
       }
     } else if (node.own_pool) {
       OwnMaxPool(i, plan, /*forward=*/true);
-    } else if (node.own_norm) {
+    } else if (IsBatchNorm(node.config.kind)) {
       if (training) {
         OwnBatchNorm(i, plan, /*forward=*/true);
       } else {
@@ -347,49 +343,48 @@ void CpuNetwork::OwnBatchNorm(size_t index, const Plan& plan, bool forward) {
     using T = std::remove_pointer_t<decltype(type)>;
     const T* x = reinterpret_cast<const T*>(Value(node.in));
     T* y = reinterpret_cast<T*>(Value(node.out));
-    if (forward && node.sum_node >= 0) {
-      // The residual block's output: this BatchNorm's output plus the sum's other input, ReLU'd
-      // when the block has one.
-      const Node& sum = nodes_[node.sum_node];
-      const int other = sum.in == node.out ? sum.in2 : sum.in;
-      cpu::BatchNormForward(x, shape, scale.value.data(), shift.value.data(),
-                            reinterpret_cast<const T*>(Value(other)),
-                            sum.config.activation == LayerConfig::Activation::kRelu,
-                            node.mean.data(), node.variance.data(),
-                            reinterpret_cast<T*>(Value(sum.out)), work);
-      return;
-    }
     if (forward) {
-      cpu::BatchNormForward(x, shape, scale.value.data(), shift.value.data(),
-                            static_cast<const T*>(nullptr), node.fuse_relu, node.mean.data(),
-                            node.variance.data(), y, work);
+      // With a residual sum fused in, the block's output: this BatchNorm's output plus the sum's
+      // other input, ReLU'd when the block has one. Else its own output (its ReLU fused, if any).
+      const T* add = nullptr;
+      bool relu = node.fuse_relu;
+      T* out = y;
+      if (node.sum_node >= 0) {
+        const Node& sum = nodes_[node.sum_node];
+        add = reinterpret_cast<const T*>(Value(sum.in == node.out ? sum.in2 : sum.in));
+        relu = sum.config.activation == LayerConfig::Activation::kRelu;
+        out = reinterpret_cast<T*>(Value(sum.out));
+      }
+      cpu::BatchNormForward(x, shape, scale.value.data(), shift.value.data(), add, relu,
+                            node.mean.data(), node.variance.data(), out, work);
       return;
     }
-    T* dx = node.needs_input_grad ? reinterpret_cast<T*>(Buffer(node.diff_src)) : nullptr;
+    // With a ReLU'd sum fused in, the sum's ReLU backward is done here (its node skips it): g =
+    // the block output's gradient where the output is positive, written where this BatchNorm's
+    // output gradient lives and, when the sum's other input keeps its gradient elsewhere (a
+    // projection shortcut), there too. Else: the ReLU fused after this BatchNorm, if any.
+    const T* dy = reinterpret_cast<const T*>(Grad(node.out));
+    const T* relu_y = node.fuse_relu ? y : nullptr;
+    T* g_out = nullptr;
+    T* g_out2 = nullptr;
     if (node.sum_node >= 0 &&
         nodes_[node.sum_node].config.activation == LayerConfig::Activation::kRelu) {
-      // The sum's ReLU backward, done here (its node skips it): g = the block output's gradient
-      // where the output is positive, written where this BatchNorm's output gradient lives and,
-      // when the sum's other input keeps its gradient elsewhere (a projection shortcut), there.
       const Node& sum = nodes_[node.sum_node];
       const bool main = sum.in == node.out;
       const int other = main ? (sum.needs_input2_grad ? sum.diff_src2 : -1)
                              : (sum.needs_input_grad ? sum.diff_src : -1);
-      T* other_grad = other >= 0 && other != (main ? sum.diff_src : sum.diff_src2)
-                          ? reinterpret_cast<T*>(Buffer(other))
-                          : nullptr;
-      cpu::BatchNormBackward(x, reinterpret_cast<const T*>(Grad(sum.out)),
-                             reinterpret_cast<const T*>(Value(sum.out)), shape, node.mean.data(),
-                             node.variance.data(), scale.value.data(),
-                             params_[node.norm].grad.data(), params_[node.norm + 1].grad.data(), dx,
-                             reinterpret_cast<T*>(Grad(node.out)), other_grad, work);
-      return;
+      if (other >= 0 && other != (main ? sum.diff_src : sum.diff_src2)) {
+        g_out2 = reinterpret_cast<T*>(Buffer(other));
+      }
+      g_out = reinterpret_cast<T*>(Grad(node.out));
+      dy = reinterpret_cast<const T*>(Grad(sum.out));
+      relu_y = reinterpret_cast<const T*>(Value(sum.out));
     }
-    cpu::BatchNormBackward(x, reinterpret_cast<const T*>(Grad(node.out)),
-                           node.fuse_relu ? static_cast<const T*>(y) : nullptr, shape,
-                           node.mean.data(), node.variance.data(), scale.value.data(),
-                           params_[node.norm].grad.data(), params_[node.norm + 1].grad.data(), dx,
-                           static_cast<T*>(nullptr), static_cast<T*>(nullptr), work);
+    cpu::BatchNormBackward(
+        x, dy, relu_y, shape, node.mean.data(), node.variance.data(), scale.value.data(),
+        params_[node.norm].grad.data(), params_[node.norm + 1].grad.data(),
+        node.needs_input_grad ? reinterpret_cast<T*>(Buffer(node.diff_src)) : nullptr, g_out,
+        g_out2, work);
   };
   if (plan.value_md[node.in].data_type() == DataType::bf16) {
     run(static_cast<bf16_t*>(nullptr));
@@ -451,7 +446,9 @@ void CpuNetwork::Backward(Plan& plan) {
       continue;
     }
     ExecuteAll(ops.backward_weights);
-    if (node.own_norm) OwnBatchNorm(i, plan, /*forward=*/false);
+    // BatchNorm's training passes are Stoker's own, so that they can take a residual block's
+    // sum and ReLU (FuseNormAdds), which oneDNN 2.6's primitive cannot.
+    if (IsBatchNorm(node.config.kind)) OwnBatchNorm(i, plan, /*forward=*/false);
     // The plain gradient right away (not after the whole backward): final here, so a reducer can
     // start summing it while the layers below still compute theirs.
     if (node.grad_gather >= 0) {

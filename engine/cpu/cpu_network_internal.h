@@ -134,17 +134,15 @@ struct Node : GraphNode {
   AlignedArray<std::byte> weight_fwd;
   AlignedArray<std::byte> weight_bwd;
   AlignedArray<std::byte> diff_weight;  // empty when backward writes the plain gradient directly
-  AlignedArray<std::byte> workspace;    // MaxPool2d; BatchNorm with fuse_relu (ReLU's mask)
+  AlignedArray<std::byte> workspace;    // MaxPool2d
   AlignedArray<uint8_t> keep;           // Dropout mask
   AlignedArray<float> mean, variance;   // BatchNorm: the last training batch's statistics
   // bf16 BatchNorm that oneDNN has no jit kernel for (channels not a multiple of 16): its
-  // evaluation (and a training pass that is not own_norm) runs in f32 on copies (PlanBatchNorm).
-  // `norm_src` keeps the forward input for backward; `norm_dst` holds the forward output, then the
-  // output gradient; `norm_diff_src` the input gradient.
-  AlignedArray<float> norm_src, norm_dst, norm_diff_src;
-  // BatchNorm on f32 or bf16: training forward and backward by cpu::BatchNormForward/Backward
-  // (OwnBatchNorm) with `norm_work` as their scratch; oneDNN's primitive for evaluation only.
-  bool own_norm = false;
+  // evaluation runs in f32 on copies of the input (`norm_src`) and output (`norm_dst`)
+  // (PlanBatchNorm).
+  AlignedArray<float> norm_src, norm_dst;
+  // BatchNorm: training forward and backward by cpu::BatchNormForward/Backward (OwnBatchNorm)
+  // with `norm_work` as their scratch; oneDNN's primitive for evaluation only.
   AlignedArray<double> norm_work;
   // A residual block's sum fused into the BatchNorm that makes one of its inputs (FuseNormAdds,
   // training only): the BatchNorm's `sum_node` is the kAdd node whose output (after its ReLU, if
@@ -307,7 +305,7 @@ class CpuNetwork final : public ModelBase {
   void Backward(Plan& plan);
   // Marks the BatchNorm + residual sum pairs (Node::sum_node) after FuseRelus.
   void FuseNormAdds();
-  // Training forward or backward of a BatchNorm with own_norm, at the plan's batch size.
+  // Training forward or backward of a BatchNorm, at the plan's batch size.
   void OwnBatchNorm(size_t index, const Plan& plan, bool forward);
   // Forward or backward of a MaxPool2d with own_pool, at the plan's batch size.
   void OwnMaxPool(size_t index, const Plan& plan, bool forward);

@@ -345,11 +345,15 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
   const LayerConfig& c = layer.config;
   // BatchNorm1d's [N, C] runs as [N, C, 1, 1] NHWC: the same memory.
   memory::desc data = io.src;
-  memory::desc diff = io.diff_dst;
   if (c.kind == Kind::kBatchNorm1d) {
-    const memory::dim channels = io.src.dims()[1];
-    data = memory::desc({batch, channels, 1, 1}, io.src.data_type(), Tag::nhwc);
-    diff = memory::desc({batch, channels, 1, 1}, io.diff_dst.data_type(), Tag::nhwc);
+    data = memory::desc({batch, io.src.dims()[1], 1, 1}, io.src.data_type(), Tag::nhwc);
+  }
+  // Training runs Stoker's own kernels (OwnBatchNorm), with this scratch; only evaluation, which
+  // normalises by the running statistics, is oneDNN's primitive.
+  if (io.full) {
+    const Dims dims = data.dims();
+    layer.norm_work = AlignedArray<double>(cpu::NormWorkDoubles(
+        {.rows = dims[0] * dims[2] * dims[3], .channels = static_cast<int>(dims[1])}));
   }
   const memory::desc channel_md({static_cast<memory::dim>(layer.mean.size())}, DataType::f32,
                                 Tag::x);
@@ -357,91 +361,48 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
     return std::make_pair(channel_md,
                           static_cast<void*>(params_[layer.norm + offset].value.data()));
   };
-  auto param_grad = [&](int offset) {
-    return std::make_pair(channel_md, static_cast<void*>(params_[layer.norm + offset].grad.data()));
-  };
-  // Training passes are Stoker's own (CpuNode, OwnBatchNorm); evaluation stays oneDNN's.
-  if (layer.own_norm && io.full) {
-    const Dims dims = data.dims();
-    layer.norm_work = AlignedArray<double>(cpu::NormWorkDoubles(
-        {.rows = dims[0] * dims[2] * dims[3], .channels = static_cast<int>(dims[1])}));
-  }
-  const bool own = layer.own_norm;
-  const std::pair<memory::desc, void*> batch_mean = {channel_md, layer.mean.data()};
-  const std::pair<memory::desc, void*> batch_variance = {channel_md, layer.variance.data()};
-  // With fuse_relu (FuseRelus) the output is ReLU'd and the ReLU's mask kept as a workspace,
-  // which backward applies to the output gradient first.
-  auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+  auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift |
+               dnnl::normalization_flags::use_global_stats;
   if (layer.fuse_relu) flags = flags | dnnl::normalization_flags::fuse_norm_relu;
-  dnnl::batch_normalization_forward::primitive_desc fwd(
-      dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, data, c.eps,
-                                              flags),
-      attr, engine_);
+  auto eval_desc = [&](const memory::desc& md) {
+    return dnnl::batch_normalization_forward::primitive_desc(
+        dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_inference, md, c.eps,
+                                                flags),
+        attr, engine_);
+  };
+  dnnl::batch_normalization_forward::primitive_desc eval = eval_desc(data);
   // oneDNN 2.6's bf16 batch normalisation has jit kernels only for channels in multiples of 16;
   // otherwise it picks a generic loop (nspc_bnorm:any) that converts every value on its own, ~50x
   // slower than the f32 jit kernel (docs/profile-vision.md). Such a layer converts to f32, runs
   // the f32 kernel and converts back: the same f32 arithmetic, rounded to bf16 where the bf16
   // primitive rounds.
   const bool via_f32 = data.data_type() == DataType::bf16 &&
-                       std::string(fwd.impl_info_str()).find("jit") == std::string::npos;
+                       std::string(eval.impl_info_str()).find("jit") == std::string::npos;
   void* src_ptr = io.src_ptr;
   void* dst_ptr = io.dst_ptr;
-  void* diff_dst_ptr = io.diff_dst_ptr;
-  void* diff_src_ptr = io.diff_src_ptr;
   const memory::desc bf16_data = data;
-  const memory::desc bf16_diff = diff;
-  if (via_f32) {
-    data = memory::desc(data.dims(), DataType::f32, Tag::nhwc);
-    diff = data;
-    if (io.full) {
-      const size_t values = static_cast<size_t>(Elements(data));
-      layer.norm_src = AlignedArray<float>(values);
-      layer.norm_dst = AlignedArray<float>(values);
-      if (!own) layer.norm_diff_src = AlignedArray<float>(values);
-    }
-    src_ptr = layer.norm_src.data();
-    dst_ptr = layer.norm_dst.data();
-    diff_dst_ptr = layer.norm_dst.data();
-    diff_src_ptr = layer.norm_diff_src.data();
-    fwd = dnnl::batch_normalization_forward::primitive_desc(
-        dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, data, c.eps,
-                                                flags),
-        attr, engine_);
-  }
-  // A conversion between the bf16 activation and its f32 copy, added to `slot`.
-  auto convert = [&](const memory::desc& from, void* from_ptr, const memory::desc& to, void* to_ptr,
-                     std::vector<Op>* slot) {
+  // A conversion between the bf16 activation and its f32 copy, added to evaluation's ops.
+  std::vector<Op>* slot = &plan.ops[io.index].eval;
+  auto convert = [&](const memory::desc& from, void* from_ptr, const memory::desc& to,
+                     void* to_ptr) {
     dnnl::reorder::primitive_desc copy(engine_, from, engine_, to, attr);
     pending.push_back({dnnl::reorder(copy),
                        copy.scratchpad_desc(),
                        {{DNNL_ARG_FROM, {from, from_ptr}}, {DNNL_ARG_TO, {to, to_ptr}}},
                        slot});
   };
-  NodeOps& ops = plan.ops[io.index];
   if (via_f32) {
-    if (!own) convert(bf16_data, io.src_ptr, data, src_ptr, &ops.forward);
-    convert(bf16_data, io.src_ptr, data, src_ptr, &ops.eval);
+    data = memory::desc(data.dims(), DataType::f32, Tag::nhwc);
+    if (io.full) {
+      const size_t values = static_cast<size_t>(Elements(data));
+      layer.norm_src = AlignedArray<float>(values);
+      layer.norm_dst = AlignedArray<float>(values);
+    }
+    src_ptr = layer.norm_src.data();
+    dst_ptr = layer.norm_dst.data();
+    eval = eval_desc(data);
+    convert(bf16_data, io.src_ptr, data, src_ptr);
   }
-  const memory::desc workspace = fwd.workspace_desc();
-  if (io.full && !own) layer.workspace = AlignedArray<std::byte>(workspace.get_size());
-  // A partial batch's workspace is smaller; the full batch's buffer holds it.
-  const std::pair<memory::desc, void*> workspace_arg = {workspace, layer.workspace.data()};
-  PendingOp forward{dnnl::batch_normalization_forward(fwd),
-                    fwd.scratchpad_desc(),
-                    {{DNNL_ARG_SRC, {data, src_ptr}},
-                     {DNNL_ARG_DST, {data, dst_ptr}},
-                     {DNNL_ARG_SCALE, param(0)},
-                     {DNNL_ARG_SHIFT, param(1)},
-                     {DNNL_ARG_MEAN, batch_mean},
-                     {DNNL_ARG_VARIANCE, batch_variance}},
-                    &ops.forward};
-  if (workspace.get_size() > 0) forward.args.emplace(DNNL_ARG_WORKSPACE, workspace_arg);
-  if (!own) pending.push_back(std::move(forward));
-  if (via_f32 && !own) convert(data, dst_ptr, bf16_data, io.dst_ptr, &ops.forward);
-  dnnl::batch_normalization_forward::primitive_desc eval(
-      dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_inference, data, c.eps,
-                                              flags | dnnl::normalization_flags::use_global_stats),
-      attr, engine_);
   pending.push_back({dnnl::batch_normalization_forward(eval),
                      eval.scratchpad_desc(),
                      {{DNNL_ARG_SRC, {data, src_ptr}},
@@ -450,30 +411,8 @@ void CpuNetwork::PlanBatchNorm(Layer& layer, const LayerIo& io, int batch,
                       {DNNL_ARG_SHIFT, param(1)},
                       {DNNL_ARG_MEAN, param(2)},
                       {DNNL_ARG_VARIANCE, param(3)}},
-                     &ops.eval});
-  if (via_f32) convert(data, dst_ptr, bf16_data, io.dst_ptr, &ops.eval);
-  if (own) return;
-  if (via_f32) convert(bf16_diff, io.diff_dst_ptr, diff, diff_dst_ptr, &ops.backward_weights);
-  // Backward always gives the input gradient; with no use for it, it lands in the input's
-  // gradient buffer unread.
-  dnnl::batch_normalization_backward::primitive_desc bwd(
-      dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, diff, data, c.eps, flags),
-      attr, engine_, fwd);
-  PendingOp backward{dnnl::batch_normalization_backward(bwd),
-                     bwd.scratchpad_desc(),
-                     {{DNNL_ARG_SRC, {data, src_ptr}},
-                      {DNNL_ARG_MEAN, batch_mean},
-                      {DNNL_ARG_VARIANCE, batch_variance},
-                      {DNNL_ARG_SCALE, param(0)},
-                      {DNNL_ARG_SHIFT, param(1)},
-                      {DNNL_ARG_DIFF_DST, {diff, diff_dst_ptr}},
-                      {DNNL_ARG_DIFF_SRC, {diff, diff_src_ptr}},
-                      {DNNL_ARG_DIFF_SCALE, param_grad(0)},
-                      {DNNL_ARG_DIFF_SHIFT, param_grad(1)}},
-                     &ops.backward_weights};
-  if (workspace.get_size() > 0) backward.args.emplace(DNNL_ARG_WORKSPACE, workspace_arg);
-  pending.push_back(std::move(backward));
-  if (via_f32) convert(diff, diff_src_ptr, bf16_diff, io.diff_src_ptr, &ops.backward_weights);
+                     slot});
+  if (via_f32) convert(data, dst_ptr, bf16_data, io.dst_ptr);
 }
 
 void CpuNetwork::PlanAdd(const Node& node, int batch, const dnnl::primitive_attr& attr, Plan& plan,

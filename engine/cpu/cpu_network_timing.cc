@@ -98,7 +98,7 @@ absl::StatusOr<std::vector<KernelTime>> CpuNetwork::TimeKernels(int batch, int r
           });
         }
       }
-      if (node.own_norm) {
+      if (node.type == Node::Type::kLayer && IsBatchNorm(node.config.kind)) {
         time(name + (node.sum_node >= 0 ? " forward (own norm, residual sum fused)"
                                         : " forward (own norm)"),
              [&] { OwnBatchNorm(i, plan, /*forward=*/true); });
