@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "data/file_bytes.h"
 #include "data/image_dataset.h"
 
 namespace stoker {
@@ -44,17 +45,9 @@ T Get(const uint8_t* at) {
 
 absl::Status WriteAll(int fd, const uint8_t* data, size_t size, uint64_t offset,
                       const std::string& path) {
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = pwrite(fd, data + done, size - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return absl::UnavailableError(absl::StrCat("cannot write the decoded cache ", path, ": ",
-                                                 n < 0 ? std::strerror(errno) : "no progress"));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
+  if (PwriteFully(fd, data, size, static_cast<off_t>(offset))) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("cannot write the decoded cache ", path, ": ",
+                                             errno != 0 ? std::strerror(errno) : "no progress"));
 }
 
 // Removes the temporary file unless released.

@@ -35,6 +35,30 @@ bool IsGzipAt(const std::vector<uint8_t>& bytes, size_t at) {
 
 }  // namespace
 
+bool PreadFully(int fd, void* data, size_t size, off_t offset) {
+  for (size_t done = 0; done < size;) {
+    const ssize_t n =
+        pread(fd, static_cast<char*>(data) + done, size - done, offset + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) errno = 0;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool PwriteFully(int fd, const void* data, size_t size, off_t offset) {
+  for (size_t done = 0; done < size;) {
+    const ssize_t n = pwrite(fd, static_cast<const char*>(data) + done, size - done,
+                             offset + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) errno = 0;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
   ScopedFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open"));

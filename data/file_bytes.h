@@ -2,6 +2,9 @@
 #ifndef STOKER_DATA_FILE_BYTES_H_
 #define STOKER_DATA_FILE_BYTES_H_
 
+#include <sys/types.h>
+
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -15,6 +18,12 @@ inline constexpr uint64_t kMaxDatasetFileBytes = uint64_t{1} << 36;
 
 // Reads a regular file whole. Errors name the file (and the offset of a failed read).
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path);
+
+// pread / pwrite of exactly `size` bytes at `offset`, retrying interrupted and short transfers.
+// False on an error (errno says which) or when the file ends, or nothing is written, first
+// (errno 0).
+bool PreadFully(int fd, void* data, size_t size, off_t offset);
+bool PwriteFully(int fd, const void* data, size_t size, off_t offset);
 
 // True if `bytes` starts with the gzip magic (1f 8b).
 bool IsGzip(const std::vector<uint8_t>& bytes);

@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "data/file_bytes.h"
 #include "data/image/image_codec.h"
 #include "data/image/jpeg_restart.h"
 #include "data/split_mix.h"
@@ -50,28 +51,6 @@ uint64_t GetLittleEndian(const uint8_t* in, int bytes) {
 
 uint32_t Crc32(const uint8_t* data, size_t size) {
   return static_cast<uint32_t>(crc32_z(crc32_z(0, nullptr, 0), data, size));
-}
-
-bool PreadAll(int fd, uint8_t* data, size_t size, off_t offset) {
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = pread(fd, data + done, size - done, offset + static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-bool PwriteAll(int fd, const uint8_t* data, size_t size, off_t offset) {
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = pwrite(fd, data + done, size - done, offset + static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
 }
 
 int64_t MtimeNs(const struct stat& st) {
@@ -111,7 +90,7 @@ int64_t ReadUsage(int fd) {
 
 bool WriteUsage(int fd, int64_t bytes) {
   const std::string text = absl::StrFormat("%0*d\n", kUsageDigits, std::max<int64_t>(0, bytes));
-  return PwriteAll(fd, reinterpret_cast<const uint8_t*>(text.data()), text.size(), 0);
+  return PwriteFully(fd, reinterpret_cast<const uint8_t*>(text.data()), text.size(), 0);
 }
 
 struct EntryFile {
@@ -344,12 +323,12 @@ JpegCache::Found JpegCache::Find(const JpegFileIdentity& file, std::vector<uint8
   uint8_t header[kHeaderBytes];
   bool good = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
               static_cast<size_t>(st.st_size) > kHeaderBytes &&
-              PreadAll(fd, header, kHeaderBytes, 0) &&
+              PreadFully(fd, header, kHeaderBytes, 0) &&
               std::memcmp(header, kMagic, sizeof kMagic) == 0 &&
               GetLittleEndian(header + 8, 8) == static_cast<uint64_t>(st.st_size) - kHeaderBytes;
   if (good) {
     marked->resize(static_cast<size_t>(st.st_size) - kHeaderBytes);
-    good = PreadAll(fd, marked->data(), marked->size(), kHeaderBytes) &&
+    good = PreadFully(fd, marked->data(), marked->size(), kHeaderBytes) &&
            Crc32(marked->data(), marked->size()) == GetLittleEndian(header + 16, 4);
   }
   if (!good) {
@@ -435,8 +414,8 @@ JpegCache::Stored JpegCache::Store(const JpegFileIdentity& file, const uint8_t* 
   // The mtime (its recency) to the nanosecond, not the kernel's coarser file clock.
   const int64_t now = absl::GetCurrentTimeNanos();
   const struct timespec times[2] = {{0, UTIME_OMIT}, {now / 1000000000, now % 1000000000}};
-  bool written = PwriteAll(fd, header, kHeaderBytes, 0) &&
-                 PwriteAll(fd, marked->data(), marked->size(), kHeaderBytes) &&
+  bool written = PwriteFully(fd, header, kHeaderBytes, 0) &&
+                 PwriteFully(fd, marked->data(), marked->size(), kHeaderBytes) &&
                  futimens(fd, times) == 0;
   written = close(fd) == 0 && written;
   auto done = [&](Stored how) {
