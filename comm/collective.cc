@@ -19,6 +19,11 @@ absl::Status CheckGroup(int rank, int size, absl::Duration timeout) {
   return absl::OkStatus();
 }
 
+absl::Status CheckRoot(const char* what, int root, int size) {
+  if (root >= 0 && root < size) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, " root ", root, " is not a rank of ", size));
+}
+
 std::string GradientAddress(const void* pointer) {
   return absl::StrCat("0x", absl::Hex(reinterpret_cast<uintptr_t>(pointer)));
 }

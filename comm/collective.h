@@ -41,6 +41,9 @@ std::unique_ptr<KeyValueStore> CreateDirectoryStore(const std::string& directory
 // Connect* function checks first.
 absl::Status CheckGroup(int rank, int size, absl::Duration timeout);
 
+// INVALID_ARGUMENT unless 0 <= root < size: "`what` root R is not a rank of N".
+absl::Status CheckRoot(const char* what, int root, int size);
+
 class Collective {
  public:
   virtual ~Collective() = default;

@@ -53,10 +53,7 @@ class TwoLevelCollective : public Collective {
   absl::Status AllReduceSum(double* data, size_t count) override { return Sum(data, count); }
 
   absl::Status Broadcast(float* data, size_t count, int root) override {
-    if (root < 0 || root >= size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("broadcast root ", root, " is not a rank of ", size()));
-    }
+    if (absl::Status s = CheckRoot("broadcast", root, size()); !s.ok()) return s;
     const int root_group = group_of_[root];
     const int root_local = local_of_[root];
     // The root's group first takes the root's data (the leader needs it), the leaders pass it

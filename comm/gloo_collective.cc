@@ -245,10 +245,7 @@ class GlooCollective : public Collective {
   absl::Status AllReduceSum(double* data, size_t count) override { return Sum(data, count); }
 
   absl::Status Broadcast(float* data, size_t count, int root) override {
-    if (root < 0 || root >= size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("broadcast root ", root, " is not a rank of ", size()));
-    }
+    if (absl::Status s = CheckRoot("broadcast", root, size()); !s.ok()) return s;
     if (size() == 1 || count == 0) return absl::OkStatus();
     if (data == nullptr) return absl::InvalidArgumentError("broadcast of a null buffer");
     return Run(absl::StrCat("broadcast of ", count, " floats from rank ", root), [&] {

@@ -160,10 +160,7 @@ class NcclCommunicator : public NcclCollective {
   }
 
   absl::Status Broadcast(float* data, size_t count, int root) override {
-    if (root < 0 || root >= size_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("broadcast root ", root, " is not a rank of ", size_));
-    }
+    if (absl::Status s = CheckRoot("broadcast", root, size_); !s.ok()) return s;
     return Run(absl::StrCat("NCCL broadcast of ", count, " floats from rank ", root), count, data,
                stream_,
                [&] { return ncclBroadcast(data, data, count, ncclFloat32, root, comm_, stream_); });

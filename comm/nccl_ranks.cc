@@ -20,11 +20,10 @@ absl::StatusOr<DeviceRank> ConnectDeviceRank(const DeviceRankOptions& options,
   absl::StatusOr<std::unique_ptr<NcclCollective>> connected = ConnectNccl(nccl, store);
   const std::string where = absl::StrCat("nccl on device ", options.device);
   if (!connected.ok()) {
-    return absl::Status(absl::IsInvalidArgument(connected.status())
-                            ? absl::StatusCode::kInternal
-                            : connected.status().code(),
-                        absl::StrCat("connecting the ranks (", where,
-                                     "): ", connected.status().message()));
+    return absl::Status(
+        absl::IsInvalidArgument(connected.status()) ? absl::StatusCode::kInternal
+                                                    : connected.status().code(),
+        absl::StrCat("connecting the ranks (", where, "): ", connected.status().message()));
   }
   NcclCollective& communicator = **connected;
   DeviceRank rank;

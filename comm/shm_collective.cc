@@ -153,10 +153,7 @@ class SharedMemoryCollective : public SharedMemoryGroup {
   // Broadcast: rank `root`'s data copied to every rank through the result area.
   template <typename T>
   absl::Status Copy(T* data, size_t count, int root) {
-    if (root < 0 || root >= size_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("broadcast root ", root, " is not a rank of ", size_));
-    }
+    if (absl::Status s = CheckRoot("broadcast", root, size_); !s.ok()) return s;
     if (size_ == 1 || count == 0) return absl::OkStatus();
     if (data == nullptr) return absl::InvalidArgumentError("broadcast of a null buffer");
     const size_t per_chunk = kChunkBytes / sizeof(T);
@@ -175,10 +172,7 @@ class SharedMemoryCollective : public SharedMemoryGroup {
   // result area before the root has read it.
   template <typename T>
   absl::Status Reduce(T* data, size_t count, int root) {
-    if (root < 0 || root >= size_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("reduce root ", root, " is not a rank of ", size_));
-    }
+    if (absl::Status s = CheckRoot("reduce", root, size_); !s.ok()) return s;
     if (size_ == 1 || count == 0) return absl::OkStatus();
     if (data == nullptr) return absl::InvalidArgumentError("reduce of a null buffer");
     const size_t per_chunk = kChunkBytes / sizeof(T);
