@@ -87,6 +87,39 @@ std::vector<bool> Trained(const NetworkConfig& config) {
   return trained;
 }
 
+// Gives `model` the initial values `start` (another network's: the layer indices, hence the
+// names, may differ).
+void SetStart(const std::vector<NamedTensor>& start, Model& model, const std::string& label) {
+  std::vector<NamedTensor> values = model.Parameters();
+  ASSERT_EQ(values.size(), start.size()) << label;
+  for (size_t t = 0; t < values.size(); ++t) values[t].values = start[t].values;
+  ASSERT_TRUE(model.SetParameters(values).ok()) << label;
+}
+
+// `b` from `a`'s initial values, then both trained three steps on batches from seed `seed` on
+// (the last a partial batch) and evaluated: every loss, parameter and evaluation the same bits.
+void ExpectSameTrainingBits(Model& a, Model& b, const NetworkConfig& config, uint64_t seed,
+                            const std::string& label) {
+  SetStart(a.Parameters(), b, label);
+  for (int step = 0; step < 3; ++step) {
+    const FeatureBatch batch = RandomFeatures(step == 2 ? 5 : 8, Features(config), 3, seed + step);
+    absl::StatusOr<StepResult> ra = a.TrainStep(batch.View(), 0.1);
+    absl::StatusOr<StepResult> rb = b.TrainStep(batch.View(), 0.1);
+    ASSERT_TRUE(ra.ok() && rb.ok()) << label;
+    EXPECT_EQ(ra->loss, rb->loss) << label << " step " << step;
+  }
+  const std::vector<NamedTensor> pa = a.Parameters(), pb = b.Parameters();
+  for (size_t t = 0; t < pa.size(); ++t) {
+    EXPECT_EQ(pa[t].values, pb[t].values) << label << " " << pa[t].name;
+  }
+  const FeatureBatch test = RandomFeatures(8, Features(config), 3, 99);
+  absl::StatusOr<EvalResult> ea = a.Evaluate(test.View());
+  absl::StatusOr<EvalResult> eb = b.Evaluate(test.View());
+  ASSERT_TRUE(ea.ok() && eb.ok()) << label;
+  EXPECT_EQ(ea->loss_sum, eb->loss_sum) << label;
+  EXPECT_EQ(ea->correct, eb->correct) << label;
+}
+
 // The fp32 engine's training loss and gradients against the double reference (batch statistics)
 // and its central differences: |g - fd| <= 3e-3 |fd| + 3e-5 per element (BatchNorm divides by the
 // batch's deviation, which amplifies fp32 rounding a little beyond the plain layers' 2e-3).
@@ -386,30 +419,7 @@ TEST(VisionLayersTest, FusedReluTrainsAsTheUnfusedLayers) {
       std::unique_ptr<Model> fused = MakeNetwork(fused_config);
       std::unique_ptr<Model> apart = MakeNetwork(apart_config);
       ASSERT_TRUE(fused && apart) << label;
-      // The same initial values (the layer indices, hence the names, differ).
-      std::vector<NamedTensor> start = apart->Parameters();
-      const std::vector<NamedTensor> fused_start = fused->Parameters();
-      ASSERT_EQ(start.size(), fused_start.size()) << label;
-      for (size_t t = 0; t < start.size(); ++t) start[t].values = fused_start[t].values;
-      ASSERT_TRUE(apart->SetParameters(start).ok()) << label;
-      for (int step = 0; step < 3; ++step) {
-        const FeatureBatch batch =
-            RandomFeatures(step == 2 ? 5 : 8, Features(fused_config), 3, 70 + step);
-        absl::StatusOr<StepResult> a = fused->TrainStep(batch.View(), 0.1);
-        absl::StatusOr<StepResult> b = apart->TrainStep(batch.View(), 0.1);
-        ASSERT_TRUE(a.ok() && b.ok()) << label;
-        EXPECT_EQ(a->loss, b->loss) << label << " step " << step;
-      }
-      const std::vector<NamedTensor> pa = fused->Parameters(), pb = apart->Parameters();
-      for (size_t t = 0; t < pa.size(); ++t) {
-        EXPECT_EQ(pa[t].values, pb[t].values) << label << " " << pa[t].name;
-      }
-      const FeatureBatch test = RandomFeatures(8, Features(fused_config), 3, 99);
-      absl::StatusOr<EvalResult> ea = fused->Evaluate(test.View());
-      absl::StatusOr<EvalResult> eb = apart->Evaluate(test.View());
-      ASSERT_TRUE(ea.ok() && eb.ok()) << label;
-      EXPECT_EQ(ea->loss_sum, eb->loss_sum) << label;
-      EXPECT_EQ(ea->correct, eb->correct) << label;
+      ExpectSameTrainingBits(*fused, *apart, fused_config, 70, label);
     }
   }
 }
@@ -470,32 +480,8 @@ TEST(VisionLayersTest, FusedResidualSumTrainsAsTheUnfusedLayers) {
     ASSERT_TRUE(fused && apart) << label;
     // The same initial values (the layer indices, hence the names, differ).
     const std::vector<NamedTensor> start = fused->Parameters();
-    auto same_start = [&](Model& model) {
-      std::vector<NamedTensor> values = model.Parameters();
-      ASSERT_EQ(values.size(), start.size()) << label;
-      for (size_t t = 0; t < values.size(); ++t) values[t].values = start[t].values;
-      ASSERT_TRUE(model.SetParameters(values).ok()) << label;
-    };
-    same_start(*apart);
     // fp32: three steps (the last a partial batch) and an evaluation, bit for bit.
-    for (int step = 0; step < 3; ++step) {
-      const FeatureBatch batch =
-          RandomFeatures(step == 2 ? 5 : 8, Features(fused_config), 3, 80 + step);
-      absl::StatusOr<StepResult> a = fused->TrainStep(batch.View(), 0.1);
-      absl::StatusOr<StepResult> b = apart->TrainStep(batch.View(), 0.1);
-      ASSERT_TRUE(a.ok() && b.ok()) << label;
-      EXPECT_EQ(a->loss, b->loss) << label << " step " << step;
-    }
-    const std::vector<NamedTensor> pa = fused->Parameters(), pb = apart->Parameters();
-    for (size_t t = 0; t < pa.size(); ++t) {
-      EXPECT_EQ(pa[t].values, pb[t].values) << label << " " << pa[t].name;
-    }
-    const FeatureBatch test = RandomFeatures(8, Features(fused_config), 3, 99);
-    absl::StatusOr<EvalResult> ea = fused->Evaluate(test.View());
-    absl::StatusOr<EvalResult> eb = apart->Evaluate(test.View());
-    ASSERT_TRUE(ea.ok() && eb.ok()) << label;
-    EXPECT_EQ(ea->loss_sum, eb->loss_sum) << label;
-    EXPECT_EQ(ea->correct, eb->correct) << label;
+    ExpectSameTrainingBits(*fused, *apart, fused_config, 80, label);
     EXPECT_EQ(fused_sums(*fused), 4) << label;
     EXPECT_EQ(fused_sums(*apart), 0) << label;
     EXPECT_LT(kernels_named(*fused, "add backward_data"),
@@ -507,13 +493,13 @@ TEST(VisionLayersTest, FusedResidualSumTrainsAsTheUnfusedLayers) {
     // bit-equal; each must track fp32 alike.
     std::unique_ptr<Model> reference = MakeNetwork(apart_config);
     ASSERT_NE(reference, nullptr);
-    same_start(*reference);
+    SetStart(start, *reference, label);
     fused_config.precision = apart_config.precision = Precision::kBf16;
     std::unique_ptr<Model> fused_bf16 = MakeNetwork(fused_config);
     std::unique_ptr<Model> apart_bf16 = MakeNetwork(apart_config);
     ASSERT_TRUE(fused_bf16 && apart_bf16) << label;
-    same_start(*fused_bf16);
-    same_start(*apart_bf16);
+    SetStart(start, *fused_bf16, label);
+    SetStart(start, *apart_bf16, label);
     const FeatureBatch batch = RandomFeatures(8, Features(fused_config), 3, 90);
     float reference_loss = 0, fused_loss = 0, apart_loss = 0;
     const DoubleParams reference_step =
