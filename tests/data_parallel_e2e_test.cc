@@ -144,9 +144,7 @@ TEST(DataParallelE2eTest, FourRanksOnTwoMachinesSumInTwoLevelsAndMatchOneRank) {
   cluster.StartServer();
   cluster.StartWorker("w1", {"--cpus", "2", "--collective-machine-for-tests", "machine-a"});
   cluster.StartWorker("w2", {"--cpus", "2", "--collective-machine-for-tests", "machine-b"});
-  absl::StatusOr<v1::Job> four = cluster.Submit(DataParallelJob(4, 16, 2));
-  ASSERT_TRUE(four.ok()) << four.status();
-  absl::StatusOr<v1::Job> four_done = cluster.WaitForFinal(four->id(), absl::Seconds(180));
+  absl::StatusOr<v1::Job> four_done = cluster.RunJob(DataParallelJob(4, 16, 2), absl::Seconds(180));
   ASSERT_TRUE(four_done.ok()) << four_done.status();
   ASSERT_EQ(four_done->state(), v1::JOB_STATE_SUCCEEDED) << four_done->error();
   ASSERT_EQ(four_done->rank_placements_size(), 4);
@@ -155,13 +153,11 @@ TEST(DataParallelE2eTest, FourRanksOnTwoMachinesSumInTwoLevelsAndMatchOneRank) {
     workers.insert(placement.worker_id());
   }
   EXPECT_EQ(workers, (std::set<std::string>{"w1", "w2"}));
-  EXPECT_TRUE(HistoryMentions(cluster, four->id(),
+  EXPECT_TRUE(HistoryMentions(cluster, four_done->id(),
                               "two-level: shared memory within each of 2 "
                               "machines"));
 
-  absl::StatusOr<v1::Job> one = cluster.Submit(DataParallelJob(1, 64, 2));
-  ASSERT_TRUE(one.ok()) << one.status();
-  absl::StatusOr<v1::Job> one_done = cluster.WaitForFinal(one->id(), absl::Seconds(120));
+  absl::StatusOr<v1::Job> one_done = cluster.RunJob(DataParallelJob(1, 64, 2), absl::Seconds(120));
   ASSERT_TRUE(one_done.ok()) << one_done.status();
   ASSERT_EQ(one_done->state(), v1::JOB_STATE_SUCCEEDED) << one_done->error();
   ExpectSameTraining(cluster, *four_done, *one_done);
