@@ -46,6 +46,14 @@ enum class NativeLayout {
 
 inline constexpr int kRowSlackBytes = 16;
 
+// The first address at or after `p` that lies `misalign` bytes past a multiple of `align` (a power
+// of two; misalign < align). ReadJpegRegion's rows start there (see it for why).
+inline uint8_t* AlignedRowStart(uint8_t* p, size_t align, size_t misalign) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t start = ((a + align - 1 - misalign) & ~(uintptr_t{align} - 1)) + misalign;
+  return p + (start - a);
+}
+
 // Converts `count` pixels of `layout` to `channels` (1 or 3) as PIL does.
 void ConvertPixels(NativeLayout layout, const uint8_t* in, int count, int channels, uint8_t* out);
 

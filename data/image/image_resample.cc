@@ -30,14 +30,19 @@ inline uint8_t Clip8(int32_t sum) {
 
 void HorizontalPortable(const AxisTaps& taps, const uint8_t* row, int row_lo, int channels,
                         uint8_t* out) {
+  // The taps' arrays through locals: `out` may alias anything, so a member read inside the loop
+  // would be reloaded after every output's store (see HorizontalRgbAvx2).
   const int n = static_cast<int>(taps.start.size());
   const int32_t* coeffs = taps.coeffs.data();
+  const int32_t* starts = taps.start.data();
+  const int32_t* counts = taps.count.data();
+  const int ksize = taps.ksize;
   if (channels == 3) {
     for (int o = 0; o < n; ++o) {
-      const uint8_t* p = row + (taps.start[o] - row_lo) * 3;
-      const int32_t* k = coeffs + o * taps.ksize;
+      const uint8_t* p = row + (starts[o] - row_lo) * 3;
+      const int32_t* k = coeffs + o * ksize;
       int32_t s0 = kHalf, s1 = kHalf, s2 = kHalf;
-      for (int t = 0, c = taps.count[o]; t < c; ++t) {
+      for (int t = 0, c = counts[o]; t < c; ++t) {
         s0 += p[3 * t] * k[t];
         s1 += p[3 * t + 1] * k[t];
         s2 += p[3 * t + 2] * k[t];
@@ -48,10 +53,10 @@ void HorizontalPortable(const AxisTaps& taps, const uint8_t* row, int row_lo, in
     }
   } else {
     for (int o = 0; o < n; ++o) {
-      const uint8_t* p = row + (taps.start[o] - row_lo);
-      const int32_t* k = coeffs + o * taps.ksize;
+      const uint8_t* p = row + (starts[o] - row_lo);
+      const int32_t* k = coeffs + o * ksize;
       int32_t s = kHalf;
-      for (int t = 0, c = taps.count[o]; t < c; ++t) s += p[t] * k[t];
+      for (int t = 0, c = counts[o]; t < c; ++t) s += p[t] * k[t];
       out[o] = Clip8(s);
     }
   }
@@ -113,8 +118,9 @@ __attribute__((target("sse4.1"))) void HorizontalRgbSse41(const AxisTaps& taps, 
   const int n = static_cast<int>(taps.fixed_start.size());
   const int k = K > 0 ? K : taps.fixed_k;
   const int32_t* coeffs = taps.fixed_coeffs.data();
+  const int32_t* starts = taps.fixed_start.data();
   for (int o = 0; o < n; ++o) {
-    const uint8_t* p = row + (taps.fixed_start[o] - row_lo) * 3;
+    const uint8_t* p = row + (starts[o] - row_lo) * 3;
     const int32_t* c = coeffs + o * k;
     __m128i sum = _mm_set1_epi32(kHalf);
     for (int t = 0; t < k; ++t) {
@@ -140,8 +146,11 @@ __attribute__((target("avx2"))) void HorizontalRgbAvx2(const AxisTaps& taps, con
   const int n = static_cast<int>(taps.fixed_start.size());
   const int pairs = P > 0 ? P : taps.pairs;
   const int32_t* coeffs = taps.pair_coeffs.data();
+  // In a local, not read through `taps` in the loop: `out` may alias the taps (uint8_t), so the
+  // member would be reloaded after every output's store.
+  const int32_t* starts = taps.fixed_start.data();
   for (int o = 0; o < n; ++o) {
-    const uint8_t* p = row + (taps.fixed_start[o] - row_lo) * 3;
+    const uint8_t* p = row + (starts[o] - row_lo) * 3;
     const int32_t* c = coeffs + static_cast<size_t>(o) * pairs * 8;
     __m256i acc = half;
     for (int j = 0; j < pairs; ++j) {
@@ -173,10 +182,11 @@ __attribute__((target("avx2"))) void HorizontalRgbFastAvx2(const AxisTaps& taps,
   const int n = static_cast<int>(taps.fixed_start.size());
   const int pairs = P > 0 ? P : taps.pairs;
   const int16_t* coeffs = taps.pair_coeffs16.data();
+  const int32_t* starts = taps.fixed_start.data();  // a local: see HorizontalRgbAvx2
   int o = 0;
   for (; o + 2 <= n; o += 2) {
-    const uint8_t* p0 = row + (taps.fixed_start[o] - row_lo) * 3;
-    const uint8_t* p1 = row + (taps.fixed_start[o + 1] - row_lo) * 3;
+    const uint8_t* p0 = row + (starts[o] - row_lo) * 3;
+    const uint8_t* p1 = row + (starts[o + 1] - row_lo) * 3;
     const int16_t* c0 = coeffs + static_cast<size_t>(o) * pairs * 8;
     const int16_t* c1 = c0 + pairs * 8;
     __m256i acc = half;

@@ -2,12 +2,15 @@
 // PIL at test time), and the errors for bad input.
 #include <zlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "data/image/image_codec.h"
+#include "data/image/image_decoder.h"
 #include "data/image/image_test_reference.h"
 #include "gtest/gtest.h"
 
@@ -97,6 +100,57 @@ TEST(ImageCodecTest, JpegRoundTripWithinPsnr) {
           << "channels " << channels << " quality " << quality;
       EXPECT_GT(psnr, last_psnr);
       last_psnr = psnr;
+    }
+  }
+}
+
+TEST(ImageDecoderTest, AlignedRowStartIsTheFirstAddressWithTheMisalignmentAsked) {
+  std::vector<uint8_t> buffer(256);
+  for (size_t skip = 0; skip < 64; ++skip) {
+    uint8_t* p = buffer.data() + skip;
+    for (size_t misalign : {size_t{0}, size_t{8}, size_t{40}}) {
+      uint8_t* start = image_internal::AlignedRowStart(p, 64, misalign);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(start) % 64, misalign) << skip << " " << misalign;
+      EXPECT_GE(start, p);
+      EXPECT_LT(start, p + 64) << "not the first such address";
+    }
+  }
+}
+
+// libjpeg-turbo writes an output row that is 16- (SSE2) or 32-byte (AVX2) aligned with
+// non-temporal stores, which the resampler then reads back from memory (3.5x slower passes): the
+// rows handed to it must never be. Whole rows (x0 = 0, no crop) are read in place, so the
+// callback sees the row libjpeg wrote; decoders are made one after another so that the heap hands
+// out varied addresses.
+TEST(ImageDecoderTest, JpegRowsAreNeverWrittenToA16ByteAlignedBuffer) {
+  for (int channels : {1, 3}) {
+    const Image image = PhotoLike(203, 141, channels, 4);
+    absl::StatusOr<std::vector<uint8_t>> jpeg = EncodeJpeg(image, 90);
+    ASSERT_TRUE(jpeg.ok()) << jpeg.status();
+    std::vector<std::unique_ptr<std::vector<uint8_t>>> heap_noise;
+    for (int trial = 0; trial < 24; ++trial) {
+      const bool fast = trial % 2 == 1;
+      image_internal::ImageDecoder decoder;
+      ASSERT_TRUE(decoder.Open("a.jpg", jpeg->data(), jpeg->size()).ok());
+      ASSERT_TRUE((fast ? decoder.SetFastScale(8) : decoder.SetScale(1)).ok());
+      int rows = 0;
+      std::vector<uint8_t> first_row;
+      ASSERT_TRUE(decoder
+                      .ReadRegion(channels, 0, 203, 0, 141,
+                                  [&](int y, const uint8_t* pixels) {
+                                    EXPECT_EQ(reinterpret_cast<uintptr_t>(pixels) % 16, 8u)
+                                        << "row " << y << " trial " << trial;
+                                    if (y == 0) first_row.assign(pixels, pixels + 203 * channels);
+                                    ++rows;
+                                  })
+                      .ok());
+      EXPECT_EQ(rows, 141);
+      if (!fast) {
+        absl::StatusOr<Image> whole = DecodeImage("a.jpg", jpeg->data(), jpeg->size(), channels);
+        ASSERT_TRUE(whole.ok()) << whole.status();
+        EXPECT_TRUE(std::equal(first_row.begin(), first_row.end(), whole->pixels.begin()));
+      }
+      heap_noise.push_back(std::make_unique<std::vector<uint8_t>>(16 * trial + 8));
     }
   }
 }
