@@ -3,11 +3,15 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <limits>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "engine/cpu/aligned_array.h"
 #include "engine/cpu/cpu_kernels_table.h"
 #include "gtest/gtest.h"
 
@@ -20,6 +24,50 @@ std::vector<float> RandomFloats(size_t n, uint64_t seed, float scale) {
   // Map the top 24 bits to [-scale, scale); exact and library-independent.
   for (float& v : values) v = scale * (static_cast<float>(rng() >> 40) * 0x1.0p-23f - 1.0f);
   return values;
+}
+
+// The /proc/self/smaps field `field` of the mapping that holds `address`; -1 when not found.
+long SmapsField(const void* address, const std::string& field) {
+  std::ifstream smaps("/proc/self/smaps");
+  const uintptr_t a = reinterpret_cast<uintptr_t>(address);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find('-')) {
+      inside = lo <= a && a < hi;
+      continue;
+    }
+    if (inside && line.rfind(field + ":", 0) == 0) {
+      std::istringstream value(line.substr(field.size() + 1));
+      long v = -1;
+      value >> v;
+      return v;
+    }
+  }
+  return -1;
+}
+
+TEST(AlignedArrayTest, LargeArraysStartOnAHugePageAndAskForHugePages) {
+  AlignedArray<float> small(1000);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data()) % 64, 0u);
+  AlignedArray<float> large((size_t{5} << 20) / sizeof(float) + 7);  // 5 MiB and a bit
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(large.data()) % (size_t{2} << 20), 0u);
+  for (size_t i = 0; i < large.size(); i += 4099) ASSERT_EQ(large[i], 0.0f) << i;
+  EXPECT_EQ(large[large.size() - 1], 0.0f);
+  std::ifstream mode_file("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(mode_file, mode);
+  if (mode.empty() || mode.find("[never]") != std::string::npos) {
+    GTEST_SKIP() << "transparent huge pages are off here (" << mode << ")";
+  }
+  // The kernel says the whole 2 MiB pages may get huge pages (it decides whether they do).
+  EXPECT_EQ(SmapsField(large.data(), "THPeligible"), 1);
+  // The tail past the last whole 2 MiB page is not advised (its mapping ends before it).
+  const long tail = SmapsField(large.data() + (size_t{4} << 20) / sizeof(float), "THPeligible");
+  if (mode.find("[madvise]") != std::string::npos) {
+    EXPECT_EQ(tail, 0);
+  }
 }
 
 TEST(Bf16Test, RoundsToNearestEven) {
