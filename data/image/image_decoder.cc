@@ -689,7 +689,7 @@ absl::Status ImageDecoder::ReadJpegRegion(int channels, int x0, int x1, int y0, 
   // Rows that start 8 bytes past a 64-byte boundary, never 16- or 32-byte aligned: libjpeg-turbo's
   // SIMD colour conversion and merged upsampling write an aligned output row with non-temporal
   // stores (vmovntdq / movntdq), which send it past the caches to memory, and the resampler reads
-  // it right back: measured 3.5x slower horizontal passes (~15 % of a loader's time) whenever the
+  // it right back: measured 3.5x slower horizontal passes (loaders 15-25 % slower) whenever the
   // heap happened to hand out an aligned row. Unaligned rows get ordinary stores.
   constexpr size_t kRowAlign = 64;
   constexpr size_t kRowMisalign = 8;
