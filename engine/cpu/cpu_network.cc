@@ -367,8 +367,7 @@ void CpuNetwork::OwnBatchNorm(size_t index, const Plan& plan, bool forward) {
     const T* relu_y = node.fuse_relu ? y : nullptr;
     T* g_out = nullptr;
     T* g_out2 = nullptr;
-    if (node.sum_node >= 0 &&
-        nodes_[node.sum_node].config.activation == LayerConfig::Activation::kRelu) {
+    if (node.sum_node >= 0 && nodes_[node.sum_node].BackwardInNorm()) {
       const Node& sum = nodes_[node.sum_node];
       const bool main = sum.in == node.out;
       const int other = main ? (sum.needs_input2_grad ? sum.diff_src2 : -1)
@@ -438,9 +437,7 @@ void CpuNetwork::Backward(Plan& plan) {
     }
     if (node.type == Node::Type::kAdd) {
       // A ReLU'd sum fused into the BatchNorm before it: that BatchNorm's backward does its part.
-      if (!(node.sum_in_norm && node.config.activation == LayerConfig::Activation::kRelu)) {
-        ExecuteAll(ops.backward_data);
-      }
+      if (!node.BackwardInNorm()) ExecuteAll(ops.backward_data);
       if (node.needs_input_grad) RoundFp16(node.diff_src, plan.grad_md[node.in]);
       if (node.needs_input2_grad) RoundFp16(node.diff_src2, plan.grad_md[node.in2]);
       continue;

@@ -152,6 +152,11 @@ struct Node : GraphNode {
   // Evaluation runs them apart (oneDNN's BatchNorm, then the sum).
   int sum_node = -1;
   bool sum_in_norm = false;
+  // A kAdd whose backward (its ReLU's and the copy to both inputs) the fused BatchNorm's
+  // backward does: a fused sum with a ReLU. Without one the sum's backward is its own.
+  bool BackwardInNorm() const {
+    return sum_in_norm && config.activation == LayerConfig::Activation::kRelu;
+  }
 };
 
 struct NodeOps {

@@ -66,9 +66,7 @@ absl::StatusOr<std::vector<KernelTime>> CpuNetwork::TimeKernels(int batch, int r
         time_ops(name + " forward", ops.forward);
       }
       time_ops(name + " backward_weights", ops.backward_weights);
-      const bool relu_sum_in_norm =
-          node.sum_in_norm && node.config.activation == LayerConfig::Activation::kRelu;
-      if ((node.needs_input_grad || node.type == Node::Type::kAdd) && !relu_sum_in_norm) {
+      if ((node.needs_input_grad || node.type == Node::Type::kAdd) && !node.BackwardInNorm()) {
         time_ops(name + " backward_data", ops.backward_data);
       }
       if (node.type == Node::Type::kLayer && node.config.kind == Kind::kDropout &&
